@@ -1,0 +1,71 @@
+"""The input affinity matrix P: sparse, symmetric, summing to 1 over ordered pairs, zero diagonal."""
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass
+class RowBlock:
+    """Rows ``[r0, r1)`` of P in CSR form with ``indptr`` rebased to start at 0 (the unit of work)."""
+
+    r0: int
+    r1: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+
+
+@dataclass
+class Affinity:
+    """P as a SciPy CSR matrix plus the original node ids and where it came from."""
+
+    P: sp.csr_matrix
+    node_ids: np.ndarray
+    provenance: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        P = sp.csr_matrix(self.P, dtype=np.float64)
+        P.sum_duplicates()
+        P.sort_indices()
+        P.eliminate_zeros()
+        if P.shape[0] != P.shape[1]:
+            raise ValueError(f"P must be square, got shape {P.shape}")
+        if P.nnz == 0:
+            raise ValueError("P has no non-zero entries")
+        if not np.all(np.isfinite(P.data)) or P.data.min() < 0:
+            raise ValueError("P must be finite and non-negative")
+        if P.diagonal().any():
+            raise ValueError("P must have a zero diagonal")
+        if abs(P - P.T).max() > 1e-12 * P.data.max():
+            raise ValueError("P must be symmetric")
+        P.data /= P.data.sum()
+        self.P = P
+        self.node_ids = np.asarray(self.node_ids, dtype=np.int64)
+        if self.node_ids.shape != (P.shape[0],):
+            raise ValueError("node_ids must have one id per row of P")
+
+    @property
+    def n_points(self) -> int:
+        return int(self.P.shape[0])
+
+    def entropy_term(self) -> float:
+        """``sum_ij p_ij log p_ij`` (the constant part of KL(P||Q))."""
+        return float(np.sum(self.P.data * np.log(self.P.data)))
+
+    def row_block(self, r0: int, r1: int) -> RowBlock:
+        """Rows ``[r0, r1)`` as a ``RowBlock`` (views, no copy of the big arrays beyond the rebased indptr)."""
+        indptr = self.P.indptr
+        lo, hi = indptr[r0], indptr[r1]
+        return RowBlock(r0, r1, (indptr[r0:r1 + 1] - lo).astype(np.int64),
+                        self.P.indices[lo:hi].astype(np.int64), self.P.data[lo:hi])
+
+
+def row_partition(n_rows: int, n_blocks: int) -> list:
+    """Split ``range(n_rows)`` into ``n_blocks`` contiguous ``(r0, r1)`` ranges of near-equal length.
+
+    Equal row counts balance the repulsion kernel, whose cost per row is the same for every row.
+    """
+    n_blocks = max(1, min(n_blocks, n_rows))
+    bounds = np.linspace(0, n_rows, n_blocks + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]

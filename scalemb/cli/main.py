@@ -1,0 +1,105 @@
+"""Command line: ``scalemb embed [INPUT] --model snest --space 2 --time 1 --out run.zarr``."""
+import argparse
+import logging
+import sys
+
+from .._version import __version__
+from ..datasets import DATASETS
+from ..embedding import GRAPH_AFFINITIES, Embedder
+from ..errors import ScalembError
+from ..models import MODEL_NAMES
+from ..optim import DeltaBarDelta
+
+EXIT_USAGE = 2
+EXIT_DIVERGED = 3
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _learning_rate(text):
+    if text == "auto":
+        return text
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 or 'auto', got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalemb", description="SNE-family embeddings of large graphs.")
+    parser.add_argument("--version", action="version", version=f"scalemb {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    emb = commands.add_parser("embed", help="embed a graph and write a Zarr result group",
+                              description="Embed a graph (SNAP edge list, optionally .gz) or a built-in "
+                                          f"dataset ({', '.join(DATASETS)}); no INPUT embeds the bundled GrQc.")
+    emb.add_argument("input", nargs="?", default=None,
+                     help=f"edge list path, or a built-in dataset name ({', '.join(DATASETS)}); default grqc")
+    emb.add_argument("--model", choices=MODEL_NAMES, default="snest")
+    emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
+    emb.add_argument("--time", type=int, default=None,
+                     help="time dimensions (default 1 for snest, 0 otherwise)")
+    emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
+    emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
+    emb.add_argument("--seed", type=int, default=0)
+    emb.add_argument("--restarts", type=_positive_int, default=1, help="independent runs; the lowest KL is kept")
+    emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
+    emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
+                     help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
+    emb.add_argument("--learning-rate", type=_learning_rate, default="auto",
+                     help="space learning rate (default auto = max(1, N/12))")
+    emb.add_argument("--time-ratio", type=float, default=DeltaBarDelta.time_ratio,
+                     help="time learning rate / space learning rate")
+    emb.add_argument("--exaggeration", type=float, default=DeltaBarDelta.exaggeration)
+    emb.add_argument("--exaggeration-iterations", type=int, default=DeltaBarDelta.exaggeration_iterations)
+    emb.add_argument("--tol", type=float, default=DeltaBarDelta.tol,
+                     help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
+    emb.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def _embed(args) -> int:
+    optimizer = DeltaBarDelta(learning_rate=args.learning_rate, time_ratio=args.time_ratio,
+                              exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
+                              tol=args.tol)
+    embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
+                        iterations=args.iterations, seed=args.seed, restarts=args.restarts,
+                        optimizer=optimizer, n_threads=args.threads, quiet=args.quiet)
+    from pathlib import Path
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ScalembError(f"{out}: already exists (pass --overwrite to replace it)")
+    result = embedder.fit(args.input, graph_affinity=args.graph_affinity).result_
+    result.save(out, overwrite=args.overwrite)
+    dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
+    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, KL {result.kl:.4f}, "
+          f"{result.iterations} iterations, {result.wall_time:.1f} s")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
+    try:
+        return _embed(args)
+    except (ScalembError, ValueError) as exc:
+        print(f"scalemb: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FloatingPointError as exc:
+        print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except KeyboardInterrupt:
+        print("scalemb: interrupted; nothing written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

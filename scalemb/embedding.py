@@ -1,0 +1,158 @@
+"""The user-facing estimator: ``Embedder`` (scikit-learn style) and the ``embed`` function.
+
+Pipeline: input -> ``Affinity`` P -> executor evaluating KL(P||Q) and its gradient by row blocks ->
+optimiser -> best of ``restarts`` runs.  Initialisation follows the SNEST paper's code:
+``s ~ 1e-4 N(0, 1)``, ``t ~ 1e-5 N(0, 1)``; restart k uses the random stream ``(seed, k)``.
+"""
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ._version import __version__
+from .affinity import Affinity, coauthorship_affinity, normalized_affinity
+from .datasets import DATASETS, load_dataset
+from .engine import LocalExecutor
+from .io.edgelist import read_edge_list
+from .io.results import read_result, write_result
+from .models import get_model
+from .optim import DeltaBarDelta
+from .progress import Progress
+
+GRAPH_AFFINITIES = ("coauthorship", "normalized")
+
+
+@dataclass
+class EmbeddingResult:
+    """A finished embedding: ``embedding`` is N x (ds + dt), space columns first, rows in ``node_ids`` order."""
+
+    embedding: np.ndarray
+    node_ids: np.ndarray
+    kl: float
+    kl_history: np.ndarray
+    model: str
+    space_dims: int
+    time_dims: int
+    iterations: int
+    seed: int
+    restart_kls: list = field(default_factory=list)
+    wall_time: float = 0.0
+    provenance: dict = field(default_factory=dict)
+    optimizer: dict = field(default_factory=dict)
+
+    def attrs(self) -> dict:
+        return {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
+                "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
+                "wall_time_s": self.wall_time, "scalemb_version": __version__,
+                "provenance": self.provenance, "optimizer": self.optimizer}
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the result as a Zarr v3 group (see ``scalemb.io.results``)."""
+        return write_result(path, {"embedding": self.embedding, "node_ids": self.node_ids,
+                                   "kl_history": self.kl_history}, self.attrs(), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path) -> "EmbeddingResult":
+        arrays, attrs = read_result(path)
+        return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
+                   attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
+                   attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
+                   attrs.get("optimizer", {}))
+
+
+def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
+    """Resolve an input: ``None`` (bundled GrQc), a built-in dataset name, an edge-list path or an ``Affinity``."""
+    if data is None:
+        return load_dataset("grqc")
+    if isinstance(data, Affinity):
+        return data
+    if isinstance(data, str) and data in DATASETS and not Path(data).exists():
+        return load_dataset(data)
+    if graph_affinity not in GRAPH_AFFINITIES:
+        raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
+    graph = read_edge_list(data)
+    return coauthorship_affinity(graph) if graph_affinity == "coauthorship" else normalized_affinity(graph)
+
+
+def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
+    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (SNEST reference code)."""
+    space = rng.standard_normal((space_dims, n_points)) * 1e-4
+    time_ = rng.standard_normal((time_dims, n_points)) * 1e-5
+    return np.ascontiguousarray(np.concatenate([space, time_]))
+
+
+class Embedder:
+    """SNE-family embedding estimator.
+
+    Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
+    0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a
+    ``DeltaBarDelta``; defaults are the measured ones), ``n_threads``, ``quiet``.
+    After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
+    """
+
+    def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
+                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer=None,
+                 n_threads: int | None = None, quiet: bool = True):
+        self.model = model
+        self.space_dims = space_dims
+        self.time_dims = time_dims
+        self.iterations = iterations
+        self.seed = seed
+        self.restarts = restarts
+        self.optimizer = optimizer
+        self.n_threads = n_threads
+        self.quiet = quiet
+
+    def _check(self):
+        model = get_model(self.model)
+        time_dims = self.time_dims if self.time_dims is not None else (1 if model.has_time else 0)
+        model.check_dims(self.space_dims, time_dims)
+        if int(self.iterations) < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if int(self.restarts) < 1:
+            raise ValueError(f"restarts must be >= 1, got {self.restarts}")
+        return model, time_dims
+
+    def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Embedder":
+        model, time_dims = self._check()
+        affinity = load_affinity(data, graph_affinity)
+        optimizer = self.optimizer or DeltaBarDelta()
+        start = time.perf_counter()
+        best = None
+        restart_kls = []
+        with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads) as executor:
+            for k in range(self.restarts):
+                rng = np.random.default_rng([self.seed, k])
+                coords = initial_coords(affinity.n_points, self.space_dims, time_dims, rng)
+                label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
+                progress = Progress(self.iterations, label, quiet=self.quiet)
+                try:
+                    run = optimizer.optimize(executor, coords, self.iterations, callback=progress)
+                finally:
+                    progress.close()
+                restart_kls.append(run.kl)
+                if best is None or run.kl < best.kl:
+                    best = run
+        self.result_ = EmbeddingResult(
+            embedding=np.ascontiguousarray(best.coords.T), node_ids=affinity.node_ids, kl=best.kl,
+            kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
+            iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
+            wall_time=time.perf_counter() - start, provenance=dict(affinity.provenance),
+            optimizer=optimizer.params())
+        self.embedding_ = self.result_.embedding
+        self.kl_ = self.result_.kl
+        return self
+
+    def fit_transform(self, data=None, graph_affinity: str = "coauthorship") -> np.ndarray:
+        return self.fit(data, graph_affinity).embedding_
+
+
+def embed(data=None, **kwargs) -> EmbeddingResult:
+    """Embed ``data`` (see ``load_affinity``) and return an ``EmbeddingResult`` (``.embedding``, ``.kl``).
+
+    Keyword arguments are ``Embedder``'s, plus ``graph_affinity`` for edge-list inputs.
+    """
+    graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
+    return Embedder(**kwargs).fit(data, graph_affinity).result_

@@ -1,0 +1,5 @@
+"""Executors: run the row-block kernels and reduce their partial results."""
+from .blocks import BlockResult, Evaluation, evaluate_block, reduce_blocks
+from .local import LocalExecutor
+
+__all__ = ["BlockResult", "Evaluation", "evaluate_block", "reduce_blocks", "LocalExecutor"]

@@ -1,0 +1,62 @@
+"""The unit of work: one row block of P and the full embedding in, partial sums out.
+
+``evaluate_block`` is the only per-iteration function that touches P; every executor (threads here, Dask
+workers later) calls it on its blocks and ``reduce_blocks`` combines the partials into KL and gradient:
+
+``KL = sum p log p - sum_blocks plogw + log Z``, ``grad = 2 (-alpha A + R / Z)`` with ``alpha`` the early
+exaggeration (see ``scalemb.models.kernels`` for A, R, Z).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..affinity.affinity import RowBlock
+from ..models.base import Model
+
+
+@dataclass
+class BlockResult:
+    """Partial sums of one row block: attraction rows ``[r0, r1)``, full repulsion partials, Z and sum p log w."""
+
+    r0: int
+    r1: int
+    attraction: np.ndarray  # (r1 - r0, ds + dt)
+    repulsion: np.ndarray  # (ds + dt, N), partial over the pairs this block owns
+    z: float
+    plogw: float
+
+
+@dataclass
+class Evaluation:
+    """Objective and gradient at one embedding; ``gradient`` has the coordinates' ``(d, N)`` layout."""
+
+    kl: float
+    gradient: np.ndarray
+    z: float
+
+
+def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int) -> BlockResult:
+    """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding."""
+    S = coords[:space_dims]
+    T = coords[space_dims:]
+    A = np.zeros((block.r1 - block.r0, coords.shape[0]))
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, S, T, A)
+    R = np.zeros_like(coords)
+    z = model.repulsion(S, T, block.r0, block.r1, R[:space_dims], R[space_dims:])
+    return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
+
+
+def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0) -> Evaluation:
+    """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1)."""
+    attraction = np.zeros(coords_shape)
+    repulsion = np.zeros(coords_shape)
+    z = 0.0
+    plogw = 0.0
+    for res in results:
+        attraction[:, res.r0:res.r1] = res.attraction.T
+        repulsion += res.repulsion
+        z += res.z
+        plogw += res.plogw
+    kl = entropy_term - plogw + np.log(z)
+    gradient = 2.0 * (repulsion / z - exaggeration * attraction)
+    return Evaluation(float(kl), gradient, float(z))

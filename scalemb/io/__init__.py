@@ -1,0 +1,1 @@
+"""Reading inputs and writing results."""

@@ -1,0 +1,69 @@
+"""Embedding results as a Zarr v3 group, written atomically.
+
+Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``node_ids`` (int64),
+``kl_history`` (float64, one exact KL per iteration of the best restart); attributes ``model``,
+``space_dims``, ``time_dims``, ``iterations``, ``kl``, ``seed``, ``scalemb_version``, ``provenance`` and
+``optimizer``.  The group is written to a hidden sibling directory and renamed into place, so a crash
+never leaves a half-written result under the requested name.
+"""
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from ..errors import ScalembError
+
+_ARRAYS = ("embedding", "node_ids", "kl_history")
+
+
+def _json_safe(value):
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Path:
+    """Write ``arrays`` (``embedding``, ``node_ids``, ``kl_history``) and ``attrs`` to a Zarr group at ``path``."""
+    path = Path(path)
+    missing = [name for name in _ARRAYS if name not in arrays]
+    if missing:
+        raise ValueError(f"result is missing arrays {missing}")
+    if path.exists() and not overwrite:
+        raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if not path.parent.exists():
+        raise ScalembError(f"{path.parent}: output directory does not exist")
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
+        for name in _ARRAYS:
+            group.create_array(name, data=np.ascontiguousarray(arrays[name]))
+        group.attrs.update(_json_safe(attrs))
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def read_result(path) -> tuple[dict, dict]:
+    """Read a result group: ``(arrays, attrs)`` with NumPy arrays."""
+    path = Path(path)
+    if not path.exists():
+        raise ScalembError(f"{path}: no such result")
+    group = zarr.open_group(store=str(path), mode="r")
+    return {name: group[name][:] for name in _ARRAYS}, dict(group.attrs)

@@ -1,0 +1,42 @@
+"""Progress reporting: a tqdm bar on a terminal, a few log lines otherwise, nothing when quiet."""
+import logging
+import sys
+import time
+
+logger = logging.getLogger("scalemb")
+
+
+class Progress:
+    """Callable ``(iteration, kl)`` that reports an optimisation run of ``total`` iterations."""
+
+    def __init__(self, total: int, label: str = "", quiet: bool = False, stream=None):
+        self.total = total
+        self.label = label
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self._bar = None
+        self._every = max(1, total // 10)
+        if not quiet and getattr(self.stream, "isatty", lambda: False)():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=label or "embed", file=self.stream, unit="it",
+                             dynamic_ncols=True, mininterval=0.25)
+
+    def __call__(self, iteration: int, kl: float) -> None:
+        if self._bar is not None:
+            self._bar.update(iteration + 1 - self._bar.n)
+            if iteration % 10 == 0:
+                self._bar.set_postfix_str(f"KL {kl:.4f}", refresh=False)
+        elif not self.quiet and (iteration % self._every == 0):
+            logger.info("%s iteration %d/%d  KL %.4f  %.1fs", self.label, iteration, self.total, kl,
+                        time.perf_counter() - self.start)
+
+    def close(self, kl: float | None = None) -> None:
+        if self._bar is not None:
+            if kl is not None:
+                self._bar.set_postfix_str(f"KL {kl:.4f}")
+            self._bar.close()
+            self._bar = None
+        elif not self.quiet and kl is not None:
+            logger.info("%s done  KL %.4f  %.1fs", self.label, kl, time.perf_counter() - self.start)
