@@ -13,7 +13,11 @@ iteration, averaged over the last ``window`` iterations) once momentum has reach
 """
 from dataclasses import dataclass, field
 
+import logging
+
 import numpy as np
+
+logger = logging.getLogger("scalemb")
 
 
 @dataclass
@@ -23,6 +27,7 @@ class OptimizeResult:
     kl_history: np.ndarray
     iterations: int
     converged: bool
+    backoffs: int = 0
 
 
 @dataclass
@@ -40,7 +45,8 @@ class DeltaBarDelta:
     min_gain: float = 0.01
     tol: float = 1e-7
     window: int = 100
-    divergence_factor: float = 10.0
+    divergence_factor: float = 2.0
+    max_backoffs: int = 8
     name: str = field(default="dbd", init=False)
 
     def resolved_learning_rate(self, n_points: int) -> float:
@@ -62,7 +68,8 @@ class DeltaBarDelta:
         return {"optimizer": self.name, "learning_rate": self.learning_rate, "time_ratio": self.time_ratio,
                 "momentum": list(self.momentum), "momentum_switch": list(self.momentum_switch),
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
-                "min_gain": self.min_gain, "tol": self.tol, "window": self.window}
+                "min_gain": self.min_gain, "tol": self.tol, "window": self.window,
+                "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs}
 
     def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None) -> OptimizeResult:
         """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``); ``callback(it, kl)`` each step."""
@@ -74,15 +81,31 @@ class DeltaBarDelta:
         gains = np.ones((ds, coords.shape[1]))
         time_gain = 1.0
         history = np.empty(n_iter + 1)
+        best_kl, best_coords = np.inf, coords.copy()
+        backoffs = 0
         converged = False
         it = 0
         for it in range(n_iter):
             exaggerating = it < self.exaggeration_iterations
             ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
-            if not np.isfinite(ev.kl) or (it > 0 and ev.kl > self.divergence_factor * history[0]):
-                raise FloatingPointError(f"KL grew to {ev.kl:.4g} at iteration {it} (started at {history[0]:.4g}); "
-                                         "lower the learning rate or the time ratio")
+            if not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl:
+                backoffs += 1
+                if backoffs > self.max_backoffs:
+                    raise FloatingPointError(
+                        f"KL reached {ev.kl:.4g} at iteration {it} (best {best_kl:.4g}) after {self.max_backoffs} "
+                        "learning-rate halvings; lower the learning rate or the time ratio")
+                logger.warning("KL jumped to %.4g at iteration %d (best %.4g): back to the best iterate, "
+                               "learning rate halved to %.4g", ev.kl, it, best_kl, lr / 2)
+                lr, lr_time = lr / 2, lr_time / 2
+                coords[:] = best_coords
+                update[:] = 0.0
+                gains[:] = 1.0
+                time_gain = 1.0
+                ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
             history[it] = ev.kl
+            if ev.kl < best_kl:
+                best_kl = ev.kl
+                best_coords[:] = coords
             if callback is not None:
                 callback(it, ev.kl)
             if self._converged(history, it):
@@ -108,7 +131,7 @@ class DeltaBarDelta:
             it = n_iter
         final = executor.evaluate(coords).kl if not converged else history[it]
         history[it] = final
-        return OptimizeResult(coords, float(final), history[:it + 1].copy(), it, converged)
+        return OptimizeResult(coords, float(final), history[:it + 1].copy(), it, converged, backoffs)
 
     def _converged(self, history, it) -> bool:
         start = max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)

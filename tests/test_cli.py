@@ -1,0 +1,90 @@
+"""The CLI as a user runs it: real subprocesses, real Zarr stores on disk."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+import scalemb
+from scalemb.embedding import EmbeddingResult
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_embed_writes_zarr_v3_group(tmp_path):
+    out = tmp_path / "run.zarr"
+    proc = run_cli("embed", "school", "--model", "snest", "--space", "2", "--time", "1", "--iterations", "300",
+                   "--seed", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "KL" in proc.stdout
+    group = zarr.open_group(str(out), mode="r")
+    assert group.metadata.zarr_format == 3
+    emb, ids, hist = group["embedding"][:], group["node_ids"][:], group["kl_history"][:]
+    assert emb.shape == (42, 3) and emb.dtype == np.float64
+    assert ids.dtype == np.int64 and ids.shape == (42,)
+    attrs = dict(group.attrs)
+    for key in ("model", "space_dims", "time_dims", "iterations", "kl", "seed", "scalemb_version", "provenance"):
+        assert key in attrs
+    assert attrs["model"] == "snest" and attrs["space_dims"] == 2 and attrs["time_dims"] == 1
+    assert attrs["seed"] == 3 and attrs["iterations"] == len(hist) - 1 == 300
+    assert attrs["kl"] == pytest.approx(hist[-1])
+    assert attrs["scalemb_version"] == scalemb.__version__
+    assert attrs["provenance"]["dataset"] == "school"
+    # the API reproduces the CLI run
+    api = scalemb.embed("school", model="snest", iterations=300, seed=3)
+    assert np.array_equal(api.embedding, emb)
+    assert EmbeddingResult.load(out).kl == attrs["kl"]
+    # logs go to stderr when not on a terminal; --quiet silences them
+    assert "iteration" in proc.stderr
+    quiet = run_cli("embed", "school", "--iterations", "10", "--out", str(out), "--overwrite", "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_edge_list_input_keeps_node_ids(tmp_path):
+    edges = tmp_path / "e.txt"
+    edges.write_text("# test\n100 200\n200 300\n300 100\n300 400 2\n")
+    out = tmp_path / "e.zarr"
+    proc = run_cli("embed", str(edges), "--model", "tsne", "--iterations", "50", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    group = zarr.open_group(str(out), mode="r")
+    assert list(group["node_ids"][:]) == [100, 200, 300, 400]
+    assert group.attrs["provenance"]["source"] == str(edges)
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("1 2\n2 x\n", ":2: node id 'x' is not an integer"),
+    ("", "no edges"),
+    ("5 5\n", "no edges once self-loops are removed"),
+])
+def test_bad_input_one_line_error_nothing_written(tmp_path, content, fragment):
+    edges = tmp_path / "bad.txt"
+    edges.write_text(content)
+    out = tmp_path / "bad.zarr"
+    proc = run_cli("embed", str(edges), "--out", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scalemb: error: ") and str(edges) in lines[0]
+    assert fragment in lines[0]
+    assert list(tmp_path.iterdir()) == [edges]
+
+
+def test_missing_input_and_existing_output(tmp_path):
+    proc = run_cli("embed", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o.zarr"))
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    out = tmp_path / "keep.zarr"
+    out.mkdir()
+    (out / "precious").write_text("x")
+    proc = run_cli("embed", "school", "--iterations", "5", "--out", str(out))
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert (out / "precious").read_text() == "x"
+
+
+def test_invalid_options(tmp_path):
+    assert run_cli("embed", "school", "--model", "umap").returncode == 2
+    assert run_cli("embed", "school", "--iterations", "0").returncode == 2
+    proc = run_cli("embed", "school", "--model", "tsne", "--time", "1", "--out", str(tmp_path / "x.zarr"))
+    assert proc.returncode == 2 and "no time dimensions" in proc.stderr

@@ -1,0 +1,106 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from scalemb.affinity import coauthorship_affinity, normalized_affinity
+from scalemb.datasets import grqc, school
+from scalemb.errors import InputError
+from scalemb.io.edgelist import read_edge_list
+
+
+def _write(tmp_path, text, name="g.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_parses_comments_separators_weights_and_loops(tmp_path):
+    path = _write(tmp_path, "# header\n10\t20\n20 10\n20   30 2.5\n30 30\n\n40 40\n10 20\n")
+    g = read_edge_list(path)
+    assert list(g.node_ids) == [10, 20, 30]  # 40 only had a self-loop: removed
+    assert g.n_edges == 2
+    pairs = {(int(g.node_ids[a]), int(g.node_ids[b])): w for a, b, w in zip(g.src, g.dst, g.weight)}
+    assert pairs == {(10, 20): 1.0, (20, 30): 2.5}
+
+
+def test_shuffled_duplicated_reversed_equals_clean(tmp_path):
+    rng = np.random.default_rng(0)
+    edges = [(a, b) for a in range(30) for b in range(a + 1, 30) if rng.random() < 0.2]
+    clean = _write(tmp_path, "".join(f"{a} {b}\n" for a, b in edges), "clean.txt")
+    messy_edges = edges + [(b, a) for a, b in edges] + edges[:10]
+    rng.shuffle(messy_edges)
+    messy = _write(tmp_path, "".join(f"{a}\t{b}\n" for a, b in messy_edges), "messy.txt")
+    p1 = coauthorship_affinity(read_edge_list(clean))
+    p2 = coauthorship_affinity(read_edge_list(messy))
+    assert np.array_equal(p1.node_ids, p2.node_ids)
+    assert abs(p1.P - p2.P).max() == 0
+
+
+def test_gzip_and_huge_ids(tmp_path):
+    path = tmp_path / "g.txt.gz"
+    big = 2**63 - 1
+    with gzip.open(path, "wt") as f:
+        f.write(f"{big} 1\n1 2\n")
+    g = read_edge_list(path)
+    assert g.node_ids.dtype == np.int64 and g.node_ids[-1] == big
+
+
+@pytest.mark.parametrize("text,line,fragment", [
+    ("1 2\n3\n", 2, "fields"),
+    ("1 2\n3 4 5 6\n", 2, "fields"),
+    ("1 2\n3 b\n", 2, "not an integer"),
+    ("1 2\n-3 4\n", 2, "outside"),
+    ("1 2\n3 99999999999999999999999\n", 2, "outside"),
+    ("# c\n1 2 nan\n", 2, "finite positive"),
+    ("1 2 -1\n", 1, "finite positive"),
+    ("1 2 abc\n", 1, "not a number"),
+])
+def test_malformed_lines_name_file_and_line(tmp_path, text, line, fragment):
+    path = _write(tmp_path, text)
+    with pytest.raises(InputError) as err:
+        read_edge_list(path)
+    assert err.value.line == line
+    assert str(err.value).startswith(f"{path}:{line}:")
+    assert fragment in str(err.value)
+
+
+def test_empty_no_edges_missing_and_binary(tmp_path):
+    with pytest.raises(InputError, match="no edges"):
+        read_edge_list(_write(tmp_path, "# only a comment\n"))
+    with pytest.raises(InputError, match="no edges"):
+        read_edge_list(_write(tmp_path, "1 1\n2 2\n", "loops.txt"))
+    with pytest.raises(InputError, match="no such file"):
+        read_edge_list(tmp_path / "missing.txt")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x01garbage")
+    with pytest.raises(InputError, match="cannot read"):
+        read_edge_list(binary)
+
+
+def test_grqc_counts():
+    a = grqc()
+    assert a.n_points == 5241
+    assert a.P.nnz == 2 * 14484
+    assert a.P.sum() == pytest.approx(1.0)
+    assert abs(a.P - a.P.T).max() == 0
+
+
+def test_coauthorship_formula(tmp_path):
+    # path 1-2-3 plus 2-4: degrees 1, 3, 1, 1
+    g = read_edge_list(_write(tmp_path, "1 2\n2 3\n2 4\n"))
+    P = coauthorship_affinity(g).P.toarray()
+    expected = np.zeros((4, 4))
+    for a, b in [(0, 1), (1, 2), (1, 3)]:
+        deg = [1, 3, 1, 1]
+        expected[a, b] = expected[b, a] = 1 / deg[a] + 1 / deg[b]
+    assert np.allclose(P, expected / expected.sum())
+    Pn = normalized_affinity(g).P.toarray()
+    assert np.allclose(Pn, (expected > 0) / 6)
+
+
+def test_school_graph():
+    a = school()
+    assert a.n_points == 42 and a.P.nnz == 2 * 121
+    degrees = np.asarray((a.P > 0).sum(axis=1)).ravel()
+    assert sorted(set(degrees)) == [5, 21]  # students: 4 ring neighbours + teacher; teachers: 20 + other teacher

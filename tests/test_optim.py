@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+
+import scalemb
+from scalemb.embedding import initial_coords
+from scalemb.engine import LocalExecutor
+from scalemb.models import get_model
+from scalemb.optim import DeltaBarDelta
+
+
+def _run(affinity, name, ds, dt, n_iter=300, seed=0, **kw):
+    ex = LocalExecutor(affinity, get_model(name), ds, dt)
+    coords = initial_coords(affinity.n_points, ds, dt, np.random.default_rng(seed))
+    return DeltaBarDelta(**kw).optimize(ex, coords, n_iter)
+
+
+def test_kl_decreases_after_exaggeration(school_affinity):
+    run = _run(school_affinity, "snest", 2, 1, n_iter=600, tol=0)
+    h = run.kl_history
+    assert h[-1] < h[100] < h[0]
+    assert run.iterations == 600 and len(h) == 601
+
+
+def test_same_seed_same_result(school_affinity):
+    a = scalemb.embed("school", model="snest", iterations=200, seed=7)
+    b = scalemb.embed("school", model="snest", iterations=200, seed=7)
+    c = scalemb.embed("school", model="snest", iterations=200, seed=8)
+    assert np.array_equal(a.embedding, b.embedding) and a.kl == b.kl
+    assert not np.array_equal(a.embedding, c.embedding)
+
+
+def test_convergence_test_stops_early(school_affinity):
+    run = _run(school_affinity, "sne", 2, 0, n_iter=5000, tol=1e-5)
+    assert run.converged and run.iterations < 5000
+
+
+def test_restarts_keep_best(school_affinity):
+    res = scalemb.embed("school", model="snest", space_dims=1, time_dims=1, iterations=1500, restarts=3)
+    assert len(res.restart_kls) == 3
+    assert res.kl == min(res.restart_kls)
+
+
+def test_blow_up_backs_off_then_gives_up(school_affinity):
+    # SNE at a learning rate far above 1/(4 lambda_max(L(P))) blows up; the optimiser halves it and recovers
+    run = _run(school_affinity, "sne", 2, 0, n_iter=1500, learning_rate=50.0, tol=0)
+    assert run.backoffs >= 1 and np.isfinite(run.kl) and run.kl < 0.6
+    with pytest.raises(FloatingPointError, match="halvings"):
+        _run(school_affinity, "sne", 2, 0, n_iter=1500, learning_rate=1e6, max_backoffs=1, tol=0)
+
+
+def test_invalid_learning_rate(school_affinity):
+    with pytest.raises(ValueError, match="learning_rate"):
+        _run(school_affinity, "tsne", 2, 0, learning_rate=-1.0)
+
+
+def test_momentum_schedule():
+    opt = DeltaBarDelta()
+    assert [opt.momentum_at(i) for i in (0, 249, 250, 999, 1000, 4000)] == [0.5, 0.5, 0.8, 0.8, 0.9, 0.9]
