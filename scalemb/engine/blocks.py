@@ -37,12 +37,10 @@ class Evaluation:
 
 def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int) -> BlockResult:
     """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding."""
-    S = coords[:space_dims]
-    T = coords[space_dims:]
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, S, T, A)
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, coords, space_dims, A)
     R = np.zeros_like(coords)
-    z = model.repulsion(S, T, block.r0, block.r1, R[:space_dims], R[space_dims:])
+    z = model.repulsion(coords, space_dims, block.r0, block.r1, R)
     return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
 
 

@@ -15,14 +15,16 @@ With ``q_ij = w_ij / Z``, ``Z = sum_{k != l} w_kl`` and a symmetric P summing to
 
 ``make_kernels`` compiles, for one model, the two functions every executor calls on a row block:
 
-* ``attraction(indptr, indices, data, r0, S, T, A)``: rows ``[r0, r0 + len(indptr) - 1)`` of P (CSR slice
+* ``attraction(indptr, indices, data, r0, Y, ds, A)``: rows ``[r0, r0 + len(indptr) - 1)`` of P (CSR slice
   with ``indptr`` starting at 0) -> fills ``A`` (rows of the block) and returns ``sum p log w``.
-* ``repulsion(S, T, r0, r1, F, G)``: every unordered pair is visited once: row ``i`` is paired with the
+* ``repulsion(Y, ds, r0, r1, R)``: every unordered pair is visited once: row ``i`` is paired with the
   next ``floor((N-1)/2)`` rows cyclically (one more for ``i < N/2`` when N is even), so each row costs the
-  same and any row partition is balanced.  Forces are scattered to both ends of a pair, so ``F`` (space)
-  and ``G`` (time) are full ``(d, N)`` partial sums, summed over blocks.  Returns the block's part of Z.
+  same and any row partition is balanced.  Forces are scattered to both ends of a pair, so ``R`` is a full
+  ``(d, N)`` partial sum, summed over blocks.  Returns the block's part of Z.
 
-Coordinates are passed transposed: ``S`` is ``(ds, N)``, ``T`` is ``(dt, N)``, both C-contiguous.
+Coordinates are passed transposed: ``Y`` is ``(ds + dt, N)``, C-contiguous, space rows first.  The pair
+loops run over contiguous slices so that LLVM vectorises them (``error_model='numpy'`` removes the
+division-by-zero branch that otherwise blocks it).
 """
 import numpy as np
 from numba import njit
@@ -32,9 +34,8 @@ def make_kernels(log_pair, pair):
     """Compile the attraction and repulsion row-block kernels for one model (see module docstring)."""
 
     @njit(cache=True, nogil=True, error_model="numpy")
-    def attraction(indptr, indices, data, r0, S, T, A):
-        ds = S.shape[0]
-        dt = T.shape[0]
+    def attraction(indptr, indices, data, r0, Y, space_dims, A):
+        dims = Y.shape[0]
         plogw = 0.0
         for row in range(indptr.shape[0] - 1):
             i = r0 + row
@@ -42,25 +43,22 @@ def make_kernels(log_pair, pair):
                 j = indices[idx]
                 p = data[idx]
                 d2s = 0.0
-                for k in range(ds):
-                    x = S[k, i] - S[k, j]
-                    d2s += x * x
                 d2t = 0.0
-                for k in range(dt):
-                    x = T[k, i] - T[k, j]
-                    d2t += x * x
+                for k in range(dims):
+                    x = Y[k, i] - Y[k, j]
+                    if k < space_dims:
+                        d2s += x * x
+                    else:
+                        d2t += x * x
                 logw, a, b = log_pair(d2s, d2t)
                 plogw += p * logw
-                for k in range(ds):
-                    A[row, k] += p * a * (S[k, i] - S[k, j])
-                for k in range(dt):
-                    A[row, ds + k] += p * b * (T[k, i] - T[k, j])
+                for k in range(dims):
+                    A[row, k] += p * (a if k < space_dims else b) * (Y[k, i] - Y[k, j])
         return plogw
 
     @njit(cache=True, nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
-    def repulsion(S, T, r0, r1, F, G):
-        ds, n_points = S.shape
-        dt = T.shape[0]
+    def repulsion(Y, space_dims, r0, r1, R):
+        dims, n_points = Y.shape
         half = (n_points - 1) // 2
         d2s = np.empty(n_points)
         d2t = np.empty(n_points)
@@ -77,22 +75,17 @@ def make_kernels(log_pair, pair):
                 n = b - a
                 if n <= 0:
                     continue
+                d2s[:n] = 0.0
+                d2t[:n] = 0.0
+                for k in range(dims):
+                    d2 = d2s[:n] if k < space_dims else d2t[:n]
+                    yk = Y[k, a:b]
+                    yik = Y[k, i]
+                    for jj in range(n):
+                        x = yik - yk[jj]
+                        d2[jj] += x * x
                 bs = d2s[:n]
                 bt = d2t[:n]
-                bs[:] = 0.0
-                bt[:] = 0.0
-                for k in range(ds):
-                    sk = S[k, a:b]
-                    sik = S[k, i]
-                    for jj in range(n):
-                        x = sik - sk[jj]
-                        bs[jj] += x * x
-                for k in range(dt):
-                    tk = T[k, a:b]
-                    tik = T[k, i]
-                    for jj in range(n):
-                        x = tik - tk[jj]
-                        bt[jj] += x * x
                 c1 = cs[:n]
                 c2 = ct[:n]
                 for jj in range(n):
@@ -100,26 +93,17 @@ def make_kernels(log_pair, pair):
                     z += w
                     c1[jj] = ca
                     c2[jj] = cb
-                for k in range(ds):
-                    sk = S[k, a:b]
-                    fk = F[k, a:b]
-                    sik = S[k, i]
+                for k in range(dims):
+                    c = cs[:n] if k < space_dims else ct[:n]
+                    yk = Y[k, a:b]
+                    rk = R[k, a:b]
+                    yik = Y[k, i]
                     acc = 0.0
                     for jj in range(n):
-                        f = c1[jj] * (sik - sk[jj])
+                        f = c[jj] * (yik - yk[jj])
                         acc += f
-                        fk[jj] -= f
-                    F[k, i] += acc
-                for k in range(dt):
-                    tk = T[k, a:b]
-                    gk = G[k, a:b]
-                    tik = T[k, i]
-                    acc = 0.0
-                    for jj in range(n):
-                        f = c2[jj] * (tik - tk[jj])
-                        acc += f
-                        gk[jj] -= f
-                    G[k, i] += acc
+                        rk[jj] -= f
+                    R[k, i] += acc
         return 2.0 * z
 
     return attraction, repulsion
