@@ -12,6 +12,7 @@ import numpy as np
 
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
+from .laplacian import laplacian_rows
 
 
 @dataclass
@@ -28,9 +29,14 @@ class BlockResult:
 
 @dataclass
 class Evaluation:
-    """Objective and gradient at one embedding; ``gradient`` has the coordinates' ``(d, N)`` layout."""
+    """KL, the optimised objective and its gradient at one embedding (``gradient`` is ``(d, N)``).
+
+    ``objective = sum p log p - alpha sum p log w + log Z`` is what the gradient differentiates; it equals
+    ``kl`` unless early exaggeration ``alpha != 1`` is on.
+    """
 
     kl: float
+    objective: float
     gradient: np.ndarray
     z: float
 
@@ -56,5 +62,27 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
         z += res.z
         plogw += res.plogw
     kl = entropy_term - plogw + np.log(z)
+    objective = entropy_term - exaggeration * plogw + np.log(z)
     gradient = 2.0 * (repulsion / z - exaggeration * attraction)
-    return Evaluation(float(kl), gradient, float(z))
+    return Evaluation(float(kl), float(objective), gradient, float(z))
+
+
+def curvature_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,
+                    exaggeration: float = 1.0, fixed: bool = False) -> np.ndarray:
+    """Weights ``c_ij`` of the block's rows of the attractive partial Hessian ``L(C)`` (space coordinates).
+
+    ``fixed``: ``C = 4 alpha P`` (constant, the spectral direction of Vladymyrov & Carreira-Perpinan 2012);
+    otherwise ``C = -2 alpha a_ij P`` at ``coords`` (``4 alpha P o K`` for t-SNE), see ``models.kernels``.
+    """
+    if fixed:
+        return 4.0 * exaggeration * block.data
+    weights = np.empty_like(block.data)
+    model.curvature(block.indptr, block.indices, block.data, block.r0, coords, space_dims, weights)
+    return exaggeration * weights
+
+
+def laplacian_block(block: RowBlock, weights: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """Rows ``[r0, r1)`` of ``L(C) V`` for V of shape ``(d, N)``."""
+    out = np.zeros((V.shape[0], block.r1 - block.r0))
+    laplacian_rows(block.indptr, block.indices, weights, block.r0, np.ascontiguousarray(V), out)
+    return out

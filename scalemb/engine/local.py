@@ -3,10 +3,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..affinity.affinity import Affinity, row_partition
 from ..models.base import Model
-from .blocks import Evaluation, evaluate_block, reduce_blocks
+from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
+from .laplacian import row_sums
 
 # Below this many points a thread hand-off costs more than the kernel itself.
 _SINGLE_BLOCK_BELOW = 1024
@@ -37,6 +39,12 @@ class LocalExecutor:
         self.blocks = [affinity.row_block(r0, r1) for r0, r1 in row_partition(n, n_blocks)]
         self._entropy = affinity.entropy_term()
         self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 else None
+        self._weights = None
+
+    def _map(self, fn):
+        if self._pool is None:
+            return [fn(b) for b in self.blocks]
+        return list(self._pool.map(fn, self.blocks))
 
     @property
     def n_points(self) -> int:
@@ -45,12 +53,44 @@ class LocalExecutor:
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0) -> Evaluation:
         """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64)."""
         coords = np.ascontiguousarray(coords, dtype=np.float64)
-        if self._pool is None:
-            results = [evaluate_block(self.model, b, coords, self.space_dims) for b in self.blocks]
-        else:
-            results = list(self._pool.map(lambda b: evaluate_block(self.model, b, coords, self.space_dims),
-                                          self.blocks))
+        results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims))
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
+
+    def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
+        """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
+        coords = np.ascontiguousarray(coords, dtype=np.float64)
+        self._weights = self._map(lambda b: curvature_block(self.model, b, coords, self.space_dims,
+                                                            exaggeration, fixed))
+
+    def _block_weights(self):
+        if self._weights is None:
+            raise RuntimeError("call set_curvature() before using the curvature")
+        return zip(self.blocks, self._weights)
+
+    def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
+        """``L(C) V`` for V of shape ``(d, N)``, by row blocks."""
+        V = np.ascontiguousarray(V, dtype=np.float64)
+        out = np.empty_like(V)
+        for block, rows in zip(self.blocks, self._map_weights(lambda b, w: laplacian_block(b, w, V))):
+            out[:, block.r0:block.r1] = rows
+        return out
+
+    def _map_weights(self, fn):
+        pairs = list(self._block_weights())
+        if self._pool is None:
+            return [fn(b, w) for b, w in pairs]
+        return list(self._pool.map(lambda bw: fn(*bw), pairs))
+
+    def curvature_diagonal(self) -> np.ndarray:
+        """Diagonal of ``L(C)``: the row sums of C."""
+        return np.concatenate([row_sums(b.indptr, w) for b, w in self._block_weights()])
+
+    def curvature_matrix(self) -> sp.csr_matrix:
+        """``L(C)`` as one sparse matrix (gathers every block: only for solvers that factorise it)."""
+        weights = np.concatenate([w for _, w in self._block_weights()])
+        P = self.affinity.P
+        C = sp.csr_matrix((weights, P.indices, P.indptr), shape=P.shape)
+        return (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -22,6 +22,10 @@ With ``q_ij = w_ij / Z``, ``Z = sum_{k != l} w_kl`` and a symmetric P summing to
   same and any row partition is balanced.  Forces are scattered to both ends of a pair, so ``R`` is a full
   ``(d, N)`` partial sum, summed over blocks.  Returns the block's part of Z.
 
+* ``curvature(indptr, indices, data, r0, Y, ds, out)``: ``out[idx] = c_ij = -2 a_ij p_ij`` for the block's
+  non-zeros, the weights of the attractive term's Laplacian in space: its gradient is ``L(C) S``
+  (``C = 4 P o K`` for t-SNE, ``4 P`` for SNE; Vladymyrov & Carreira-Perpinan's partial Hessian).
+
 Coordinates are passed transposed: ``Y`` is ``(ds + dt, N)``, C-contiguous, space rows first.  The pair
 loops run over contiguous slices so that LLVM vectorises them (``error_model='numpy'`` removes the
 division-by-zero branch that otherwise blocks it).
@@ -55,6 +59,23 @@ def make_kernels(log_pair, pair):
                 for k in range(dims):
                     A[row, k] += p * (a if k < space_dims else b) * (Y[k, i] - Y[k, j])
         return plogw
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def curvature(indptr, indices, data, r0, Y, space_dims, out):
+        for row in range(indptr.shape[0] - 1):
+            i = r0 + row
+            for idx in range(indptr[row], indptr[row + 1]):
+                j = indices[idx]
+                d2s = 0.0
+                d2t = 0.0
+                for k in range(Y.shape[0]):
+                    x = Y[k, i] - Y[k, j]
+                    if k < space_dims:
+                        d2s += x * x
+                    else:
+                        d2t += x * x
+                a = log_pair(d2s, d2t)[1]
+                out[idx] = -2.0 * a * data[idx]
 
     @njit(cache=True, nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
@@ -106,4 +127,4 @@ def make_kernels(log_pair, pair):
                     R[k, i] += acc
         return 2.0 * z
 
-    return attraction, repulsion
+    return attraction, repulsion, curvature

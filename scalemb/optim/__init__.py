@@ -1,4 +1,5 @@
 """Optimisers of KL(P||Q) over the embedding."""
-from .dbd import DeltaBarDelta, OptimizeResult
+from .base import OptimizeResult
+from .dbd import DeltaBarDelta
 
 __all__ = ["DeltaBarDelta", "OptimizeResult"]

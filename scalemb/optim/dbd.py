@@ -11,23 +11,16 @@ re-centred after every step.  Stops early when the KL decreased by less than ``t
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """
+import time
 from dataclasses import dataclass, field
 
 import logging
 
 import numpy as np
 
+from .base import OptimizeResult, stalled
+
 logger = logging.getLogger("scalemb")
-
-
-@dataclass
-class OptimizeResult:
-    coords: np.ndarray
-    kl: float
-    kl_history: np.ndarray
-    iterations: int
-    converged: bool
-    backoffs: int = 0
 
 
 @dataclass
@@ -81,6 +74,9 @@ class DeltaBarDelta:
         gains = np.ones((ds, coords.shape[1]))
         time_gain = 1.0
         history = np.empty(n_iter + 1)
+        seconds = np.empty(n_iter + 1)
+        start = time.perf_counter()
+        evaluations = 0
         best_kl, best_coords = np.inf, coords.copy()
         backoffs = 0
         converged = False
@@ -88,6 +84,7 @@ class DeltaBarDelta:
         for it in range(n_iter):
             exaggerating = it < self.exaggeration_iterations
             ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
+            evaluations += 1
             if not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl:
                 backoffs += 1
                 if backoffs > self.max_backoffs:
@@ -102,13 +99,15 @@ class DeltaBarDelta:
                 gains[:] = 1.0
                 time_gain = 1.0
                 ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
+                evaluations += 1
             history[it] = ev.kl
+            seconds[it] = time.perf_counter() - start
             if ev.kl < best_kl:
                 best_kl = ev.kl
                 best_coords[:] = coords
             if callback is not None:
                 callback(it, ev.kl)
-            if self._converged(history, it):
+            if stalled(history, it, self._stall_start(), self.window, self.tol):
                 converged = True
                 break
             grad = ev.gradient
@@ -129,13 +128,12 @@ class DeltaBarDelta:
             coords -= coords.mean(axis=1, keepdims=True)
         else:
             it = n_iter
-        final = executor.evaluate(coords).kl if not converged else history[it]
-        history[it] = final
-        return OptimizeResult(coords, float(final), history[:it + 1].copy(), it, converged, backoffs)
+        if not converged:
+            history[it] = executor.evaluate(coords).kl
+            seconds[it] = time.perf_counter() - start
+            evaluations += 1
+        return OptimizeResult(coords, float(history[it]), history[:it + 1].copy(), it, converged, backoffs,
+                              seconds[:it + 1].copy(), evaluations)
 
-    def _converged(self, history, it) -> bool:
-        start = max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)
-        if self.tol <= 0 or it < start + self.window:
-            return False
-        old, new = history[it - self.window], history[it]
-        return (old - new) < self.tol * self.window * abs(new)
+    def _stall_start(self) -> int:
+        return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)

@@ -1,0 +1,165 @@
+"""Line-search descent: the spectral direction (Vladymyrov & Carreira-Perpinan, ICML 2012) and plain
+gradient descent, both with a backtracking Armijo line search.
+
+Spectral direction for the space coordinates S: solve ``(L(C) + mu I) P_s = -G_s`` where ``L(C) S`` is the
+attractive part of the gradient, i.e. a positive semi-definite partial Hessian.  ``curvature='fixed'`` uses
+``C = 4 alpha P`` (the paper's B, constant, so a factorisation is reused); ``curvature='iterate'`` uses
+``C = -2 alpha a_ij p_ij`` at the current iterate (``4 alpha P o K`` for t-SNE), which tracks the t-SNE
+Hessian far better once clusters separate.  ``mu`` is relative to the mean diagonal of L(C): the graph's
+connected components make L(C) singular (GrQc has 355), and their relative translations are driven by
+repulsion only, so mu must be small (measured: 1e-5 relative; see benchmarks/optimizers.py).
+
+Time coordinates (SNEST): their attractive term ``-sum p |t_i - t_j|^2`` is concave, so ``L(C)`` is no
+curvature model there.  We keep the SNEST paper's choice, one global adaptive learning rate, and put its
+step ``-eta_t G_t`` into the same search direction; ``eta_t`` grows by ``x1.2`` while successive time
+gradients keep the descent direction and halves otherwise.
+
+Line search: start from the last accepted step (``x growth`` after a first-trial acceptance), shrink by
+``rho``, accept when ``f(x + a p) <= f(x) + c a g.p``; f is the (exaggerated) objective, so KL never
+increases once exaggeration is off.  Gradient descent (``direction='gradient'``) uses ``P = -G``.
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import OptimizeResult, stalled
+from .linesearch import armijo
+from .solvers import FactorizedSolver, pcg
+
+logger = logging.getLogger("scalemb")
+
+DIRECTIONS = ("spectral", "gradient")
+SOLVERS = ("cg", "lu")
+CURVATURES = ("iterate", "fixed")
+
+
+@dataclass
+class LineSearchDescent:
+    """Descent along the spectral direction (``direction='spectral'``) or the negative gradient."""
+
+    direction: str = "spectral"
+    solver: str = "cg"
+    curvature: str = "iterate"
+    mu: float = 1e-5
+    cg_tol: float = 1e-2
+    cg_maxiter: int = 50
+    c: float = 1e-4
+    rho: float = 0.5
+    growth: float = 1.5
+    time_rate: float | str = "auto"
+    exaggeration: float = 1.0
+    exaggeration_iterations: int = 0
+    tol: float = 1e-7
+    window: int = 50
+    max_failures: int = 3
+    name: str = field(default="sd", init=False)
+
+    def __post_init__(self):
+        for value, allowed, what in ((self.direction, DIRECTIONS, "direction"), (self.solver, SOLVERS, "solver"),
+                                     (self.curvature, CURVATURES, "curvature")):
+            if value not in allowed:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        if self.direction == "gradient":
+            self.name = "gd"
+
+    def params(self) -> dict:
+        return {"optimizer": self.name, "direction": self.direction, "solver": self.solver,
+                "curvature": self.curvature, "mu": self.mu, "cg_tol": self.cg_tol, "cg_maxiter": self.cg_maxiter,
+                "c": self.c, "rho": self.rho, "growth": self.growth, "time_rate": self.time_rate,
+                "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
+                "tol": self.tol, "window": self.window}
+
+    def _initial_step(self, n_points: int) -> float:
+        # the spectral direction is Newton-like (unit step); the gradient needs t-SNE's N/12 scale
+        return 1.0 if self.direction == "spectral" else max(1.0, n_points / 12.0)
+
+    def _time_rate(self, n_points: int) -> float:
+        return max(1.0, n_points / 12.0) * 0.002 if self.time_rate == "auto" else float(self.time_rate)
+
+    def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None) -> OptimizeResult:
+        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``); ``callback(it, kl)`` each step."""
+        ds = executor.space_dims
+        n_points = coords.shape[1]
+        coords = np.array(coords, dtype=np.float64, order="C")
+        history = np.empty(n_iter + 1)
+        seconds = np.empty(n_iter + 1)
+        start = time.perf_counter()
+        step = self._initial_step(n_points)
+        eta_t = self._time_rate(n_points)
+        alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
+        ev = executor.evaluate(coords, alpha)
+        evaluations = 1
+        factor = None
+        previous_space = None
+        previous_time_step = None
+        failures = 0
+        converged = False
+        it = 0
+        for it in range(n_iter):
+            if alpha != 1.0 and it >= self.exaggeration_iterations:
+                alpha = 1.0
+                factor = None
+                ev = executor.evaluate(coords, alpha)
+                evaluations += 1
+                step = self._initial_step(n_points)
+            history[it] = ev.kl
+            seconds[it] = time.perf_counter() - start
+            if callback is not None:
+                callback(it, ev.kl)
+            if not np.isfinite(ev.kl):
+                raise FloatingPointError(f"KL became {ev.kl} at iteration {it}")
+            if stalled(history, it, self.exaggeration_iterations, self.window, self.tol):
+                converged = True
+                break
+            grad = ev.gradient
+            direction = np.empty_like(coords)
+            if self.direction == "spectral":
+                direction[:ds], factor = self._spectral(executor, coords, grad[:ds], alpha, factor, previous_space)
+                previous_space = direction[:ds].copy()
+            else:
+                direction[:ds] = -grad[:ds]
+            if coords.shape[0] > ds:
+                if previous_time_step is not None:
+                    eta_t *= 1.2 if np.sum(grad[ds:] * previous_time_step) < 0 else 0.5
+                direction[ds:] = -eta_t * grad[ds:]
+            result = armijo(lambda x: executor.evaluate(x, alpha), coords, direction, ev, step, self.c, self.rho)
+            evaluations += result.trials
+            if not result.accepted:
+                failures += 1
+                step = self._initial_step(n_points)
+                previous_space = None
+                if failures >= self.max_failures:
+                    converged = True
+                    break
+                continue
+            failures = 0
+            if coords.shape[0] > ds:
+                previous_time_step = result.step * direction[ds:]
+            step = result.step * (self.growth if result.trials == 1 else 1.0)
+            coords = result.coords
+            coords -= coords.mean(axis=1, keepdims=True)
+            ev = result.evaluation
+        else:
+            it = n_iter
+        history[it] = ev.kl if alpha == 1.0 else executor.evaluate(coords).kl
+        seconds[it] = time.perf_counter() - start
+        return OptimizeResult(coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
+                              seconds[:it + 1].copy(), evaluations)
+
+    def _spectral(self, executor, coords, space_grad, alpha, factor, previous):
+        """Solve ``(L(C) + mu I) P = -G`` for the space block; returns ``(P, factorisation or None)``."""
+        fixed = self.curvature == "fixed"
+        if factor is None or not fixed:
+            executor.set_curvature(coords, alpha, fixed=fixed)
+            diagonal = executor.curvature_diagonal()
+            mu = self.mu * float(diagonal.mean())
+            solver = FactorizedSolver(executor.curvature_matrix(), mu) if self.solver == "lu" else None
+            factor = (solver, diagonal, mu)
+        solver, diagonal, mu = factor
+        if solver is not None:
+            return solver.solve(-space_grad), factor
+        cg = pcg(executor.laplacian_matvec, -space_grad, diagonal, mu, x0=previous, tol=self.cg_tol,
+                 maxiter=self.cg_maxiter)
+        return cg.x, factor

@@ -1,0 +1,89 @@
+"""Spectral direction: Laplacian row blocks, both solvers, line search."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import scalemb
+from scalemb.embedding import initial_coords
+from scalemb.engine import LocalExecutor
+from scalemb.models import get_model
+from scalemb.optim.descent import LineSearchDescent
+from scalemb.optim.linesearch import armijo
+from scalemb.optim.solvers import FactorizedSolver, pcg
+
+
+def _executor(affinity, name="tsne", ds=2, dt=0, n_blocks=None):
+    return LocalExecutor(affinity, get_model(name), ds, dt, n_threads=2, n_blocks=n_blocks)
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_curvature_weights_and_laplacian_products(school_affinity, fixed):
+    ex = _executor(school_affinity, n_blocks=3)
+    coords = np.random.default_rng(0).normal(size=(2, 42))
+    ex.set_curvature(coords, exaggeration=2.0, fixed=fixed)
+    P = school_affinity.P.toarray()
+    d2 = ((coords[:, :, None] - coords[:, None, :]) ** 2).sum(0)
+    C = 4 * 2.0 * P * (1.0 if fixed else 1 / (1 + d2))
+    L = np.diag(C.sum(1)) - C
+    np.testing.assert_allclose(ex.curvature_matrix().toarray(), L, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ex.curvature_diagonal(), np.diag(L), rtol=1e-12)
+    V = np.random.default_rng(1).normal(size=(2, 42))
+    np.testing.assert_allclose(ex.laplacian_matvec(V), V @ L.T, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("name,ds,dt", [("sne", 2, 0), ("tsne", 3, 0), ("snest", 2, 1)])
+def test_laplacian_is_the_attractive_gradient(school_affinity, name, ds, dt):
+    """L(C) S equals the attractive (P) part of dKL/dS: the partial Hessian is exact on that term."""
+    ex = _executor(school_affinity, name, ds, dt)
+    coords = np.random.default_rng(2).normal(size=(ds + dt, 42))
+    ex.set_curvature(coords)
+    g1, g2 = ex.evaluate(coords, 1.0).gradient, ex.evaluate(coords, 2.0).gradient
+    attractive = (g2 - g1)[:ds]  # grad = 2(R/Z - alpha A): one extra alpha gives the P term
+    np.testing.assert_allclose(ex.laplacian_matvec(coords[:ds]), attractive, rtol=1e-9, atol=1e-13)
+
+
+def test_solvers_agree_and_meet_tolerance(school_affinity):
+    ex = _executor(school_affinity, n_blocks=2)
+    coords = np.random.default_rng(3).normal(size=(2, 42))
+    ex.set_curvature(coords)
+    L = ex.curvature_matrix()
+    diag = ex.curvature_diagonal()
+    mu = 1e-5 * diag.mean()
+    rhs = -ex.evaluate(coords).gradient
+    B = (L + mu * sp.identity(42)).toarray()
+    x_lu = FactorizedSolver(L, mu).solve(rhs)
+    assert np.linalg.norm(x_lu @ B.T - rhs) <= 1e-10 * np.linalg.norm(rhs)
+    cg = pcg(ex.laplacian_matvec, rhs, diag, mu, tol=1e-10, maxiter=500)
+    assert cg.relative_residual <= 1e-10
+    for k in range(2):
+        assert np.linalg.norm(B @ cg.x[k] - rhs[k]) <= 1e-10 * np.linalg.norm(rhs[k])
+    np.testing.assert_allclose(cg.x, x_lu, rtol=1e-6, atol=1e-8 * np.abs(x_lu).max())
+    warm = pcg(ex.laplacian_matvec, rhs, diag, mu, x0=cg.x, tol=1e-8, maxiter=500)
+    assert warm.iterations == 0
+
+
+def test_line_search_refuses_ascent_and_never_increases(school_affinity):
+    ex = _executor(school_affinity)
+    coords = initial_coords(42, 2, 0, np.random.default_rng(0)) * 1e3
+    ev = ex.evaluate(coords)
+    uphill = armijo(ex.evaluate, coords, ev.gradient, ev, 1.0)
+    assert not uphill.accepted and uphill.coords is coords
+    down = armijo(ex.evaluate, coords, -ev.gradient, ev, 1e6)
+    assert down.accepted and down.trials > 1 and down.evaluation.kl < ev.kl
+
+
+@pytest.mark.parametrize("direction,solver,curvature", [("spectral", "cg", "iterate"), ("spectral", "lu", "fixed"),
+                                                        ("spectral", "lu", "iterate"), ("gradient", "cg", "iterate")])
+def test_descent_is_monotone(school_affinity, direction, solver, curvature):
+    ex = _executor(school_affinity, "snest", 2, 1)
+    opt = LineSearchDescent(direction=direction, solver=solver, curvature=curvature, tol=0)
+    run = opt.optimize(ex, initial_coords(42, 2, 1, np.random.default_rng(0)), 150)
+    assert np.all(np.diff(run.kl_history) <= 1e-12)
+    assert run.kl < run.kl_history[0] - 0.5
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="solver"):
+        LineSearchDescent(solver="qr")
+    with pytest.raises(ValueError, match="curvature"):
+        LineSearchDescent(curvature="exact")
