@@ -17,7 +17,7 @@ from .engine import LocalExecutor
 from .io.edgelist import read_edge_list
 from .io.results import read_result, write_result
 from .models import get_model
-from .optim import DeltaBarDelta
+from .optim import make_optimizer
 from .progress import Progress
 
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
@@ -87,13 +87,13 @@ class Embedder:
     """SNE-family embedding estimator.
 
     Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
-    0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a
-    ``DeltaBarDelta``; defaults are the measured ones), ``n_threads``, ``quiet``.
+    0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
+    'dbd', 'sd' or 'gd', or an optimiser instance; defaults are the measured ones), ``n_threads``, ``quiet``.
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     """
 
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
-                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer=None,
+                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="dbd",
                  n_threads: int | None = None, quiet: bool = True):
         self.model = model
         self.space_dims = space_dims
@@ -118,7 +118,7 @@ class Embedder:
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Embedder":
         model, time_dims = self._check()
         affinity = load_affinity(data, graph_affinity)
-        optimizer = self.optimizer or DeltaBarDelta()
+        optimizer = make_optimizer(self.optimizer) if isinstance(self.optimizer, str) else self.optimizer
         start = time.perf_counter()
         best = None
         restart_kls = []

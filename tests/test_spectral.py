@@ -9,7 +9,7 @@ from scalemb.engine import LocalExecutor
 from scalemb.models import get_model
 from scalemb.optim.descent import LineSearchDescent
 from scalemb.optim.linesearch import armijo
-from scalemb.optim.solvers import FactorizedSolver, pcg
+from scalemb.optim.solvers import FactorizedSolver, jacobi_preconditioner, pcg
 
 
 def _executor(affinity, name="tsne", ds=2, dt=0, n_blocks=None):
@@ -53,12 +53,14 @@ def test_solvers_agree_and_meet_tolerance(school_affinity):
     B = (L + mu * sp.identity(42)).toarray()
     x_lu = FactorizedSolver(L, mu).solve(rhs)
     assert np.linalg.norm(x_lu @ B.T - rhs) <= 1e-10 * np.linalg.norm(rhs)
-    cg = pcg(ex.laplacian_matvec, rhs, diag, mu, tol=1e-10, maxiter=500)
+    cg = pcg(ex.laplacian_matvec, rhs, jacobi_preconditioner(diag, mu), mu, tol=1e-10, maxiter=500)
     assert cg.relative_residual <= 1e-10
     for k in range(2):
         assert np.linalg.norm(B @ cg.x[k] - rhs[k]) <= 1e-10 * np.linalg.norm(rhs[k])
     np.testing.assert_allclose(cg.x, x_lu, rtol=1e-6, atol=1e-8 * np.abs(x_lu).max())
-    warm = pcg(ex.laplacian_matvec, rhs, diag, mu, x0=cg.x, tol=1e-8, maxiter=500)
+    warm = pcg(ex.laplacian_matvec, rhs, jacobi_preconditioner(diag, mu), mu, x0=cg.x, tol=1e-8, maxiter=500)
+    lu_pre = pcg(ex.laplacian_matvec, rhs, FactorizedSolver(L, mu).solve, mu, tol=1e-10, maxiter=500)
+    assert lu_pre.iterations <= 2 and lu_pre.relative_residual <= 1e-10
     assert warm.iterations == 0
 
 

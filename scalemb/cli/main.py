@@ -8,7 +8,8 @@ from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
 from ..errors import ScalembError
 from ..models import MODEL_NAMES
-from ..optim import DeltaBarDelta
+from ..optim import OPTIMIZER_NAMES, make_optimizer
+from ..optim.descent import CURVATURES, SOLVERS
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -52,22 +53,31 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
                      help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
-    emb.add_argument("--learning-rate", type=_learning_rate, default="auto",
-                     help="space learning rate (default auto = max(1, N/12))")
-    emb.add_argument("--time-ratio", type=float, default=DeltaBarDelta.time_ratio,
-                     help="time learning rate / space learning rate")
-    emb.add_argument("--exaggeration", type=float, default=DeltaBarDelta.exaggeration)
-    emb.add_argument("--exaggeration-iterations", type=int, default=DeltaBarDelta.exaggeration_iterations)
-    emb.add_argument("--tol", type=float, default=DeltaBarDelta.tol,
+    emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="dbd",
+                     help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search")
+    emb.add_argument("--solver", choices=SOLVERS, default=None,
+                     help="sd: cg (matrix-free, default) or lu (sparse factorisation)")
+    emb.add_argument("--curvature", choices=CURVATURES, default=None,
+                     help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
+    emb.add_argument("--learning-rate", type=_learning_rate, default=None,
+                     help="dbd: space learning rate (default auto = max(1, N/12))")
+    emb.add_argument("--time-ratio", type=float, default=None,
+                     help="dbd: time learning rate / space learning rate (default 0.002)")
+    emb.add_argument("--exaggeration", type=float, default=None,
+                     help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
+    emb.add_argument("--exaggeration-iterations", type=int, default=None,
+                     help="iterations with exaggeration (default: dbd 100, sd/gd 0)")
+    emb.add_argument("--tol", type=float, default=None,
                      help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
 
 def _embed(args) -> int:
-    optimizer = DeltaBarDelta(learning_rate=args.learning_rate, time_ratio=args.time_ratio,
-                              exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
-                              tol=args.tol)
+    optimizer = make_optimizer(args.optimizer, solver=args.solver, curvature=args.curvature,
+                               learning_rate=args.learning_rate, time_ratio=args.time_ratio,
+                               exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
+                               tol=args.tol)
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet)

@@ -1,10 +1,11 @@
 """Solvers for the spectral direction ``(L(C) + mu I) P = -G``, one right-hand side per coordinate row.
 
-* ``FactorizedSolver``: sparse LU (SuperLU, fill-reducing column ordering) of ``L + mu I`` computed once,
-  two triangular solves per right-hand side.  Needs the whole matrix in one process.
-* ``pcg``: matrix-free preconditioned conjugate gradient; only needs ``matvec(V) = L V`` (row blocks) and
-  the diagonal of L (Jacobi preconditioner).  All d right-hand sides are iterated together, each with its
-  own step sizes, so one Laplacian product per CG iteration serves every coordinate.
+* ``FactorizedSolver``: sparse LU (SuperLU, minimum-degree ordering of ``A + A^T``) of ``L + mu I``, then two
+  triangular solves per right-hand side.  Needs the whole matrix in one process.
+* ``pcg``: matrix-free preconditioned conjugate gradient; only needs ``matvec(V) = L V`` (row blocks) and a
+  preconditioner: ``jacobi_preconditioner`` (the diagonal of L) or a ``FactorizedSolver`` of a recent L,
+  which CG then only corrects for the change since.  All d right-hand sides are iterated together, each
+  with its own step sizes, so one Laplacian product per CG iteration serves every coordinate.
 """
 from dataclasses import dataclass
 
@@ -18,7 +19,9 @@ class FactorizedSolver:
 
     def __init__(self, laplacian: sp.spmatrix, mu: float):
         n = laplacian.shape[0]
-        self._lu = sla.splu((laplacian + mu * sp.identity(n)).tocsc(), permc_spec="MMD_AT_PLUS_A")
+        # SPD matrix: symmetric ordering, no pivoting (measured 25 % faster than the default on GrQc)
+        self._lu = sla.splu((laplacian + mu * sp.identity(n)).tocsc(), permc_spec="MMD_AT_PLUS_A",
+                            diag_pivot_thresh=0.0, options={"SymmetricMode": True})
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(self._lu.solve(np.ascontiguousarray(G.T)).T)
@@ -31,17 +34,23 @@ class CGResult:
     relative_residual: float
 
 
-def pcg(matvec, rhs: np.ndarray, diagonal: np.ndarray, mu: float, x0=None, tol: float = 1e-3,
-        maxiter: int = 100) -> CGResult:
-    """Jacobi-preconditioned CG for ``(L + mu I) X = rhs`` (rows of ``rhs`` are independent systems).
-
-    Stops when every row's residual norm is below ``tol`` times its right-hand side's norm.
-    """
+def jacobi_preconditioner(diagonal: np.ndarray, mu: float):
+    """``r -> r / (diag(L) + mu)``."""
     inv_diag = 1.0 / (diagonal + mu)
+    return lambda r: r * inv_diag
+
+
+def pcg(matvec, rhs: np.ndarray, precondition, mu: float, x0=None, tol: float = 1e-3,
+        maxiter: int = 100) -> CGResult:
+    """Preconditioned CG for ``(L + mu I) X = rhs`` (rows of ``rhs`` are independent systems).
+
+    ``precondition(R)`` applies an SPD approximation of ``(L + mu I)^-1`` to each row of R.  Stops when every
+    row's residual norm is below ``tol`` times its right-hand side's norm.
+    """
     x = np.zeros_like(rhs) if x0 is None else np.array(x0, dtype=np.float64)
     r = rhs - (matvec(x) + mu * x) if x0 is not None else rhs.copy()
     rhs_norm = np.maximum(np.linalg.norm(rhs, axis=1), np.finfo(float).tiny)
-    z = r * inv_diag
+    z = precondition(r)
     p = z.copy()
     rz = np.einsum("kn,kn->k", r, z)
     it = 0
@@ -52,7 +61,7 @@ def pcg(matvec, rhs: np.ndarray, diagonal: np.ndarray, mu: float, x0=None, tol: 
         alpha = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
         x += alpha[:, None] * p
         r -= alpha[:, None] * Ap
-        z = r * inv_diag
+        z = precondition(r)
         rz_new = np.einsum("kn,kn->k", r, z)
         beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
         p = z + beta[:, None] * p
