@@ -115,11 +115,13 @@ def plot(runs, path):
 
 def tuning(report, affinity, n_iter=300):
     report(f"## Settings behind sd's defaults (GrQc, {n_iter} iterations, seed 0)")
-    settings = [("sd", {})]
-    settings += [("sd", {"solver": "lu"}), ("sd", {"curvature": "fixed"}), ("sd", {"curvature": "fixed", "solver": "lu"})]
+    settings = [("sd", {}), ("sd", {"refactor_every": 1}), ("sd", {"refactor_every": 10})]
+    settings += [("sd", {"solver": "cg"}), ("sd", {"solver": "cg", "cg_tol": 1e-2}),
+                 ("sd", {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 200})]
+    settings += [("sd", {"curvature": "fixed"}), ("sd", {"curvature": "fixed", "solver": "cg"})]
     settings += [("sd", {"mu": mu}) for mu in (1e-7, 1e-3)]
-    settings += [("sd", {"cg_tol": 1e-1}), ("sd", {"cg_tol": 1e-3})]
-    settings += [("sd", {"rho": 0.8, "c": 0.1, "growth": 1.0}), ("sd", {"rho": 0.8, "c": 0.1})]
+    settings += [("sd", {"max_step": np.inf, "growth": 1.5}), ("sd", {"rho": 0.8, "c": 0.1, "growth": 1.5,
+                                                                     "max_step": np.inf})]
     settings += [("sd", {"exaggeration": 4.0, "exaggeration_iterations": 100})]
     rows = []
     for model, ds, dt in EMBEDDINGS:

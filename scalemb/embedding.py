@@ -40,6 +40,7 @@ class EmbeddingResult:
     wall_time: float = 0.0
     provenance: dict = field(default_factory=dict)
     optimizer: dict = field(default_factory=dict)
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
 
     def attrs(self) -> dict:
         return {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
@@ -88,12 +89,12 @@ class Embedder:
 
     Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
     0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
-    'dbd', 'sd' or 'gd', or an optimiser instance; defaults are the measured ones), ``n_threads``, ``quiet``.
+    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``.
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     """
 
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
-                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="dbd",
+                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True):
         self.model = model
         self.space_dims = space_dims
@@ -118,7 +119,8 @@ class Embedder:
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Embedder":
         model, time_dims = self._check()
         affinity = load_affinity(data, graph_affinity)
-        optimizer = make_optimizer(self.optimizer) if isinstance(self.optimizer, str) else self.optimizer
+        optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
+                     else self.optimizer)
         start = time.perf_counter()
         best = None
         restart_kls = []
@@ -140,7 +142,7 @@ class Embedder:
             kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=dict(affinity.provenance),
-            optimizer=optimizer.params())
+            optimizer=optimizer.params(), seconds=best.seconds)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         return self

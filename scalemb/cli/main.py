@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
                      help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
-    emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="dbd",
-                     help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search")
+    emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="auto",
+                     help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
+                          "auto (default): sd for tsne/snest, dbd for sne")
     emb.add_argument("--solver", choices=SOLVERS, default=None,
                      help="sd: cg (matrix-free, default) or lu (sparse factorisation)")
     emb.add_argument("--curvature", choices=CURVATURES, default=None,
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _embed(args) -> int:
-    optimizer = make_optimizer(args.optimizer, solver=args.solver, curvature=args.curvature,
+    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)

@@ -61,9 +61,10 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
         repulsion += res.repulsion
         z += res.z
         plogw += res.plogw
-    kl = entropy_term - plogw + np.log(z)
-    objective = entropy_term - exaggeration * plogw + np.log(z)
-    gradient = 2.0 * (repulsion / z - exaggeration * attraction)
+    with np.errstate(divide="ignore", invalid="ignore"):  # z = 0 or inf: KL is not finite, callers check
+        kl = entropy_term - plogw + np.log(z)
+        objective = entropy_term - exaggeration * plogw + np.log(z)
+        gradient = 2.0 * (repulsion / z - exaggeration * attraction)
     return Evaluation(float(kl), float(objective), gradient, float(z))
 
 
