@@ -115,7 +115,8 @@ def plot(runs, path):
 
 def tuning(report, affinity, n_iter=300):
     report(f"## Settings behind sd's defaults (GrQc, {n_iter} iterations, seed 0)")
-    settings = [("sd", {}), ("sd", {"refactor_every": 1}), ("sd", {"refactor_every": 10})]
+    settings = [("sd", {}), ("sd", {"refactor_every": 1}), ("sd", {"refactor_every": 5}),
+                ("sd", {"growth": 1.0})]
     settings += [("sd", {"solver": "cg"}), ("sd", {"solver": "cg", "cg_tol": 1e-2}),
                  ("sd", {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 200})]
     settings += [("sd", {"curvature": "fixed"}), ("sd", {"curvature": "fixed", "solver": "cg"})]

@@ -88,3 +88,13 @@ def test_invalid_options(tmp_path):
     assert run_cli("embed", "school", "--iterations", "0").returncode == 2
     proc = run_cli("embed", "school", "--model", "tsne", "--time", "1", "--out", str(tmp_path / "x.zarr"))
     assert proc.returncode == 2 and "no time dimensions" in proc.stderr
+
+
+@pytest.mark.parametrize("flags,expected", [(["--optimizer", "sd", "--solver", "cg"], "sd"),
+                                            (["--optimizer", "gd"], "gd"), ([], "sd"),
+                                            (["--model", "sne"], "dbd")])
+def test_optimizer_flags(tmp_path, flags, expected):
+    out = tmp_path / "o.zarr"
+    proc = run_cli("embed", "school", "--iterations", "30", "--quiet", "--out", str(out), *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["optimizer"] == expected

@@ -89,3 +89,34 @@ def test_bad_options():
         LineSearchDescent(solver="qr")
     with pytest.raises(ValueError, match="curvature"):
         LineSearchDescent(curvature="exact")
+
+
+def test_factorisation_with_reused_ordering(school_affinity):
+    ex = _executor(school_affinity)
+    rng = np.random.default_rng(5)
+    ex.set_curvature(rng.normal(size=(2, 42)))
+    first = FactorizedSolver(ex.curvature_matrix(), 1e-6)
+    ex.set_curvature(rng.normal(size=(2, 42)))  # new weights, same pattern
+    L = ex.curvature_matrix()
+    reused = FactorizedSolver(L, 1e-6, first.ordering)
+    rhs = rng.normal(size=(2, 42))
+    x = reused.solve(rhs)
+    B = (L + 1e-6 * sp.identity(42)).toarray()
+    assert np.linalg.norm(x @ B.T - rhs) <= 1e-9 * np.linalg.norm(rhs)
+
+
+def test_optimizer_names_and_auto():
+    from scalemb.optim import DeltaBarDelta, make_optimizer
+
+    assert isinstance(make_optimizer("auto", "sne"), DeltaBarDelta)
+    assert make_optimizer("auto", "tsne").name == "sd"
+    gd = make_optimizer("gd", learning_rate=3.0, solver="cg")  # options of other optimisers are ignored
+    assert gd.name == "gd" and gd.direction == "gradient" and gd.solver == "cg"
+    assert make_optimizer("dbd", solver="cg", learning_rate=3.0).learning_rate == 3.0
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer("adam")
+
+
+def test_api_records_optimizer():
+    res = scalemb.embed("school", model="tsne", iterations=50, optimizer="sd")
+    assert res.optimizer["optimizer"] == "sd" and res.seconds.shape == res.kl_history.shape
