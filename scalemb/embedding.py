@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
-from .affinity import Affinity, coauthorship_affinity, normalized_affinity
+from .affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinity_store, normalized_affinity
 from .datasets import DATASETS, load_dataset
 from .engine import LocalExecutor
 from .io.edgelist import read_edge_list
@@ -64,13 +64,16 @@ class EmbeddingResult:
 
 
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
-    """Resolve an input: ``None`` (bundled GrQc), a built-in dataset name, an edge-list path or an ``Affinity``."""
+    """Resolve an input: ``None`` (bundled GrQc), a built-in dataset name, an affinity store (Zarr), an
+    edge-list path or an ``Affinity``."""
     if data is None:
         return load_dataset("grqc")
     if isinstance(data, Affinity):
         return data
     if isinstance(data, str) and data in DATASETS and not Path(data).exists():
         return load_dataset(data)
+    if is_affinity_store(data):
+        return AffinityStore(data).to_affinity()
     if graph_affinity not in GRAPH_AFFINITIES:
         raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
     graph = read_edge_list(data)

@@ -39,7 +39,9 @@ class Affinity:
             raise ValueError("P must have a zero diagonal")
         if abs(P - P.T).max() > 1e-12 * P.data.max():
             raise ValueError("P must be symmetric")
-        P.data /= P.data.sum()
+        total = P.data.sum()
+        if abs(total - 1.0) > 1e-12:  # idempotent: a stored, normalised P round-trips bit for bit
+            P.data /= total
         self.P = P
         self.node_ids = np.asarray(self.node_ids, dtype=np.int64)
         if self.node_ids.shape != (P.shape[0],):

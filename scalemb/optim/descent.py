@@ -86,18 +86,16 @@ class LineSearchDescent:
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "tol": self.tol, "window": self.window}
 
-    def _refactor_every(self, n_points: int):
-        """Iterations between factorisations, as a function of the iteration.
+    def _refactor_every(self, n_points: int) -> int:
+        """Iterations between factorisations.
 
         'auto': every iteration below 1024 points (a factorisation costs little next to an evaluation there),
         otherwise every 10 (measured on GrQc: same KL per iteration as every 5 within run-to-run noise, and
         the direction's overhead drops from ~75 % to ~45 % of an evaluation; every iteration is slower).
         """
         if self.refactor_every == "auto":
-            every = 1 if n_points < 1024 else 10
-            return lambda it: every
-        every = max(1, int(self.refactor_every))
-        return lambda it: every
+            return 1 if n_points < 1024 else 10
+        return max(1, int(self.refactor_every))
 
     def _max_step(self) -> float:
         return self.max_step if self.direction == "spectral" else np.inf
@@ -149,7 +147,7 @@ class LineSearchDescent:
             grad = ev.gradient
             direction = np.empty_like(coords)
             if self.direction == "spectral":
-                if it - factored_at >= refactor_every(it):
+                if it - factored_at >= refactor_every:
                     solver_state["stale"] = True
                 if solver_state.get("stale"):
                     factored_at = it
