@@ -98,3 +98,43 @@ def test_optimizer_flags(tmp_path, flags, expected):
     proc = run_cli("embed", "school", "--iterations", "30", "--quiet", "--out", str(out), *flags)
     assert proc.returncode == 0, proc.stderr
     assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["optimizer"] == expected
+
+
+def test_generate_affinity_embed_pipeline(tmp_path):
+    """generate -> affinity (graph) -> embed from the store: the chain a user runs for a synthetic graph."""
+    edges, store, out = tmp_path / "edges.txt.gz", tmp_path / "P.zarr", tmp_path / "run.zarr"
+    proc = run_cli("generate", "coauthor", "--authors", "300", "--seed", "1", "--out", str(edges), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("affinity", str(edges), "--out", str(store), "--graph", "--partitions", "3", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    from scalemb.affinity import AffinityStore
+    from scalemb.affinity.graph import coauthorship_affinity
+    from scalemb.io.edgelist import read_edge_list
+
+    P = AffinityStore(store).to_affinity().P
+    expected = coauthorship_affinity(read_edge_list(edges)).P
+    assert abs(P - expected).max() < 1e-15 and P.nnz == expected.nnz
+    proc = run_cli("embed", str(store), "--model", "tsne", "--iterations", "50", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert zarr.open_group(str(out), mode="r")["embedding"].shape == (P.shape[0], 2)
+    # refusing to overwrite, for both new commands
+    assert run_cli("generate", "coauthor", "--authors", "300", "--out", str(edges)).returncode != 0
+    proc = run_cli("affinity", str(edges), "--out", str(store))
+    assert proc.returncode != 0 and "already exists" in proc.stderr
+
+
+def test_affinity_knn_from_features(tmp_path):
+    rng = np.random.default_rng(0)
+    features, store = tmp_path / "X.npy", tmp_path / "P.zarr"
+    np.save(features, rng.normal(size=(200, 5)))
+    proc = run_cli("affinity", str(features), "--out", str(store), "--knn", "30", "--perplexity", "10", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    from scalemb.affinity import AffinityStore
+
+    P = AffinityStore(store).to_affinity().P
+    assert P.shape == (200, 200) and abs(P.sum() - 1) < 1e-12 and abs(P - P.T).max() < 1e-15
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,2\n3,nan\n")
+    proc = run_cli("affinity", str(bad), "--out", str(tmp_path / "Q.zarr"), "--knn", "5")
+    assert proc.returncode != 0 and "bad.csv" in proc.stderr and not (tmp_path / "Q.zarr").exists()
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -15,16 +15,14 @@ that hold rows ``[r0, r1)``.  Writing goes to a hidden sibling directory renamed
 a failed or interrupted write leaves nothing under the target name.
 """
 import hashlib
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from .._version import __version__
-from ..errors import InputError, ScalembError
+from ..errors import InputError
+from ..io.atomic import atomic_directory
 from .affinity import Affinity, RowBlock
 
 ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
@@ -37,6 +35,24 @@ def content_hash(indptr, indices, data, node_ids) -> str:
     for array, dtype in ((indptr, "<i8"), (indices, "<i8"), (data, "<f8"), (node_ids, "<i8")):
         digest.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
     return digest.hexdigest()
+
+
+def default_chunk_nnz(nnz: int, n_partitions: int) -> int:
+    """Non-zeros per chunk of ``data``/``indices``: about four chunks per partition, within [1024, 2**20]."""
+    return int(min(DEFAULT_CHUNK_NNZ, max(1024, -(-nnz // (4 * n_partitions)))))
+
+
+def write_store_metadata(group, indptr, node_ids, n_partitions: int, chunk_nnz: int, provenance: dict,
+                         digest: str):
+    """Write ``indptr``, ``node_ids``, ``partitions`` and the group attributes of a store whose ``data`` and
+    ``indices`` arrays are already in ``group``."""
+    group.create_array("indptr", data=indptr)
+    group.create_array("node_ids", data=node_ids)
+    group.create_array("partitions", data=balanced_partitions(indptr, n_partitions, chunk_nnz))
+    n = int(indptr.size - 1)
+    group.attrs.update({**ENCODING, "shape": [n, n],
+                        "scalemb": {"kind": "affinity", "version": __version__, "chunk_nnz": int(chunk_nnz),
+                                    "provenance": provenance, "content_hash": digest}})
 
 
 def balanced_partitions(indptr: np.ndarray, n_partitions: int, chunk_nnz: int) -> np.ndarray:
@@ -58,41 +74,17 @@ def balanced_partitions(indptr: np.ndarray, n_partitions: int, chunk_nnz: int) -
 def write_affinity_store(path, affinity: Affinity, n_partitions: int = 8, chunk_nnz: int | None = None,
                          overwrite: bool = False) -> Path:
     """Write ``affinity`` as an affinity store at ``path`` (atomic: temporary sibling, then rename)."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
-    if not path.parent.exists():
-        raise ScalembError(f"{path.parent}: output directory does not exist")
     P = affinity.P
-    nnz = int(P.nnz)
-    if chunk_nnz is None:
-        chunk_nnz = int(min(DEFAULT_CHUNK_NNZ, max(1024, -(-nnz // (4 * n_partitions)))))
+    chunk_nnz = default_chunk_nnz(int(P.nnz), n_partitions) if chunk_nnz is None else chunk_nnz
     indptr = P.indptr.astype(np.int64)
     indices = P.indices.astype(np.int64)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_directory(path, overwrite) as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         group.create_array("data", data=P.data, chunks=(chunk_nnz,))
         group.create_array("indices", data=indices, chunks=(chunk_nnz,))
-        group.create_array("indptr", data=indptr)
-        group.create_array("node_ids", data=affinity.node_ids)
-        group.create_array("partitions", data=balanced_partitions(indptr, n_partitions, chunk_nnz))
-        group.attrs.update({**ENCODING, "shape": [int(P.shape[0]), int(P.shape[1])],
-                            "scalemb": {"kind": "affinity", "version": __version__, "chunk_nnz": chunk_nnz,
-                                        "provenance": affinity.provenance,
-                                        "content_hash": content_hash(indptr, indices, P.data,
-                                                                     affinity.node_ids)}})
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        write_store_metadata(group, indptr, affinity.node_ids, n_partitions, chunk_nnz, affinity.provenance,
+                             content_hash(indptr, indices, P.data, affinity.node_ids))
+    return Path(path)
 
 
 def is_affinity_store(path) -> bool:

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Embed a graph (SNAP edge list, optionally .gz) or a built-in "
                                           f"dataset ({', '.join(DATASETS)}); no INPUT embeds the bundled GrQc.")
     emb.add_argument("input", nargs="?", default=None,
-                     help=f"edge list path, or a built-in dataset name ({', '.join(DATASETS)}); default grqc")
+                     help="edge list path, affinity store (scalemb affinity ...), or a built-in dataset name "
+                          f"({', '.join(DATASETS)}); default grqc")
     emb.add_argument("--model", choices=MODEL_NAMES, default="snest")
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
                           "auto (default): sd for tsne/snest, dbd for sne")
     emb.add_argument("--solver", choices=SOLVERS, default=None,
-                     help="sd: cg (matrix-free, default) or lu (sparse factorisation)")
+                     help="sd: lu (sparse factorisation of the curvature, default) or cg (matrix-free conjugate gradient)")
     emb.add_argument("--curvature", choices=CURVATURES, default=None,
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
     emb.add_argument("--learning-rate", type=_learning_rate, default=None,
@@ -71,7 +72,73 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--tol", type=float, default=None,
                      help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
+
+    aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
+                              description="Graph mode streams an edge list (SNAP text or CSV, optionally .gz) "
+                                          "into the store out of core; kNN mode reads features (.npy, .csv, Zarr "
+                                          "array) and calibrates a Gaussian per row to the perplexity.")
+    aff.add_argument("input", help="edge list (--graph) or feature file (--knn)")
+    aff.add_argument("--out", required=True, help="output affinity store (Zarr group)")
+    mode = aff.add_mutually_exclusive_group()
+    mode.add_argument("--graph", action="store_true", help="INPUT is an edge list (default)")
+    mode.add_argument("--knn", type=_positive_int, metavar="K", help="INPUT holds features; use K neighbours")
+    aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
+    aff.add_argument("--perplexity", type=float, default=30.0, help="kNN: target perplexity (default 30)")
+    aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
+    aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
+    aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
+    aff.add_argument("--seed", type=int, default=0)
+    aff.add_argument("--threads", type=_positive_int, default=None)
+    aff.add_argument("--overwrite", action="store_true")
+    aff.add_argument("--quiet", action="store_true")
+
+    gen = commands.add_parser("generate", help="generate synthetic inputs")
+    gen.add_argument("kind", choices=("coauthor",), help="coauthor: community-structured co-authorship graph")
+    gen.add_argument("--authors", type=_positive_int, required=True)
+    gen.add_argument("--out", required=True, help="edge list path (.gz to compress)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--edges-per-author", type=float, default=4.0)
+    gen.add_argument("--overwrite", action="store_true")
+    gen.add_argument("--quiet", action="store_true")
     return parser
+
+
+def _refuse_existing(path, overwrite: bool):
+    from pathlib import Path
+
+    if Path(path).exists() and not overwrite:
+        raise ScalembError(f"{path}: already exists (pass --overwrite to replace it)")
+
+
+def _affinity(args) -> int:
+    _refuse_existing(args.out, args.overwrite)
+    if args.knn:
+        from ..affinity.knn import knn_affinity, read_features
+        from ..affinity.store import write_affinity_store
+
+        affinity = knn_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
+                                metric=args.metric, method="uniform" if args.uniform else "gaussian",
+                                random_state=args.seed, n_jobs=args.threads, source=args.input)
+        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite)
+    else:
+        from ..affinity.ingest import ingest_edge_list
+
+        ingest_edge_list(args.input, args.out, affinity=args.graph_affinity, n_partitions=args.partitions,
+                         overwrite=args.overwrite)
+    from ..affinity.store import AffinityStore
+
+    store = AffinityStore(args.out)
+    print(f"wrote {args.out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions")
+    return 0
+
+
+def _generate(args) -> int:
+    from ..io.coauthor_generator import write_coauthor_edge_list
+
+    _refuse_existing(args.out, args.overwrite)
+    write_coauthor_edge_list(args.out, args.authors, seed=args.seed, edges_per_author=args.edges_per_author)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def _embed(args) -> int:
@@ -82,11 +149,8 @@ def _embed(args) -> int:
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet)
-    from pathlib import Path
-
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise ScalembError(f"{out}: already exists (pass --overwrite to replace it)")
+    _refuse_existing(args.out, args.overwrite)
+    out = args.out
     result = embedder.fit(args.input, graph_affinity=args.graph_affinity).result_
     result.save(out, overwrite=args.overwrite)
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
@@ -100,7 +164,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
-        return _embed(args)
+        return {"embed": _embed, "affinity": _affinity, "generate": _generate}[args.command](args)
     except (ScalembError, ValueError) as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

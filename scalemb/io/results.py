@@ -6,15 +6,13 @@ Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``nod
 ``optimizer``.  The group is written to a hidden sibling directory and renamed into place, so a crash
 never leaves a half-written result under the requested name.
 """
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from ..errors import ScalembError
+from .atomic import atomic_directory
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 
@@ -33,31 +31,15 @@ def _json_safe(value):
 
 def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Path:
     """Write ``arrays`` (``embedding``, ``node_ids``, ``kl_history``) and ``attrs`` to a Zarr group at ``path``."""
-    path = Path(path)
     missing = [name for name in _ARRAYS if name not in arrays]
     if missing:
         raise ValueError(f"result is missing arrays {missing}")
-    if path.exists() and not overwrite:
-        raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
-    if not path.parent.exists():
-        raise ScalembError(f"{path.parent}: output directory does not exist")
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_directory(path, overwrite) as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         for name in _ARRAYS:
             group.create_array(name, data=np.ascontiguousarray(arrays[name]))
         group.attrs.update(_json_safe(attrs))
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return Path(path)
 
 
 def read_result(path) -> tuple[dict, dict]:

@@ -1,0 +1,307 @@
+"""Out-of-core ingestion of an edge list into an affinity store (layout of ``scalemb.affinity.store``).
+
+The result equals ``write_affinity_store(out, coauthorship_affinity(read_edge_list(path)))`` (or
+``normalized_affinity``) up to floating-point rounding of the degrees and of the normalising total, with
+the same edge-list semantics (self-loops dropped, a repeated pair keeps its largest weight, isolated nodes
+removed); it additionally accepts ``,``-separated files (with an optional header line).  Steps:
+
+1. parse ``chunk_lines`` lines at a time; spill each chunk (self-loops dropped) to a temporary binary
+   file and keep the sorted unique node ids;
+2. turn each chunk into a sorted run: both directions of every edge as the key ``row * N + col`` of the
+   symmetric matrix C, de-duplicated with the largest weight;
+3. k-way merge the runs into one stream in CSR order (duplicates across runs merged the same way),
+   counting the entries and summing the weights (degrees) of each row;
+4. stream the merged entries twice, writing ``indices`` and then the normalised ``data`` in whole chunks
+   and feeding the content hash in the order of ``store.content_hash``.
+
+Memory is O(N) for the node ids, degrees and ``indptr`` plus O(chunk_lines) buffers (temporary files are
+read block by block, not memory-mapped).  Temporary files and the store being written live in one hidden
+directory next to ``out``, removed whatever happens; the store is renamed into place only when complete.
+"""
+import hashlib
+import shutil
+import tempfile
+import warnings
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from ..errors import InputError
+from ..io.atomic import atomic_directory, check_output_path
+from ..io.edgelist import _open_text, _parse_id, _parse_weight
+from .store import default_chunk_nnz, write_store_metadata
+
+AFFINITIES = ("coauthorship", "normalized")
+_EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
+_PAIR = np.dtype([("src", "<i8"), ("dst", "<i8")])
+_ENTRY = np.dtype([("key", "<i8"), ("weight", "<f8")])
+_MAX_NODES = 3_037_000_499  # largest N with N * N < 2**63 (keys row * N + col are int64)
+
+
+def _is_comment_or_blank(line: str) -> bool:
+    stripped = line.lstrip()
+    return not stripped or stripped.startswith("#")
+
+
+def _parse_lines_slowly(lines, first_line, path, sep) -> np.ndarray:
+    """Parse line by line (the rules of ``read_edge_list``); raises ``InputError`` at the first bad line."""
+    rows = []
+    for line_no, line in enumerate(lines, start=first_line):
+        if _is_comment_or_blank(line):
+            continue
+        fields = [field.strip() for field in line.split(sep)] if sep else line.split()
+        if len(fields) not in (2, 3):
+            raise InputError(path, f"expected 'src dst [weight]', got {len(fields)} fields", line_no)
+        rows.append((_parse_id(fields[0], path, line_no), _parse_id(fields[1], path, line_no),
+                     _parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0))
+    return np.array(rows, dtype=_EDGE)
+
+
+def _parse_lines(lines, first_line, path, sep) -> np.ndarray:
+    """Edges of ``lines`` (numbered from ``first_line``) with numpy's C parser when every data line has the
+    same number of valid fields, otherwise line by line."""
+    start = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
+    if start is None:
+        return np.empty(0, dtype=_EDGE)
+    data = lines[start:]
+    if "#" in "".join(data):
+        data = [line for line in data if not _is_comment_or_blank(line)]
+    n_fields = len(data[0].split(sep))
+    if n_fields in (2, 3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                parsed = np.loadtxt(data, dtype=_EDGE if n_fields == 3 else _PAIR, delimiter=sep, comments=None,
+                                    ndmin=1)
+        except (ValueError, Warning):
+            parsed = None
+        if parsed is not None and parsed["src"].min() >= 0 and parsed["dst"].min() >= 0:
+            edges = np.empty(parsed.size, dtype=_EDGE)
+            edges["src"], edges["dst"] = parsed["src"], parsed["dst"]
+            edges["weight"] = parsed["weight"] if n_fields == 3 else 1.0
+            weight = edges["weight"]
+            if np.all(np.isfinite(weight) & (weight > 0)):
+                return edges
+    return _parse_lines_slowly(lines, first_line, path, sep)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_chunks(path: Path, chunk_lines: int):
+    """Yield the edges of each chunk of ``chunk_lines`` lines.  The separator is ``,`` if the first data line
+    holds one (then a first data line whose first field is not a number is a header), else whitespace."""
+    sep, decided, line_no = None, False, 1
+    try:
+        with _open_text(path) as handle:
+            while lines := list(islice(handle, chunk_lines)):
+                if not decided:
+                    first = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
+                    if first is not None:
+                        decided = True
+                        if "," in lines[first]:
+                            sep = ","
+                            if not _is_number(lines[first].split(",")[0].strip()):
+                                lines[first] = "\n"
+                yield _parse_lines(lines, line_no, path, sep)
+                line_no += len(lines)
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` by sorting ``values`` in place (many times faster than numpy 2's hash-based
+    ``np.unique`` on these arrays)."""
+    values.sort()
+    return values[np.concatenate([[True], values[1:] != values[:-1]])]
+
+
+def _spill_chunks(path: Path, chunk_lines: int, work: Path):
+    """Parse ``path`` into raw ``_EDGE`` chunk files without self-loops; return them and the sorted ids."""
+    files, node_ids, pending, n_pending, n_read = [], np.empty(0, dtype=np.int64), [], 0, 0
+    for edges in _parse_chunks(path, chunk_lines):
+        n_read += edges.size
+        edges = edges[edges["src"] != edges["dst"]]
+        if edges.size == 0:
+            continue
+        files.append(work / f"chunk-{len(files)}.bin")
+        edges.tofile(files[-1])
+        pending.append(_sorted_unique(np.concatenate([edges["src"], edges["dst"]])))
+        n_pending += pending[-1].size
+        if n_pending >= max(node_ids.size, chunk_lines):  # amortised: each merge at least doubles the input
+            node_ids, pending, n_pending = _sorted_unique(np.concatenate([node_ids, *pending])), [], 0
+    if n_read == 0:
+        raise InputError(path, "no edges (file is empty or only comments)")
+    if not files:
+        raise InputError(path, "graph has no edges once self-loops are removed")
+    node_ids = _sorted_unique(np.concatenate([node_ids, *pending]))
+    if node_ids.size > _MAX_NODES:
+        raise InputError(path, f"{node_ids.size} nodes is more than the {_MAX_NODES} supported")
+    return files, node_ids
+
+
+def _max_per_key(keys: np.ndarray, weight: np.ndarray, kind: str) -> np.ndarray:
+    """Sorted unique ``keys`` with the largest weight of each, as ``_ENTRY`` records (``kind`` of sort:
+    ``"stable"`` for concatenated sorted runs, ``"quicksort"`` for random order)."""
+    if weight.size and weight.min() == weight.max():  # unweighted: sorting the keys alone is much faster
+        keys = np.sort(keys, kind=kind)
+    else:
+        order = np.argsort(keys, kind=kind)
+        keys, weight = keys[order], weight[order]
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    entries = np.empty(starts.size, dtype=_ENTRY)
+    entries["key"] = keys[starts]
+    entries["weight"] = np.maximum.reduceat(weight, starts)
+    return entries
+
+
+def _index_lookup(node_ids: np.ndarray):
+    """Function mapping node ids to their indices: a dense table when the ids span at most 4 N values,
+    else a binary search."""
+    low, span = int(node_ids[0]), int(node_ids[-1]) - int(node_ids[0]) + 1
+    if span > 4 * node_ids.size:
+        return lambda ids: np.searchsorted(node_ids, ids)
+    table = np.zeros(span, dtype=np.uint32)  # indices < _MAX_NODES < 2**32
+    table[node_ids - low] = np.arange(node_ids.size, dtype=np.uint32)
+    return lambda ids: table[ids - low].astype(np.int64)
+
+
+def _sorted_run(chunk_file: Path, index_of, n: int) -> Path:
+    """Replace a chunk file by its sorted run of C entries (both directions, de-duplicated)."""
+    edges = np.fromfile(chunk_file, dtype=_EDGE)
+    a, b = index_of(edges["src"]), index_of(edges["dst"])
+    run = _max_per_key(np.concatenate([a * n + b, b * n + a]), np.concatenate([edges["weight"]] * 2),
+                       "quicksort")
+    run_file = chunk_file.with_name(chunk_file.name.replace("chunk", "run"))
+    run.tofile(run_file)
+    chunk_file.unlink()
+    return run_file
+
+
+def _read_entries(path: Path, start: int, count: int) -> np.ndarray:
+    """Entries ``[start, start + count)`` of a raw ``_ENTRY`` file (a bounded read, unlike a memory map)."""
+    return np.fromfile(path, dtype=_ENTRY, count=count, offset=start * _ENTRY.itemsize)
+
+
+def _merge_runs(run_files, buffer_entries: int):
+    """Yield consecutive batches of the sorted union of the runs, each key once with its largest weight.
+
+    Each run is read ``buffer_entries / len(runs)`` entries at a time; a batch takes every buffered entry up
+    to the smallest last-buffered key of the runs with unread entries, so no later entry can precede it.
+    """
+    sizes = [f.stat().st_size // _ENTRY.itemsize for f in run_files]
+    block = max(buffer_entries // len(run_files), 1 << 12)
+    read = [0] * len(run_files)
+    buffers = [np.empty(0, dtype=_ENTRY)] * len(run_files)
+    while True:
+        for r, run_file in enumerate(run_files):
+            if buffers[r].size == 0 and read[r] < sizes[r]:
+                buffers[r] = _read_entries(run_file, read[r], block)
+                read[r] += buffers[r].size
+        if not any(buffer.size for buffer in buffers):
+            return
+        unread = [buffers[r]["key"][-1] for r, size in enumerate(sizes) if read[r] < size]
+        taken = []
+        for r, buffer in enumerate(buffers):
+            cut = np.searchsorted(buffer["key"], min(unread), side="right") if unread else buffer.size
+            taken.append(buffer[:cut])
+            buffers[r] = buffer[cut:]
+        taken = [part for part in taken if part.size]
+        if len(taken) == 1:  # one run only: already sorted and unique
+            yield taken[0]
+        else:
+            batch = np.concatenate(taken)
+            yield _max_per_key(batch["key"], batch["weight"], "stable")
+
+
+def _merge_to_file(run_files, merged: Path, n: int, buffer_entries: int):
+    """Merge the runs into the raw ``_ENTRY`` file ``merged`` (CSR order); return per-row counts and degrees."""
+    counts = np.zeros(n, dtype=np.int64)
+    degree = np.zeros(n, dtype=np.float64)
+    with open(merged, "wb") as handle:
+        for batch in _merge_runs(run_files, buffer_entries):
+            batch.tofile(handle)
+            rows = batch["key"] // n
+            starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
+            counts[rows[starts]] += np.diff(np.append(starts, rows.size))
+            degree[rows[starts]] += np.add.reduceat(batch["weight"], starts)
+    for f in run_files:
+        f.unlink()
+    return counts, degree
+
+
+def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: str, n_partitions: int,
+                 block_entries: int, provenance: dict):
+    """Write the affinity store of the merged C entries at ``store``."""
+    n = node_ids.size
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    nnz = int(indptr[-1])
+    chunk_nnz = default_chunk_nnz(nnz, n_partitions)
+    block = chunk_nnz * max(1, block_entries // chunk_nnz)  # whole chunks per write
+
+    def blocks():
+        """(start, column indices, unnormalised values) of consecutive blocks of the merged entries."""
+        for start in range(0, nnz, block):
+            part = _read_entries(merged, start, block)
+            rows = part["key"] // n
+            cols = part["key"] - rows * n
+            values = part["weight"] * (1.0 / degree[rows] + 1.0 / degree[cols]) \
+                if affinity == "coauthorship" else part["weight"].copy()
+            yield start, cols, values
+
+    group = zarr.open_group(store=str(store), mode="w", zarr_format=3)
+    indices = group.create_array("indices", shape=(nnz,), dtype="int64", chunks=(chunk_nnz,))
+    data = group.create_array("data", shape=(nnz,), dtype="float64", chunks=(chunk_nnz,))
+    digest = hashlib.sha256(indptr.astype("<i8").tobytes())  # same byte stream as store.content_hash
+    total = 0.0
+    for start, cols, values in blocks():
+        indices[start:start + cols.size] = cols
+        digest.update(cols.astype("<i8").tobytes())
+        total += float(values.sum())
+    for start, _, values in blocks():
+        values /= total
+        data[start:start + values.size] = values
+        digest.update(values.astype("<f8").tobytes())
+    digest.update(node_ids.astype("<i8").tobytes())
+    write_store_metadata(group, indptr, node_ids, n_partitions, chunk_nnz, dict(provenance, n_edges=nnz // 2),
+                         digest.hexdigest())
+
+def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int = 2_000_000,
+                     n_partitions: int = 8, overwrite: bool = False) -> Path:
+    """Build the affinity store of edge list ``path`` (SNAP text or CSV, optionally ``.gz``) at ``out``
+    without holding the edges in memory; ``affinity`` is ``"coauthorship"`` (``p_ij ∝ C_ij (1/deg_i +
+    1/deg_j)``) or ``"normalized"`` (``P = C / ΣC``), P summing to 1.  Returns ``out``.
+
+    Raises ``InputError`` (file and line) on bad input, ``ScalembError`` if ``out`` exists and not
+    ``overwrite``; on any error nothing is left behind.
+    """
+    path, out = Path(path), Path(out)
+    if affinity not in AFFINITIES:
+        raise ValueError(f"affinity must be one of {', '.join(AFFINITIES)}, got {affinity!r}")
+    if chunk_lines < 1:
+        raise ValueError(f"chunk_lines must be positive, got {chunk_lines}")
+    if not path.exists():
+        raise InputError(path, "no such file")
+    if not path.is_file():
+        raise InputError(path, "not a regular file")
+    check_output_path(out, overwrite)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.ingest-", dir=out.parent))
+    try:
+        chunk_files, node_ids = _spill_chunks(path, chunk_lines, work)
+        index_of = _index_lookup(node_ids)
+        run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
+        del index_of
+        counts, degree = _merge_to_file(run_files, work / "merged.bin", node_ids.size, 2 * chunk_lines)
+        with atomic_directory(out, overwrite) as store:
+            _write_store(store, work / "merged.bin", node_ids, counts, degree, affinity, n_partitions,
+                         chunk_lines, {"source": str(path), "affinity": affinity})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
