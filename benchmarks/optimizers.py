@@ -105,8 +105,8 @@ def plot(runs, path):
             ax.set_xlabel(xlabel)
             ax.set_ylabel("exact KL(P||Q)")
             ax.set_title(f"GrQc, {label(model, ds, dt)}")
-            final = min(r.kl for r in results.values())
-            ax.set_ylim(final - 0.05, final + 1.5)
+            finals = [r.kl for r in results.values()]
+            ax.set_ylim(min(finals) - 0.05, max(max(finals) + 0.3, min(finals) + 1.5))
             ax.grid(alpha=0.3)
             ax.legend()
     fig.tight_layout()
