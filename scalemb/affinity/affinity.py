@@ -15,6 +15,10 @@ class RowBlock:
     indices: np.ndarray
     data: np.ndarray
 
+    def entropy_term(self) -> float:
+        """``sum p log p`` over the block's non-zeros (KL's constant part, summed over blocks in order)."""
+        return float(np.sum(self.data * np.log(self.data)))
+
 
 @dataclass
 class Affinity:

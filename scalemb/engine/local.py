@@ -23,10 +23,15 @@ def default_threads() -> int:
 
 
 class LocalExecutor:
-    """Evaluates KL and its gradient with P split into row blocks, one thread per block."""
+    """Evaluates KL and its gradient with P split into row blocks, evaluated on a thread pool.
+
+    Blocks: ``partitions`` (row boundaries ``0 = b_0 < ... < b_K = N``) if given, else ``n_blocks`` equal
+    ranges (default one per thread, one below 1024 points).  Results depend on the blocks only through
+    floating-point summation order.
+    """
 
     def __init__(self, affinity: Affinity, model: Model, space_dims: int, time_dims: int,
-                 n_threads: int | None = None, n_blocks: int | None = None):
+                 n_threads: int | None = None, n_blocks: int | None = None, partitions=None):
         model.check_dims(space_dims, time_dims)
         self.affinity = affinity
         self.model = model
@@ -34,10 +39,14 @@ class LocalExecutor:
         self.time_dims = time_dims
         self.n_threads = n_threads or default_threads()
         n = affinity.n_points
-        if n_blocks is None:
-            n_blocks = 1 if n < _SINGLE_BLOCK_BELOW else self.n_threads
-        self.blocks = [affinity.row_block(r0, r1) for r0, r1 in row_partition(n, n_blocks)]
-        self._entropy = affinity.entropy_term()
+        if partitions is not None:  # row boundaries, e.g. an affinity store's: same sums as the Dask executor
+            bounds = [(int(a), int(b)) for a, b in zip(partitions[:-1], partitions[1:])]
+        else:
+            if n_blocks is None:
+                n_blocks = 1 if n < _SINGLE_BLOCK_BELOW else self.n_threads
+            bounds = row_partition(n, n_blocks)
+        self.blocks = [affinity.row_block(r0, r1) for r0, r1 in bounds]
+        self._entropy = sum(block.entropy_term() for block in self.blocks)
         self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 else None
         self._weights = None
 
