@@ -2,9 +2,9 @@
 line search) and ``gd`` (gradient descent with line search)."""
 from dataclasses import fields
 
-from .base import OptimizeResult
-from .dbd import DeltaBarDelta
-from .descent import LineSearchDescent
+from .base import OptimizeResult, OptimizerState
+from .dbd import DBDState, DeltaBarDelta
+from .descent import DescentState, LineSearchDescent
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 
@@ -31,5 +31,19 @@ def make_optimizer(name: str, model: str = "snest", **options):
     return cls(**kwargs)
 
 
-__all__ = ["DeltaBarDelta", "LineSearchDescent", "OptimizeResult", "OPTIMIZER_NAMES", "default_optimizer_name",
-           "make_optimizer"]
+def optimizer_config(optimizer) -> dict:
+    """Every constructor field of a ``DeltaBarDelta`` / ``LineSearchDescent`` plus its ``name`` (JSON values)."""
+    config = {f.name: getattr(optimizer, f.name) for f in fields(optimizer) if f.init}
+    return {"name": optimizer.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}}
+
+
+def optimizer_from_config(config: dict):
+    """Inverse of ``optimizer_config``."""
+    config = dict(config)
+    cls = DeltaBarDelta if config.pop("name") == "dbd" else LineSearchDescent
+    kinds = {f.name: f.type for f in fields(cls) if f.init}
+    return cls(**{k: tuple(v) if kinds.get(k) in (tuple, "tuple") else v for k, v in config.items()})
+
+
+__all__ = ["DBDState", "DeltaBarDelta", "DescentState", "LineSearchDescent", "OptimizeResult", "OptimizerState",
+           "OPTIMIZER_NAMES", "default_optimizer_name", "make_optimizer", "optimizer_config", "optimizer_from_config"]

@@ -1,5 +1,6 @@
-"""What every optimiser returns, and the shared stopping rule."""
-from dataclasses import dataclass, field
+"""What every optimiser returns, the shared stopping rule, and the base of the optimisers' state objects
+(checkpoints: ``optimize(..., state=..., checkpoint=...)``)."""
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -23,3 +24,68 @@ def stalled(history: np.ndarray, it: int, start: int, window: int, tol: float) -
         return False
     old, new = history[it - window], history[it]
     return (old - new) < tol * window * abs(new)
+
+
+@dataclass
+class OptimizerState:
+    """An optimiser's complete state at the start of iteration ``iteration`` (subclasses add their fields).
+
+    Fields are NumPy arrays, ``None`` or JSON scalars, so ``split``/``join`` turn a state into
+    ``(arrays, scalars)`` and back without knowing the fields.  ``kl_history`` and ``seconds`` hold the
+    entries of iterations ``0 .. iteration - 1``; ``elapsed`` is the optimiser's wall time so far.
+    """
+
+    iteration: int
+    coords: np.ndarray
+    kl_history: np.ndarray
+    seconds: np.ndarray
+    evaluations: int
+    elapsed: float
+
+    def split(self) -> tuple[dict, dict]:
+        """``(arrays, scalars)``: ndarray fields, then every other field (JSON-serialisable values)."""
+        arrays, scalars = {}, {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray):
+                arrays[f.name] = value
+            else:
+                scalars[f.name] = value.item() if isinstance(value, np.generic) else value
+        return arrays, scalars
+
+    @classmethod
+    def join(cls, arrays: dict, scalars: dict):
+        """Inverse of ``split``; raises ``KeyError`` naming a missing field."""
+        values = {}
+        for f in fields(cls):
+            if f.name in arrays:
+                values[f.name] = np.asarray(arrays[f.name])
+            elif f.name in scalars:
+                values[f.name] = scalars[f.name]
+            else:
+                raise KeyError(f.name)
+        return cls(**values)
+
+    def snapshot(self, iteration: int, history: np.ndarray, seconds: np.ndarray, elapsed: float):
+        """A deep copy at the start of ``iteration`` with the first ``iteration`` history entries."""
+        copy = replace(self, iteration=iteration, kl_history=history[:iteration], seconds=seconds[:iteration],
+                       elapsed=elapsed)
+        for f in fields(copy):
+            value = getattr(copy, f.name)
+            if isinstance(value, np.ndarray):
+                setattr(copy, f.name, value.copy())
+        return copy
+
+
+def history_buffers(state: OptimizerState | None, n_iter: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(kl_history, seconds, first_iteration)`` buffers of length ``n_iter + 1`` with ``state``'s entries
+    copied in; ``ValueError`` if the state is already past ``n_iter``."""
+    history, seconds = np.empty(n_iter + 1), np.empty(n_iter + 1)
+    if state is None:
+        return history, seconds, 0
+    first = int(state.iteration)
+    if first > n_iter:
+        raise ValueError(f"the checkpoint is at iteration {first}; iterations must be at least that")
+    history[:first] = state.kl_history
+    seconds[:first] = state.seconds
+    return history, seconds, first

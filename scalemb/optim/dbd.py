@@ -18,9 +18,25 @@ import logging
 
 import numpy as np
 
-from .base import OptimizeResult, stalled
+from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
 logger = logging.getLogger("scalemb")
+
+
+@dataclass
+class DBDState(OptimizerState):
+    """Delta-bar-delta between iterations: increments ``update`` (momentum buffer), space ``gains``, the time
+    gain, both learning rates (halved by each backoff), the best iterate so far and the backoff count.  The
+    exaggeration and momentum phases follow from ``iteration``."""
+
+    update: np.ndarray
+    gains: np.ndarray
+    time_gain: float
+    lr: float
+    lr_time: float
+    best_kl: float
+    best_coords: np.ndarray
+    backoffs: int
 
 
 @dataclass
@@ -64,47 +80,54 @@ class DeltaBarDelta:
                 "min_gain": self.min_gain, "tol": self.tol, "window": self.window,
                 "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs}
 
-    def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None) -> OptimizeResult:
-        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``); ``callback(it, kl)`` each step."""
-        ds = executor.space_dims
+    def initial_state(self, coords: np.ndarray, space_dims: int) -> "DBDState":
+        """The state before iteration 0 at ``coords`` (``(ds + dt, N)``)."""
         coords = np.array(coords, dtype=np.float64, order="C")
         lr = self.resolved_learning_rate(coords.shape[1])
-        lr_time = lr * self.time_ratio
-        update = np.zeros_like(coords)
-        gains = np.ones((ds, coords.shape[1]))
-        time_gain = 1.0
-        history = np.empty(n_iter + 1)
-        seconds = np.empty(n_iter + 1)
-        start = time.perf_counter()
-        evaluations = 0
-        best_kl, best_coords = np.inf, coords.copy()
-        backoffs = 0
+        return DBDState(iteration=0, coords=coords, kl_history=np.zeros(0), seconds=np.zeros(0), evaluations=0,
+                        elapsed=0.0, update=np.zeros_like(coords), gains=np.ones((space_dims, coords.shape[1])),
+                        time_gain=1.0, lr=lr, lr_time=lr * self.time_ratio, best_kl=float("inf"),
+                        best_coords=coords.copy(), backoffs=0)
+
+    def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None, state: "DBDState | None" = None,
+                 checkpoint=None) -> OptimizeResult:
+        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``) or, if given, from ``state``
+        (``coords`` is then ignored); ``callback(it, kl)`` each step.  ``checkpoint(it, export)`` is called at
+        the start of every iteration after the first one run here; ``export()`` returns a ``DBDState`` from
+        which ``optimize`` continues exactly as this run does."""
+        ds = executor.space_dims
+        s = self.initial_state(coords, ds) if state is None else state.snapshot(
+            state.iteration, state.kl_history, state.seconds, state.elapsed)
+        history, seconds, first = history_buffers(state, n_iter)
+        start = time.perf_counter() - s.elapsed
         converged = False
-        it = 0
-        for it in range(n_iter):
+        it = first
+        for it in range(first, n_iter):
+            if checkpoint is not None and it > first:
+                checkpoint(it, lambda: s.snapshot(it, history, seconds, time.perf_counter() - start))
             exaggerating = it < self.exaggeration_iterations
-            ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
-            evaluations += 1
-            if not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl:
-                backoffs += 1
-                if backoffs > self.max_backoffs:
+            ev = executor.evaluate(s.coords, self.exaggeration if exaggerating else 1.0)
+            s.evaluations += 1
+            if not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * s.best_kl:
+                s.backoffs += 1
+                if s.backoffs > self.max_backoffs:
                     raise FloatingPointError(
-                        f"KL reached {ev.kl:.4g} at iteration {it} (best {best_kl:.4g}) after {self.max_backoffs} "
+                        f"KL reached {ev.kl:.4g} at iteration {it} (best {s.best_kl:.4g}) after {self.max_backoffs} "
                         "learning-rate halvings; lower the learning rate or the time ratio")
                 logger.warning("KL jumped to %.4g at iteration %d (best %.4g): back to the best iterate, "
-                               "learning rate halved to %.4g", ev.kl, it, best_kl, lr / 2)
-                lr, lr_time = lr / 2, lr_time / 2
-                coords[:] = best_coords
-                update[:] = 0.0
-                gains[:] = 1.0
-                time_gain = 1.0
-                ev = executor.evaluate(coords, self.exaggeration if exaggerating else 1.0)
-                evaluations += 1
+                               "learning rate halved to %.4g", ev.kl, it, s.best_kl, s.lr / 2)
+                s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
+                s.coords[:] = s.best_coords
+                s.update[:] = 0.0
+                s.gains[:] = 1.0
+                s.time_gain = 1.0
+                ev = executor.evaluate(s.coords, self.exaggeration if exaggerating else 1.0)
+                s.evaluations += 1
             history[it] = ev.kl
             seconds[it] = time.perf_counter() - start
-            if ev.kl < best_kl:
-                best_kl = ev.kl
-                best_coords[:] = coords
+            if ev.kl < s.best_kl:
+                s.best_kl = ev.kl
+                s.best_coords[:] = s.coords
             if callback is not None:
                 callback(it, ev.kl)
             if stalled(history, it, self._stall_start(), self.window, self.tol):
@@ -112,28 +135,28 @@ class DeltaBarDelta:
                 break
             grad = ev.gradient
             mom = self.momentum_at(it)
-            space_grad, space_update = grad[:ds], update[:ds]
+            space_grad, space_update = grad[:ds], s.update[:ds]
             same = np.sign(space_grad) == np.sign(space_update)
-            gains = np.where(same, gains * self.gain_decrease, gains + self.gain_increase)
-            np.maximum(gains, self.min_gain, out=gains)
-            update[:ds] = mom * space_update - lr * gains * space_grad
-            if coords.shape[0] > ds:
-                time_grad, time_update = grad[ds:], update[ds:]
+            s.gains = np.where(same, s.gains * self.gain_decrease, s.gains + self.gain_increase)
+            np.maximum(s.gains, self.min_gain, out=s.gains)
+            s.update[:ds] = mom * space_update - s.lr * s.gains * space_grad
+            if s.coords.shape[0] > ds:
+                time_grad, time_update = grad[ds:], s.update[ds:]
                 if np.sum(time_grad * time_update) < 0:
-                    time_gain += self.gain_increase
+                    s.time_gain += self.gain_increase
                 else:
-                    time_gain = max(time_gain * self.gain_decrease, self.min_gain)
-                update[ds:] = mom * time_update - lr_time * time_gain * time_grad
-            coords += update
-            coords -= coords.mean(axis=1, keepdims=True)
+                    s.time_gain = max(s.time_gain * self.gain_decrease, self.min_gain)
+                s.update[ds:] = mom * time_update - s.lr_time * s.time_gain * time_grad
+            s.coords += s.update
+            s.coords -= s.coords.mean(axis=1, keepdims=True)
         else:
             it = n_iter
         if not converged:
-            history[it] = executor.evaluate(coords).kl
+            history[it] = executor.evaluate(s.coords).kl
             seconds[it] = time.perf_counter() - start
-            evaluations += 1
-        return OptimizeResult(coords, float(history[it]), history[:it + 1].copy(), it, converged, backoffs,
-                              seconds[:it + 1].copy(), evaluations)
+            s.evaluations += 1
+        return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, s.backoffs,
+                              seconds[:it + 1].copy(), s.evaluations)
 
     def _stall_start(self) -> int:
         return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)

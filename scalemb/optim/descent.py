@@ -29,11 +29,11 @@ reference code's growth 1.5 and no cap), no early exaggeration.  ``solver='cg'``
 """
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import OptimizeResult, stalled
+from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 from .linesearch import armijo
 from .solvers import FactorizedSolver, jacobi_preconditioner, pcg
 
@@ -43,6 +43,56 @@ DIRECTIONS = ("spectral", "gradient")
 SOLVERS = ("cg", "lu")
 CURVATURES = ("iterate", "fixed")
 PRECONDITIONERS = ("lu", "jacobi")
+
+
+@dataclass
+class DescentState(OptimizerState):
+    """Line-search descent between iterations.
+
+    ``kl``, ``objective``, ``gradient``, ``z``: the evaluation at ``coords`` that the next iteration reuses
+    (stored, not recomputed: ``coords`` were re-centred after it was taken).  ``alpha``: exaggeration in
+    force; ``step``: next first trial step; ``time_rate``: SNEST time rate; ``previous_space`` /
+    ``previous_time_step``: last space direction (CG warm start) and time step; ``failures``: failed line
+    searches in a row.  Spectral solver: ``stale`` (refactorise next), ``factored_at`` (iteration of the last
+    factorisation), ``ordering`` (the reused fill-reducing order), ``curvature_coords``/``curvature_alpha``
+    (where the executor's curvature was last computed) and ``factor_coords``/``factor_alpha``/
+    ``factor_ordered`` (where the current factorisation's curvature was computed, and whether it reused
+    ``ordering``): resuming recomputes both instead of storing an LU.
+    """
+
+    kl: float
+    objective: float
+    gradient: np.ndarray
+    z: float
+    alpha: float
+    step: float
+    time_rate: float
+    previous_space: np.ndarray | None
+    previous_time_step: np.ndarray | None
+    failures: int
+    factored_at: int
+    stale: bool
+    ordering: np.ndarray | None
+    curvature_coords: np.ndarray | None
+    curvature_alpha: float | None
+    factor_coords: np.ndarray | None
+    factor_alpha: float | None
+    factor_ordered: bool
+
+    def evaluation(self):
+        from ..engine.blocks import Evaluation
+
+        return Evaluation(self.kl, self.objective, self.gradient, self.z)
+
+    def export(self, iteration: int, history, seconds, elapsed: float, ev, solver: dict) -> "DescentState":
+        """A snapshot with the current evaluation ``ev`` and the spectral solver cache ``solver``."""
+        curvature = solver.get("curvature_at", (None, None))
+        factor = solver.get("factor_at", ((None, None), False)) if "factor" in solver else ((None, None), False)
+        copy = replace(self, kl=float(ev.kl), objective=float(ev.objective), gradient=ev.gradient, z=float(ev.z),
+                       stale=bool(solver.get("stale", False)), ordering=solver.get("ordering"),
+                       curvature_coords=curvature[0], curvature_alpha=curvature[1], factor_coords=factor[0][0],
+                       factor_alpha=factor[0][1], factor_ordered=bool(factor[1]))
+        return copy.snapshot(iteration, history, seconds, elapsed)
 
 
 @dataclass
@@ -109,34 +159,51 @@ class LineSearchDescent:
     def _time_rate(self, n_points: int) -> float:
         return max(1.0, n_points / 12.0) * 0.002 if self.time_rate == "auto" else float(self.time_rate)
 
-    def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None) -> OptimizeResult:
-        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``); ``callback(it, kl)`` each step."""
-        ds = executor.space_dims
-        n_points = coords.shape[1]
+    def initial_state(self, executor, coords: np.ndarray) -> "DescentState":
+        """The state before iteration 0 at ``coords`` (``(ds + dt, N)``); evaluates the objective there."""
         coords = np.array(coords, dtype=np.float64, order="C")
-        history = np.empty(n_iter + 1)
-        seconds = np.empty(n_iter + 1)
-        start = time.perf_counter()
-        step = self._initial_step(n_points)
-        refactor_every = self._refactor_every(n_points)
-        eta_t = self._time_rate(n_points)
+        n_points = coords.shape[1]
         alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
         ev = executor.evaluate(coords, alpha)
-        evaluations = 1
-        solver_state = {"stale": True}
-        previous_space = None
-        previous_time_step = None
-        failures = 0
-        factored_at = 0
+        return DescentState(iteration=0, coords=coords, kl_history=np.zeros(0), seconds=np.zeros(0),
+                            evaluations=1, elapsed=0.0, kl=ev.kl, objective=ev.objective, gradient=ev.gradient,
+                            z=ev.z, alpha=alpha, step=self._initial_step(n_points), time_rate=self._time_rate(n_points),
+                            previous_space=None, previous_time_step=None, failures=0, factored_at=0, stale=True,
+                            ordering=None, curvature_coords=None, curvature_alpha=None, factor_coords=None,
+                            factor_alpha=None, factor_ordered=False)
+
+    def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None,
+                 state: "DescentState | None" = None, checkpoint=None) -> OptimizeResult:
+        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``) or, if given, from ``state``
+        (``coords`` is then ignored; the lagged factorisation is recomputed from it); ``callback(it, kl)`` each
+        step.  ``checkpoint(it, export)`` is called at the start of every iteration after the first one run
+        here; ``export()`` returns a ``DescentState`` from which ``optimize`` continues exactly as this run does."""
+        ds = executor.space_dims
+        if state is None:
+            s = self.initial_state(executor, coords)
+        else:
+            s = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+        n_points = s.coords.shape[1]
+        history, seconds, first = history_buffers(state, n_iter)
+        start = time.perf_counter() - s.elapsed
+        refactor_every = self._refactor_every(n_points)
+        ev = s.evaluation()
+        solver_state = {"stale": True} if state is None else self._restore_solver(executor, s)
         converged = False
-        it = 0
-        for it in range(n_iter):
-            if alpha != 1.0 and it >= self.exaggeration_iterations:
-                alpha = 1.0
+        it = first
+
+        def export():
+            return s.export(it, history, seconds, time.perf_counter() - start, ev, solver_state)
+
+        for it in range(first, n_iter):
+            if checkpoint is not None and it > first:
+                checkpoint(it, export)
+            if s.alpha != 1.0 and it >= self.exaggeration_iterations:
+                s.alpha = 1.0
                 solver_state["stale"] = True
-                ev = executor.evaluate(coords, alpha)
-                evaluations += 1
-                step = self._initial_step(n_points)
+                ev = executor.evaluate(s.coords, s.alpha)
+                s.evaluations += 1
+                s.step = self._initial_step(n_points)
             history[it] = ev.kl
             seconds[it] = time.perf_counter() - start
             if callback is not None:
@@ -147,45 +214,67 @@ class LineSearchDescent:
                 converged = True
                 break
             grad = ev.gradient
-            direction = np.empty_like(coords)
+            direction = np.empty_like(s.coords)
             if self.direction == "spectral":
-                if it - factored_at >= refactor_every:
+                if it - s.factored_at >= refactor_every:
                     solver_state["stale"] = True
                 if solver_state.get("stale"):
-                    factored_at = it
-                direction[:ds] = self._spectral(executor, coords, grad[:ds], alpha, solver_state, previous_space)
-                previous_space = direction[:ds].copy()
+                    s.factored_at = it
+                direction[:ds] = self._spectral(executor, s.coords, grad[:ds], s.alpha, solver_state,
+                                                s.previous_space)
+                s.previous_space = direction[:ds].copy()
             else:
                 direction[:ds] = -grad[:ds]
-            if coords.shape[0] > ds:
-                if previous_time_step is not None:
-                    eta_t *= 1.2 if np.sum(grad[ds:] * previous_time_step) < 0 else 0.5
-                direction[ds:] = -eta_t * grad[ds:]
-            result = armijo(lambda x: executor.evaluate(x, alpha), coords, direction, ev, step, self.c, self.rho)
-            evaluations += result.trials
+            if s.coords.shape[0] > ds:
+                if s.previous_time_step is not None:
+                    s.time_rate *= 1.2 if np.sum(grad[ds:] * s.previous_time_step) < 0 else 0.5
+                direction[ds:] = -s.time_rate * grad[ds:]
+            alpha = s.alpha
+            result = armijo(lambda x: executor.evaluate(x, alpha), s.coords, direction, ev, s.step, self.c, self.rho)
+            s.evaluations += result.trials
             if not result.accepted:
-                failures += 1
-                step = self._initial_step(n_points)
-                previous_space = None
+                s.failures += 1
+                s.step = self._initial_step(n_points)
+                s.previous_space = None
                 solver_state["stale"] = True
-                if failures >= self.max_failures:
+                if s.failures >= self.max_failures:
                     logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
-                                   "stopping", failures, it, ev.kl)
+                                   "stopping", s.failures, it, ev.kl)
                     break
                 continue
-            failures = 0
-            if coords.shape[0] > ds:
-                previous_time_step = result.step * direction[ds:]
-            step = min(result.step * (self.growth if result.trials == 1 else 1.0), self._max_step())
-            coords = result.coords
-            coords -= coords.mean(axis=1, keepdims=True)
+            s.failures = 0
+            if s.coords.shape[0] > ds:
+                s.previous_time_step = result.step * direction[ds:]
+            s.step = min(result.step * (self.growth if result.trials == 1 else 1.0), self._max_step())
+            s.coords = result.coords
+            s.coords -= s.coords.mean(axis=1, keepdims=True)
             ev = result.evaluation
         else:
             it = n_iter
-        history[it] = ev.kl if alpha == 1.0 else executor.evaluate(coords).kl
+        history[it] = ev.kl if s.alpha == 1.0 else executor.evaluate(s.coords).kl
         seconds[it] = time.perf_counter() - start
-        return OptimizeResult(coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
-                              seconds[:it + 1].copy(), evaluations)
+        return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
+                              seconds[:it + 1].copy(), s.evaluations)
+
+    def _restore_solver(self, executor, s: "DescentState") -> dict:
+        """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged
+        factorisation are recomputed at the coordinates where they were computed (same ordering path)."""
+        state = {"stale": True} if s.stale else {}
+        if s.ordering is not None:
+            state["ordering"] = s.ordering
+        fixed = self.curvature == "fixed"
+        if s.factor_coords is not None:
+            executor.set_curvature(s.factor_coords, s.factor_alpha, fixed=fixed)
+            mu = self.mu * float(executor.curvature_diagonal().mean())
+            state["factor"] = FactorizedSolver(executor.curvature_matrix(), mu,
+                                               s.ordering if s.factor_ordered else None)
+            state["factor_at"] = ((s.factor_coords, s.factor_alpha), s.factor_ordered)
+        if s.curvature_coords is not None:
+            executor.set_curvature(s.curvature_coords, s.curvature_alpha, fixed=fixed)
+            state["diagonal"] = executor.curvature_diagonal()
+            state["mu"] = self.mu * float(state["diagonal"].mean())
+            state["curvature_at"] = (s.curvature_coords, s.curvature_alpha)
+        return state
 
     def _spectral(self, executor, coords, space_grad, alpha, state, previous):
         """Solve ``(L(C) + mu I) P = -G`` for the space block; ``state`` carries the solver between calls.
@@ -201,12 +290,14 @@ class LineSearchDescent:
         stale = state.pop("stale", False) and not (fixed and "mu" in state)
         if stale or (self.solver == "cg" and not fixed):
             executor.set_curvature(coords, alpha, fixed=fixed)
+            state["curvature_at"] = (coords.copy(), alpha)  # where it was computed (for checkpoints)
             state["diagonal"] = executor.curvature_diagonal()
             state["mu"] = self.mu * float(state["diagonal"].mean())
             if stale:
                 state.pop("factor", None)
         if self.solver == "lu" or self.preconditioner == "lu":
             if "factor" not in state:
+                state["factor_at"] = (state["curvature_at"], state.get("ordering") is not None)
                 state["factor"] = FactorizedSolver(executor.curvature_matrix(), state["mu"], state.get("ordering"))
                 state["ordering"] = state["factor"].ordering
         if self.solver == "lu":
