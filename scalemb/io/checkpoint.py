@@ -1,0 +1,294 @@
+"""Checkpoints of a running embedding, kept in its output store (a Zarr v3 group) and written atomically.
+
+Layout while a run is in progress (``scalemb.io.results`` is the layout once it has finished)::
+
+    run.zarr/                  attrs["scalemb_checkpoint"] = {"format": 1, "config": {...}, "current": "000007"}
+      checkpoints/000007/      attrs: restart, iteration, restart_kls, elapsed, state (scalars), best (scalars)
+        state/<field>          the optimiser state's arrays (coords, gains, update, gradient, ...)
+        best/<field>           coords, kl_history, seconds of the best finished restart, if any
+
+``config`` holds what ``scalemb resume`` needs to rebuild the run: input, graph affinity, model, dimensions,
+optimiser (every constructor field), iterations, seed, restarts, threads, repulsion, checkpoint interval,
+scalemb version and the input's content hash.  ``current`` is ``null`` until the first checkpoint.
+
+A write creates version ``n + 1`` completely, then switches ``current`` (zarr rewrites the root's
+``zarr.json`` through a temporary file and a rename), then deletes the older versions.  A crash at any point
+leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
+write.  Durability against power loss (fsync) is not attempted.
+"""
+import logging
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from .._version import __version__
+from ..errors import ScalembError
+from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
+                     optimizer_config)
+from .atomic import atomic_directory
+from .results import _json_safe
+
+logger = logging.getLogger("scalemb")
+
+FORMAT = 1
+ATTR = "scalemb_checkpoint"
+DEFAULT_EVERY = 100
+
+
+class RunInterrupted(Exception):
+    """A stop was requested (SIGINT, SIGTERM or ``Checkpointer.request_stop``); a checkpoint was written."""
+
+    def __init__(self, path, restart: int, iteration: int):
+        self.path, self.restart, self.iteration = Path(path), restart, iteration
+        super().__init__(f"interrupted at iteration {iteration} of restart {restart + 1}; checkpoint written to "
+                         f"{path}; continue with: scalemb resume {path}")
+
+
+@dataclass
+class Checkpoint:
+    """A run between two iterations: restart ``restart`` is at the start of iteration ``iteration``."""
+
+    restart: int
+    iteration: int
+    state: OptimizerState
+    restart_kls: list = field(default_factory=list)
+    best: OptimizeResult | None = None  # best finished restart so far
+    elapsed: float = 0.0  # the run's wall time so far
+
+
+def _state_class(optimizer_name: str):
+    return DBDState if optimizer_name == "dbd" else DescentState
+
+
+def input_hash(provenance: dict, executor, node_ids) -> str:
+    """The input's identity: an affinity store's recorded SHA-256 (in ``provenance``), else the same hash
+    computed over the in-process executor's P and ``node_ids``."""
+    recorded = provenance.get("content_hash")
+    if recorded:
+        return str(recorded)
+    from ..affinity.store import content_hash
+
+    P = executor.affinity.P
+    return content_hash(P.indptr, P.indices, P.data, node_ids)
+
+
+def read_config(path) -> dict:
+    """The run configuration of a checkpointed store; ``ScalembError`` (one line) if ``path`` is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise ScalembError(f"{path}: no such checkpointed run")
+    try:
+        group = zarr.open_group(store=str(path), mode="r")
+        meta = dict(group.attrs).get(ATTR)
+    except Exception as exc:  # not a Zarr group at all
+        raise ScalembError(f"{path}: not a checkpointed scalemb run ({type(exc).__name__})") from None
+    if meta is None:
+        if "embedding" in group and "model" in group.attrs:
+            raise ScalembError(f"{path}: the run has finished (a result, no checkpoint to resume)")
+        raise ScalembError(f"{path}: not a checkpointed scalemb run")
+    if meta.get("format") != FORMAT:
+        raise ScalembError(f"{path}: checkpoint format {meta.get('format')} is not supported (expected {FORMAT})")
+    return meta
+
+
+def read_checkpoint(path) -> Checkpoint | None:
+    """The checkpoint ``current`` points at, or ``None`` before the first one."""
+    meta = read_config(path)
+    current = meta.get("current")
+    if current is None:
+        return None
+    group = zarr.open_group(store=str(path), mode="r")
+    try:
+        version = group[f"checkpoints/{current}"]
+        attrs = dict(version.attrs)
+        state_arrays = {name: array[:] for name, array in version["state"].arrays()}
+        state = _state_class(meta["config"]["optimizer"]["name"]).join(state_arrays, attrs["state"])
+        best = None
+        if attrs["best"] is not None:
+            b = {name: array[:] for name, array in version["best"].arrays()}
+            best = OptimizeResult(b["coords"], attrs["best"]["kl"], b["kl_history"], attrs["best"]["iterations"],
+                                  attrs["best"]["converged"], attrs["best"]["backoffs"], b["seconds"],
+                                  attrs["best"]["evaluations"])
+    except (KeyError, ValueError) as exc:
+        raise ScalembError(f"{path}: checkpoint {current} is unreadable ({exc})") from None
+    return Checkpoint(attrs["restart"], attrs["iteration"], state, list(attrs["restart_kls"]), best,
+                      attrs["elapsed"])
+
+
+def create_store(path, config: dict, overwrite: bool = False) -> Path:
+    """A new checkpointed run at ``path`` (atomically; replaces an existing store only with ``overwrite``)."""
+    with atomic_directory(path, overwrite) as tmp:
+        group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
+        group.create_group("checkpoints")
+        group.attrs[ATTR] = _json_safe({"format": FORMAT, "config": config, "current": None})
+    return Path(path)
+
+
+def _switch_pointer(group, meta: dict, version: str) -> None:
+    group.attrs[ATTR] = {**meta, "current": version}
+
+
+def write_checkpoint(path, checkpoint: Checkpoint) -> str:
+    """Add ``checkpoint`` as a new version of the store at ``path``, point at it, drop the older ones."""
+    path = Path(path)
+    meta = read_config(path)
+    group = zarr.open_group(store=str(path), mode="r+")
+    folder = path / "checkpoints"
+    existing = [p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.exists() else []
+    name = f"{max([int(n) for n in existing], default=0) + 1:06d}"
+    version = group.create_group(f"checkpoints/{name}")
+    arrays, scalars = checkpoint.state.split()
+    state_group = version.create_group("state")
+    for key, value in arrays.items():
+        state_group.create_array(key, data=np.ascontiguousarray(value))
+    best = None
+    if checkpoint.best is not None:
+        b = checkpoint.best
+        best_group = version.create_group("best")
+        for key, value in (("coords", b.coords), ("kl_history", b.kl_history), ("seconds", b.seconds)):
+            best_group.create_array(key, data=np.ascontiguousarray(value))
+        best = {"kl": float(b.kl), "iterations": int(b.iterations), "converged": bool(b.converged),
+                "backoffs": int(b.backoffs), "evaluations": int(b.evaluations)}
+    version.attrs.update(_json_safe({"restart": checkpoint.restart, "iteration": checkpoint.iteration,
+                                     "restart_kls": [float(k) for k in checkpoint.restart_kls],
+                                     "elapsed": checkpoint.elapsed, "state": scalars, "best": best}))
+    _switch_pointer(group, meta, name)
+    for old in existing:
+        shutil.rmtree(folder / old, ignore_errors=True)
+    return name
+
+
+def _check_same_run(path, stored: dict, config: dict) -> None:
+    if stored.get("input_hash") != config["input_hash"]:
+        raise ScalembError(f"{path}: the input changed since the run was checkpointed (content hash "
+                           f"{str(stored.get('input_hash'))[:12]}…, now {config['input_hash'][:12]}…); "
+                           "refusing to resume")
+    keys = ("model", "space_dims", "time_dims", "seed", "restarts", "optimizer", "repulsion")
+    changed = [k for k in keys if _json_safe(config[k]) != stored.get(k)]
+    if changed:
+        raise ScalembError(f"{path}: settings differ from the checkpointed run ({', '.join(changed)}); "
+                           "refusing to resume")
+
+
+class Checkpointer:
+    """Checkpoints for ``Embedder.fit``: every ``every`` iterations (0: only on a stop request) and when a
+    stop is requested (SIGINT/SIGTERM while used as a context manager on the main thread, or
+    ``request_stop()``): the state is written and ``RunInterrupted`` raised.  ``resume=True`` continues the
+    run stored at ``path``; otherwise a new store is created (``overwrite`` replaces one).  The finished
+    result replaces the checkpoints (``finish``); a diverging run removes the store.  ``on_checkpoint(self,
+    restart, iteration)`` is called after each write."""
+
+    def __init__(self, path, every: int = DEFAULT_EVERY, overwrite: bool = False, resume: bool = False,
+                 handle_signals: bool = True, on_checkpoint=None):
+        if int(every) < 0:
+            raise ValueError(f"checkpoint interval must be >= 0, got {every}")
+        self.path = Path(path)
+        self.every = int(every)
+        self.overwrite = overwrite
+        self.resume = resume
+        self.handle_signals = handle_signals
+        self.on_checkpoint = on_checkpoint
+        self.written = 0
+        self._stop = threading.Event()
+        self._previous_handlers = {}
+        self._created = False
+
+    # -- signals ---------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Finish the current iteration, write a checkpoint and raise ``RunInterrupted``."""
+        self._stop.set()
+
+    def _on_signal(self, signum, frame):
+        if self._stop.is_set():  # a second signal: stop now, without a checkpoint
+            raise KeyboardInterrupt
+        logger.warning("%s received: finishing the iteration and writing a checkpoint (again to abort)",
+                       signal.Signals(signum).name)
+        self.request_stop()
+
+    def __enter__(self):
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+        if exc_type is not None and issubclass(exc_type, FloatingPointError) and self._created:
+            shutil.rmtree(self.path, ignore_errors=True)  # a diverging run leaves nothing, as without checkpoints
+        return False
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def start(self, *, embedder, data, graph_affinity, time_dims, executor, node_ids, provenance, optimizer,
+              repulsion) -> Checkpoint | None:
+        """Record the run configuration (new run) or check it against the stored one (resume); returns the
+        checkpoint to continue from (``None``: start at restart 0, iteration 0)."""
+        if not isinstance(optimizer, (DeltaBarDelta, LineSearchDescent)):
+            raise ValueError(f"checkpoints need a scalemb optimiser (dbd, sd or gd), got {optimizer!r}")
+        config = {"input": _input_reference(data), "graph_affinity": graph_affinity,
+                  "provenance": dict(provenance), "input_hash": input_hash(provenance, executor, node_ids),
+                  "n_points": len(node_ids), "model": embedder.model, "space_dims": embedder.space_dims,
+                  "time_dims": time_dims, "iterations": int(embedder.iterations), "seed": embedder.seed,
+                  "restarts": int(embedder.restarts), "optimizer": optimizer_config(optimizer),
+                  "n_threads": getattr(executor, "n_threads", embedder.n_threads), "repulsion": repulsion,
+                  "scheduler": getattr(embedder, "scheduler", None), "workers": getattr(embedder, "workers", None),
+                  "checkpoint_every": self.every, "scalemb_version": __version__}
+        if not self.resume:
+            create_store(self.path, _json_safe(config), self.overwrite)
+            self._created = True
+            return None
+        stored = read_config(self.path)["config"]
+        _check_same_run(self.path, stored, config)
+        checkpoint = read_checkpoint(self.path)
+        if checkpoint is not None and checkpoint.iteration > embedder.iterations:
+            raise ScalembError(f"{self.path}: the checkpoint is at iteration {checkpoint.iteration}; "
+                               f"--iterations {embedder.iterations} is fewer")
+        if int(embedder.iterations) != stored["iterations"]:
+            meta = read_config(self.path)
+            group = zarr.open_group(store=str(self.path), mode="r+")
+            group.attrs[ATTR] = {**meta, "config": {**stored, "iterations": int(embedder.iterations)}}
+        return checkpoint
+
+    def hook(self, restart: int, restart_kls: list, best, started: float):
+        """The ``checkpoint(it, export)`` callable for restart ``restart`` (``started``: the run's
+        ``time.perf_counter()`` origin)."""
+        def checkpoint(iteration, export):
+            stopping = self._stop.is_set()
+            if not stopping and not (self.every and iteration % self.every == 0):
+                return
+            self.write(Checkpoint(restart, iteration, export(), list(restart_kls), best,
+                                  time.perf_counter() - started))
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(self, restart, iteration)
+            if stopping or self._stop.is_set():
+                raise RunInterrupted(self.path, restart, iteration)
+        return checkpoint
+
+    def write(self, checkpoint: Checkpoint) -> str:
+        name = write_checkpoint(self.path, checkpoint)
+        self.written += 1
+        return name
+
+    def finish(self, result) -> Path:
+        """Replace the checkpoints by the final result (``scalemb.io.results`` layout)."""
+        return result.save(self.path, overwrite=True)
+
+
+def _input_reference(data):
+    """How ``resume`` finds the input again: a dataset name, an absolute path, or ``None`` (in memory)."""
+    from ..datasets import DATASETS
+
+    if data is None:
+        return "grqc"
+    if isinstance(data, (str, Path)):
+        if isinstance(data, str) and data in DATASETS and not Path(data).exists():
+            return data
+        return str(Path(data).resolve())
+    return None
