@@ -19,6 +19,7 @@ from .io.results import read_result, write_result
 from .models import get_model
 from .optim import make_optimizer
 from .progress import Progress
+from .repulsion import REPULSION_METHODS, FFTParams, check_supported
 
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
 
@@ -40,6 +41,7 @@ class EmbeddingResult:
     wall_time: float = 0.0
     provenance: dict = field(default_factory=dict)
     optimizer: dict = field(default_factory=dict)
+    repulsion: dict = field(default_factory=dict)  # {"method": "exact"} or {"method": "fft", **FFTParams}
     seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
 
     def attrs(self) -> dict:
@@ -47,7 +49,7 @@ class EmbeddingResult:
                 "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
                 "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
                 "wall_time_s": self.wall_time, "scalemb_version": __version__,
-                "provenance": self.provenance, "optimizer": self.optimizer}
+                "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the result as a Zarr v3 group (see ``scalemb.io.results``)."""
@@ -60,7 +62,7 @@ class EmbeddingResult:
         return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
                    attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
                    attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
-                   attrs.get("optimizer", {}))
+                   attrs.get("optimizer", {}), attrs.get("repulsion", {}))
 
 
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
@@ -92,13 +94,16 @@ class Embedder:
 
     Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
     0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
-    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``.
+    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``,
+    ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
+    ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     """
 
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
-                 n_threads: int | None = None, quiet: bool = True):
+                 n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
+                 fft_params: FFTParams | None = None):
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims
@@ -108,6 +113,8 @@ class Embedder:
         self.optimizer = optimizer
         self.n_threads = n_threads
         self.quiet = quiet
+        self.repulsion = repulsion
+        self.fft_params = fft_params
 
     def _check(self):
         model = get_model(self.model)
@@ -117,6 +124,10 @@ class Embedder:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if int(self.restarts) < 1:
             raise ValueError(f"restarts must be >= 1, got {self.restarts}")
+        if self.repulsion not in REPULSION_METHODS:
+            raise ValueError(f"unknown repulsion {self.repulsion!r}; choose one of {', '.join(REPULSION_METHODS)}")
+        if self.repulsion == "fft":
+            check_supported(model.name, self.space_dims, time_dims)
         return model, time_dims
 
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Embedder":
@@ -127,7 +138,10 @@ class Embedder:
         start = time.perf_counter()
         best = None
         restart_kls = []
-        with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads) as executor:
+        with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads,
+                           repulsion=self.repulsion, fft_params=self.fft_params) as executor:
+            repulsion = ({"method": "fft", **executor.fft_params.as_dict()} if executor.repulsion == "fft"
+                         else {"method": "exact"})
             for k in range(self.restarts):
                 rng = np.random.default_rng([self.seed, k])
                 coords = initial_coords(affinity.n_points, self.space_dims, time_dims, rng)
@@ -145,7 +159,7 @@ class Embedder:
             kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=dict(affinity.provenance),
-            optimizer=optimizer.params(), seconds=best.seconds)
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         return self

@@ -10,6 +10,7 @@ from ..errors import ScalembError
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
+from ..repulsion import DEFAULT_BOX_WIDTH, REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -71,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="iterations with exaggeration (default: dbd 100, sd/gd 0)")
     emb.add_argument("--tol", type=float, default=None,
                      help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
+    emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
+                     help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
+                          "(default: fft from the measured crossover N)")
+    emb.add_argument("--fft-points", type=_positive_int, default=FFTParams.points,
+                     help=f"fft: interpolation points per box and dimension (default {FFTParams.points})")
+    emb.add_argument("--fft-box-width", type=float, default=None,
+                     help="fft: largest space box width (default per model: "
+                          + ", ".join(f"{m} {w:g}" for m, w in DEFAULT_BOX_WIDTH.items()) + ")")
+    emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
+                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N m)), m time nodes or 1)")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
@@ -148,7 +159,9 @@ def _embed(args) -> int:
                                tol=args.tol)
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
-                        optimizer=optimizer, n_threads=args.threads, quiet=args.quiet)
+                        optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
+                        fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
+                                             max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite)
     out = args.out
     result = embedder.fit(args.input, graph_affinity=args.graph_affinity).result_

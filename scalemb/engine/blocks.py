@@ -5,6 +5,9 @@ workers later) calls it on its blocks and ``reduce_blocks`` combines the partial
 
 ``KL = sum p log p - sum_blocks plogw + log Z``, ``grad = 2 (-alpha A + R / Z)`` with ``alpha`` the early
 exaggeration (see ``scalemb.models.kernels`` for A, R, Z).
+
+With the FFT-interpolated repulsion (``scalemb.repulsion``) a block's repulsion is its own rows of R, from
+potentials on a grid shared by all blocks: ``evaluate_block_fft``.
 """
 from dataclasses import dataclass
 
@@ -12,19 +15,25 @@ import numpy as np
 
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
+from ..repulsion.fft import Grid, NearCells, interpolate
 from .laplacian import laplacian_rows
 
 
 @dataclass
 class BlockResult:
-    """Partial sums of one row block: attraction rows ``[r0, r1)``, full repulsion partials, Z and sum p log w."""
+    """Partial sums of one row block: attraction rows ``[r0, r1)``, repulsion, Z and sum p log w.
+
+    ``repulsion`` is ``(ds + dt, N)``, partial over the pairs this block owns (exact kernel), or, if
+    ``repulsion_rows``, the block's own rows ``(ds + dt, r1 - r0)`` of R (FFT interpolation).
+    """
 
     r0: int
     r1: int
     attraction: np.ndarray  # (r1 - r0, ds + dt)
-    repulsion: np.ndarray  # (ds + dt, N), partial over the pairs this block owns
+    repulsion: np.ndarray
     z: float
     plogw: float
+    repulsion_rows: bool = False
 
 
 @dataclass
@@ -50,6 +59,17 @@ def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims
     return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
 
 
+def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, grid: Grid,
+                       potentials: np.ndarray, cells: NearCells | None = None) -> BlockResult:
+    """Rows ``[block.r0, block.r1)`` with the repulsion interpolated from ``potentials`` on ``grid``
+    (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
+    index of a split grid)."""
+    A = np.zeros((block.r1 - block.r0, coords.shape[0]))
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, coords, space_dims, A)
+    R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells)
+    return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
+
+
 def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0) -> Evaluation:
     """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1)."""
     attraction = np.zeros(coords_shape)
@@ -58,7 +78,10 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
     plogw = 0.0
     for res in results:
         attraction[:, res.r0:res.r1] = res.attraction.T
-        repulsion += res.repulsion
+        if res.repulsion_rows:
+            repulsion[:, res.r0:res.r1] += res.repulsion
+        else:
+            repulsion += res.repulsion
         z += res.z
         plogw += res.plogw
     with np.errstate(divide="ignore", invalid="ignore"):  # z = 0 or inf: KL is not finite, callers check

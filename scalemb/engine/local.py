@@ -1,4 +1,5 @@
 """In-process executor: row blocks evaluated on a thread pool (the kernels release the GIL)."""
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -7,8 +8,12 @@ import scipy.sparse as sp
 
 from ..affinity.affinity import Affinity, row_partition
 from ..models.base import Model
-from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
+from ..repulsion.fft import FFTParams, block_extent, check_supported, convolve, make_grid, near_cells, spread
+from ..repulsion.method import resolve_repulsion
+from .blocks import Evaluation, curvature_block, evaluate_block, evaluate_block_fft, laplacian_block, reduce_blocks
 from .laplacian import row_sums
+
+logger = logging.getLogger("scalemb")
 
 # Below this many points a thread hand-off costs more than the kernel itself.
 _SINGLE_BLOCK_BELOW = 1024
@@ -28,11 +33,21 @@ class LocalExecutor:
     Blocks: ``partitions`` (row boundaries ``0 = b_0 < ... < b_K = N``) if given, else ``n_blocks`` equal
     ranges (default one per thread, one below 1024 points).  Results depend on the blocks only through
     floating-point summation order.
+
+    ``repulsion``: ``'exact'`` (all pairs), ``'fft'`` (interpolation on a grid with ``fft_params``,
+    ``scalemb.repulsion.fft``) or ``'auto'`` (``scalemb.repulsion.method``); ``self.repulsion`` is the
+    resolved method.
     """
 
     def __init__(self, affinity: Affinity, model: Model, space_dims: int, time_dims: int,
-                 n_threads: int | None = None, n_blocks: int | None = None, partitions=None):
+                 n_threads: int | None = None, n_blocks: int | None = None, partitions=None,
+                 repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
+        self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, affinity.n_points)
+        if self.repulsion == "fft":
+            check_supported(model.name, space_dims, time_dims)
+        self.fft_params = fft_params or FFTParams()
+        self._warned_capped = False
         self.affinity = affinity
         self.model = model
         self.space_dims = space_dims
@@ -62,7 +77,36 @@ class LocalExecutor:
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0) -> Evaluation:
         """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64)."""
         coords = np.ascontiguousarray(coords, dtype=np.float64)
+        if self.repulsion == "fft":
+            return self._evaluate_fft(coords, exaggeration)
         results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims))
+        return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
+
+    def _evaluate_fft(self, coords: np.ndarray, exaggeration: float) -> Evaluation:
+        """Extent (min/max reduce) -> grid -> charges spread per block and summed -> one FFT convolution ->
+        attraction and interpolated repulsion per block -> reduce."""
+        extents = self._map(lambda b: block_extent(coords, b.r0, b.r1))
+        lo = np.min([e[0] for e in extents], axis=0)
+        hi = np.max([e[1] for e in extents], axis=0)
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # diverged: let the optimiser see it
+            nan = float("nan")
+            return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
+        grid = make_grid(self.model.name, self.space_dims, lo, hi, self.fft_params, coords.shape[1])
+        if grid.capped and not self._warned_capped:
+            logger.warning("fft repulsion: the embedding spans %s; the grid is capped at %d nodes (%s): "
+                           "pairs within the cutoff are summed directly, which costs more when many are",
+                           np.array2string(hi - lo, precision=3), grid.n_nodes, grid.describe())
+            self._warned_capped = True
+        charges = None
+        for part in self._map(lambda b: spread(grid, coords, b.r0, b.r1)):
+            if charges is None:
+                charges = part
+            else:
+                charges += part
+        potentials = convolve(grid, charges, workers=self.n_threads)
+        cells = near_cells(grid, coords)
+        results = self._map(lambda b: evaluate_block_fft(self.model, b, coords, self.space_dims, grid, potentials,
+                                                         cells))
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:

@@ -1,0 +1,446 @@
+"""Normaliser and repulsion by FFT-accelerated polynomial interpolation, in row blocks.
+
+Method (Linderman, Rachh, Hoskins, Steinerberger & Kluger 2019, "Fast interpolation-based t-SNE for improved
+visualization of single-cell RNA-seq data", Nat. Methods; as implemented by FIt-SNE and by openTSNE, Poličar,
+Stražar & Zupan 2019/2024).  For a translation-invariant kernel ``K(y_i - y_j)`` and charges ``c_j`` the
+potentials ``phi(y_i) = sum_j K(y_i - y_j) c_j`` are approximated by
+
+1. spreading: each charge is distributed onto the interpolation nodes of its box with the Lagrange
+   weights of its position (``scalemb.repulsion.interpolation``);
+2. convolution: the node-to-node sums ``sum_n K(x_m - x_n) C_n`` — on an equispaced grid a Toeplitz product,
+   computed once by zero-padded FFT (``scipy.fft``);
+3. interpolation: ``phi(y_i) ~ sum_m L_m(y_i) phi(x_m)`` over the nodes of y_i's box.
+
+The error is that of degree ``p - 1`` interpolation of K over one box in each of its two arguments, so the box
+width must be small against the scale on which K varies (relative to itself).
+
+What must be convolved.  With ``w_ij = w(|Δs|², |Δt|²)`` and ``d log w/d s_i = a Δs``, ``d log w/d t_i = b Δt``
+(``scalemb.models.kernels``), ``Z = sum_{i != j} w_ij`` and ``R_i = sum_j w_ij d log w_ij / d y_i``, i.e.
+``R_ik = sum_j g_k(Δ) (y_ik - y_jk) = y_ik sum_j g_k - sum_j g_k y_jk`` for ``g = w a`` (space) or ``w b``
+(time).  Each needs kernel ``g`` against the charges 1 and ``y_k``:
+
+* t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: Z from ``q`` * 1, R from ``q²`` * (1, s).  (FIt-SNE gets Z
+  from ``q²`` * (1, y, |y|²) through ``q = q² (1 + |Δ|²)``; a separate ``q`` convolution costs one more kernel
+  FFT but no extra charge channel and avoids that identity's cancellation when |y| is large.)
+* SNE, ``w = exp(-|Δs|²)``, ``w a = -2 w``: one kernel ``w`` * (1, s).
+* SNEST, ``w = exp(|Δt|²) q``, ``w a = -2 w q``, ``w b = 2 w``: ``w`` * (1, t) for Z and the time force,
+  ``w q`` * (1, s) for the space force.  The grid spans space and time (ds + 1 dimensions).
+
+Charges use coordinates relative to the grid centre (translation invariance), which keeps the cancellation in
+``y_ik phi_1 - phi_{y_k}`` at the scale of the layout, not of its offset.  The self pair's ``w(0) = 1`` is
+subtracted from Z exactly; its force term is zero analytically and only its interpolation error remains.
+
+Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes at most ``box_width`` wide (default per
+model, ``DEFAULT_BOX_WIDTH``, from the accuracy measurements recorded in benchmarks/results/repulsion.md), ``p``
+equispaced nodes per box, the grid spanning exactly the embedding's extent ``[lo, hi]``; the node-to-node
+products are convolutions, done by FFT over the space axes.  Time (SNEST, dt = 1): ``exp(Δt²)`` grows with the
+time extent T and varies relatively like ``2|Δt|``, so equispaced boxes would need ~T² of them; it is entire,
+so instead one box spans the time axis with ``m`` Chebyshev nodes (degree m - 1 interpolation in t, error
+decaying geometrically in m; ``m = time_points`` or, by default, ``8 + 5 T`` capped at 64, measured to keep the
+error of interpolating ``exp((a - t)²)`` below 1e-7 of its maximum for T <= 6), and the time part of the
+separable kernel ``w = exp(Δt²) q(Δs)`` is applied as a dense m x m matrix on the charges before the space
+FFT.
+
+Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~16 per point and
+time node, at most 2^22), so memory and FFT time stay bounded (the FFT arrays have ~``2^ds`` times the nodes per channel).
+If the extent asks for more (e.g. GrQc's t-SNE layouts, whose 355 components spread over ~7e4 units), the
+space dimensions get proportionally fewer, wider boxes of width H and the Cauchy factor is split (as in
+particle-particle/particle-mesh methods): the grid carries the smooth far part
+``q_far = 1/(1 + d² + sigma² exp(-d²/sigma²))`` (a Cauchy-like function of d/sigma, sampled at ``sigma = H /
+box_width`` as finely as the default grid samples q), and the rest, ``q - q_far`` and ``q² - q_far²``
+(< 1e-7 of q beyond ``4 sigma``), is summed directly over the pairs closer than ``cutoff = 4 sigma``, found in
+a cell list (``near_cells``, ``interpolation.near_rows``).  SNE's Gaussian has no far part: beyond the cap the
+near field (cutoff 6.1) is all of it.  Accuracy is kept; the direct sum costs more when many points lie within
+the cutoff of each other (at worst the exact kernel's O(N²), e.g. a dense core with far outliers), and
+``LocalExecutor`` logs once when the cap is reached.
+
+Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` per row block -> min/max ->
+``make_grid`` (small); ``spread`` per row block -> partial grids, summed; ``convolve`` once; ``interpolate``
+per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full
+``(d, N)`` coordinates, the grid / potentials and the small parameters.
+"""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.fft
+
+from .interpolation import box_tables, interpolate_rows, near_rows, spread_rows
+
+MODELS = ("sne", "tsne", "snest")
+# Default space box width per model (with the default p = 4 points per box, i.e. 8-10 nodes per unit length):
+# measured on clustered and converged layouts to keep the relative errors of Z and of the gradient a few times
+# below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and width 1, give ~5e-2 on
+# the same layouts).  SNEST's time weighting amplifies the space interpolation error, hence narrower boxes.
+DEFAULT_BOX_WIDTH = {"tsne": 0.5, "sne": 0.25, "snest": 0.4}
+MAX_TIME_POINTS = 64
+
+
+def _cauchy(d2s, sigma):
+    """``q = 1/(1 + d²)``, or with ``sigma > 0`` its smooth far part ``1/(1 + d² + sigma² exp(-d²/sigma²))``."""
+    if sigma == 0:
+        return 1.0 / (1.0 + d2s)
+    return 1.0 / (1.0 + d2s + sigma ** 2 * np.exp(-d2s / sigma ** 2))
+
+
+def _cauchy2(d2s, sigma):
+    return _cauchy(d2s, sigma) ** 2
+
+
+def _gauss(d2s, sigma):
+    """``exp(-d²)``; no far part (with ``sigma > 0`` the near field holds all of it)."""
+    return np.exp(-d2s) if sigma == 0 else np.zeros_like(d2s)
+
+
+def _time_growth(d2t):
+    return np.exp(np.minimum(d2t, 709.0))  # saturates like models.fastexp.fast_exp
+
+
+# Near-field cutoff for the Gaussian: exp(-6.1²) < 1e-16.
+_GAUSS_CUTOFF = 6.1
+# Near-field cutoff in units of sigma: exp(-16) ~ 1e-7 of the split-off part remains beyond it.
+_CUTOFF_SIGMAS = 4.0
+_KIND = {"tsne": 0, "sne": 1, "snest": 2}
+
+
+@dataclass(frozen=True)
+class FFTParams:
+    """Interpolation settings.
+
+    ``points``: Lagrange nodes per box per space dimension (p); ``box_width``: largest space box width (None:
+    the model's default, ``DEFAULT_BOX_WIDTH``); ``time_points``: Chebyshev nodes on the time axis (None:
+    ``8 + 5 T`` for time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node
+    count (None: ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension.
+    """
+
+    points: int = 4
+    box_width: float | None = None
+    time_points: int | None = None
+    max_nodes: int | None = None
+    min_boxes: int = 1
+
+    def node_cap(self, n_points: int | None, time_points: int = 1) -> int:
+        """``max_nodes``, or by default ``min(2^22, max(2^14, 16 N m))`` (m time nodes, 1 without time): the
+        FFT work stays proportional to N (and near 1 s per evaluation on 2 cores at most), beyond it the
+        kernel split takes over."""
+        if self.max_nodes is not None:
+            return int(self.max_nodes)
+        return min(2 ** 22, max(2 ** 14, 16 * int(n_points or 2 ** 18) * time_points))
+
+    def __post_init__(self):
+        if int(self.points) != self.points or self.points < 2:
+            raise ValueError(f"interpolation points per box must be an integer >= 2, got {self.points}")
+        if self.box_width is not None and not (np.isfinite(self.box_width) and self.box_width > 0):
+            raise ValueError(f"box_width must be a positive number, got {self.box_width}")
+        if self.time_points is not None and (int(self.time_points) != self.time_points or self.time_points < 2):
+            raise ValueError(f"time_points must be an integer >= 2, got {self.time_points}")
+        if int(self.min_boxes) != self.min_boxes or self.min_boxes < 1:
+            raise ValueError(f"min_boxes must be an integer >= 1, got {self.min_boxes}")
+        if self.max_nodes is not None and (int(self.max_nodes) != self.max_nodes or self.max_nodes < 1):
+            raise ValueError(f"max_nodes must be a positive integer, got {self.max_nodes}")
+
+    def as_dict(self) -> dict:
+        return {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
+                "max_nodes": self.max_nodes, "min_boxes": self.min_boxes}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which kernels to convolve with which charges, and how the outputs combine (see module docstring).
+
+    Kernel ``k`` is ``kernels[k](|Δs|²) * time_kernel(|Δt|²)`` (no time factor if ``time_kernel`` is None).
+    ``outputs[o] = (kernel index, charge channel)``, channel 0 the unit charge, 1 + k coordinate k.
+    ``force[k] = (coef, output of g_k * 1, output of g_k * y_k)``: ``R_ik = coef (y_ik phi_one - phi_coord)``.
+    """
+
+    kernels: tuple
+    time_kernel: object
+    outputs: tuple
+    z_output: int
+    force: tuple
+
+
+def _plan(model: str, space_dims: int) -> _Plan:
+    ds = space_dims
+    if model == "tsne":
+        outputs = ((0, 0), (1, 0)) + tuple((1, 1 + k) for k in range(ds))
+        return _Plan((_cauchy, _cauchy2), None, outputs, 0, tuple((-2.0, 1, 2 + k) for k in range(ds)))
+    if model == "sne":
+        outputs = ((0, 0),) + tuple((0, 1 + k) for k in range(ds))
+        return _Plan((_gauss,), None, outputs, 0, tuple((-2.0, 0, 1 + k) for k in range(ds)))
+    outputs = ((0, 0), (0, 1 + ds), (1, 0)) + tuple((1, 1 + k) for k in range(ds))
+    return _Plan((_cauchy, _cauchy2), _time_growth, outputs, 0,
+                 tuple((-2.0, 2, 3 + k) for k in range(ds)) + ((2.0, 0, 1),))
+
+
+def check_supported(model: str, space_dims: int, time_dims: int) -> None:
+    """Raise ValueError unless the FFT repulsion supports this model and dimension pair."""
+    if model not in MODELS:
+        raise ValueError(f"fft repulsion: unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if not 1 <= space_dims <= 3:
+        raise ValueError(f"fft repulsion supports 1 to 3 space dimensions, got {space_dims}")
+    if model == "snest" and time_dims != 1:
+        raise ValueError(f"fft repulsion supports snest with exactly 1 time dimension, got {time_dims}")
+    if model != "snest" and time_dims != 0:
+        raise ValueError(f"model {model!r} has no time dimensions, got {time_dims}")
+
+
+def _equispaced(points: int) -> np.ndarray:
+    return (np.arange(points) + 0.5) / points
+
+
+def _chebyshev(points: int) -> np.ndarray:
+    return (1.0 - np.cos(np.pi * (np.arange(points) + 0.5) / points)) / 2.0
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One evaluation's box layout: in dimension k, ``n_boxes[k]`` boxes of width ``box_width[k]`` from
+    ``lo[k]`` with ``points[k]`` nodes each (space: equispaced, time: one box of Chebyshev nodes);
+    ``capped`` if ``max_nodes`` forced wider space boxes than asked for, in which case the kernel is split
+    at scale ``sigma``: the grid carries the smooth far part, pairs closer than ``cutoff`` the rest."""
+
+    model: str
+    space_dims: int
+    points: tuple
+    lo: np.ndarray
+    box_width: np.ndarray
+    n_boxes: np.ndarray
+    capped: bool
+    plan: _Plan = field(repr=False)
+    sigma: float = 0.0
+    cutoff: float = 0.0
+
+    @property
+    def self_weight(self) -> float:
+        """The grid kernel's ``w(0)``, removed from Z exactly."""
+        if self.model == "sne":
+            return 0.0 if self.sigma > 0 else 1.0
+        return float(_cauchy(np.float64(0.0), self.sigma))
+
+    @property
+    def dims(self) -> int:
+        return len(self.lo)
+
+    @property
+    def nodes(self) -> tuple:
+        return tuple(int(n) * p for n, p in zip(self.n_boxes, self.points))
+
+    @property
+    def n_nodes(self) -> int:
+        return math.prod(self.nodes)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.plan.outputs)
+
+    @property
+    def centre(self) -> np.ndarray:
+        return self.lo + 0.5 * self.box_width * self.n_boxes
+
+    def node_positions(self) -> list:
+        """Relative node positions in a box, per dimension."""
+        return [_equispaced(p) if k < self.space_dims else _chebyshev(p) for k, p in enumerate(self.points)]
+
+    def padded(self) -> tuple:
+        """Space FFT lengths: at least ``2 n - 1`` per dimension (linear, not circular, convolution)."""
+        return tuple(scipy.fft.next_fast_len(2 * n - 1, real=True) for n in self.nodes[:self.space_dims])
+
+    def _loop_args(self):
+        strides = np.cumprod((self.nodes[1:] + (1,))[::-1])[::-1].astype(np.int64)
+        digits, positions, inv_denominators, points = box_tables(self.node_positions())
+        return (np.ascontiguousarray(self.lo, dtype=np.float64), 1.0 / self.box_width,
+                np.ascontiguousarray(self.centre), self.n_boxes.astype(np.int64), strides, points, positions,
+                inv_denominators, digits)
+
+    def describe(self) -> str:
+        boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
+        widths = ", ".join(f"{w:.3g}" for w in self.box_width[:self.space_dims])
+        time_ = f", {self.points[-1]} time nodes" if self.dims > self.space_dims else ""
+        split = f", capped: split at sigma {self.sigma:.3g}, near field within {self.cutoff:.3g}"
+        return (f"{boxes} boxes (width {widths}) x {self.points[0]} points{time_}, {self.n_nodes} nodes"
+                + (split if self.capped else ""))
+
+
+def block_extent(Y: np.ndarray, r0: int, r1: int):
+    """Per-dimension ``(min, max)`` of rows ``[r0, r1)`` of the ``(d, N)`` coordinates (reduce with min/max)."""
+    if r1 <= r0:
+        return np.full(Y.shape[0], np.inf), np.full(Y.shape[0], -np.inf)
+    block = Y[:, r0:r1]
+    return block.min(axis=1), block.max(axis=1)
+
+
+def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
+              n_points: int | None = None) -> Grid:
+    """The box layout for ``n_points`` points whose coordinates lie in ``[lo, hi]`` (per dimension)."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    dims = lo.shape[0]
+    check_supported(model, space_dims, dims - space_dims)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi >= lo)):
+        raise ValueError(f"embedding extent must be finite, got [{lo}, {hi}]")
+    ds = space_dims
+    extent = hi - lo
+    p = int(params.points)
+    points = [p] * ds
+    if dims > ds:
+        m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
+        points.append(int(m))
+    per_box = math.prod(points)
+    max_nodes = params.node_cap(n_points, per_box // p ** ds)
+    if per_box > max_nodes:
+        raise ValueError(f"max_nodes={max_nodes} is less than the {per_box} nodes of one box")
+    width = params.box_width or DEFAULT_BOX_WIDTH[model]
+    wanted = np.maximum(params.min_boxes, np.ceil(extent[:ds] / width)).astype(np.int64)
+    n_space = wanted.copy()
+    sigma = cutoff = 0.0
+    if math.prod(int(n) for n in n_space) * per_box > max_nodes:
+        shrink = (math.prod(int(n) for n in n_space) * per_box / max_nodes) ** (1.0 / ds)
+        n_space = np.maximum(1, np.floor(n_space / shrink)).astype(np.int64)
+        while math.prod(int(n) for n in n_space) * per_box > max_nodes:
+            n_space[np.argmax(n_space)] -= 1
+        if model == "sne":  # no far part: one box, the near field is the whole kernel
+            n_space[:] = 1
+            sigma, cutoff = np.inf, _GAUSS_CUTOFF
+        else:  # far kernel at scale sigma sampled as finely (relative to sigma) as the default grid samples q
+            sigma = float((extent[:ds] / n_space).max() / width)
+            cutoff = _CUTOFF_SIGMAS * sigma
+    n_boxes = np.concatenate([n_space, np.ones(dims - ds, dtype=np.int64)])
+    box_width = np.where(extent > 0, extent / n_boxes, 1.0)
+    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, bool(np.any(n_space < wanted)),
+                _plan(model, ds), sigma, cutoff)
+
+
+def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """Charges of rows ``[r0, r1)`` on the grid nodes: ``(n_nodes, d + 1)``, partial (sum over blocks)."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    out = np.zeros((grid.n_nodes, grid.dims + 1))
+    spread_rows(Y, r0, r1, *grid._loop_args(), out)
+    return out
+
+
+def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
+    """Node-difference coordinates in circular FFT order: ``m h`` at index m and ``(m - M) h`` at the end."""
+    off = np.zeros(padded)
+    off[:n] = np.arange(n) * spacing
+    off[padded - n + 1:] = -np.arange(n - 1, 0, -1) * spacing
+    return off
+
+
+def kernel_grid(grid: Grid, kernel) -> np.ndarray:
+    """``K(x_m - x_0)`` of a space kernel for every space node difference, zero-padded to the FFT lengths
+    (circulant embedding of the Toeplitz node-to-node matrix)."""
+    padded = grid.padded()
+    d2s = 0.0
+    for k, (n, m) in enumerate(zip(grid.nodes, padded)):
+        shape = [1] * grid.space_dims
+        shape[k] = m
+        d2s = d2s + (_offsets(n, m, grid.box_width[k] / grid.points[k]) ** 2).reshape(shape)
+    return np.ascontiguousarray(np.broadcast_to(kernel(d2s, grid.sigma), padded))
+
+
+def time_matrix(grid: Grid) -> np.ndarray:
+    """``time_kernel((tau_a - tau_b)²)`` between the Chebyshev time nodes ``tau`` (SNEST)."""
+    tau = grid.lo[-1] + grid.box_width[-1] * _chebyshev(grid.points[-1])
+    return grid.plan.time_kernel((tau[:, None] - tau[None, :]) ** 2)
+
+
+def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> np.ndarray:
+    """Potentials at the nodes, ``(n_nodes, n_outputs)``: ``sum_n K(x_m - x_n) C_n`` for each planned
+    (kernel, charge) pair (run once per evaluation, on the summed charges).  The time factor (SNEST) is a
+    dense matrix product along the time axis, the space factor a zero-padded FFT convolution."""
+    if charges.shape != (grid.n_nodes, grid.dims + 1):
+        raise ValueError(f"charges must have shape {(grid.n_nodes, grid.dims + 1)}, got {charges.shape}")
+    ds = grid.space_dims
+    padded = grid.padded()
+    stacked = np.ascontiguousarray(charges.T).reshape((grid.dims + 1,) + grid.nodes)
+    if grid.plan.time_kernel is not None:  # sum_b T(tau_a - tau_b) C[..., b]: the last axis is time
+        stacked = stacked @ time_matrix(grid).T
+    spectra = scipy.fft.rfftn(stacked, s=padded, axes=tuple(range(1, ds + 1)), workers=workers)
+    del stacked
+    crop = tuple(slice(0, n) for n in grid.nodes[:ds])
+    potentials = np.empty((grid.n_nodes, grid.n_outputs))
+    for index, kernel in enumerate(grid.plan.kernels):
+        kernel_spectrum = scipy.fft.rfftn(kernel_grid(grid, kernel), workers=workers)
+        if grid.dims > ds:
+            kernel_spectrum = kernel_spectrum[..., None]
+        for o, (kernel_index, channel) in enumerate(grid.plan.outputs):
+            if kernel_index == index:
+                full = scipy.fft.irfftn(kernel_spectrum * spectra[channel], s=padded, axes=tuple(range(ds)),
+                                        workers=workers)
+                potentials[:, o] = full[crop].ravel()
+    return potentials
+
+
+@dataclass(frozen=True)
+class NearCells:
+    """Coordinates sorted by space cell (side ``cell_size``) for the near-field sums of a split grid."""
+
+    cell_size: float
+    n_cells: np.ndarray
+    sorted_coords: np.ndarray
+    sorted_keys: np.ndarray
+
+
+def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
+    """The cell index of the full embedding for ``grid``'s near field (None if the grid is not split).
+    Built once per evaluation from the full coordinates (O(N log N)), shared by all row blocks."""
+    if not grid.capped:
+        return None
+    ds = grid.space_dims
+    extent = grid.box_width[:ds] * grid.n_boxes[:ds]
+    cell_size = max(grid.cutoff, float(extent.max()) / 2 ** 20)  # keys fit in int64 in 3-D
+    cells = np.floor((Y[:ds] - grid.lo[:ds, None]) / cell_size).astype(np.int64) + 1
+    n_cells = cells.max(axis=1) + 2
+    keys = np.zeros(Y.shape[1], dtype=np.int64)
+    for k in range(ds):
+        keys = keys * n_cells[k] + cells[k]
+    order = np.argsort(keys, kind="stable")
+    return NearCells(cell_size, n_cells, np.ascontiguousarray(Y[:, order]), np.ascontiguousarray(keys[order]))
+
+
+def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: int,
+                cells: NearCells | None = None):
+    """Rows ``[r0, r1)`` of the repulsion ``R`` (``(d, r1 - r0)``) and their part of Z, from the potentials
+    (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given)."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    if potentials.shape != (grid.n_nodes, grid.n_outputs):
+        raise ValueError(f"potentials must have shape {(grid.n_nodes, grid.n_outputs)}, got {potentials.shape}")
+    plan = grid.plan
+    coef = np.array([f[0] for f in plan.force])
+    one = np.array([f[1] for f in plan.force], dtype=np.int64)
+    coord = np.array([f[2] for f in plan.force], dtype=np.int64)
+    R = np.empty((grid.dims, r1 - r0))
+    z = interpolate_rows(Y, r0, r1, *grid._loop_args(), np.ascontiguousarray(potentials), plan.z_output,
+                         grid.self_weight, coef, one, coord, R)
+    if grid.capped:
+        cells = cells or near_cells(grid, Y)
+        ds = grid.space_dims
+        neighbours = np.array(np.unravel_index(np.arange(3 ** ds), (3,) * ds), dtype=np.int64).T - 1
+        z += near_rows(Y, cells.sorted_coords, r0, r1, ds, np.ascontiguousarray(grid.lo[:ds]), cells.cell_size,
+                       cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours), _KIND[grid.model],
+                       float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, R)
+    return R, float(z)
+
+
+def fft_repulsion(model: str, Y: np.ndarray, space_dims: int, params: FFTParams = FFTParams(),
+                  bounds=None, workers: int = 1):
+    """Single-process driver of the map-reduce: ``(R, Z)`` for the ``(d, N)`` coordinates ``Y``, with the
+    rows split at ``bounds`` (a list of ``(r0, r1)``; default one block).  Same contract as the exact
+    ``Model.repulsion`` summed over blocks: ``gradient = 2 (-A + R / Z)``."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    n = Y.shape[1]
+    bounds = bounds or [(0, n)]
+    extents = [block_extent(Y, r0, r1) for r0, r1 in bounds]
+    lo = np.min([e[0] for e in extents], axis=0)
+    hi = np.max([e[1] for e in extents], axis=0)
+    grid = make_grid(model, space_dims, lo, hi, params, n)
+    charges = sum(spread(grid, Y, r0, r1) for r0, r1 in bounds)
+    potentials = convolve(grid, charges, workers)
+    cells = near_cells(grid, Y)
+    R = np.empty_like(Y)
+    z = 0.0
+    for r0, r1 in bounds:
+        R[:, r0:r1], zb = interpolate(grid, Y, potentials, r0, r1, cells)
+        z += zb
+    return R, z

@@ -1,0 +1,219 @@
+"""FFT-accelerated interpolation repulsion against the exact all-pairs kernel (scalemb.repulsion)."""
+import logging
+import math
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scalemb.affinity import Affinity, coauthorship_affinity
+from scalemb.affinity.affinity import row_partition
+from scalemb.cli.main import main
+from scalemb.embedding import EmbeddingResult, initial_coords
+from scalemb.engine import LocalExecutor
+from scalemb.io.coauthor_generator import write_coauthor_edge_list
+from scalemb.io.edgelist import read_edge_list
+from scalemb.models import get_model
+from scalemb.optim import make_optimizer
+from scalemb.repulsion import (AUTO_FFT_MIN_POINTS, FFTParams, block_extent, convolve, fft_repulsion, interpolate,
+                               make_grid, resolve_repulsion, spread)
+
+CASES = [("tsne", 1, 0), ("tsne", 2, 0), ("tsne", 3, 0), ("sne", 1, 0), ("sne", 2, 0), ("sne", 3, 0),
+         ("snest", 1, 1), ("snest", 2, 1), ("snest", 3, 1)]
+TOL = 1e-3
+
+
+def _exact(model, Y, ds):
+    R = np.zeros_like(Y)
+    z = get_model(model).repulsion(Y, ds, 0, Y.shape[1], R)
+    return R, z
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _random_affinity(n, seed):
+    A = sp.random(n, n, density=10 / n, random_state=seed)
+    A = A + A.T
+    A.setdiag(0)
+    return Affinity(A, np.arange(n))
+
+
+def _clustered_layout(n, ds, dt, scale, rng):
+    """Gaussian clusters of unit spread at random centres (scale: the spread of the centres); time ~ N(0, 0.5)."""
+    centres = rng.normal(size=(20, ds)) * scale
+    S = centres[rng.integers(0, 20, n)] + rng.normal(size=(n, ds))
+    T = rng.normal(size=(n, dt)) * 0.5
+    return np.ascontiguousarray(np.concatenate([S, T], axis=1).T)
+
+
+@pytest.fixture(scope="module")
+def coauthor_affinity(tmp_path_factory):
+    path = write_coauthor_edge_list(tmp_path_factory.mktemp("g") / "g.txt", 1500, seed=3, edges_per_author=1.5)
+    return coauthorship_affinity(read_edge_list(path))
+
+
+@pytest.fixture(scope="module")
+def converged(coauthor_affinity):
+    """Layouts of a sparse co-authorship graph with many components (like GrQc), 300 iterations of the
+    default optimiser with the exact kernel, for every supported model and dimension."""
+    layouts = {}
+    for model, ds, dt in CASES:
+        with LocalExecutor(coauthor_affinity, get_model(model), ds, dt, repulsion="exact") as ex:
+            coords = initial_coords(coauthor_affinity.n_points, ds, dt, np.random.default_rng(0))
+            layouts[model, ds, dt] = make_optimizer("auto", model).optimize(ex, coords, 300).coords
+    return layouts
+
+
+@pytest.mark.parametrize("model,ds,dt", CASES)
+def test_matches_exact_on_random_layouts(model, ds, dt):
+    rng = np.random.default_rng(ds + 10 * dt)
+    affinity = _random_affinity(1200, ds)
+    scale = {"tsne": 15.0, "sne": 3.0, "snest": 15.0}[model]
+    Y = _clustered_layout(1200, ds, dt, scale, rng)
+    Re, ze = _exact(model, Y, ds)
+    Rf, zf = fft_repulsion(model, Y, ds)
+    assert abs(zf / ze - 1) < TOL
+    assert _rel(Rf, Re) < TOL
+    exact = LocalExecutor(affinity, get_model(model), ds, dt, repulsion="exact").evaluate(Y)
+    fast = LocalExecutor(affinity, get_model(model), ds, dt, repulsion="fft").evaluate(Y)
+    assert abs(fast.z / exact.z - 1) < TOL
+    assert abs(fast.kl - exact.kl) < TOL
+    assert _rel(fast.gradient, exact.gradient) < TOL
+
+
+@pytest.mark.parametrize("model,ds,dt", CASES)
+def test_matches_exact_on_converged_layouts(model, ds, dt, converged, coauthor_affinity):
+    Y = converged[model, ds, dt]
+    exact = LocalExecutor(coauthor_affinity, get_model(model), ds, dt, repulsion="exact").evaluate(Y)
+    fast = LocalExecutor(coauthor_affinity, get_model(model), ds, dt, repulsion="fft").evaluate(Y)
+    assert abs(fast.z / exact.z - 1) < TOL
+    assert _rel(fast.gradient, exact.gradient) < TOL
+    if dt:  # the time force separately: it is much smaller than the space force
+        assert _rel(fast.gradient[ds:], exact.gradient[ds:]) < TOL
+
+
+@pytest.mark.parametrize("model,ds,dt", [("tsne", 2, 0), ("sne", 3, 0), ("snest", 2, 1)])
+def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
+    n = 501
+    Y = _clustered_layout(n, ds, dt, 5.0, np.random.default_rng(1))
+    R1, z1 = fft_repulsion(model, Y, ds)
+    for bounds in (row_partition(n, 2), row_partition(n, 7), [(0, 1), (1, 300), (300, n)]):
+        R, z = fft_repulsion(model, Y, ds, bounds=bounds)
+        assert z == pytest.approx(z1, rel=1e-12)
+        np.testing.assert_allclose(R, R1, rtol=1e-10, atol=1e-12 * np.abs(R1).max())
+
+
+def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
+    """The worker-side functions on separate row blocks, with an empty block, reproduce the driver."""
+    Y = _clustered_layout(300, 2, 1, 4.0, np.random.default_rng(2))
+    bounds = [(0, 0), (0, 120), (120, 300)]
+    extents = [block_extent(Y, r0, r1) for r0, r1 in bounds]
+    grid = make_grid("snest", 2, np.min([e[0] for e in extents], 0), np.max([e[1] for e in extents], 0),
+                     n_points=300)
+    potentials = convolve(grid, sum(spread(grid, Y, r0, r1) for r0, r1 in bounds))
+    parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
+    R, z = fft_repulsion("snest", Y, 2)
+    np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10, atol=1e-10 * np.abs(R).max())
+    assert sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
+
+
+def test_executor_blocks_and_threads_agree(coauthor_affinity, converged):
+    Y = converged["tsne", 2, 0]
+    model = get_model("tsne")
+    one = LocalExecutor(coauthor_affinity, model, 2, 0, n_blocks=1, repulsion="fft").evaluate(Y)
+    with LocalExecutor(coauthor_affinity, model, 2, 0, n_threads=2, n_blocks=5, repulsion="fft") as ex:
+        many = ex.evaluate(Y)
+    assert many.kl == pytest.approx(one.kl, rel=1e-12)
+    np.testing.assert_allclose(many.gradient, one.gradient, rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("model,ds,dt", [("tsne", 2, 0), ("sne", 2, 0), ("snest", 2, 1)])
+def test_flying_apart_layout_is_bounded_and_accurate(model, ds, dt, caplog):
+    """Components far apart (here 1e6 units) would need ~1e13 grid nodes: the grid is capped, memory and time
+    stay bounded, the kernel split keeps the accuracy, and the executor warns."""
+    rng = np.random.default_rng(4)
+    n = 2000
+    Y = _clustered_layout(n, ds, dt, 5.0, rng)
+    Y[:ds, : n // 10] += 1e6  # one tenth of the points, a far-away component
+    Y[:ds, n // 10: n // 5] -= 3e3  # and another one
+    grid = make_grid(model, ds, Y.min(1), Y.max(1), FFTParams(), n)
+    assert grid.capped and grid.n_nodes <= FFTParams().node_cap(n, grid.points[-1] if dt else 1)
+    assert math.prod(grid.padded()) <= 2.5 ** ds * grid.n_nodes
+    start = time.perf_counter()
+    R, z = fft_repulsion(model, Y, ds)
+    assert time.perf_counter() - start < 5.0
+    Re, ze = _exact(model, Y, ds)
+    assert abs(z / ze - 1) < TOL and _rel(R, Re) < TOL
+    affinity = _random_affinity(n, 0)
+    with caplog.at_level(logging.WARNING, logger="scalemb"):
+        ev = LocalExecutor(affinity, get_model(model), ds, dt, repulsion="fft").evaluate(Y)
+    assert np.isfinite(ev.kl) and "capped" in caplog.text
+
+
+def test_wide_layout_with_small_cap_keeps_accuracy():
+    """A many-component spread (GrQc-like t-SNE layouts) with a deliberately small grid: the near field
+    carries what the coarse grid cannot resolve."""
+    rng = np.random.default_rng(5)
+    Y = _clustered_layout(2000, 2, 0, 60.0, rng)
+    params = FFTParams(max_nodes=2 ** 12)
+    assert make_grid("tsne", 2, Y.min(1), Y.max(1), params).capped
+    Re, ze = _exact("tsne", Y, 2)
+    Rf, zf = fft_repulsion("tsne", Y, 2, params)
+    assert abs(zf / ze - 1) < TOL and _rel(Rf, Re) < TOL
+
+
+def test_non_finite_coordinates_give_non_finite_kl(school_affinity):
+    Y = np.random.default_rng(0).normal(size=(2, school_affinity.n_points))
+    Y[0, 3] = np.inf
+    ev = LocalExecutor(school_affinity, get_model("tsne"), 2, 0, repulsion="fft").evaluate(Y)
+    assert not np.isfinite(ev.kl)
+
+
+@pytest.mark.parametrize("kwargs", [{"points": 1}, {"points": 2.5}, {"box_width": 0.0}, {"box_width": -1.0},
+                                    {"box_width": float("nan")}, {"time_points": 1}, {"max_nodes": 0},
+                                    {"min_boxes": 0}])
+def test_bad_parameters_raise(kwargs):
+    with pytest.raises(ValueError):
+        FFTParams(**kwargs)
+
+
+def test_bad_inputs_raise(school_affinity):
+    with pytest.raises(ValueError, match="max_nodes"):
+        make_grid("tsne", 2, [0.0, 0.0], [1.0, 1.0], FFTParams(max_nodes=8))
+    with pytest.raises(ValueError, match="space dimensions"):
+        make_grid("tsne", 4, np.zeros(4), np.ones(4))
+    with pytest.raises(ValueError, match="time dimension"):
+        make_grid("snest", 2, np.zeros(4), np.ones(4))
+    with pytest.raises(ValueError, match="finite"):
+        make_grid("tsne", 2, [0.0, 0.0], [np.nan, 1.0])
+    with pytest.raises(ValueError, match="unknown repulsion"):
+        LocalExecutor(school_affinity, get_model("tsne"), 2, 0, repulsion="bh")
+    with pytest.raises(ValueError, match="space dimensions"):
+        LocalExecutor(school_affinity, get_model("sne"), 4, 0, repulsion="fft")
+    grid = make_grid("tsne", 2, [0.0, 0.0], [3.0, 3.0])
+    with pytest.raises(ValueError, match="charges"):
+        convolve(grid, np.zeros((grid.n_nodes, 2)))
+
+
+def test_auto_picks_by_size():
+    small, large = 1000, max(AUTO_FFT_MIN_POINTS.values())
+    assert resolve_repulsion("auto", "tsne", 2, 0, small) == "exact"
+    assert resolve_repulsion("auto", "tsne", 2, 0, large) == "fft"
+    assert resolve_repulsion("auto", "snest", 2, 1, large) == "fft"
+    assert resolve_repulsion("auto", "sne", 4, 0, large) == "exact"  # unsupported: exact
+    assert resolve_repulsion("exact", "tsne", 2, 0, large) == "exact"
+
+
+def test_cli_repulsion_fft(tmp_path, capsys):
+    out = tmp_path / "school.zarr"
+    assert main(["embed", "school", "--model", "tsne", "--repulsion", "fft", "--iterations", "200",
+                 "--out", str(out), "--quiet"]) == 0
+    res = EmbeddingResult.load(out)
+    assert res.repulsion["method"] == "fft" and res.repulsion["points"] == FFTParams().points
+    assert res.kl < 0.75
+    assert main(["embed", "school", "--repulsion", "fft", "--fft-points", "1", "--out", str(tmp_path / "x.zarr"),
+                 "--quiet"]) == 2
+    assert "points" in capsys.readouterr().err
