@@ -2,5 +2,8 @@
 from ._version import __version__
 from .affinity import Affinity
 from .embedding import Embedder, EmbeddingResult, embed, load_affinity
+from .io.checkpoint import RunInterrupted
+from .resume import resume
 
-__all__ = ["__version__", "Affinity", "Embedder", "EmbeddingResult", "embed", "load_affinity"]
+__all__ = ["__version__", "Affinity", "Embedder", "EmbeddingResult", "RunInterrupted", "embed", "load_affinity",
+           "resume"]

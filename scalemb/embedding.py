@@ -15,6 +15,7 @@ from .affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinit
 from .datasets import DATASETS, load_dataset
 from .engine import LocalExecutor
 from .io.edgelist import read_edge_list
+from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
 from .io.results import read_result, write_result
 from .models import get_model
 from .optim import make_optimizer
@@ -130,7 +131,9 @@ class Embedder:
             check_supported(model.name, self.space_dims, time_dims)
         return model, time_dims
 
-    def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Embedder":
+    def fit(self, data=None, graph_affinity: str = "coauthorship", checkpoint=None) -> "Embedder":
+        """Embed ``data``.  ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints
+        into the output store (or continues the run stored there) and saves the result there at the end."""
         model, time_dims = self._check()
         affinity = load_affinity(data, graph_affinity)
         optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
@@ -142,13 +145,24 @@ class Embedder:
                            repulsion=self.repulsion, fft_params=self.fft_params) as executor:
             repulsion = ({"method": "fft", **executor.fft_params.as_dict()} if executor.repulsion == "fft"
                          else {"method": "exact"})
-            for k in range(self.restarts):
+            resumed = None if checkpoint is None else checkpoint.start(
+                embedder=self, data=data, graph_affinity=graph_affinity, time_dims=time_dims, executor=executor,
+                node_ids=affinity.node_ids, provenance=dict(affinity.provenance), optimizer=optimizer,
+                repulsion=repulsion)
+            if resumed is not None:
+                restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
+            for k in range(0 if resumed is None else resumed.restart, self.restarts):
                 rng = np.random.default_rng([self.seed, k])
                 coords = initial_coords(affinity.n_points, self.space_dims, time_dims, rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
                 progress = Progress(self.iterations, label, quiet=self.quiet)
                 try:
-                    run = optimizer.optimize(executor, coords, self.iterations, callback=progress)
+                    if checkpoint is None:
+                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress)
+                    else:
+                        state = resumed.state if resumed is not None and k == resumed.restart else None
+                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress, state=state,
+                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start))
                 finally:
                     progress.close()
                 restart_kls.append(run.kl)
@@ -162,16 +176,24 @@ class Embedder:
             optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
+        if checkpoint is not None:
+            checkpoint.finish(self.result_)
         return self
 
     def fit_transform(self, data=None, graph_affinity: str = "coauthorship") -> np.ndarray:
         return self.fit(data, graph_affinity).embedding_
 
 
-def embed(data=None, **kwargs) -> EmbeddingResult:
+def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,
+          **kwargs) -> EmbeddingResult:
     """Embed ``data`` (see ``load_affinity``) and return an ``EmbeddingResult`` (``.embedding``, ``.kl``).
 
-    Keyword arguments are ``Embedder``'s, plus ``graph_affinity`` for edge-list inputs.
+    Keyword arguments are ``Embedder``'s, plus ``graph_affinity`` for edge-list inputs.  With ``out`` the run
+    keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
+    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
     """
     graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
-    return Embedder(**kwargs).fit(data, graph_affinity).result_
+    if out is None:
+        return Embedder(**kwargs).fit(data, graph_affinity).result_
+    with Checkpointer(out, every=checkpoint_every, overwrite=overwrite) as checkpoint:
+        return Embedder(**kwargs).fit(data, graph_affinity, checkpoint=checkpoint).result_

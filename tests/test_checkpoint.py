@@ -1,20 +1,47 @@
-"""Checkpoints and resume: optimiser state export/import, atomic checkpoint versions in a run store."""
+"""Checkpoints and resume: optimiser state export/import, atomic checkpoint versions in the output store,
+interrupt (API stop request, real SIGINT/SIGTERM, a writer killed mid-checkpoint) and bit-identical resume."""
 import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
+import zarr
 
-import scalemb.io.checkpoint as checkpoint_io
+import scalemb
 from scalemb.embedding import initial_coords
 from scalemb.engine import LocalExecutor
-from scalemb.io.checkpoint import Checkpoint, create_store, read_checkpoint, write_checkpoint
+from scalemb.errors import ScalembError
+import scalemb.io.checkpoint as checkpoint_io
+from scalemb.io.checkpoint import (Checkpoint, Checkpointer, create_store, read_checkpoint, read_config,
+                                   write_checkpoint)
 from scalemb.models import get_model
 from scalemb.optim import DBDState, DescentState, make_optimizer
+
+
+def run_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300, **kw)
 
 
 def pointer(path):
     """The ``current`` checkpoint version, read as a plain JSON file (what another process sees)."""
     return json.loads((path / "zarr.json").read_text())["attributes"]["scalemb_checkpoint"]["current"]
+
+
+def stop_at(restart, iteration):
+    def on_checkpoint(checkpointer, r, it):
+        if (r, it) == (restart, iteration):
+            checkpointer.request_stop()
+    return on_checkpoint
+
+
+def assert_same_result(a, b):
+    assert np.array_equal(a.embedding, b.embedding)
+    assert np.array_equal(a.kl_history, b.kl_history)
+    assert a.kl == b.kl and a.restart_kls == b.restart_kls and a.iterations == b.iterations
 
 
 @pytest.mark.parametrize("name,model,ds,dt,options", [
@@ -95,3 +122,166 @@ def test_store_versions_switch_atomically(school_affinity, tmp_path, monkeypatch
     monkeypatch.setattr(checkpoint_io, "_switch_pointer", switch)
     write_checkpoint(path, Checkpoint(0, 100, checkpoint.state))  # the next write removes the orphan
     assert sorted(p.name for p in (path / "checkpoints").iterdir() if p.is_dir()) == ["000004"]
+
+
+@pytest.mark.parametrize("optimizer", ["dbd", "sd"])
+def test_api_interrupt_at_checkpoint_then_resume_is_identical(tmp_path, optimizer):
+    settings = dict(model="snest", iterations=300, seed=2, restarts=3, optimizer=optimizer)
+    reference = scalemb.embed("school", **settings)
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted, match="iteration 150 of restart 2"):
+        with Checkpointer(out, every=50, on_checkpoint=stop_at(1, 150)) as checkpointer:
+            scalemb.Embedder(**settings).fit("school", checkpoint=checkpointer)
+    assert checkpointer.written == 5 + 3  # restart 1: 50..250; restart 2: 50, 100, 150
+    config = read_config(out)["config"]
+    assert config["input"] == "school" and config["model"] == "snest" and config["restarts"] == 3
+    assert config["optimizer"]["name"] == optimizer and config["seed"] == 2 and config["iterations"] == 300
+    assert config["scalemb_version"] == scalemb.__version__ and len(config["input_hash"]) == 64
+    checkpoint = read_checkpoint(out)
+    assert (checkpoint.restart, checkpoint.iteration) == (1, 150)
+    assert checkpoint.restart_kls == reference.restart_kls[:1] and checkpoint.best.kl == reference.restart_kls[0]
+    assert [p.name for p in (out / "checkpoints").iterdir() if p.is_dir()] == [pointer(out)]  # older ones removed
+
+    result = scalemb.resume(out)
+    assert_same_result(result, reference)
+    assert_same_result(scalemb.EmbeddingResult.load(out), reference)  # the final result replaced the checkpoints
+    assert not (out / "checkpoints").exists()
+    with pytest.raises(ScalembError, match="has finished"):
+        scalemb.resume(out)
+
+
+def test_resume_with_more_iterations_extends_the_run(tmp_path):
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=100, on_checkpoint=stop_at(0, 200)) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=300, optimizer="dbd").fit("school", checkpoint=checkpointer)
+    with pytest.raises(ScalembError, match="at iteration 200"):
+        scalemb.resume(out, iterations=150)
+    longer = scalemb.resume(out, iterations=450)
+    assert_same_result(longer, scalemb.embed("school", model="tsne", iterations=450, optimizer="dbd"))
+
+
+@pytest.mark.parametrize("sig,optimizer", [(signal.SIGINT, "sd"), (signal.SIGTERM, "dbd")])
+def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, optimizer):
+    """A real process stopped by a signal in its second restart, resumed by the CLI."""
+    out = tmp_path / "run.zarr"
+    args = ["embed", "school", "--iterations", "1500", "--restarts", "2", "--tol", "0", "--seed", "5",
+            "--optimizer", optimizer, "--out", str(out), "--checkpoint-every", "100", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "scalemb", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        # restart 1 has 14 checkpoints (100..1400); the 16th is in restart 2
+        if (out / "zarr.json").exists() and int(pointer(out) or 0) >= 16:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 75, stderr
+    message = stderr.strip().splitlines()[-1]
+    assert message.startswith("scalemb: interrupted at iteration") and "of restart 2" in message
+    assert f"scalemb resume {out}" in message
+    checkpoint = read_checkpoint(out)
+    assert checkpoint.restart == 1 and 200 <= checkpoint.iteration < 1500
+
+    proc = run_cli("resume", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    reference = scalemb.embed("school", model="snest", iterations=1500, restarts=2, seed=5,
+                              optimizer=make_optimizer(optimizer, "snest", tol=0))
+    assert_same_result(scalemb.EmbeddingResult.load(out), reference)
+
+
+CRASHING_WRITER = """
+import os, signal, sys
+import scalemb
+import scalemb.io.checkpoint as ck
+switch, calls = ck._switch_pointer, []
+def crash_on_third(group, meta, version):
+    calls.append(version)
+    if len(calls) == 3:  # the new version's arrays are on disk; die before the pointer moves
+        os.kill(os.getpid(), signal.SIGKILL)
+    switch(group, meta, version)
+ck._switch_pointer = crash_on_third
+scalemb.embed("school", model="snest", iterations=400, restarts=2, optimizer="sd", out=sys.argv[1],
+              checkpoint_every=100)
+"""
+
+
+def test_writer_killed_before_pointer_switch_leaves_previous_checkpoint(tmp_path):
+    out = tmp_path / "run.zarr"
+    proc = subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    versions = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
+    assert versions == ["000002", "000003"] and pointer(out) == "000002"  # 000003 complete but not visible
+    checkpoint = read_checkpoint(out)
+    assert (checkpoint.restart, checkpoint.iteration) == (0, 200)
+    result = scalemb.resume(out)
+    reference = scalemb.embed("school", model="snest", iterations=400, restarts=2, optimizer="sd")
+    assert_same_result(result, reference)
+
+
+def test_half_written_version_is_invisible_and_cleaned_up(tmp_path):
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=100, on_checkpoint=stop_at(0, 100)) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=300, optimizer="sd").fit("school", checkpoint=checkpointer)
+    current = pointer(out)
+    # a newer version cut off mid-write: metadata without chunks, a truncated state array
+    partial = out / "checkpoints" / f"{int(current) + 1:06d}"
+    shutil.copytree(out / "checkpoints" / current, partial)
+    shutil.rmtree(partial / "state" / "coords" / "c")
+    (partial / "zarr.json").write_text('{"zarr_format": 3, "node_')
+    checkpoint = read_checkpoint(out)
+    assert checkpoint.iteration == 100 and pointer(out) == current
+    result = scalemb.resume(out)
+    assert not partial.exists()
+    assert_same_result(result, scalemb.embed("school", model="tsne", iterations=300, optimizer="sd"))
+
+
+def test_refuses_changed_input_and_stores_that_are_not_runs(tmp_path):
+    edges = tmp_path / "e.txt"
+    edges.write_text("1 2\n2 3\n3 1\n3 4\n4 5\n5 6\n6 4\n")
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=50, on_checkpoint=stop_at(0, 50)) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=200).fit(str(edges), checkpoint=checkpointer)
+    assert read_config(out)["config"]["input"] == str(edges.resolve())
+    edges.write_text("1 2\n2 3\n3 1\n3 4\n4 5\n5 6\n6 4\n6 7\n")
+    proc = run_cli("resume", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "input changed" in lines[0] and str(out) in lines[0]
+    assert read_checkpoint(out).iteration == 50  # untouched
+
+    finished = tmp_path / "done.zarr"
+    assert run_cli("embed", "school", "--iterations", "20", "--out", str(finished), "--quiet").returncode == 0
+    for path, fragment in ((finished, "has finished"), (tmp_path, "not a checkpointed"),
+                           (tmp_path / "none.zarr", "no such")):
+        proc = run_cli("resume", str(path))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr
+
+
+def test_diverging_run_leaves_no_store(tmp_path):
+    out = tmp_path / "run.zarr"
+    with pytest.raises(FloatingPointError):
+        scalemb.embed("school", model="sne", space_dims=2, iterations=500, out=out, checkpoint_every=5,
+                      optimizer=make_optimizer("dbd", "sne", learning_rate=1e6, max_backoffs=1, tol=0))
+    assert not out.exists()
+
+
+def test_killed_before_first_checkpoint_resumes_from_the_start(tmp_path):
+    """The store holds the configuration from the start: a run SIGKILLed before any checkpoint resumes from
+    iteration 0 of restart 1."""
+    out = tmp_path / "run.zarr"
+    proc = subprocess.Popen([sys.executable, "-m", "scalemb", "embed", "school", "--model", "tsne", "--tol", "0",
+                             "--iterations", "100000", "--checkpoint-every", "0", "--out", str(out), "--quiet"])
+    deadline = time.monotonic() + 60
+    while not (out / "zarr.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert pointer(out) is None and read_checkpoint(out) is None
+    reference = scalemb.embed("school", model="tsne", iterations=100, optimizer=make_optimizer("sd", "tsne", tol=0))
+    assert_same_result(scalemb.resume(out, iterations=100), reference)

@@ -7,6 +7,7 @@ from .._version import __version__
 from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
 from ..errors import ScalembError
+from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
@@ -14,12 +15,20 @@ from ..repulsion import DEFAULT_BOX_WIDTH, REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 75  # stopped by SIGINT/SIGTERM after writing a checkpoint (EX_TEMPFAIL: resume later)
 
 
 def _positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -82,7 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
                           + ", ".join(f"{m} {w:g}" for m, w in DEFAULT_BOX_WIDTH.items()) + ")")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
                      help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N m)), m time nodes or 1)")
+    emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
+                     help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
+                          "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
+
+    res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
+                              description="Continue the run checkpointed in RUN (an embed --out store) with its "
+                                          "stored settings; the result replaces the checkpoints in RUN.")
+    res.add_argument("run", help="the embed --out store of the interrupted run")
+    res.add_argument("--iterations", type=_positive_int, default=None,
+                     help="new maximum iterations per restart (default: the run's)")
+    res.add_argument("--quiet", action="store_true", help="no progress output")
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
                               description="Graph mode streams an edge list (SNAP text or CSV, optionally .gz) "
@@ -163,13 +183,22 @@ def _embed(args) -> int:
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite)
-    out = args.out
-    result = embedder.fit(args.input, graph_affinity=args.graph_affinity).result_
-    result.save(out, overwrite=args.overwrite)
+    with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:
+        result = embedder.fit(args.input, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
+    return _report(args.out, result)
+
+
+def _report(out, result) -> int:
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
     print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, KL {result.kl:.4f}, "
           f"{result.iterations} iterations, {result.wall_time:.1f} s")
     return 0
+
+
+def _resume(args) -> int:
+    from ..resume import resume
+
+    return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet))
 
 
 def main(argv=None) -> int:
@@ -177,7 +206,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
-        return {"embed": _embed, "affinity": _affinity, "generate": _generate}[args.command](args)
+        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate}[args.command](args)
+    except RunInterrupted as exc:
+        print(f"scalemb: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ScalembError, ValueError) as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -185,7 +217,11 @@ def main(argv=None) -> int:
         print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
-        print("scalemb: interrupted; nothing written", file=sys.stderr)
+        if args.command in ("embed", "resume"):
+            out = args.out if args.command == "embed" else args.run
+            print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})", file=sys.stderr)
+        else:
+            print("scalemb: interrupted; nothing written", file=sys.stderr)
         return 130
 
 

@@ -16,6 +16,7 @@ A write creates version ``n + 1`` completely, then switches ``current`` (zarr re
 leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
 write.  Durability against power loss (fsync) is not attempted.
 """
+import inspect
 import logging
 import shutil
 import signal
@@ -239,7 +240,8 @@ class Checkpointer:
                   "restarts": int(embedder.restarts), "optimizer": optimizer_config(optimizer),
                   "n_threads": getattr(executor, "n_threads", embedder.n_threads), "repulsion": repulsion,
                   "scheduler": getattr(embedder, "scheduler", None), "workers": getattr(embedder, "workers", None),
-                  "checkpoint_every": self.every, "scalemb_version": __version__}
+                  "checkpoint_every": self.every, "scalemb_version": __version__,
+                  "embedder": _embedder_arguments(embedder, executor)}
         if not self.resume:
             create_store(self.path, _json_safe(config), self.overwrite)
             self._created = True
@@ -279,6 +281,17 @@ class Checkpointer:
     def finish(self, result) -> Path:
         """Replace the checkpoints by the final result (``scalemb.io.results`` layout)."""
         return result.save(self.path, overwrite=True)
+
+
+def _embedder_arguments(embedder, executor) -> dict:
+    """``Embedder``'s constructor arguments as JSON values (``optimizer`` and ``quiet`` aside), threads resolved;
+    ``scalemb.resume`` passes them back."""
+    names = [n for n in inspect.signature(type(embedder).__init__).parameters if n not in ("self", "optimizer",
+                                                                                         "quiet")]
+    arguments = {n: getattr(embedder, n) for n in names}
+    if arguments.get("n_threads") is None and hasattr(executor, "n_threads"):
+        arguments["n_threads"] = executor.n_threads
+    return {n: v.as_dict() if hasattr(v, "as_dict") else v for n, v in arguments.items()}
 
 
 def _input_reference(data):
