@@ -131,6 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--edges-per-author", type=float, default=4.0)
     gen.add_argument("--overwrite", action="store_true")
     gen.add_argument("--quiet", action="store_true")
+
+    plo = commands.add_parser("plot", help="draw an embedding result (layout and KL history) to an image",
+                              description="Space coordinates as positions; with time (snest) colour = time "
+                                          "(diverging, centred at 0), marker size ~ |time|, the nodes of largest "
+                                          "|time| labelled; a KL-vs-iteration panel.")
+    plo.add_argument("run", help="a finished result store (scalemb embed --out)")
+    plo.add_argument("--out", required=True, help="image file; format from the suffix (png, pdf, svg)")
+    plo.add_argument("--labels", type=_non_negative_int, default=10,
+                     help="label this many nodes of largest |time| with their ids (default 10)")
+    plo.add_argument("--dpi", type=_positive_int, default=110)
+    plo.add_argument("--title", default=None)
+    plo.add_argument("--overwrite", action="store_true")
+    plo.add_argument("--quiet", action="store_true")
     return parser
 
 
@@ -172,6 +185,15 @@ def _generate(args) -> int:
     return 0
 
 
+def _plot(args) -> int:
+    from ..plot import save_plot
+
+    _refuse_existing(args.out, args.overwrite)
+    save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _embed(args) -> int:
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
@@ -206,7 +228,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
-        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate}[args.command](args)
+        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
+                "plot": _plot}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
