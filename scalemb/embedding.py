@@ -5,6 +5,7 @@ optimiser -> best of ``restarts`` runs.  Initialisation follows the SNEST paper'
 ``s ~ 1e-4 N(0, 1)``, ``t ~ 1e-5 N(0, 1)``; restart k uses the random stream ``(seed, k)``.
 """
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +100,10 @@ class Embedder:
     ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
     ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
+    ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
     """
+
+    on_iteration = None
 
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
@@ -155,7 +159,8 @@ class Embedder:
                 rng = np.random.default_rng([self.seed, k])
                 coords = initial_coords(affinity.n_points, self.space_dims, time_dims, rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
-                progress = Progress(self.iterations, label, quiet=self.quiet)
+                progress = Progress(self.iterations, label, quiet=self.quiet,
+                                    listener=None if self.on_iteration is None else partial(self.on_iteration, k))
                 try:
                     if checkpoint is None:
                         run = optimizer.optimize(executor, coords, self.iterations, callback=progress)

@@ -7,9 +7,11 @@ logger = logging.getLogger("scalemb")
 
 
 class Progress:
-    """Callable ``(iteration, kl)`` that reports an optimisation run of ``total`` iterations."""
+    """Callable ``(iteration, kl)`` that reports an optimisation run of ``total`` iterations; ``listener(iteration,
+    kl)``, if given, is called first at every iteration (e.g. the service's job record)."""
 
-    def __init__(self, total: int, label: str = "", quiet: bool = False, stream=None):
+    def __init__(self, total: int, label: str = "", quiet: bool = False, stream=None, listener=None):
+        self.listener = listener
         self.total = total
         self.label = label
         self.quiet = quiet
@@ -24,6 +26,8 @@ class Progress:
                              dynamic_ncols=True, mininterval=0.25)
 
     def __call__(self, iteration: int, kl: float) -> None:
+        if self.listener is not None:
+            self.listener(iteration, kl)
         if self._bar is not None:
             self._bar.update(iteration + 1 - self._bar.n)
             if iteration % 10 == 0:

@@ -144,6 +144,25 @@ def build_parser() -> argparse.ArgumentParser:
     plo.add_argument("--title", default=None)
     plo.add_argument("--overwrite", action="store_true")
     plo.add_argument("--quiet", action="store_true")
+
+    srv = commands.add_parser("serve", help="run the embedding job service (HTTP JSON API)",
+                              description="Serve POST/GET/DELETE /jobs, results and plots; jobs and their "
+                                          "outputs live under --data-root. The bearer token is read from "
+                                          "$SCALEMB_TOKEN or --token-file.")
+    srv.add_argument("--data-root", required=True, help="directory holding inputs, uploads, jobs and the job "
+                                                        "database; every input path is confined to it")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=_positive_int, default=8000)
+    srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on the Dask cluster at ADDRESS")
+    srv.add_argument("--token-file", help="file holding the bearer token (else $SCALEMB_TOKEN)")
+    srv.add_argument("--insecure-no-auth", action="store_true", help="serve without authentication")
+    srv.add_argument("--max-queue", type=_positive_int, default=64, help="queued jobs before 429 (default 64)")
+    srv.add_argument("--max-running", type=_positive_int, default=2, help="jobs run at once (default 2)")
+    srv.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
+                     help=f"checkpoint running jobs every K iterations (default {DEFAULT_CHECKPOINT_EVERY})")
+    srv.add_argument("--threads", type=_positive_int, default=None, help="threads per in-process job")
+    srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
+    srv.add_argument("--quiet", action="store_true")
     return parser
 
 
@@ -194,6 +213,34 @@ def _plot(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import os
+    from pathlib import Path
+
+    try:
+        from ..service import ServiceConfig, serve
+    except ImportError as exc:
+        raise ScalembError(f"the service needs its extra: pip install 'scalemb[service]' ({exc})") from None
+    token = os.environ.get("SCALEMB_TOKEN") or None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip() or None
+        except OSError as exc:
+            raise ScalembError(f"{args.token_file}: cannot read the token file ({exc.strerror})") from None
+    if token is None and not args.insecure_no_auth:
+        raise ScalembError("no bearer token: set SCALEMB_TOKEN or pass --token-file (or --insecure-no-auth)")
+    root = Path(args.data_root)
+    if not root.is_dir():
+        raise ScalembError(f"{root}: data root is not a directory")
+    config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
+                           scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
+                           checkpoint_every=args.checkpoint_every, n_threads=args.threads,
+                           max_upload_bytes=args.max_upload_mb * 1024 * 1024)
+    print(f"scalemb serve: http://{args.host}:{args.port} data root {root.resolve()}", file=sys.stderr, flush=True)
+    serve(config, host=args.host, port=args.port)
+    return 0
+
+
 def _embed(args) -> int:
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
@@ -229,7 +276,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot}[args.command](args)
+                "plot": _plot, "serve": _serve}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

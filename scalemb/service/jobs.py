@@ -1,0 +1,240 @@
+"""Job records (SQLite under the data root) and the runner threads that execute them.
+
+A job's output store is ``DATA_ROOT/jobs/<id>/run.zarr``: a checkpointed run while it runs, the result once
+done.  A job found ``running`` or ``queued`` when the service starts is queued again; a running one continues
+from its last checkpoint (``Checkpointer(resume=True)``), or from the start if none was written yet.
+"""
+import json
+import logging
+import queue
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from ..embedding import Embedder
+from ..errors import ScalembError
+from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+
+logger = logging.getLogger("scalemb")
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+_SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, state TEXT NOT NULL, params TEXT NOT NULL, created REAL NOT NULL,
+    started REAL, finished REAL, iteration INTEGER, kl REAL, kl_history TEXT NOT NULL DEFAULT '[]',
+    error TEXT, resumed_from INTEGER, n_points INTEGER)"""
+FLUSH_SECONDS = 0.5  # progress is written to SQLite at most this often per job
+
+
+class QueueFull(Exception):
+    """The queue holds ``max_queue`` jobs already."""
+
+
+class JobStore:
+    """Job records: an in-memory copy for fast reads, every change persisted to SQLite."""
+
+    def __init__(self, path: Path):
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._lock = threading.Lock()
+        self._jobs = {}
+        for row in self._db.execute("SELECT * FROM jobs ORDER BY created"):
+            record = dict(zip([c[0] for c in self._db.execute("SELECT * FROM jobs LIMIT 0").description], row))
+            record["params"] = json.loads(record["params"])
+            record["kl_history"] = json.loads(record["kl_history"])
+            self._jobs[record["id"]] = record
+
+    def _persist(self, record):
+        values = dict(record, params=json.dumps(record["params"]), kl_history=json.dumps(record["kl_history"]))
+        names = list(values)
+        self._db.execute(f"INSERT OR REPLACE INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                         [values[n] for n in names])
+
+    def add(self, params: dict, max_queue: int) -> dict:
+        with self._lock:
+            queued = sum(1 for r in self._jobs.values() if r["state"] == "queued")
+            if queued >= max_queue:
+                raise QueueFull(queued)
+            record = {"id": uuid.uuid4().hex[:16], "state": "queued", "params": params, "created": time.time(),
+                      "started": None, "finished": None, "iteration": None, "kl": None, "kl_history": [],
+                      "error": None, "resumed_from": None, "n_points": None}
+            self._jobs[record["id"]] = record
+            self._persist(record)
+            return dict(record)
+
+    def get(self, job_id: str) -> dict | None:
+        with self._lock:
+            record = self._jobs.get(job_id)
+            return None if record is None else dict(record, kl_history=list(record["kl_history"]))
+
+    def list(self) -> list:
+        with self._lock:
+            return [dict(r, kl_history=None) for r in self._jobs.values()]
+
+    def update(self, job_id: str, persist: bool = True, **changes) -> dict:
+        with self._lock:
+            record = self._jobs[job_id]
+            record.update(changes)
+            if persist:
+                self._persist(record)
+            return dict(record)
+
+    def progress(self, job_id: str, iteration: int, kl: float) -> None:
+        """Record an iteration (in memory; ``flush`` persists)."""
+        with self._lock:
+            record = self._jobs[job_id]
+            record["iteration"], record["kl"] = iteration, float(kl)
+            history = record["kl_history"]
+            del history[iteration:]  # a resumed or restarted run overwrites the tail
+            history.append(float(kl))
+
+    def flush(self, job_id: str) -> None:
+        with self._lock:
+            self._persist(self._jobs[job_id])
+
+    def close(self):
+        with self._lock:
+            self._db.close()
+
+
+class JobRunner:
+    """``max_running`` threads taking job ids from a FIFO queue and running them."""
+
+    def __init__(self, store: JobStore, data_root: Path, max_running: int, max_queue: int,
+                 scheduler: str | None = None, checkpoint_every: int = 100, n_threads: int | None = None):
+        self.store, self.data_root = store, data_root
+        self.max_queue, self.scheduler = max_queue, scheduler
+        self.checkpoint_every, self.n_threads = checkpoint_every, n_threads
+        self._queue = queue.Queue()
+        self._active = {}  # job id -> Checkpointer of the running job
+        self._cancelled = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        for record in store.list():  # jobs a previous service left unfinished
+            if record["state"] in ("queued", "running"):
+                store.update(record["id"], state="queued")
+                self._queue.put(record["id"])
+        self._threads = [threading.Thread(target=self._loop, name=f"scalemb-job-{i}", daemon=True)
+                         for i in range(max_running)]
+        for thread in self._threads:
+            thread.start()
+
+    def run_dir(self, job_id: str) -> Path:
+        return self.data_root / "jobs" / job_id
+
+    def submit(self, params: dict) -> dict:
+        record = self.store.add(params, self.max_queue)
+        self._queue.put(record["id"])
+        return record
+
+    def cancel(self, job_id: str) -> dict:
+        """Cancel a queued job at once, a running one at its next iteration."""
+        with self._lock:
+            record = self.store.get(job_id)
+            if record["state"] == "queued":
+                self._cancelled.add(job_id)
+                return self.store.update(job_id, state="cancelled", finished=time.time())
+            if record["state"] == "running":
+                self._cancelled.add(job_id)
+                checkpointer = self._active.get(job_id)
+                if checkpointer is not None:
+                    checkpointer.request_stop()
+            return record
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the running jobs at their next iteration (they stay ``running`` and resume on restart)."""
+        self._stopping.set()
+        with self._lock:
+            for checkpointer in self._active.values():
+                checkpointer.request_stop()
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _loop(self):
+        while not self._stopping.is_set():
+            job_id = self._queue.get()
+            if job_id is None or self._stopping.is_set():
+                return
+            with self._lock:
+                if job_id in self._cancelled or self.store.get(job_id)["state"] != "queued":
+                    continue
+                self.store.update(job_id, state="running", started=self.store.get(job_id)["started"] or time.time())
+            try:
+                self._run(job_id)
+            except Exception:  # never lose a runner thread
+                logger.exception("job %s: runner error", job_id)
+
+    def _run(self, job_id: str):
+        params = self.store.get(job_id)["params"]
+        out_dir = self.run_dir(job_id)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run = out_dir / "run.zarr"
+        resume, resumed_from = False, None
+        if run.exists():
+            try:
+                read_config(run)
+                checkpoint = read_checkpoint(run)
+                resume = True
+                resumed_from = 0 if checkpoint is None else checkpoint.iteration
+            except ScalembError as exc:
+                if "has finished" in str(exc):  # the previous service died after the result was written
+                    self._finish(job_id, run)
+                    return
+                shutil.rmtree(run, ignore_errors=True)
+        if resume:
+            record = self.store.get(job_id)
+            self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
+        embedder = Embedder(model=params["model"], space_dims=params["space"], time_dims=params["time"],
+                            iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
+                            optimizer=params["optimizer"], repulsion=params["repulsion"], quiet=True,
+                            n_threads=self.n_threads, **({"scheduler": self.scheduler} if self.scheduler else {}))
+        last_flush = [0.0]
+
+        def on_iteration(restart, iteration, kl):
+            self.store.progress(job_id, iteration, kl)
+            now = time.monotonic()
+            if now - last_flush[0] > FLUSH_SECONDS:
+                last_flush[0] = now
+                self.store.flush(job_id)
+
+        embedder.on_iteration = on_iteration
+        checkpointer = Checkpointer(run, every=self.checkpoint_every, resume=resume, handle_signals=False)
+        with self._lock:
+            if job_id in self._cancelled:
+                self.store.update(job_id, state="cancelled", finished=time.time())
+                return
+            self._active[job_id] = checkpointer
+        try:
+            with checkpointer:
+                embedder.fit(params["input_path"], params["graph_affinity"], checkpoint=checkpointer)
+        except RunInterrupted:
+            if job_id in self._cancelled:
+                shutil.rmtree(run, ignore_errors=True)
+                self.store.update(job_id, state="cancelled", finished=time.time())
+            else:
+                self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
+            return
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            if isinstance(exc, FloatingPointError):
+                message = f"optimisation diverged: {exc}"
+            logger.warning("job %s failed: %s", job_id, message)
+            self.store.update(job_id, state="failed", error=message, finished=time.time())
+            return
+        finally:
+            with self._lock:
+                self._active.pop(job_id, None)
+        self._finish(job_id, run)
+
+    def _finish(self, job_id: str, run: Path):
+        from ..embedding import EmbeddingResult
+
+        result = EmbeddingResult.load(run)
+        self.store.update(job_id, state="done", finished=time.time(), iteration=int(result.iterations),
+                          kl=float(result.kl), kl_history=[float(v) for v in result.kl_history],
+                          n_points=int(result.embedding.shape[0]))

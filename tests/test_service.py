@@ -1,0 +1,205 @@
+"""``scalemb serve`` as deployed: a real uvicorn subprocess on loopback, a real SQLite file, real Zarr stores."""
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import scalemb
+from scalemb.embedding import EmbeddingResult
+
+TOKEN = "test-token-7"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """A ``scalemb serve`` subprocess and a small urllib client for it."""
+
+    def __init__(self, root, *args, token=TOKEN):
+        self.root, self.args, self.token = root, args, token
+        self.start()
+
+    def start(self):
+        self.port = _free_port()
+        env = dict(os.environ, SCALEMB_TOKEN=self.token)
+        self.proc = subprocess.Popen([sys.executable, "-m", "scalemb", "serve", "--data-root", str(self.root),
+                                      "--port", str(self.port), "--threads", "2", *self.args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if self.request("GET", "/health", auth=False)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"service did not start: {self.stop()}")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out.decode(errors="replace")
+
+    def request(self, method, path, body=None, auth=True, token=None, raw=None, headers=None):
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        if auth:
+            req.add_header("Authorization", f"Bearer {token or self.token}")
+        for key, value in (headers or {}).items():
+            req.add_header(key, value)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as err:
+            return err.code, err.read(), dict(err.headers)
+
+    def json(self, method, path, body=None, **kwargs):
+        status, content, _ = self.request(method, path, body, **kwargs)
+        return status, json.loads(content)
+
+    def wait(self, job_id, until=("done", "failed", "cancelled"), timeout=90, predicate=None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, record = self.json("GET", f"/jobs/{job_id}")
+            assert status == 200, record
+            if record["state"] in until and (predicate is None or predicate(record)):
+                return record
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} still {record['state']} at iteration {record['iteration']}")
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = Service(tmp_path)
+    yield svc
+    svc.stop()
+
+
+def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
+    status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 120,
+                                                     "seed": 2})
+    assert status == 201 and created["state"] == "queued"
+    record = service.wait(created["id"])
+    assert record["state"] == "done", record
+    assert record["iteration"] == 120 and len(record["kl_history"]) == 121 and record["n_points"] == 42
+    assert record["timing"]["elapsed_s"] > 0
+    stored = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    # the same run in-process gives the same embedding
+    assert np.array_equal(stored.embedding, scalemb.embed("school", iterations=120, seed=2).embedding)
+    assert record["kl"] == pytest.approx(stored.kl) and record["kl_history"] == pytest.approx(stored.kl_history)
+    status, npy, headers = service.request("GET", f"/jobs/{created['id']}/embedding?format=npy")
+    assert status == 200 and np.array_equal(np.load(__import__("io").BytesIO(npy)), stored.embedding)
+    status, csv, headers = service.request("GET", f"/jobs/{created['id']}/embedding?format=csv")
+    lines = csv.decode().splitlines()
+    assert status == 200 and lines[0] == "node_id,space1,space2,time1" and len(lines) == 43
+    table = np.loadtxt(lines[1:], delimiter=",")
+    assert np.array_equal(table[:, 0], stored.node_ids) and np.array_equal(table[:, 1:], stored.embedding)
+    status, png, headers = service.request("GET", f"/jobs/{created['id']}/plot.png")
+    assert status == 200 and png.startswith(PNG_MAGIC) and headers["content-type"] == "image/png"
+    # an uploaded edge list keeps its node ids
+    status, up = service.json("PUT", "/uploads/tri.txt", raw=b"# t\n10 20\n20 30\n30 10\n30 40\n")
+    assert status == 201 and up["input"] == "uploads/tri.txt"
+    status, job2 = service.json("POST", "/jobs", {"input": up["input"], "model": "tsne", "iterations": 30})
+    assert status == 201 and service.wait(job2["id"])["state"] == "done"
+    csv2 = service.request("GET", f"/jobs/{job2['id']}/embedding")[1].decode().splitlines()
+    assert [line.split(",")[0] for line in csv2[1:]] == ["10", "20", "30", "40"]
+    # listing, OpenAPI, the SQLite records
+    status, listing = service.json("GET", "/jobs")
+    assert {j["id"] for j in listing["jobs"]} == {created["id"], job2["id"]}
+    status, spec = service.json("GET", "/openapi.json", auth=False)
+    assert status == 200 and {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/embedding"} <= set(spec["paths"])
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+        assert dict(db.execute("SELECT id, state FROM jobs")) == {created["id"]: "done", job2["id"]: "done"}
+    assert service.json("GET", "/jobs/nope")[0] == 404
+
+
+def test_auth_paths_and_limits_are_refused(service, tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "edges.txt").write_text("1 2\n")
+    (tmp_path / "escape").symlink_to(outside)
+    (tmp_path / "inside.txt").write_text("1 2\n2 3\n")
+    body = {"input": "inside.txt", "iterations": 5}
+    status, err = service.json("POST", "/jobs", body, auth=False)
+    assert status == 401 and "bearer token" in err["detail"]
+    assert service.json("POST", "/jobs", body, token="wrong")[0] == 401
+    assert service.json("GET", "/jobs", auth=False)[0] == 401
+    for path, code, fragment in ((str(outside / "edges.txt"), 400, "absolute"), ("../x/edges.txt", 400, "'..'"),
+                                 ("sub/../../edges.txt", 400, "'..'"), ("escape/edges.txt", 403, "outside"),
+                                 ("missing.txt", 404, "no such file")):
+        status, err = service.json("POST", "/jobs", {"input": path})
+        assert (status, fragment in err["detail"]) == (code, True), (path, status, err)
+    assert service.json("PUT", "/uploads/..hidden", raw=b"1 2\n")[0] == 400
+    assert service.json("POST", "/jobs", {"input": "inside.txt", "bogus": 1})[0] == 422
+    status, err = service.json("POST", "/jobs", raw=b"{" + b" " * 70000 + b"}",
+                               headers={"Content-Type": "application/json"})
+    assert status == 413 and "exceeds the limit" in err["detail"]
+    assert service.json("POST", "/jobs", body)[0] == 201  # the confined path itself is accepted
+    # no token configured: refuses to start, one line, status 2
+    env = {k: v for k, v in os.environ.items() if k != "SCALEMB_TOKEN"}
+    proc = subprocess.run([sys.executable, "-m", "scalemb", "serve", "--data-root", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_queue_full_is_429_and_jobs_cancel(tmp_path):
+    svc = Service(tmp_path, "--max-running", "1", "--max-queue", "1")
+    try:
+        long = {"input": "grqc", "optimizer": "dbd", "iterations": 100000}
+        _, running = svc.json("POST", "/jobs", long)
+        svc.wait(running["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 1)
+        status, queued = svc.json("POST", "/jobs", {"input": "school", "iterations": 10})
+        assert status == 201
+        status, err = svc.json("POST", "/jobs", {"input": "school", "iterations": 10})
+        assert status == 429 and "queue full" in err["detail"]
+        assert svc.json("DELETE", f"/jobs/{queued['id']}")[1]["state"] == "cancelled"
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[1]["state"] == "cancelling"
+        assert svc.wait(running["id"], timeout=30)["state"] == "cancelled"
+        assert not (tmp_path / "jobs" / running["id"] / "run.zarr").exists()
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[0] == 409
+        status, after = svc.json("POST", "/jobs", {"input": "school", "iterations": 10})  # room again
+        assert status == 201 and svc.wait(after["id"])["state"] == "done"
+    finally:
+        svc.stop()
+
+
+def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
+    svc = Service(tmp_path, "--checkpoint-every", "20")
+    try:
+        params = {"input": "grqc", "optimizer": "dbd", "iterations": 150, "seed": 4}
+        _, job = svc.json("POST", "/jobs", params)
+        svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 45, timeout=60)
+        svc.stop(signal.SIGKILL)
+        with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+            assert db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0] == "running"
+        svc.start()
+        record = svc.wait(job["id"])
+        assert record["state"] == "done", record
+        assert record["resumed_from"] >= 40 and record["resumed_from"] % 20 == 0
+        assert record["iteration"] == 150 and len(record["kl_history"]) == 151
+        # resuming from the checkpoint reproduces the uninterrupted run exactly
+        stored = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
+        direct = scalemb.embed("grqc", optimizer="dbd", iterations=150, seed=4, n_threads=2)
+        assert np.array_equal(stored.embedding, direct.embedding)
+    finally:
+        svc.stop()
