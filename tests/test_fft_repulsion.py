@@ -199,10 +199,12 @@ def test_bad_inputs_raise(school_affinity):
 
 
 def test_auto_picks_by_size():
-    small, large = 1000, max(AUTO_FFT_MIN_POINTS.values())
+    small, large = 1000, AUTO_FFT_MIN_POINTS[2]
     assert resolve_repulsion("auto", "tsne", 2, 0, small) == "exact"
     assert resolve_repulsion("auto", "tsne", 2, 0, large) == "fft"
-    assert resolve_repulsion("auto", "snest", 2, 1, large) == "fft"
+    assert resolve_repulsion("auto", "tsne", 1, 0, large) == "fft"
+    assert resolve_repulsion("auto", "snest", 2, 1, 10 ** 7) == ("exact" if AUTO_FFT_MIN_POINTS[3] is None
+                                                                  else "fft")
     assert resolve_repulsion("auto", "sne", 4, 0, large) == "exact"  # unsupported: exact
     assert resolve_repulsion("exact", "tsne", 2, 0, large) == "exact"
 

@@ -8,10 +8,11 @@ embedding's total dimension ds + dt; 1-D layouts use the 2-D crossover.
 from .fft import MODELS
 
 REPULSION_METHODS = ("auto", "exact", "fft")
-# N from which one fft evaluation (KL + gradient) is faster than the exact one, per total dimension ds + dt.
-# Provisional (this commit): replaced by the crossover benchmarks/repulsion.py measures (section (b)).
-AUTO_FFT_MIN_POINTS = {2: 20_000, 3: 20_000, 4: 20_000}
-
+# N from which one fft evaluation (KL + gradient) is faster than the exact one, per total dimension ds + dt,
+# measured by benchmarks/repulsion.py section (b) on the 2-core AMD EPYC machine (benchmarks/results/repulsion.md):
+# t-SNE R^2 from N = 10000 (27 ms exact vs 17 ms fft); SNEST R^{2,1} and R^{3,1} were never faster up to
+# N = 40000 (the time nodes multiply the grid), so auto keeps them exact (None).
+AUTO_FFT_MIN_POINTS = {2: 10_000, 3: None, 4: None}
 
 def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, n_points: int) -> str:
     """``'exact'`` or ``'fft'`` for the requested ``method`` (see module docstring)."""
@@ -20,5 +21,5 @@ def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, 
     if method != "auto":
         return method
     supported = model in MODELS and 1 <= space_dims <= 3 and time_dims == (1 if model == "snest" else 0)
-    dims = max(2, space_dims + time_dims)
-    return "fft" if supported and n_points >= AUTO_FFT_MIN_POINTS[dims] else "exact"
+    threshold = AUTO_FFT_MIN_POINTS.get(max(2, space_dims + time_dims)) if supported else None
+    return "fft" if threshold is not None and n_points >= threshold else "exact"
