@@ -6,6 +6,7 @@ optimiser -> best of ``restarts`` runs.  Initialisation follows the SNEST paper'
 """
 import time
 from functools import partial
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from ._version import __version__
 from .affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinity_store, normalized_affinity
 from .datasets import DATASETS, load_dataset
 from .engine import LocalExecutor
+from .engine.cluster import affinity_store_for, dask_client
+from .engine.distributed import DaskExecutor
 from .io.edgelist import read_edge_list
 from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
 from .io.results import read_result, write_result
@@ -24,6 +27,7 @@ from .progress import Progress
 from .repulsion import REPULSION_METHODS, FFTParams, check_supported
 
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
+DASK_PARTITIONS = 8  # row partitions of the temporary store a non-store input gets on Dask
 
 
 @dataclass
@@ -99,6 +103,11 @@ class Embedder:
     'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``,
     ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
     ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
+    Where it runs: in-process threads (default); ``scheduler`` (``'tcp://host:8786'``) an existing Dask
+    cluster; ``workers`` a LocalCluster of that many processes started for the run.  On Dask the workers read
+    their row partitions from an affinity store: a store input is used as is (it must be on storage the
+    workers see), other inputs are written to a temporary store with ``DASK_PARTITIONS`` partitions.
+    With the same store partitions the local and the Dask runs give identical results.
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
     """
@@ -108,7 +117,7 @@ class Embedder:
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
-                 fft_params: FFTParams | None = None):
+                 fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None):
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims
@@ -120,6 +129,8 @@ class Embedder:
         self.quiet = quiet
         self.repulsion = repulsion
         self.fft_params = fft_params
+        self.scheduler = scheduler
+        self.workers = workers
 
     def _check(self):
         model = get_model(self.model)
@@ -135,29 +146,53 @@ class Embedder:
             check_supported(model.name, self.space_dims, time_dims)
         return model, time_dims
 
+    @contextmanager
+    def _executor(self, data, graph_affinity: str, model, time_dims: int):
+        """``(executor, node_ids, provenance)`` for ``data``: Dask workers or in-process threads."""
+        options = {"repulsion": self.repulsion, "fft_params": self.fft_params}
+        is_store = isinstance(data, (str, Path)) and is_affinity_store(data)
+        if self.scheduler is None and self.workers is None:
+            if is_store:
+                store = AffinityStore(data)
+                affinity, partitions = store.to_affinity(), store.partitions
+            else:
+                affinity, partitions = load_affinity(data, graph_affinity), None
+            with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads,
+                               partitions=partitions, **options) as executor:
+                yield executor, affinity.node_ids, dict(affinity.provenance)
+            return
+        with dask_client(self.scheduler, self.workers) as client, \
+                affinity_store_for(data, graph_affinity, DASK_PARTITIONS, load_affinity) as path:
+            store = AffinityStore(path)
+            provenance = dict(store.provenance, content_hash=store.content_hash,
+                              executor="dask", scheduler=client.scheduler.address)
+            if is_store:
+                provenance["store"] = str(path)
+            with DaskExecutor(path, model, self.space_dims, time_dims, client, **options) as executor:
+                yield executor, store.node_ids, provenance
+
     def fit(self, data=None, graph_affinity: str = "coauthorship", checkpoint=None) -> "Embedder":
         """Embed ``data``.  ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints
         into the output store (or continues the run stored there) and saves the result there at the end."""
         model, time_dims = self._check()
-        affinity = load_affinity(data, graph_affinity)
+        if graph_affinity not in GRAPH_AFFINITIES:
+            raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
         optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
                      else self.optimizer)
         start = time.perf_counter()
         best = None
         restart_kls = []
-        with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads,
-                           repulsion=self.repulsion, fft_params=self.fft_params) as executor:
+        with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
             repulsion = ({"method": "fft", **executor.fft_params.as_dict()} if executor.repulsion == "fft"
                          else {"method": "exact"})
             resumed = None if checkpoint is None else checkpoint.start(
                 embedder=self, data=data, graph_affinity=graph_affinity, time_dims=time_dims, executor=executor,
-                node_ids=affinity.node_ids, provenance=dict(affinity.provenance), optimizer=optimizer,
-                repulsion=repulsion)
+                node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)
             if resumed is not None:
                 restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
             for k in range(0 if resumed is None else resumed.restart, self.restarts):
                 rng = np.random.default_rng([self.seed, k])
-                coords = initial_coords(affinity.n_points, self.space_dims, time_dims, rng)
+                coords = initial_coords(executor.n_points, self.space_dims, time_dims, rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
                 progress = Progress(self.iterations, label, quiet=self.quiet,
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
@@ -174,10 +209,10 @@ class Embedder:
                 if best is None or run.kl < best.kl:
                     best = run
         self.result_ = EmbeddingResult(
-            embedding=np.ascontiguousarray(best.coords.T), node_ids=affinity.node_ids, kl=best.kl,
+            embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
             kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
-            wall_time=time.perf_counter() - start, provenance=dict(affinity.provenance),
+            wall_time=time.perf_counter() - start, provenance=provenance,
             optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl

@@ -1,5 +1,11 @@
+import json
+import os
+import subprocess
+import time
+
 import numpy as np
 import pytest
+from distributed import Client
 
 from scalemb.datasets import school
 
@@ -20,3 +26,60 @@ def dense_kl(P, coords, model, space_dims):
     Q = W / W.sum()
     mask = P > 0
     return float(np.sum(P[mask] * np.log(P[mask] / Q[mask])))
+
+
+class DaskProcesses:
+    """A scheduler and ``n_workers`` single-threaded worker processes (no nanny: a killed worker stays dead)
+    and a client connected to them (``client_timeout``: its connect and reconnect limit, seconds)."""
+
+    def __init__(self, tmp_path, n_workers: int, client_timeout: float = 30):
+        self.file = tmp_path / f"scheduler-{os.getpid()}-{time.monotonic_ns()}.json"
+        self.scheduler = subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                           "--no-dashboard", "--scheduler-file", str(self.file)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not self.file.exists() or not self.file.read_text().strip():
+            assert time.monotonic() < deadline, "dask scheduler did not start"
+            time.sleep(0.1)
+        time.sleep(0.2)
+        self.address = json.loads(self.file.read_text())["address"]
+        self.workers = [subprocess.Popen(["dask", "worker", self.address, "--nthreads", "1", "--no-nanny",
+                                          "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "2GB"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        for _ in range(n_workers)]
+        self.client = Client(self.address, timeout=client_timeout)
+        self.client.wait_for_workers(n_workers, timeout=60)
+
+    def close(self):
+        self.client.close()
+        for proc in self.workers + [self.scheduler]:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.workers + [self.scheduler]:
+            try:
+                proc.wait(3)
+            except subprocess.TimeoutExpired:  # a worker that lost its scheduler may linger: test processes
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def start_dask(tmp_path):
+    """``start_dask(n, **options)``: a new ``DaskProcesses`` on loopback, stopped after the test."""
+    started = []
+
+    def start(n_workers: int, **options) -> DaskProcesses:
+        started.append(DaskProcesses(tmp_path, n_workers, **options))
+        return started[-1]
+
+    yield start
+    for processes in started:
+        processes.close()
+
+
+@pytest.fixture(scope="session")
+def dask_cluster(tmp_path_factory):
+    """A scheduler and two single-threaded workers shared by the tests of a session."""
+    processes = DaskProcesses(tmp_path_factory.mktemp("dask-cluster"), 2)
+    yield processes
+    processes.close()

@@ -109,11 +109,6 @@ def test_dask_operator_resources_match_the_operator_crds(kind):
     assert doc["metadata"]["name"] and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
 
 
-def _embed_has_scheduler(parser) -> bool:
-    embed = parser._subparsers._group_actions[0].choices["embed"]
-    return any("--scheduler" in action.option_strings for action in embed._actions)
-
-
 def test_containers_run_the_scalemb_image_with_valid_commands():
     from distributed.cli.dask_scheduler import main as dask_scheduler
     from distributed.cli.dask_worker import main as dask_worker
@@ -140,13 +135,7 @@ def test_containers_run_the_scalemb_image_with_valid_commands():
                 for step in args[2].split("&&"):
                     words = shlex.split(step)
                     if words[0] == "scalemb":
-                        if words[1] == "embed" and not _embed_has_scheduler(parser):
-                            # embed --scheduler arrives with the Dask executor; until then check the rest
-                            i = words.index("--scheduler")
-                            parsed = parser.parse_args(words[1:i] + words[i + 2:])
-                            parsed.scheduler = words[i + 1]
-                        else:
-                            parsed = parser.parse_args(words[1:])
+                        parsed = parser.parse_args(words[1:])
                         seen.add(parsed.command)
                         if parsed.command == "embed":
                             assert parsed.scheduler == "$DASK_SCHEDULER_ADDRESS"

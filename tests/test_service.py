@@ -203,3 +203,18 @@ def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
         assert np.array_equal(stored.embedding, direct.embedding)
     finally:
         svc.stop()
+
+
+def test_jobs_run_on_a_dask_cluster(tmp_path, dask_cluster):
+    svc = Service(tmp_path, "--scheduler", dask_cluster.address)
+    try:
+        _, job = svc.json("POST", "/jobs", {"input": "school", "model": "tsne", "iterations": 80, "seed": 1})
+        record = svc.wait(job["id"])
+        assert record["state"] == "done", record
+        stored = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
+        assert stored.provenance["executor"] == "dask" and stored.provenance["scheduler"] == dask_cluster.address
+        # P in 8 store partitions on the workers vs one block in-process: equal up to summation order
+        here = scalemb.embed("school", model="tsne", iterations=80, seed=1)
+        assert np.allclose(stored.embedding, here.embedding, rtol=1e-8, atol=1e-10)
+    finally:
+        svc.stop()

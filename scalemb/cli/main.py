@@ -6,6 +6,7 @@ import sys
 from .._version import __version__
 from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
+from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
@@ -15,6 +16,7 @@ from ..repulsion import DEFAULT_BOX_WIDTH, REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
+EXIT_CLUSTER_LOST = 4
 EXIT_INTERRUPTED = 75  # stopped by SIGINT/SIGTERM after writing a checkpoint (EX_TEMPFAIL: resume later)
 
 
@@ -62,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--seed", type=int, default=0)
     emb.add_argument("--restarts", type=_positive_int, default=1, help="independent runs; the lowest KL is kept")
     emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
+    where = emb.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run on the Dask cluster at ADDRESS (e.g. tcp://host:8786); INPUT should then be an "
+                            "affinity store the workers can read")
+    where.add_argument("--workers", type=_positive_int, metavar="N",
+                       help="run on a Dask LocalCluster of N worker processes x 1 thread started for this run")
     emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
                      help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
     emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="auto",
@@ -249,6 +257,7 @@ def _embed(args) -> int:
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
+                        scheduler=args.scheduler, workers=args.workers,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite)
@@ -280,6 +289,9 @@ def main(argv=None) -> int:
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SchedulerLostError as exc:
+        print(f"scalemb: error: {exc}", file=sys.stderr)
+        return EXIT_CLUSTER_LOST
     except (ScalembError, ValueError) as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,9 +8,11 @@ import scipy.sparse as sp
 
 from ..affinity.affinity import Affinity, row_partition
 from ..models.base import Model
-from ..repulsion.fft import FFTParams, block_extent, check_supported, convolve, make_grid, near_cells, spread
+from ..optim.solvers import FactorizedSolver
+from ..repulsion.fft import FFTParams, check_supported
 from ..repulsion.method import resolve_repulsion
-from .blocks import Evaluation, curvature_block, evaluate_block, evaluate_block_fft, laplacian_block, reduce_blocks
+from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
+from .fft_pass import evaluate_fft
 from .laplacian import row_sums
 
 logger = logging.getLogger("scalemb")
@@ -83,31 +85,17 @@ class LocalExecutor:
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
 
     def _evaluate_fft(self, coords: np.ndarray, exaggeration: float) -> Evaluation:
-        """Extent (min/max reduce) -> grid -> charges spread per block and summed -> one FFT convolution ->
-        attraction and interpolated repulsion per block -> reduce."""
-        extents = self._map(lambda b: block_extent(coords, b.r0, b.r1))
-        lo = np.min([e[0] for e in extents], axis=0)
-        hi = np.max([e[1] for e in extents], axis=0)
-        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # diverged: let the optimiser see it
-            nan = float("nan")
-            return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
-        grid = make_grid(self.model.name, self.space_dims, lo, hi, self.fft_params, coords.shape[1])
-        if grid.capped and not self._warned_capped:
+        """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``)."""
+        return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
+                            self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
+                            fft_workers=self.n_threads, on_capped=self._warn_capped)
+
+    def _warn_capped(self, grid, lo, hi) -> None:
+        if not self._warned_capped:
             logger.warning("fft repulsion: the embedding spans %s; the grid is capped at %d nodes (%s): "
                            "pairs within the cutoff are summed directly, which costs more when many are",
                            np.array2string(hi - lo, precision=3), grid.n_nodes, grid.describe())
             self._warned_capped = True
-        charges = None
-        for part in self._map(lambda b: spread(grid, coords, b.r0, b.r1)):
-            if charges is None:
-                charges = part
-            else:
-                charges += part
-        potentials = convolve(grid, charges, workers=self.n_threads)
-        cells = near_cells(grid, coords)
-        results = self._map(lambda b: evaluate_block_fft(self.model, b, coords, self.space_dims, grid, potentials,
-                                                         cells))
-        return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
@@ -144,6 +132,10 @@ class LocalExecutor:
         P = self.affinity.P
         C = sp.csr_matrix((weights, P.indices, P.indptr), shape=P.shape)
         return (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
+
+    def factorize_curvature(self, mu: float, ordering=None) -> FactorizedSolver:
+        """Sparse factorisation of ``L(C) + mu I`` (``ordering``: a fill-reducing order to reuse)."""
+        return FactorizedSolver(self.curvature_matrix(), mu, ordering)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 from .linesearch import armijo
-from .solvers import FactorizedSolver, jacobi_preconditioner, pcg
+from .solvers import jacobi_preconditioner, pcg
 
 logger = logging.getLogger("scalemb")
 
@@ -266,8 +266,7 @@ class LineSearchDescent:
         if s.factor_coords is not None:
             executor.set_curvature(s.factor_coords, s.factor_alpha, fixed=fixed)
             mu = self.mu * float(executor.curvature_diagonal().mean())
-            state["factor"] = FactorizedSolver(executor.curvature_matrix(), mu,
-                                               s.ordering if s.factor_ordered else None)
+            state["factor"] = executor.factorize_curvature(mu, s.ordering if s.factor_ordered else None)
             state["factor_at"] = ((s.factor_coords, s.factor_alpha), s.factor_ordered)
         if s.curvature_coords is not None:
             executor.set_curvature(s.curvature_coords, s.curvature_alpha, fixed=fixed)
@@ -298,7 +297,7 @@ class LineSearchDescent:
         if self.solver == "lu" or self.preconditioner == "lu":
             if "factor" not in state:
                 state["factor_at"] = (state["curvature_at"], state.get("ordering") is not None)
-                state["factor"] = FactorizedSolver(executor.curvature_matrix(), state["mu"], state.get("ordering"))
+                state["factor"] = executor.factorize_curvature(state["mu"], state.get("ordering"))
                 state["ordering"] = state["factor"].ordering
         if self.solver == "lu":
             return state["factor"].solve(-space_grad)

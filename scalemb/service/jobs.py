@@ -192,7 +192,7 @@ class JobRunner:
         embedder = Embedder(model=params["model"], space_dims=params["space"], time_dims=params["time"],
                             iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
                             optimizer=params["optimizer"], repulsion=params["repulsion"], quiet=True,
-                            n_threads=self.n_threads, **({"scheduler": self.scheduler} if self.scheduler else {}))
+                            n_threads=self.n_threads, scheduler=self.scheduler)
         last_flush = [0.0]
 
         def on_iteration(restart, iteration, kl):

@@ -1,0 +1,358 @@
+"""Dask executor: the row-block kernels on Dask workers that keep their partitions of P resident.
+
+Same interface and same numbers as ``LocalExecutor`` given the same row blocks: the optimiser cannot tell
+them apart.
+
+* **Placement.**  Partition ``k`` of the affinity store (``AffinityStore.partitions``) is read by a task
+  pinned to worker ``k mod W`` (``AffinityStore.read_rows``: only that partition's chunks); the client reads
+  the store's metadata only.  The executor holds the partitions' futures, so they stay in worker memory for
+  the whole run; no graph is rebuilt and nothing is reloaded per iteration.
+* **Broadcast of Y.**  Each call sends the coordinates once to every worker holding partitions, as one
+  scattered key *per worker*.  A single ``scatter(..., broadcast=True)`` key would be thinned out by the
+  Active Memory Manager's ReduceReplicas policy (on by default), after which tasks fetch it again from the
+  one remaining holder; a key with a single replica is never touched by it.
+* **Reduction.**  One task per partition runs next to its block; partials are gathered in partition order
+  and reduced by the same functions as the local executor (``reduce_blocks``), so the result is identical
+  for any number of workers and equals ``LocalExecutor(..., blocks=store partitions)`` bit for bit.
+* **Spectral direction.**  The curvature weights C of each partition stay on its worker
+  (``set_curvature``); ``laplacian_matvec`` is a row-block product there; the sparse factorisation of
+  ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P.
+* **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
+  (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
+  so the call is repeated after re-scattering and recomputing the curvature at the coordinates it was
+  last set at (same numbers, same result), at most ``retries`` times.  A lost scheduler raises
+  ``SchedulerLostError``.
+"""
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from ..affinity.affinity import RowBlock
+from ..affinity.store import AffinityStore
+from ..errors import ScalembError
+from ..models import get_model
+from ..repulsion.fft import FFTParams, check_supported
+from ..repulsion.method import resolve_repulsion
+from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
+from .fft_pass import evaluate_fft
+from .laplacian import row_sums
+
+logger = logging.getLogger("scalemb")
+
+
+class SchedulerLostError(ScalembError):
+    """The Dask scheduler went away during a run."""
+
+
+# --------------------------------------------------------------------------- functions run on the workers
+
+def load_partition(store_path: str, r0: int, r1: int) -> RowBlock:
+    """Rows ``[r0, r1)`` of the store's P (runs on a worker)."""
+    return AffinityStore(store_path).read_rows(r0, r1)
+
+
+def entropy_partition(block: RowBlock) -> float:
+    return block.entropy_term()
+
+
+def evaluate_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int):
+    return evaluate_block(get_model(model_name), block, coords, space_dims)
+
+
+def curvature_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int,
+                        exaggeration: float, fixed: bool) -> np.ndarray:
+    return curvature_block(get_model(model_name), block, coords, space_dims, exaggeration, fixed)
+
+
+def diagonal_partition(block: RowBlock, weights: np.ndarray) -> np.ndarray:
+    return row_sums(block.indptr, weights)
+
+
+def factorize_partitions(n_points: int, mu: float, ordering, *blocks_and_weights):
+    """``FactorizedSolver`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one worker)."""
+    import scipy.sparse as sp
+
+    from ..optim.solvers import FactorizedSolver
+
+    blocks, weights = blocks_and_weights[0::2], blocks_and_weights[1::2]
+    indptr = np.concatenate([[0], np.cumsum([b.indptr[-1] for b in blocks])])
+    row_ptr = np.concatenate([b.indptr[:-1] + indptr[k] for k, b in enumerate(blocks)] + [[indptr[-1]]])
+    C = sp.csr_matrix((np.concatenate(weights), np.concatenate([b.indices for b in blocks]), row_ptr),
+                      shape=(n_points, n_points))
+    laplacian = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
+    return FactorizedSolver(laplacian, mu, ordering)
+
+
+def solve_factorized(factor, G: np.ndarray) -> np.ndarray:
+    return factor.solve(G)
+
+
+def factor_ordering(factor) -> np.ndarray:
+    return factor.ordering
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+def _is_scheduler_loss(client, exc: BaseException | None = None) -> bool:
+    """The client is not connected (it reconnects, then closes) or a future was cancelled for that reason."""
+    return client.status != "running" or "scheduler-connection-lost" in str(exc)
+
+
+class RemoteFactorization:
+    """A ``FactorizedSolver`` living on a worker: ``solve(G)`` ships G there and the direction back."""
+
+    def __init__(self, executor: "DaskExecutor", mu: float, ordering):
+        self._executor = executor
+        self._mu = mu
+        self._ordering = ordering
+        self._future = None
+        self.ordering = None
+        self._build()
+
+    def _build(self):
+        ex = self._executor
+        parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
+        self._future = ex._run(lambda: ex.client.submit(factorize_partitions, ex.n_points, self._mu,
+                                                        self._ordering, *parts, pure=False))
+        if self.ordering is None:
+            self.ordering = ex._run(lambda: ex.client.submit(factor_ordering, self._future).result())
+
+    def solve(self, G: np.ndarray) -> np.ndarray:
+        ex = self._executor
+        G = np.ascontiguousarray(G, dtype=np.float64)
+
+        def attempt():
+            return ex.client.submit(solve_factorized, self._future, G, pure=False).result()
+
+        try:
+            return ex._run(attempt, retries=0)
+        except SchedulerLostError:
+            raise
+        except Exception:  # noqa: BLE001 - the worker holding the factor died: rebuild it elsewhere
+            logger.warning("lost the factorisation's worker; refactorising")
+            ex._recover()
+            self._build()
+            return ex._run(attempt)
+
+
+class DaskExecutor:
+    """Evaluates KL(P||Q) and its gradient with P's row partitions resident on Dask workers.
+
+    ``store``: an affinity store path (``scalemb affinity``); its partitions are the row blocks.  ``client``:
+    a ``distributed.Client``.  ``repulsion``/``fft_params`` and the coordinate layout and every method are
+    those of ``LocalExecutor``; with ``fft`` the charge grids are map-reduced (one partial grid per partition,
+    summed on the client, one FFT there, potentials sent once to each worker).
+    """
+
+    def __init__(self, store, model, space_dims: int, time_dims: int, client, retries: int = 3,
+                 repulsion: str = "exact", fft_params: FFTParams | None = None):
+        model.check_dims(space_dims, time_dims)
+        self.store = AffinityStore(store)
+        self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, self.store.n_points)
+        if self.repulsion == "fft":
+            check_supported(model.name, space_dims, time_dims)
+        self.fft_params = fft_params or FFTParams()
+        self.model = model
+        self.space_dims = space_dims
+        self.time_dims = time_dims
+        self.client = client
+        self.retries = retries
+        bounds = self.store.partitions
+        self.partitions = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        self._weights = None
+        self._curvature_args = None
+        self._scattered = {}
+        self._warned_capped = False
+        self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "recoveries": 0}
+        workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
+        if not workers:
+            raise ScalembError(f"the Dask cluster at {client.scheduler.address} has no workers")
+        path = str(self.store.path.resolve())
+        token = self.store.content_hash or path
+        self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token[:16]}-{k}",
+                                      workers=[workers[k % len(workers)]], allow_other_workers=True)
+                        for k, (r0, r1) in enumerate(self.partitions)]
+        self._holders = self._run(self._wait_for_partitions)  # fails fast on an unreadable store
+        self._entropy = sum(self._run(lambda: self._per_partition(entropy_partition, self._blocks)))
+
+    @property
+    def n_points(self) -> int:
+        return self.store.n_points
+
+    # --- fault handling
+
+    def _run(self, fn, retries: int | None = None):
+        """``fn()``, repeated after a recovery when a worker was lost (at most ``retries`` times)."""
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
+                self._raise_if_scheduler_lost(exc)
+                if attempt == retries:
+                    raise
+                logger.warning("Dask call failed (%s: %s); recovering (attempt %d of %d)",
+                               exc.__class__.__name__, exc, attempt + 1, retries)
+                try:
+                    self._recover()
+                except Exception as lost:  # noqa: BLE001
+                    self._raise_if_scheduler_lost(lost)
+                    raise
+
+    def _raise_if_scheduler_lost(self, exc: BaseException) -> None:
+        if _is_scheduler_loss(self.client, exc):
+            raise SchedulerLostError(f"lost the Dask scheduler ({exc.__class__.__name__}: {exc}); "
+                                     "the last checkpoint, if any, is intact") from None
+
+    def _locate(self) -> list:
+        """Address of the worker holding each partition (the first holder)."""
+        who_has = self.client.who_has(self._blocks)
+        return [min(who_has[f.key]) if who_has.get(f.key) else None for f in self._blocks]
+
+    def _wait_for_partitions(self) -> list:
+        """Block until every partition is in worker memory; return their holders."""
+        self.client.gather(self._blocks)
+        return self._locate()
+
+    def _recover(self) -> None:
+        """After a worker loss: wait until every partition is held again, recompute the curvature weights."""
+        self.stats["recoveries"] += 1
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self._holders = self._wait_for_partitions()  # lost partitions are recomputed from the store
+                break
+            except Exception as exc:  # noqa: BLE001
+                if _is_scheduler_loss(self.client, exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        if self._curvature_args is not None:
+            self._weights = None
+            self._set_curvature_once(*self._curvature_args)
+
+    # --- per-call helpers
+
+    def _scatter(self, array: np.ndarray) -> list:
+        """``array`` sent once to each worker holding partitions: the future to use for each partition."""
+        holders = [h for h in self._holders if h is not None]
+        by_worker = {w: self.client.scatter(array, workers=[w], hash=False) for w in sorted(set(holders))}
+        self.stats["bytes_sent"] += array.nbytes * len(by_worker)
+        fallback = next(iter(by_worker.values()))
+        return [by_worker.get(h, fallback) for h in self._holders]
+
+    def map_blocks(self, fn, *args) -> list:
+        """``[fn(block_k, *args) for every partition k]`` on the partitions' workers, in partition order.
+
+        Arguments holding more than 16 KB of arrays are sent once to each worker (the same object passed
+        again within one evaluation reuses its scatter); small ones travel with the tasks."""
+        shipped = []
+        for arg in args:
+            if _nbytes(arg) > 1 << 14:
+                key = id(arg)
+                if key not in self._scattered:
+                    self._scattered[key] = (arg, self._scatter(arg))
+                shipped.append(self._scattered[key][1])
+            else:
+                shipped.append([arg] * len(self._blocks))
+        return self._per_partition(fn, self._blocks, *shipped)
+
+    def _per_partition(self, fn, *per_partition_args, extra=()) -> list:
+        """Submit ``fn(arg_k..., *extra)`` next to partition k for every k; gather in partition order."""
+        self.stats["calls"] += 1
+        futures = [self.client.submit(fn, *args, *extra, workers=[h] if h else None, allow_other_workers=True,
+                                      pure=False)
+                   for args, h in zip(zip(*per_partition_args), self._holders)]
+        results = self.client.gather(futures)
+        self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
+        return results
+
+    # --- the executor interface
+
+    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0) -> Evaluation:
+        """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``)."""
+        coords = np.ascontiguousarray(coords, dtype=np.float64)
+
+        def attempt():
+            self._scattered = {}
+            try:
+                if self.repulsion == "fft":
+                    return evaluate_fft(self.map_blocks, self.model.name, self.space_dims, coords, self._entropy,
+                                        exaggeration, self.fft_params, fft_workers=-1, on_capped=self._warn_capped)
+                results = self.map_blocks(evaluate_partition, coords, self.model.name, self.space_dims)
+                return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
+            finally:
+                self._scattered = {}
+
+        return self._run(attempt)
+
+    def _warn_capped(self, grid, lo, hi):
+        if not self._warned_capped:
+            logger.warning("fft repulsion: the embedding spans %s; the grid is capped (%s), accuracy is lower",
+                           np.array2string(hi - lo, precision=3), grid.describe())
+            self._warned_capped = True
+
+    def _set_curvature_once(self, coords, exaggeration, fixed):
+        y = self._scatter(coords)
+        self._weights = [self.client.submit(curvature_partition, b, yk, self.model.name, self.space_dims,
+                                            exaggeration, fixed, workers=[h] if h else None,
+                                            allow_other_workers=True, pure=False)
+                         for b, yk, h in zip(self._blocks, y, self._holders)]
+        self.client.gather(self._weights)  # surface a failure here, not in a later solve
+
+    def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
+        """Compute the curvature weights C of every partition on its worker and keep them there."""
+        coords = np.ascontiguousarray(coords, dtype=np.float64)
+        self._curvature_args = (coords, exaggeration, fixed)
+        self._run(lambda: self._set_curvature_once(coords, exaggeration, fixed))
+
+    def _check_curvature(self):
+        if self._weights is None:
+            raise RuntimeError("call set_curvature() before using the curvature")
+
+    def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
+        """``L(C) V`` for V of shape ``(d, N)``, by partitions on their workers."""
+        self._check_curvature()
+        V = np.ascontiguousarray(V, dtype=np.float64)
+
+        def attempt():
+            v = self._scatter(V)
+            return self._per_partition(laplacian_block, self._blocks, self._weights, v)
+
+        out = np.empty_like(V)
+        for (r0, r1), rows in zip(self.partitions, self._run(attempt)):
+            out[:, r0:r1] = rows
+        return out
+
+    def curvature_diagonal(self) -> np.ndarray:
+        """Diagonal of ``L(C)``."""
+        self._check_curvature()
+        return np.concatenate(self._run(lambda: self._per_partition(diagonal_partition, self._blocks,
+                                                                     self._weights)))
+
+    def factorize_curvature(self, mu: float, ordering=None) -> RemoteFactorization:
+        """The sparse factorisation of ``L(C) + mu I``, built and kept on a worker."""
+        self._check_curvature()
+        return RemoteFactorization(self, mu, ordering)
+
+    def close(self) -> None:
+        for futures in (self._blocks, self._weights or []):
+            for f in futures:
+                f.release()
+        self._blocks, self._weights = [], None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _nbytes(value) -> int:
+    """Bytes of the arrays in ``value`` (an array, or a dataclass / object holding arrays)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return sum(_nbytes(v) for v in vars(value).values()) if hasattr(value, "__dict__") else 0

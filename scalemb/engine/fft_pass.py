@@ -1,0 +1,51 @@
+"""One KL + gradient evaluation with FFT-interpolated repulsion, as a map-reduce over row blocks.
+
+``map_blocks(fn, *args)`` returns ``[fn(block, *args) for block in blocks]`` in block order, wherever the
+blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.repulsion.fft``):
+extent per block -> min/max -> grid (small) -> charges spread per block, summed in block order -> one FFT
+convolution (here, on the caller) -> near-field cell index of a capped grid (here) -> attraction and
+interpolated repulsion per block -> ``reduce_blocks``.
+"""
+import numpy as np
+
+from ..models import get_model
+from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
+from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
+
+
+def extent_of_block(block, coords):
+    return block_extent(coords, block.r0, block.r1)
+
+
+def charges_of_block(block, grid, coords):
+    return spread(grid, coords, block.r0, block.r1)
+
+
+def evaluate_block_on_grid(block, model_name, coords, space_dims, grid, potentials, cells):
+    return evaluate_block_fft(get_model(model_name), block, coords, space_dims, grid, potentials, cells)
+
+
+def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarray, entropy: float,
+                 exaggeration: float, params: FFTParams, fft_workers: int = 1, on_capped=None) -> Evaluation:
+    """KL(P||Q) and gradient at ``coords`` with the repulsion interpolated on a grid; ``on_capped(grid, lo,
+    hi)`` is called when the grid is capped (its near field is then summed directly).  A non-finite layout
+    gives a NaN evaluation (the optimisers treat it as a blow-up)."""
+    extents = map_blocks(extent_of_block, coords)
+    lo = np.min([e[0] for e in extents], axis=0)
+    hi = np.max([e[1] for e in extents], axis=0)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        nan = float("nan")
+        return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
+    grid = make_grid(model_name, space_dims, lo, hi, params, coords.shape[1])
+    if grid.capped and on_capped is not None:
+        on_capped(grid, lo, hi)
+    charges = None
+    for part in map_blocks(charges_of_block, grid, coords):
+        if charges is None:
+            charges = part
+        else:
+            charges += part
+    potentials = convolve(grid, charges, workers=fft_workers)
+    cells = near_cells(grid, coords)
+    results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells)
+    return reduce_blocks(results, coords.shape, entropy, exaggeration)

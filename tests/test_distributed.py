@@ -1,0 +1,179 @@
+"""The Dask executor against real `dask scheduler` / `dask worker` processes on loopback."""
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from dask import config as dask_config
+
+from scalemb.affinity import AffinityStore, coauthorship_affinity, write_affinity_store
+from scalemb.engine import LocalExecutor
+from scalemb.engine.distributed import DaskExecutor, SchedulerLostError
+from scalemb.io.coauthor_generator import write_coauthor_edge_list
+from scalemb.io.edgelist import read_edge_list
+from scalemb.models import get_model
+from scalemb.optim import make_optimizer
+from scalemb.optim.solvers import FactorizedSolver
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dask")
+    edges = write_coauthor_edge_list(tmp / "edges.txt", 1500, seed=4)
+    path = tmp / "P.zarr"
+    write_affinity_store(path, coauthorship_affinity(read_edge_list(edges)), n_partitions=5)
+    return path
+
+
+def local_executor(store, model="snest", space=2, time_dims=1):
+    st = AffinityStore(store)
+    return LocalExecutor(st.to_affinity(), get_model(model), space, time_dims, partitions=st.partitions)
+
+
+def test_partitions_stay_on_workers_and_match_local(store, dask_cluster):
+    rng = np.random.default_rng(0)
+    n = AffinityStore(store).n_points
+    Y = rng.normal(size=(3, n))
+    with local_executor(store) as local, DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client) as dask:
+        holders = set(dask._holders)
+        assert len(holders) == 2  # both workers hold partitions
+        for exaggeration in (1.0, 4.0):
+            a, b = local.evaluate(Y, exaggeration), dask.evaluate(Y, exaggeration)
+            assert a.kl == b.kl and a.objective == b.objective and np.array_equal(a.gradient, b.gradient)
+        local.set_curvature(Y)
+        dask.set_curvature(Y)
+        V = rng.normal(size=(2, n))
+        assert np.array_equal(local.laplacian_matvec(V), dask.laplacian_matvec(V))
+        assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
+        remote = dask.factorize_curvature(1e-6)
+        here = FactorizedSolver(local.curvature_matrix(), 1e-6)
+        assert np.array_equal(remote.ordering, here.ordering)
+        assert np.array_equal(remote.solve(V), here.solve(V))
+        # the coordinates go once to each worker per call; partitions were loaded once
+        calls_before = dask.stats["calls"]
+        dask.evaluate(Y)
+        assert dask.stats["calls"] == calls_before + 1
+        assert set(dask._holders) == holders
+
+
+def test_fft_repulsion_map_reduced_like_local(store, dask_cluster):
+    st = AffinityStore(store)
+    Y = np.random.default_rng(3).normal(size=(3, st.n_points))
+    with LocalExecutor(st.to_affinity(), get_model("snest"), 2, 1, partitions=st.partitions,
+                       repulsion="fft") as local, \
+            DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client, repulsion="fft") as dask:
+        a, b = local.evaluate(Y), dask.evaluate(Y)
+        assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
+
+
+def run(executor, optimizer, n_iter=40, seed=1):
+    coords = np.random.default_rng(seed).normal(size=(3, executor.n_points)) * 1e-4
+    return optimizer.optimize(executor, coords, n_iter)
+
+
+@pytest.mark.parametrize("name", ["dbd", "sd"])
+def test_runs_identical_to_local(store, dask_cluster, name):
+    with local_executor(store) as local:
+        expected = run(local, make_optimizer(name, "snest"))
+    with DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client) as dask:
+        got = run(dask, make_optimizer(name, "snest"))
+    assert np.array_equal(expected.coords, got.coords)
+    assert np.array_equal(expected.kl_history, got.kl_history)
+
+
+def test_worker_killed_mid_run(store, start_dask):
+    """SIGKILL one of three workers mid-run: its partitions are reloaded elsewhere, same result."""
+    with local_executor(store) as local:
+        expected = run(local, make_optimizer("sd", "snest"), n_iter=60)
+    processes = start_dask(3)
+    with DaskExecutor(store, get_model("snest"), 2, 1, processes.client) as dask:
+        victim = processes.workers[1]
+
+        def kill_at(it, kl):
+            if it == 20 and victim.poll() is None:
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+
+        coords = np.random.default_rng(1).normal(size=(3, dask.n_points)) * 1e-4
+        got = make_optimizer("sd", "snest").optimize(dask, coords, 60, callback=kill_at)
+        assert victim.poll() is not None
+        assert dask.stats["recoveries"] >= 1
+        assert len(processes.client.scheduler_info()["workers"]) == 2
+    assert np.array_equal(expected.coords, got.coords)
+
+
+def test_scheduler_lost_raises_clear_error(store, start_dask):
+    processes = start_dask(1, client_timeout=5)  # the client gives up reconnecting after 5 s
+    executor = DaskExecutor(store, get_model("tsne"), 2, 0, processes.client)
+    Y = np.random.default_rng(0).normal(size=(2, executor.n_points))
+    with local_executor(store, "tsne", 2, 0) as local:  # one worker: same sums as the local executor
+        assert np.array_equal(executor.evaluate(Y).gradient, local.evaluate(Y).gradient)
+    processes.scheduler.send_signal(signal.SIGKILL)
+    processes.scheduler.wait()
+    with dask_config.set({"distributed.comm.timeouts.connect": "3s"}), \
+            pytest.raises(SchedulerLostError, match="lost the Dask scheduler"):
+        for _ in range(50):
+            executor.evaluate(Y)
+            time.sleep(0.1)
+
+
+def test_not_a_store_is_refused(tmp_path):
+    with pytest.raises(Exception, match="not a scalemb affinity store"):
+        DaskExecutor(tmp_path, get_model("tsne"), 2, 0, None)
+
+
+def test_embed_on_existing_cluster_and_local_cluster(store, dask_cluster, tmp_path):
+    import scalemb
+    from scalemb.embedding import EmbeddingResult
+
+    local = scalemb.embed(str(store), model="tsne", iterations=30, seed=2)
+    remote = scalemb.embed(str(store), model="tsne", iterations=30, seed=2, scheduler=dask_cluster.address)
+    assert np.array_equal(local.embedding, remote.embedding) and local.kl == remote.kl
+    assert remote.provenance["executor"] == "dask" and remote.provenance["store"] == str(store)
+    # the CLI with a LocalCluster started for the run, on an edge list streamed into a temporary store
+    edges = tmp_path / "edges.txt"
+    write_coauthor_edge_list(edges, 400, seed=5)
+    out = tmp_path / "run.zarr"
+    proc = subprocess.run(["scalemb", "embed", str(edges), "--model", "tsne", "--iterations", "20", "--workers",
+                           "1", "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ran = EmbeddingResult.load(out)
+    here = scalemb.embed(str(edges), model="tsne", iterations=20)
+    assert np.allclose(ran.embedding, here.embedding, rtol=1e-6, atol=1e-12)
+    assert np.array_equal(ran.node_ids, here.node_ids)
+
+
+def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
+    """Stopped at a checkpoint, then ``scalemb resume`` (CLI) on the same cluster: the uninterrupted result."""
+    import scalemb
+    from scalemb.embedding import EmbeddingResult
+    from scalemb.io.checkpoint import Checkpointer, read_checkpoint
+
+    settings = dict(model="snest", iterations=60, seed=3, optimizer="sd", scheduler=dask_cluster.address)
+    reference = scalemb.embed(str(store), **settings)
+    out = tmp_path / "run.zarr"
+
+    def stop_at_40(checkpointer, restart, iteration):
+        if iteration == 40:
+            checkpointer.request_stop()
+
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=20, on_checkpoint=stop_at_40) as checkpointer:
+            scalemb.Embedder(**settings).fit(str(store), checkpoint=checkpointer)
+    assert read_checkpoint(out).iteration == 40
+    proc = subprocess.run(["scalemb", "resume", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    resumed = EmbeddingResult.load(out)
+    assert np.array_equal(resumed.embedding, reference.embedding) and resumed.kl == reference.kl
+    assert resumed.provenance["executor"] == "dask"
+
+
+def test_unreachable_scheduler_is_a_clear_error(tmp_path):
+    env = dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s")
+    proc = subprocess.run(["scalemb", "embed", "school", "--scheduler", "tcp://127.0.0.1:9", "--out",
+                           str(tmp_path / "r.zarr"), "--quiet"], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 2 and "cannot connect to the Dask scheduler at tcp://127.0.0.1:9" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.zarr").exists()
