@@ -25,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+# This file shares its name with the `distributed` package: keep its folder behind site-packages on the path
+# (for `common`), so that `import distributed` finds the package, not this script.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 from common import Report, machine_description, markdown_table  # noqa: E402
 
 
@@ -126,6 +129,9 @@ def main():
                f"{args.evals} evaluations; sd = mean over {args.sd_iterations} spectral-direction iterations "
                "(solver cg, Jacobi preconditioner: Laplacian products on the workers).")
         report()
+        header = ["model", "repulsion", "executor", "setup s", "s / evaluation", "ratio vs local",
+                  "s / sd iteration", "ratio vs local", "task batches / MB sent / MB received per evaluation",
+                  "process peak RSS GB"]
         rows = []
         for model, repulsion in [(m, r) for r in args.repulsion.split(",") for m in args.models.split(",")]:
             local = measure("local", store, model, args.evals, args.sd_iterations, repulsion)
@@ -137,10 +143,10 @@ def main():
                              f"{r['eval_s'] / local['eval_s']:.2f}", f"{r['sd_iteration_s']:.2f}",
                              f"{r['sd_iteration_s'] / local['sd_iteration_s']:.2f}", extra,
                              f"{r['peak_rss_gb']:.2f}"])
-        report(markdown_table(["model", "repulsion", "executor", "setup s", "s / evaluation", "ratio vs local",
-                               "s / sd iteration", "ratio vs local",
-                               "task batches / MB sent / MB received per evaluation", "process peak RSS GB"],
-                              rows))
+            print(markdown_table(header, rows[-2:]), flush=True)
+            if args.out:  # rows so far, in case a later configuration fails
+                Path(args.out).write_text(report.text() + markdown_table(header, rows) + "\n")
+        report(markdown_table(header, rows))
         report()
     if args.out:
         Path(args.out).write_text(report.text())

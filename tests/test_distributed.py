@@ -16,6 +16,7 @@ from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.optim.solvers import FactorizedSolver
+from scalemb.repulsion import FFTParams, make_grid
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +59,20 @@ def test_partitions_stay_on_workers_and_match_local(store, dask_cluster):
         assert set(dask._holders) == holders
 
 
-def test_fft_repulsion_map_reduced_like_local(store, dask_cluster):
+@pytest.mark.parametrize("max_nodes", [None, 20_000])
+def test_fft_repulsion_map_reduced_like_local(store, dask_cluster, max_nodes):
+    """Charge grids map-reduced on the workers; with a capped grid the near-field cell index travels too."""
     st = AffinityStore(store)
     Y = np.random.default_rng(3).normal(size=(3, st.n_points))
+    params = FFTParams(max_nodes=max_nodes)
+    assert make_grid("snest", 2, Y.min(1), Y.max(1), params, st.n_points).capped == (max_nodes is not None)
     with LocalExecutor(st.to_affinity(), get_model("snest"), 2, 1, partitions=st.partitions,
-                       repulsion="fft") as local, \
-            DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client, repulsion="fft") as dask:
+                       repulsion="fft", fft_params=params) as local, \
+            DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client, repulsion="fft",
+                         fft_params=params) as dask:
         a, b = local.evaluate(Y), dask.evaluate(Y)
         assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
+        assert dask.stats["recoveries"] == 0
 
 
 def run(executor, optimizer, n_iter=40, seed=1):

@@ -234,11 +234,12 @@ class DaskExecutor:
 
     # --- per-call helpers
 
-    def _scatter(self, array: np.ndarray) -> list:
-        """``array`` sent once to each worker holding partitions: the future to use for each partition."""
+    def _scatter(self, value) -> list:
+        """``value`` (an array, or an object holding arrays) sent once to each worker holding partitions: the
+        future to use for each partition."""
         holders = [h for h in self._holders if h is not None]
-        by_worker = {w: self.client.scatter(array, workers=[w], hash=False) for w in sorted(set(holders))}
-        self.stats["bytes_sent"] += array.nbytes * len(by_worker)
+        by_worker = {w: self.client.scatter(value, workers=[w], hash=False) for w in sorted(set(holders))}
+        self.stats["bytes_sent"] += _nbytes(value) * len(by_worker)
         fallback = next(iter(by_worker.values()))
         return [by_worker.get(h, fallback) for h in self._holders]
 
