@@ -16,8 +16,8 @@ from scalemb.io.coauthor_generator import write_coauthor_edge_list
 from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
-from scalemb.repulsion import (AUTO_FFT_MIN_POINTS, FFTParams, block_extent, convolve, fft_repulsion, interpolate,
-                               make_grid, resolve_repulsion, spread)
+from scalemb.repulsion import (AUTO_FFT_MIN_POINTS, DEFAULT_INTERPOLATION, FFTParams, block_extent, convolve,
+                               fft_repulsion, interpolate, make_grid, resolve_repulsion, spread)
 
 CASES = [("tsne", 1, 0), ("tsne", 2, 0), ("tsne", 3, 0), ("sne", 1, 0), ("sne", 2, 0), ("sne", 3, 0),
          ("snest", 1, 1), ("snest", 2, 1), ("snest", 3, 1)]
@@ -214,7 +214,7 @@ def test_cli_repulsion_fft(tmp_path, capsys):
     assert main(["embed", "school", "--model", "tsne", "--repulsion", "fft", "--iterations", "200",
                  "--out", str(out), "--quiet"]) == 0
     res = EmbeddingResult.load(out)
-    assert res.repulsion["method"] == "fft" and res.repulsion["points"] == FFTParams().points
+    assert res.repulsion["method"] == "fft" and res.repulsion["points"] == DEFAULT_INTERPOLATION["tsne", 2][0]
     assert res.kl < 0.75
     assert main(["embed", "school", "--repulsion", "fft", "--fft-points", "1", "--out", str(tmp_path / "x.zarr"),
                  "--quiet"]) == 2

@@ -12,7 +12,7 @@ from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpoin
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
-from ..repulsion import DEFAULT_BOX_WIDTH, REPULSION_METHODS, FFTParams
+from ..repulsion import REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -92,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
                      help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
                           "(default: fft from the measured crossover N)")
-    emb.add_argument("--fft-points", type=_positive_int, default=FFTParams.points,
-                     help=f"fft: interpolation points per box and dimension (default {FFTParams.points})")
+    emb.add_argument("--fft-points", type=_positive_int, default=None,
+                     help="fft: interpolation points per box and dimension (default per model and dimension: "
+                          "t-SNE R^2 6, otherwise 4)")
     emb.add_argument("--fft-box-width", type=float, default=None,
-                     help="fft: largest space box width (default per model: "
-                          + ", ".join(f"{m} {w:g}" for m, w in DEFAULT_BOX_WIDTH.items()) + ")")
+                     help="fft: space box width (default per model and dimension: t-SNE R^2 1, R^1/R^3 0.5; "
+                          "SNE 0.25; SNEST 0.4)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
                      help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N m)), m time nodes or 1)")
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",

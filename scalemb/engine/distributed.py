@@ -151,9 +151,10 @@ class DaskExecutor:
         model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
         self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, self.store.n_points)
+        self.fft_params = fft_params or FFTParams()
         if self.repulsion == "fft":
             check_supported(model.name, space_dims, time_dims)
-        self.fft_params = fft_params or FFTParams()
+            self.fft_params = self.fft_params.resolved(model.name, space_dims)
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims

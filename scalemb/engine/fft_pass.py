@@ -2,19 +2,15 @@
 
 ``map_blocks(fn, *args)`` returns ``[fn(block, *args) for block in blocks]`` in block order, wherever the
 blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.repulsion.fft``):
-extent per block -> min/max -> grid (small) -> charges spread per block, summed in block order -> one FFT
-convolution (here, on the caller) -> near-field cell index of a capped grid (here) -> attraction and
-interpolated repulsion per block -> ``reduce_blocks``.
+extent of the coordinates (here: the caller holds them) -> grid (small) -> charges spread per block, summed in
+block order -> one FFT convolution (here) -> near-field cell index of a capped grid (here) -> attraction and
+interpolated repulsion per block -> ``reduce_blocks``: two passes over the blocks per evaluation.
 """
 import numpy as np
 
 from ..models import get_model
 from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
-
-
-def extent_of_block(block, coords):
-    return block_extent(coords, block.r0, block.r1)
 
 
 def charges_of_block(block, grid, coords):
@@ -30,9 +26,7 @@ def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarra
     """KL(P||Q) and gradient at ``coords`` with the repulsion interpolated on a grid; ``on_capped(grid, lo,
     hi)`` is called when the grid is capped (its near field is then summed directly).  A non-finite layout
     gives a NaN evaluation (the optimisers treat it as a blow-up)."""
-    extents = map_blocks(extent_of_block, coords)
-    lo = np.min([e[0] for e in extents], axis=0)
-    hi = np.max([e[1] for e in extents], axis=0)
+    lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)

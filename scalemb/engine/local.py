@@ -46,9 +46,10 @@ class LocalExecutor:
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
         self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, affinity.n_points)
+        self.fft_params = fft_params or FFTParams()
         if self.repulsion == "fft":
             check_supported(model.name, space_dims, time_dims)
-        self.fft_params = fft_params or FFTParams()
+            self.fft_params = self.fft_params.resolved(model.name, space_dims)
         self._warned_capped = False
         self.affinity = affinity
         self.model = model

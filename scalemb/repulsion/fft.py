@@ -30,9 +30,9 @@ Charges use coordinates relative to the grid centre (translation invariance), wh
 ``y_ik phi_1 - phi_{y_k}`` at the scale of the layout, not of its offset.  The self pair's ``w(0) = 1`` is
 subtracted from Z exactly; its force term is zero analytically and only its interpolation error remains.
 
-Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes at most ``box_width`` wide (default per
-model, ``DEFAULT_BOX_WIDTH``, from the accuracy measurements recorded in benchmarks/results/repulsion.md), ``p``
-equispaced nodes per box, the grid spanning exactly the embedding's extent ``[lo, hi]``; the node-to-node
+Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes ``box_width`` wide (default per model
+and dimension, ``DEFAULT_INTERPOLATION``, from accuracy measurements), ``p`` equispaced nodes per box, the grid
+centred on the embedding's extent ``[lo, hi]``, which it covers; the node-to-node
 products are convolutions, done by FFT over the space axes.  Time (SNEST, dt = 1): ``exp(Δt²)`` grows with the
 time extent T and varies relatively like ``2|Δt|``, so equispaced boxes would need ~T² of them; it is entire,
 so instead one box spans the time axis with ``m`` Chebyshev nodes (degree m - 1 interpolation in t, error
@@ -59,8 +59,10 @@ Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` pe
 per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full
 ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
+import functools
 import math
 from dataclasses import dataclass, field
+import dataclasses
 
 import numpy as np
 import scipy.fft
@@ -68,11 +70,16 @@ import scipy.fft
 from .interpolation import box_tables, interpolate_rows, near_rows, spread_rows
 
 MODELS = ("sne", "tsne", "snest")
-# Default space box width per model (with the default p = 4 points per box, i.e. 8-10 nodes per unit length):
-# measured on clustered and converged layouts to keep the relative errors of Z and of the gradient a few times
-# below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and width 1, give ~5e-2 on
-# the same layouts).  SNEST's time weighting amplifies the space interpolation error, hence narrower boxes.
-DEFAULT_BOX_WIDTH = {"tsne": 0.5, "sne": 0.25, "snest": 0.4}
+# Default (points per box p, space box width) per model and space dimension, i.e. p / width nodes per unit
+# length: measured on clustered and converged layouts to keep the relative errors of Z and of the gradient a
+# few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and width 1, give
+# ~1e-2 on the same layouts).  t-SNE R^2: 6 points in unit boxes, 6 nodes per unit (relative force error
+# 3e-4 on an uncapped clustered layout, 2.1e-4 with 4 points in boxes of 0.5; 1.2e-3 at 5 nodes per unit),
+# 1.8x fewer nodes than 8 per unit.  SNEST's time weighting amplifies the space interpolation error, hence
+# narrower boxes.
+DEFAULT_INTERPOLATION = {("tsne", 1): (4, 0.5), ("tsne", 2): (6, 1.0), ("tsne", 3): (4, 0.5),
+                         ("sne", 1): (4, 0.25), ("sne", 2): (4, 0.25), ("sne", 3): (4, 0.25),
+                         ("snest", 1): (4, 0.4), ("snest", 2): (4, 0.4), ("snest", 3): (4, 0.4)}
 MAX_TIME_POINTS = 64
 
 
@@ -107,13 +114,13 @@ _KIND = {"tsne": 0, "sne": 1, "snest": 2}
 class FFTParams:
     """Interpolation settings.
 
-    ``points``: Lagrange nodes per box per space dimension (p); ``box_width``: largest space box width (None:
-    the model's default, ``DEFAULT_BOX_WIDTH``); ``time_points``: Chebyshev nodes on the time axis (None:
+    ``points``: Lagrange nodes per box per space dimension (p); ``box_width``: largest space box width (None
+    for either: the default for the model and space dimension, ``DEFAULT_INTERPOLATION``); ``time_points``: Chebyshev nodes on the time axis (None:
     ``8 + 5 T`` for time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node
     count (None: ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension.
     """
 
-    points: int = 4
+    points: int | None = None
     box_width: float | None = None
     time_points: int | None = None
     max_nodes: int | None = None
@@ -128,7 +135,7 @@ class FFTParams:
         return min(2 ** 22, max(2 ** 14, 16 * int(n_points or 2 ** 18) * time_points))
 
     def __post_init__(self):
-        if int(self.points) != self.points or self.points < 2:
+        if self.points is not None and (int(self.points) != self.points or self.points < 2):
             raise ValueError(f"interpolation points per box must be an integer >= 2, got {self.points}")
         if self.box_width is not None and not (np.isfinite(self.box_width) and self.box_width > 0):
             raise ValueError(f"box_width must be a positive number, got {self.box_width}")
@@ -138,6 +145,11 @@ class FFTParams:
             raise ValueError(f"min_boxes must be an integer >= 1, got {self.min_boxes}")
         if self.max_nodes is not None and (int(self.max_nodes) != self.max_nodes or self.max_nodes < 1):
             raise ValueError(f"max_nodes must be a positive integer, got {self.max_nodes}")
+
+    def resolved(self, model: str, space_dims: int) -> "FFTParams":
+        """These settings with ``points`` and ``box_width`` filled in from ``DEFAULT_INTERPOLATION``."""
+        points, width = DEFAULT_INTERPOLATION[model, space_dims]
+        return dataclasses.replace(self, points=self.points or points, box_width=self.box_width or width)
 
     def as_dict(self) -> dict:
         return {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
@@ -281,6 +293,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         raise ValueError(f"embedding extent must be finite, got [{lo}, {hi}]")
     ds = space_dims
     extent = hi - lo
+    params = params.resolved(model, ds)
     p = int(params.points)
     points = [p] * ds
     if dims > ds:
@@ -290,7 +303,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     max_nodes = params.node_cap(n_points, per_box // p ** ds)
     if per_box > max_nodes:
         raise ValueError(f"max_nodes={max_nodes} is less than the {per_box} nodes of one box")
-    width = params.box_width or DEFAULT_BOX_WIDTH[model]
+    width = params.box_width
     wanted = np.maximum(params.min_boxes, np.ceil(extent[:ds] / width)).astype(np.int64)
     n_space = wanted.copy()
     sigma = cutoff = 0.0
@@ -306,9 +319,14 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
             sigma = float((extent[:ds] / n_space).max() / width)
             cutoff = _CUTOFF_SIGMAS * sigma
     n_boxes = np.concatenate([n_space, np.ones(dims - ds, dtype=np.int64)])
-    box_width = np.where(extent > 0, extent / n_boxes, 1.0)
-    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, bool(np.any(n_space < wanted)),
-                _plan(model, ds), sigma, cutoff)
+    capped = bool(np.any(n_space < wanted))
+    if capped:
+        box_width = np.where(extent > 0, extent / n_boxes, 1.0)
+    else:  # boxes exactly ``width`` wide, centred on the data: the node spacing stays the same from one
+        # evaluation to the next, and so does the kernel's spectrum while the box count does (kernel_spectrum)
+        box_width = np.concatenate([np.full(ds, float(width)), np.where(extent[ds:] > 0, extent[ds:], 1.0)])
+        lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
+    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, _plan(model, ds), sigma, cutoff)
 
 
 def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
@@ -327,16 +345,36 @@ def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
     return off
 
 
-def kernel_grid(grid: Grid, kernel) -> np.ndarray:
+def _kernel_key(grid: Grid) -> tuple:
+    """What a space kernel's grid depends on: nodes, FFT lengths and node spacing per space dimension, sigma."""
+    ds = grid.space_dims
+    return (grid.nodes[:ds], grid.padded(), tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)),
+            float(grid.sigma))
+
+
+def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
     """``K(x_m - x_0)`` of a space kernel for every space node difference, zero-padded to the FFT lengths
     (circulant embedding of the Toeplitz node-to-node matrix)."""
-    padded = grid.padded()
     d2s = 0.0
-    for k, (n, m) in enumerate(zip(grid.nodes, padded)):
-        shape = [1] * grid.space_dims
+    for k, (n, m, h) in enumerate(zip(nodes, padded, spacings)):
+        shape = [1] * len(padded)
         shape[k] = m
-        d2s = d2s + (_offsets(n, m, grid.box_width[k] / grid.points[k]) ** 2).reshape(shape)
-    return np.ascontiguousarray(np.broadcast_to(kernel(d2s, grid.sigma), padded))
+        d2s = d2s + (_offsets(n, m, h) ** 2).reshape(shape)
+    return np.ascontiguousarray(np.broadcast_to(kernel(d2s, sigma), padded))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_spectrum(kernel, nodes, padded, spacings, sigma, workers) -> np.ndarray:
+    spectrum = scipy.fft.rfftn(_kernel_values(kernel, nodes, padded, spacings, sigma), workers=workers)
+    spectrum.flags.writeable = False
+    return spectrum
+
+
+def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
+    """The FFT of the space kernel's node-difference values (``_kernel_values``).  Uncapped grids keep their node spacing between
+    evaluations (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged
+    (two of an evaluation's nine FFTs for t-SNE)."""
+    return _cached_spectrum(kernel, *_kernel_key(grid), workers)
 
 
 def time_matrix(grid: Grid) -> np.ndarray:
@@ -361,12 +399,12 @@ def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> np.ndarray:
     crop = tuple(slice(0, n) for n in grid.nodes[:ds])
     potentials = np.empty((grid.n_nodes, grid.n_outputs))
     for index, kernel in enumerate(grid.plan.kernels):
-        kernel_spectrum = scipy.fft.rfftn(kernel_grid(grid, kernel), workers=workers)
+        spectrum = kernel_spectrum(grid, kernel, workers)
         if grid.dims > ds:
-            kernel_spectrum = kernel_spectrum[..., None]
+            spectrum = spectrum[..., None]
         for o, (kernel_index, channel) in enumerate(grid.plan.outputs):
             if kernel_index == index:
-                full = scipy.fft.irfftn(kernel_spectrum * spectra[channel], s=padded, axes=tuple(range(ds)),
+                full = scipy.fft.irfftn(spectrum * spectra[channel], s=padded, axes=tuple(range(ds)),
                                         workers=workers)
                 potentials[:, o] = full[crop].ravel()
     return potentials
