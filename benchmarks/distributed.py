@@ -98,10 +98,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--authors", type=int, default=260_000, help="default: N close to 2e5 after ingestion")
-    parser.add_argument("--models", default="tsne,snest")
+    parser.add_argument("--runs", default="tsne:exact,snest:exact,tsne:fft,snest:fft",
+                        help="model:repulsion pairs, comma separated")
     parser.add_argument("--evals", type=int, default=3)
     parser.add_argument("--sd-iterations", type=int, default=3)
-    parser.add_argument("--repulsion", default="exact,fft", help="repulsion methods, comma separated")
+    parser.add_argument("--repulsion", default="exact", help=argparse.SUPPRESS)  # a child's method
     parser.add_argument("--child", choices=("local", "dask"))
     parser.add_argument("--store")
     parser.add_argument("--model")
@@ -133,7 +134,7 @@ def main():
                   "s / sd iteration", "ratio vs local", "task batches / MB sent / MB received per evaluation",
                   "process peak RSS GB"]
         rows = []
-        for model, repulsion in [(m, r) for r in args.repulsion.split(",") for m in args.models.split(",")]:
+        for model, repulsion in (run.split(":") for run in args.runs.split(",")):
             local = measure("local", store, model, args.evals, args.sd_iterations, repulsion)
             dask = measure("dask", store, model, args.evals, args.sd_iterations, repulsion)
             for r in (local, dask):
