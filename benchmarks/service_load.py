@@ -154,7 +154,7 @@ def main():
         "|---|---|---|---|",
         f"| {jobs['jobs']} | {jobs['done']} | {jobs['correct']} | {jobs['wall_s']:.2f} s |",
         "",
-        f"## Status calls while a GrQc job runs (snest, dbd, N = 5241, exact repulsion)",
+        "## Status calls while a GrQc job runs (snest, dbd, N = 5241, exact repulsion)",
         "",
         f"{latency['calls']} sequential `GET /jobs/{{id}}` calls, 10 ms apart, each returning the full KL history "
         f"({latency['history_len'][0]}–{latency['history_len'][1]} values); {latency['while_running']} of them while "

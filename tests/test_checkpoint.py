@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-import zarr
 
 import scalemb
 from scalemb.embedding import initial_coords

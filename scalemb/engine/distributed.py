@@ -33,8 +33,8 @@ from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import ScalembError
 from ..models import get_model
-from ..repulsion.fft import FFTParams, check_supported
-from ..repulsion.method import resolve_repulsion
+from ..repulsion.fft import FFTParams
+from ..repulsion.method import resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
 from .fft_pass import evaluate_fft
 from .laplacian import row_sums
@@ -155,11 +155,8 @@ class DaskExecutor:
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
-        self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, self.store.n_points)
-        self.fft_params = fft_params or FFTParams()
-        if self.repulsion == "fft":
-            check_supported(model.name, space_dims, time_dims)
-            self.fft_params = self.fft_params.resolved(model.name, space_dims)
+        self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
+                                                                     self.store.n_points, fft_params)
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims

@@ -9,8 +9,8 @@ import scipy.sparse as sp
 from ..affinity.affinity import Affinity, row_partition
 from ..models.base import Model
 from ..optim.solvers import FactorizedSolver
-from ..repulsion.fft import FFTParams, check_supported
-from ..repulsion.method import resolve_repulsion
+from ..repulsion.fft import FFTParams
+from ..repulsion.method import resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
 from .fft_pass import evaluate_fft
 from .laplacian import row_sums
@@ -45,11 +45,8 @@ class LocalExecutor:
                  n_threads: int | None = None, n_blocks: int | None = None, partitions=None,
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
-        self.repulsion = resolve_repulsion(repulsion, model.name, space_dims, time_dims, affinity.n_points)
-        self.fft_params = fft_params or FFTParams()
-        if self.repulsion == "fft":
-            check_supported(model.name, space_dims, time_dims)
-            self.fft_params = self.fft_params.resolved(model.name, space_dims)
+        self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
+                                                                     affinity.n_points, fft_params)
         self._warned_capped = False
         self.affinity = affinity
         self.model = model

@@ -55,6 +55,16 @@ def _box_weights(Y, i, lo, inv_width, n_boxes, points, positions, inv_denominato
             weights[k, a] = num * inv_denominators[k, a]
 
 
+@njit(cache=True, nogil=True)
+def _node_offsets(digits, strides):
+    """Flat offset of each of a box's nodes from the box's first node."""
+    offsets = np.zeros(digits.shape[0], dtype=np.int64)
+    for c in range(digits.shape[0]):
+        for k in range(digits.shape[1]):
+            offsets[c] += digits[c, k] * strides[k]
+    return offsets
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, strides, points, positions, inv_denominators, digits,
                 grid):
@@ -64,12 +74,7 @@ def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, strides, points, posi
     n_local = digits.shape[0]
     weights = np.empty((dims, positions.shape[1]))
     boxes = np.empty(dims, dtype=np.int64)
-    offsets = np.empty(n_local, dtype=np.int64)
-    for c in range(n_local):
-        off = 0
-        for k in range(dims):
-            off += digits[c, k] * strides[k]
-        offsets[c] = off
+    offsets = _node_offsets(digits, strides)
     charge = np.empty(dims + 1)
     charge[0] = 1.0
     for i in range(r0, r1):
@@ -100,12 +105,7 @@ def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, strides, points,
     n_out = potentials.shape[1]
     weights = np.empty((dims, positions.shape[1]))
     boxes = np.empty(dims, dtype=np.int64)
-    offsets = np.empty(n_local, dtype=np.int64)
-    for c in range(n_local):
-        off = 0
-        for k in range(dims):
-            off += digits[c, k] * strides[k]
-        offsets[c] = off
+    offsets = _node_offsets(digits, strides)
     phi = np.empty(n_out)
     z = 0.0
     for i in range(r0, r1):

@@ -5,7 +5,7 @@
 by ``benchmarks/repulsion.py`` (section "crossover", recorded in benchmarks/results/repulsion.md) for the
 embedding's total dimension ds + dt; 1-D layouts use the 2-D crossover.
 """
-from .fft import MODELS
+from .fft import MODELS, FFTParams, check_supported
 
 REPULSION_METHODS = ("auto", "exact", "fft")
 # N from which one fft evaluation (KL + gradient) is faster than the exact one, per total dimension ds + dt,
@@ -23,3 +23,15 @@ def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, 
     supported = model in MODELS and 1 <= space_dims <= 3 and time_dims == (1 if model == "snest" else 0)
     threshold = AUTO_FFT_MIN_POINTS.get(max(2, space_dims + time_dims)) if supported else None
     return "fft" if threshold is not None and n_points >= threshold else "exact"
+
+
+def resolve_repulsion_settings(method: str, model: str, space_dims: int, time_dims: int, n_points: int,
+                               fft_params: FFTParams | None = None) -> tuple:
+    """``(method, params)`` for an executor: ``resolve_repulsion``'s method and, for ``fft`` (checked to be
+    supported), ``fft_params`` with the model's defaults filled in (``FFTParams.resolved``)."""
+    resolved = resolve_repulsion(method, model, space_dims, time_dims, n_points)
+    params = fft_params or FFTParams()
+    if resolved == "fft":
+        check_supported(model, space_dims, time_dims)
+        params = params.resolved(model, space_dims)
+    return resolved, params
