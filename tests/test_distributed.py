@@ -1,4 +1,5 @@
 """The Dask executor against real `dask scheduler` / `dask worker` processes on loopback."""
+import operator
 import os
 import signal
 import subprocess
@@ -124,6 +125,14 @@ def test_scheduler_lost_raises_clear_error(store, start_dask):
         for _ in range(50):
             executor.evaluate(Y)
             time.sleep(0.1)
+
+
+def test_task_error_is_raised_without_recovery(store, dask_cluster):
+    """A failure inside a task (no worker lost) is not retried."""
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client) as dask:
+        with pytest.raises(TypeError):
+            dask._run(lambda: dask.map_blocks(operator.truediv, 0))  # RowBlock / 0, on the workers
+        assert dask.stats["recoveries"] == 0
 
 
 def test_not_a_store_is_refused(tmp_path):

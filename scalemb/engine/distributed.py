@@ -187,14 +187,15 @@ class DaskExecutor:
     # --- fault handling
 
     def _run(self, fn, retries: int | None = None):
-        """``fn()``, repeated after a recovery when a worker was lost (at most ``retries`` times)."""
+        """``fn()``, repeated after a recovery when a worker was lost (at most ``retries`` times); a failure
+        with every partition holder alive is the task's own and is raised at once."""
         retries = self.retries if retries is None else retries
         for attempt in range(retries + 1):
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
                 self._raise_if_scheduler_lost(exc)
-                if attempt == retries:
+                if attempt == retries or not self._holder_left():
                     raise
                 logger.warning("Dask call failed (%s: %s); recovering (attempt %d of %d)",
                                exc.__class__.__name__, exc, attempt + 1, retries)
@@ -203,6 +204,14 @@ class DaskExecutor:
                 except Exception as lost:  # noqa: BLE001
                     self._raise_if_scheduler_lost(lost)
                     raise
+
+    def _holder_left(self) -> bool:
+        """Whether a worker that held partitions has left the cluster."""
+        try:
+            alive = set(self.client.scheduler_info()["workers"])
+        except Exception:  # noqa: BLE001 - the recovery will tell what is wrong
+            return True
+        return any(h is not None and h not in alive for h in self._holders)
 
     def _raise_if_scheduler_lost(self, exc: BaseException) -> None:
         if _is_scheduler_loss(self.client, exc):

@@ -8,10 +8,11 @@ embedding's total dimension ds + dt; 1-D layouts use the 2-D crossover.
 from .fft import MODELS, FFTParams, check_supported
 
 REPULSION_METHODS = ("auto", "exact", "fft")
-# N from which one fft evaluation (KL + gradient) is faster than the exact one, per total dimension ds + dt,
-# measured by benchmarks/repulsion.py section (b) on the 2-core AMD EPYC machine (benchmarks/results/repulsion.md):
-# t-SNE R^2 from N = 10000 (27 ms exact vs 17 ms fft); SNEST R^{2,1} and R^{3,1} were never faster up to
-# N = 40000 (the time nodes multiply the grid), so auto keeps them exact (None).
+# N from which fft is used, per total dimension ds + dt, from benchmarks/repulsion.py section (b) on the 2-core
+# AMD EPYC machine (benchmarks/results/repulsion.md): on clustered layouts t-SNE R^2's fft evaluation is faster
+# from N = 5000 (6 nodes per unit), but GrQc (N = 5241), whose layouts fly apart to ~7e4 units, ran 6x slower
+# with fft (capped grid, near field), so t-SNE stays exact below 10000.  SNEST R^{2,1} and R^{3,1} were never
+# faster up to N = 40000 (the time nodes multiply the grid), so auto keeps them exact (None).
 AUTO_FFT_MIN_POINTS = {2: 10_000, 3: None, 4: None}
 
 def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, n_points: int) -> str:
