@@ -116,8 +116,11 @@ def test_scheduler_lost_raises_clear_error(store, start_dask):
     processes = start_dask(1, client_timeout=5)  # the client gives up reconnecting after 5 s
     executor = DaskExecutor(store, get_model("tsne"), 2, 0, processes.client)
     Y = np.random.default_rng(0).normal(size=(2, executor.n_points))
-    with local_executor(store, "tsne", 2, 0) as local:  # one worker: same sums as the local executor
+    with local_executor(store, "tsne", 2, 0) as local:  # one worker: same run as the local executor
         assert np.array_equal(executor.evaluate(Y).gradient, local.evaluate(Y).gradient)
+        start = np.random.default_rng(1).normal(size=(2, executor.n_points)) * 1e-4
+        expected = make_optimizer("dbd", "tsne").optimize(local, start, 20).coords
+    assert np.array_equal(make_optimizer("dbd", "tsne").optimize(executor, start, 20).coords, expected)
     processes.scheduler.send_signal(signal.SIGKILL)
     processes.scheduler.wait()
     with dask_config.set({"distributed.comm.timeouts.connect": "3s"}), \

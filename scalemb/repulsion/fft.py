@@ -54,15 +54,14 @@ near field (cutoff 6.1) is all of it.  Accuracy is kept; the direct sum costs mo
 the cutoff of each other (at worst the exact kernel's O(N²), e.g. a dense core with far outliers), and
 ``LocalExecutor`` logs once when the cap is reached.
 
-Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` per row block -> min/max ->
-``make_grid`` (small); ``spread`` per row block -> partial grids, summed; ``convolve`` once; ``interpolate``
+Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
+holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per row block -> partial grids, summed; ``convolve`` once; ``interpolate``
 per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full
 ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
 import functools
 import math
-from dataclasses import dataclass, field
-import dataclasses
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.fft
@@ -114,10 +113,11 @@ _KIND = {"tsne": 0, "sne": 1, "snest": 2}
 class FFTParams:
     """Interpolation settings.
 
-    ``points``: Lagrange nodes per box per space dimension (p); ``box_width``: largest space box width (None
-    for either: the default for the model and space dimension, ``DEFAULT_INTERPOLATION``); ``time_points``: Chebyshev nodes on the time axis (None:
-    ``8 + 5 T`` for time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node
-    count (None: ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension.
+    ``points``: Lagrange nodes per box per space dimension (p); ``box_width``: space box width (wider when
+    the node cap forces it); None for either: the default for the model and space dimension
+    (``DEFAULT_INTERPOLATION``).  ``time_points``: Chebyshev nodes on the time axis (None: ``8 + 5 T`` for
+    time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node count (None:
+    ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension.
     """
 
     points: int | None = None
@@ -149,7 +149,7 @@ class FFTParams:
     def resolved(self, model: str, space_dims: int) -> "FFTParams":
         """These settings with ``points`` and ``box_width`` filled in from ``DEFAULT_INTERPOLATION``."""
         points, width = DEFAULT_INTERPOLATION[model, space_dims]
-        return dataclasses.replace(self, points=self.points or points, box_width=self.box_width or width)
+        return replace(self, points=self.points or points, box_width=self.box_width or width)
 
     def as_dict(self) -> dict:
         return {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
