@@ -1,6 +1,7 @@
 """The Dask executor against real `dask scheduler` / `dask worker` processes on loopback."""
 import operator
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ from dask import config as dask_config
 from scalemb.affinity import AffinityStore, coauthorship_affinity, write_affinity_store
 from scalemb.engine import LocalExecutor
 from scalemb.engine.distributed import DaskExecutor, SchedulerLostError
+from scalemb.errors import ScalembError
 from scalemb.io.coauthor_generator import write_coauthor_edge_list
 from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
@@ -136,6 +138,14 @@ def test_task_error_is_raised_without_recovery(store, dask_cluster):
         with pytest.raises(TypeError):
             dask._run(lambda: dask.map_blocks(operator.truediv, 0))  # RowBlock / 0, on the workers
         assert dask.stats["recoveries"] == 0
+
+
+def test_store_the_workers_cannot_read_is_a_clear_error(store, dask_cluster, tmp_path):
+    broken = tmp_path / "broken.zarr"
+    shutil.copytree(store, broken)
+    (broken / "data" / "zarr.json").unlink()  # the client reads metadata only; the workers read the rows
+    with pytest.raises(ScalembError, match="workers could not read the affinity store .*broken.zarr"):
+        DaskExecutor(broken, get_model("tsne"), 2, 0, dask_cluster.client)
 
 
 def test_not_a_store_is_refused(tmp_path):

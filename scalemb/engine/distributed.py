@@ -24,6 +24,7 @@ them apart.
   ``SchedulerLostError``.
 """
 import dataclasses
+import hashlib
 import logging
 import time
 
@@ -169,15 +170,25 @@ class DaskExecutor:
         self._scattered = {}
         self._warned_capped = False
         self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "recoveries": 0}
+        self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
         if not workers:
             raise ScalembError(f"the Dask cluster at {client.scheduler.address} has no workers")
         path = str(self.store.path.resolve())
-        token = self.store.content_hash or path
-        self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token[:16]}-{k}",
+        # keys name the store's content and its path: another run on the same store may share the loaded rows
+        token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}"
+        self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
                                       workers=[workers[k % len(workers)]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
-        self._holders = self._run(self._wait_for_partitions)  # fails fast on an unreadable store
+        try:
+            self._holders = self._run(self._wait_for_partitions)
+        except SchedulerLostError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the workers' read raised
+            self.close()
+            raise ScalembError(f"the Dask workers could not read the affinity store {path} "
+                               f"({exc.__class__.__name__}: {exc}); it must be on storage every worker sees "
+                               "(write one with `scalemb affinity`)") from None
         self._entropy = sum(self._run(lambda: self._per_partition(entropy_partition, self._blocks)))
 
     @property
