@@ -37,7 +37,7 @@ from ..models import get_model
 from ..repulsion.fft import FFTParams
 from ..repulsion.method import resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
-from .fft_pass import evaluate_fft
+from .fft_pass import CappedGridWarning, evaluate_fft
 from .laplacian import row_sums
 
 logger = logging.getLogger("scalemb")
@@ -168,7 +168,7 @@ class DaskExecutor:
         self._weights = None
         self._curvature_args = None
         self._scattered = {}
-        self._warned_capped = False
+        self._warn_capped = CappedGridWarning()
         self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "recoveries": 0}
         self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
@@ -318,12 +318,6 @@ class DaskExecutor:
                 self._scattered = {}
 
         return self._run(attempt)
-
-    def _warn_capped(self, grid, lo, hi):
-        if not self._warned_capped:
-            logger.warning("fft repulsion: the embedding spans %s; the grid is capped (%s), accuracy is lower",
-                           np.array2string(hi - lo, precision=3), grid.describe())
-            self._warned_capped = True
 
     def _set_curvature_once(self, coords, exaggeration, fixed):
         y = self._scatter(coords)

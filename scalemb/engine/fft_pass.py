@@ -6,11 +6,29 @@ extent of the coordinates (here: the caller holds them) -> grid (small) -> charg
 block order -> one FFT convolution (here) -> near-field cell index of a capped grid (here) -> attraction and
 interpolated repulsion per block -> ``reduce_blocks``: two passes over the blocks per evaluation.
 """
+import logging
+
 import numpy as np
 
 from ..models import get_model
 from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
+
+logger = logging.getLogger("scalemb")
+
+
+class CappedGridWarning:
+    """``on_capped`` for ``evaluate_fft`` that logs the first capped grid of an executor, once."""
+
+    def __init__(self):
+        self.warned = False
+
+    def __call__(self, grid, lo, hi) -> None:
+        if not self.warned:
+            logger.warning("fft repulsion: the embedding spans %s; the grid is capped at %d nodes (%s): "
+                           "pairs within the cutoff are summed directly, which costs more when many are",
+                           np.array2string(hi - lo, precision=3), grid.n_nodes, grid.describe())
+            self.warned = True
 
 
 def charges_of_block(block, grid, coords):

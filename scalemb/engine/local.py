@@ -1,5 +1,4 @@
 """In-process executor: row blocks evaluated on a thread pool (the kernels release the GIL)."""
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,10 +11,9 @@ from ..optim.solvers import FactorizedSolver
 from ..repulsion.fft import FFTParams
 from ..repulsion.method import resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
-from .fft_pass import evaluate_fft
+from .fft_pass import CappedGridWarning, evaluate_fft
 from .laplacian import row_sums
 
-logger = logging.getLogger("scalemb")
 
 # Below this many points a thread hand-off costs more than the kernel itself.
 _SINGLE_BLOCK_BELOW = 1024
@@ -47,7 +45,7 @@ class LocalExecutor:
         model.check_dims(space_dims, time_dims)
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      affinity.n_points, fft_params)
-        self._warned_capped = False
+        self._warn_capped = CappedGridWarning()
         self.affinity = affinity
         self.model = model
         self.space_dims = space_dims
@@ -87,13 +85,6 @@ class LocalExecutor:
         return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
                             self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
                             fft_workers=self.n_threads, on_capped=self._warn_capped)
-
-    def _warn_capped(self, grid, lo, hi) -> None:
-        if not self._warned_capped:
-            logger.warning("fft repulsion: the embedding spans %s; the grid is capped at %d nodes (%s): "
-                           "pairs within the cutoff are summed directly, which costs more when many are",
-                           np.array2string(hi - lo, precision=3), grid.n_nodes, grid.describe())
-            self._warned_capped = True
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
