@@ -162,14 +162,14 @@ class Embedder:
                 yield executor, affinity.node_ids, dict(affinity.provenance)
             return
         with dask_client(self.scheduler, self.workers) as client, \
-                affinity_store_for(data, graph_affinity, DASK_PARTITIONS, load_affinity) as path:
-            store = AffinityStore(path)
+                affinity_store_for(data, graph_affinity, DASK_PARTITIONS, load_affinity) as path, \
+                DaskExecutor(path, model, self.space_dims, time_dims, client, **options) as executor:
+            store = executor.store  # the metadata the executor opened; P stays on the workers
             provenance = dict(store.provenance, content_hash=store.content_hash,
                               executor="dask", scheduler=client.scheduler.address)
             if is_store:
                 provenance["store"] = str(path)
-            with DaskExecutor(path, model, self.space_dims, time_dims, client, **options) as executor:
-                yield executor, store.node_ids, provenance
+            yield executor, store.node_ids, provenance
 
     def fit(self, data=None, graph_affinity: str = "coauthorship", checkpoint=None) -> "Embedder":
         """Embed ``data``.  ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints
