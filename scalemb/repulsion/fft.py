@@ -78,7 +78,7 @@ MODELS = ("sne", "tsne", "snest")
 # narrower boxes.
 DEFAULT_INTERPOLATION = {("tsne", 1): (4, 0.5), ("tsne", 2): (6, 1.0), ("tsne", 3): (4, 0.5),
                          ("sne", 1): (4, 0.25), ("sne", 2): (4, 0.25), ("sne", 3): (4, 0.25),
-                         ("snest", 1): (4, 0.4), ("snest", 2): (4, 0.4), ("snest", 3): (4, 0.4)}
+                         ("snest", 1): (4, 0.4), ("snest", 2): (6, 1.0), ("snest", 3): (4, 0.4)}
 MAX_TIME_POINTS = 64
 
 
@@ -383,30 +383,57 @@ def time_matrix(grid: Grid) -> np.ndarray:
     return grid.plan.time_kernel((tau[:, None] - tau[None, :]) ** 2)
 
 
+# Singular values of the time matrix kept, relative to the largest (``time_factors``).
+TIME_RANK_TOL = 1e-9
+
+
+def time_factors(grid: Grid) -> tuple:
+    """``(into, out_of)`` with ``time_matrix(grid) ~ (into @ out_of).T``, of rank r: the truncated SVD
+    ``T = U S V^T`` keeping the singular values above ``TIME_RANK_TOL`` times the largest, ``into = V_r S_r``
+    (m x r), ``out_of = U_r^T`` (r x m).  ``exp(Δt²)`` on T-wide time axes has numerical rank ~11-13 at this
+    tolerance for T ~ 3.6 against its 26 nodes, so the space FFTs run on r instead of m time slices."""
+    U, s, Vt = np.linalg.svd(time_matrix(grid))
+    r = max(1, int(np.count_nonzero(s > TIME_RANK_TOL * s[0])))
+    return Vt[:r].T * s[:r], U[:, :r].T
+
+
+def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: int) -> np.ndarray:
+    """``irfftn`` over the leading ``len(padded)`` axes, cropped to the first ``nodes`` entries of each: the
+    complex inverse transforms run axis by axis and drop the rows outside the crop before the next axis (half
+    the work of transforming everything and cropping at the end), the real one runs last."""
+    ds = len(padded)
+    x = product
+    for k in range(ds - 1):
+        x = scipy.fft.ifft(x, axis=k, workers=workers, overwrite_x=True)[(slice(None),) * k + (slice(0, nodes[k]),)]
+    x = scipy.fft.irfft(x, n=padded[-1], axis=ds - 1, workers=workers, overwrite_x=True)
+    return x[(slice(None),) * (ds - 1) + (slice(0, nodes[ds - 1]),)]
+
+
 def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> np.ndarray:
     """Potentials at the nodes, ``(n_nodes, n_outputs)``: ``sum_n K(x_m - x_n) C_n`` for each planned
-    (kernel, charge) pair (run once per evaluation, on the summed charges).  The time factor (SNEST) is a
-    dense matrix product along the time axis, the space factor a zero-padded FFT convolution."""
+    (kernel, charge) pair (run once per evaluation, on the summed charges).  The space factor is a zero-padded
+    FFT convolution; the time factor (SNEST) a matrix product along the time axis, split in two through its
+    low-rank factors (``time_factors``) so that the FFTs run on r time slices."""
     if charges.shape != (grid.n_nodes, grid.dims + 1):
         raise ValueError(f"charges must have shape {(grid.n_nodes, grid.dims + 1)}, got {charges.shape}")
     ds = grid.space_dims
     padded = grid.padded()
     stacked = np.ascontiguousarray(charges.T).reshape((grid.dims + 1,) + grid.nodes)
-    if grid.plan.time_kernel is not None:  # sum_b T(tau_a - tau_b) C[..., b]: the last axis is time
-        stacked = stacked @ time_matrix(grid).T
+    timed = grid.plan.time_kernel is not None
+    if timed:  # the last axis is time: sum_b T(tau_a - tau_b) C[..., b] = ((C @ into) @ out_of)[..., a]
+        into, out_of = time_factors(grid)
+        stacked = stacked @ into
     spectra = scipy.fft.rfftn(stacked, s=padded, axes=tuple(range(1, ds + 1)), workers=workers)
     del stacked
-    crop = tuple(slice(0, n) for n in grid.nodes[:ds])
     potentials = np.empty((grid.n_nodes, grid.n_outputs))
     for index, kernel in enumerate(grid.plan.kernels):
         spectrum = kernel_spectrum(grid, kernel, workers)
-        if grid.dims > ds:
+        if timed:
             spectrum = spectrum[..., None]
         for o, (kernel_index, channel) in enumerate(grid.plan.outputs):
             if kernel_index == index:
-                full = scipy.fft.irfftn(spectrum * spectra[channel], s=padded, axes=tuple(range(ds)),
-                                        workers=workers)
-                potentials[:, o] = full[crop].ravel()
+                values = _inverse_cropped(spectrum * spectra[channel], padded, grid.nodes, workers)
+                potentials[:, o] = (values @ out_of if timed else values).ravel()
     return potentials
 
 
