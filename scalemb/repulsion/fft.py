@@ -37,12 +37,14 @@ products are convolutions, done by FFT over the space axes.  Time (SNEST, dt = 1
 time extent T and varies relatively like ``2|Δt|``, so equispaced boxes would need ~T² of them; it is entire,
 so instead one box spans the time axis with ``m`` Chebyshev nodes (degree m - 1 interpolation in t, error
 decaying geometrically in m; ``m = time_points`` or, by default, ``8 + 5 T`` capped at 64, measured to keep the
-error of interpolating ``exp((a - t)²)`` below 1e-7 of its maximum for T <= 6), and the time part of the
-separable kernel ``w = exp(Δt²) q(Δs)`` is applied as a dense m x m matrix on the charges before the space
-FFT.
+error of interpolating ``exp((a - t)²)`` below 1e-7 of its maximum for T <= 6).  The time part of the
+separable kernel ``w = exp(Δt²) q(Δs)`` between the m nodes, an m x m matrix, has a much lower numerical rank
+r (``time_factors``: 12 of 26 for T = 3.6), so the grid holds r time components instead of m nodes: points
+spread onto and interpolate from them through the factors, and the space FFTs run on r slices.
 
 Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~16 per point and
-time node, at most 2^22), so memory and FFT time stay bounded (the FFT arrays have ~``2^ds`` times the nodes per channel).
+time component, at most 2^22 per component), so memory and FFT time stay bounded (the FFT arrays have
+~``2^ds`` times the nodes of one channel).
 If the extent asks for more (e.g. GrQc's t-SNE layouts, whose 355 components spread over ~7e4 units), the
 space dimensions get proportionally fewer, wider boxes of width H and the Cauchy factor is split (as in
 particle-particle/particle-mesh methods): the grid carries the smooth far part
@@ -66,7 +68,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import scipy.fft
 
-from .interpolation import box_tables, interpolate_rows, near_rows, spread_rows
+from .interpolation import box_offsets, box_tables, interpolate_rows, near_rows, spread_rows
 
 MODELS = ("sne", "tsne", "snest")
 # Default (points per box p, space box width) per model and space dimension, i.e. p / width nodes per unit
@@ -74,8 +76,10 @@ MODELS = ("sne", "tsne", "snest")
 # few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and width 1, give
 # ~1e-2 on the same layouts).  t-SNE R^2: 6 points in unit boxes, 6 nodes per unit (relative force error
 # 3e-4 on an uncapped clustered layout, 2.1e-4 with 4 points in boxes of 0.5; 1.2e-3 at 5 nodes per unit),
-# 1.8x fewer nodes than 8 per unit.  SNEST's time weighting amplifies the space interpolation error, hence
-# narrower boxes.
+# 1.8x fewer nodes than 8 per unit.  SNEST R^{2,1}: the same (force error 3.1e-4 on the tests' converged
+# layouts; 1.1e-3 with 5 points); its time weighting amplifies the space interpolation error in R^{1,1}
+# (1.3e-3 with 6 points in unit boxes), hence narrower boxes there; R^{3,1} keeps 4 points in boxes of 0.4
+# (64 nodes per box and time component against 216).
 DEFAULT_INTERPOLATION = {("tsne", 1): (4, 0.5), ("tsne", 2): (6, 1.0), ("tsne", 3): (4, 0.5),
                          ("sne", 1): (4, 0.25), ("sne", 2): (4, 0.25), ("sne", 3): (4, 0.25),
                          ("snest", 1): (4, 0.4), ("snest", 2): (6, 1.0), ("snest", 3): (4, 0.4)}
@@ -126,13 +130,13 @@ class FFTParams:
     max_nodes: int | None = None
     min_boxes: int = 1
 
-    def node_cap(self, n_points: int | None, time_points: int = 1) -> int:
-        """``max_nodes``, or by default ``min(2^22, max(2^14, 16 N m))`` (m time nodes, 1 without time): the
-        FFT work stays proportional to N (and near 1 s per evaluation on 2 cores at most), beyond it the
-        kernel split takes over."""
+    def node_cap(self, n_points: int | None, time_slices: int = 1) -> int:
+        """``max_nodes``, or by default ``min(2^22, max(2^14, 16 N)) r`` (r time components, 1 without time):
+        the FFT work per time component stays proportional to N (and near 1 s per evaluation on 2 cores at
+        most), beyond it the kernel split takes over."""
         if self.max_nodes is not None:
             return int(self.max_nodes)
-        return min(2 ** 22, max(2 ** 14, 16 * int(n_points or 2 ** 18) * time_points))
+        return min(2 ** 22, max(2 ** 14, 16 * int(n_points or 2 ** 18))) * time_slices
 
     def __post_init__(self):
         if self.points is not None and (int(self.points) != self.points or self.points < 2):
@@ -210,7 +214,9 @@ class Grid:
     """One evaluation's box layout: in dimension k, ``n_boxes[k]`` boxes of width ``box_width[k]`` from
     ``lo[k]`` with ``points[k]`` nodes each (space: equispaced, time: one box of Chebyshev nodes);
     ``capped`` if ``max_nodes`` forced wider space boxes than asked for, in which case the kernel is split
-    at scale ``sigma``: the grid carries the smooth far part, pairs closer than ``cutoff`` the rest."""
+    at scale ``sigma``: the grid carries the smooth far part, pairs closer than ``cutoff`` the rest.  With a
+    time axis, ``time_in`` and ``time_out`` (m x r, ``time_factors``) map a point's Chebyshev weights to the
+    r time components the grid holds, for spreading and for interpolating."""
 
     model: str
     space_dims: int
@@ -222,6 +228,8 @@ class Grid:
     plan: _Plan = field(repr=False)
     sigma: float = 0.0
     cutoff: float = 0.0
+    time_in: np.ndarray | None = field(default=None, repr=False)
+    time_out: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def self_weight(self) -> float:
@@ -235,8 +243,13 @@ class Grid:
         return len(self.lo)
 
     @property
+    def counts(self) -> tuple:
+        """Grid entries per box and dimension: ``p`` per space dimension, the rank r on the time axis."""
+        return tuple(self.points[:self.space_dims]) + (() if self.time_in is None else (self.time_in.shape[1],))
+
+    @property
     def nodes(self) -> tuple:
-        return tuple(int(n) * p for n, p in zip(self.n_boxes, self.points))
+        return tuple(int(n) * c for n, c in zip(self.n_boxes, self.counts))
 
     @property
     def n_nodes(self) -> int:
@@ -258,17 +271,20 @@ class Grid:
         """Space FFT lengths: at least ``2 n - 1`` per dimension (linear, not circular, convolution)."""
         return tuple(scipy.fft.next_fast_len(2 * n - 1, real=True) for n in self.nodes[:self.space_dims])
 
-    def _loop_args(self):
+    def _loop_args(self, time_map):
         strides = np.cumprod((self.nodes[1:] + (1,))[::-1])[::-1].astype(np.int64)
-        digits, positions, inv_denominators, points = box_tables(self.node_positions())
+        positions, inv_denominators, points = box_tables(self.node_positions())
+        counts = np.array(self.counts, dtype=np.int64)
+        timed = time_map is not None
         return (np.ascontiguousarray(self.lo, dtype=np.float64), 1.0 / self.box_width,
-                np.ascontiguousarray(self.centre), self.n_boxes.astype(np.int64), strides, points, positions,
-                inv_denominators, digits)
+                np.ascontiguousarray(self.centre), self.n_boxes.astype(np.int64), points, counts, strides,
+                positions, inv_denominators, box_offsets(counts, strides),
+                np.ascontiguousarray(time_map) if timed else np.zeros((1, 1)), self.space_dims if timed else -1)
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
         widths = ", ".join(f"{w:.3g}" for w in self.box_width[:self.space_dims])
-        time_ = f", {self.points[-1]} time nodes" if self.dims > self.space_dims else ""
+        time_ = f", {self.points[-1]} time nodes (rank {self.counts[-1]})" if self.dims > self.space_dims else ""
         split = f", capped: split at sigma {self.sigma:.3g}, near field within {self.cutoff:.3g}"
         return (f"{boxes} boxes (width {widths}) x {self.points[0]} points{time_}, {self.n_nodes} nodes"
                 + (split if self.capped else ""))
@@ -296,11 +312,15 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     params = params.resolved(model, ds)
     p = int(params.points)
     points = [p] * ds
+    time_in = time_out = None
+    rank = 1
     if dims > ds:
         m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
         points.append(int(m))
-    per_box = math.prod(points)
-    max_nodes = params.node_cap(n_points, per_box // p ** ds)
+        time_in, time_out = time_factors(_time_growth, int(m), float(extent[ds]) if extent[ds] > 0 else 1.0)
+        rank = time_in.shape[1]
+    per_box = p ** ds * rank
+    max_nodes = params.node_cap(n_points, rank)
     if per_box > max_nodes:
         raise ValueError(f"max_nodes={max_nodes} is less than the {per_box} nodes of one box")
     width = params.box_width
@@ -326,14 +346,15 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         # evaluation to the next, and so does the kernel's spectrum while the box count does (kernel_spectrum)
         box_width = np.concatenate([np.full(ds, float(width)), np.where(extent[ds:] > 0, extent[ds:], 1.0)])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
-    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, _plan(model, ds), sigma, cutoff)
+    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, _plan(model, ds), sigma, cutoff,
+                time_in, time_out)
 
 
 def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
     """Charges of rows ``[r0, r1)`` on the grid nodes: ``(n_nodes, d + 1)``, partial (sum over blocks)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     out = np.zeros((grid.n_nodes, grid.dims + 1))
-    spread_rows(Y, r0, r1, *grid._loop_args(), out)
+    spread_rows(Y, r0, r1, *grid._loop_args(grid.time_in), out)
     return out
 
 
@@ -352,6 +373,15 @@ def _kernel_key(grid: Grid) -> tuple:
             float(grid.sigma))
 
 
+def fft_dtype(space_dims: int):
+    """Precision of the convolution's FFTs: single on 2-D and 3-D grids, where it halves their time and memory
+    and its rounding (~1e-7 of the largest potential) stays far below the interpolation error (>= 1e-5
+    relative; tests/test_fft_repulsion.py measures both against the exact kernel); double on 1-D grids, which
+    are cheap and whose converged SNEST R^{1,1} layouts lose accuracy in single (gradient error 4e-4 -> 7e-4).
+    Spreading and interpolation accumulate in double."""
+    return np.float64 if space_dims == 1 else np.float32
+
+
 def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
     """``K(x_m - x_0)`` of a space kernel for every space node difference, zero-padded to the FFT lengths
     (circulant embedding of the Toeplitz node-to-node matrix)."""
@@ -365,42 +395,47 @@ def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def _cached_spectrum(kernel, nodes, padded, spacings, sigma, workers) -> np.ndarray:
-    spectrum = scipy.fft.rfftn(_kernel_values(kernel, nodes, padded, spacings, sigma), workers=workers)
+    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
+    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
     spectrum.flags.writeable = False
     return spectrum
 
 
 def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
-    """The FFT of the space kernel's node-difference values (``_kernel_values``).  Uncapped grids keep their node spacing between
-    evaluations (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged
-    (two of an evaluation's nine FFTs for t-SNE)."""
+    """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
+    ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
+    (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged (two of an
+    evaluation's nine FFTs for t-SNE)."""
     return _cached_spectrum(kernel, *_kernel_key(grid), workers)
 
 
-def time_matrix(grid: Grid) -> np.ndarray:
-    """``time_kernel((tau_a - tau_b)²)`` between the Chebyshev time nodes ``tau`` (SNEST)."""
-    tau = grid.lo[-1] + grid.box_width[-1] * _chebyshev(grid.points[-1])
-    return grid.plan.time_kernel((tau[:, None] - tau[None, :]) ** 2)
+def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
+    """``time_kernel((tau_a - tau_b)²)`` between ``time_points`` Chebyshev nodes ``tau`` spanning ``width``."""
+    tau = width * _chebyshev(time_points)
+    return time_kernel((tau[:, None] - tau[None, :]) ** 2)
 
 
 # Singular values of the time matrix kept, relative to the largest (``time_factors``).
 TIME_RANK_TOL = 1e-9
 
 
-def time_factors(grid: Grid) -> tuple:
-    """``(into, out_of)`` with ``time_matrix(grid) ~ (into @ out_of).T``, of rank r: the truncated SVD
-    ``T = U S V^T`` keeping the singular values above ``TIME_RANK_TOL`` times the largest, ``into = V_r S_r``
-    (m x r), ``out_of = U_r^T`` (r x m).  ``exp(Δt²)`` on T-wide time axes has numerical rank ~11-13 at this
-    tolerance for T ~ 3.6 against its 26 nodes, so the space FFTs run on r instead of m time slices."""
-    U, s, Vt = np.linalg.svd(time_matrix(grid))
+def time_factors(time_kernel, time_points: int, width: float) -> tuple:
+    """``(into, out_of)``, both m x r, with ``time_matrix ~ out_of @ into.T``: the truncated SVD ``T = U S V^T``
+    keeping the singular values above ``TIME_RANK_TOL`` times the largest, ``into = V_r S_r``, ``out_of = U_r``.
+    The time part of the kernel between points, ``sum_ab L_a(t_i) T_ab L_b(t_j)`` (Chebyshev interpolation in
+    both arguments), becomes ``sum_c u_c(t_i) v_c(t_j)`` with ``v = L @ into`` and ``u = L @ out_of``: the grid
+    holds r time components instead of m nodes.  ``exp(Δt²)`` on a time axis 3.6 wide has rank 12 at this
+    tolerance against its 26 nodes (the converged-layout tests' errors do not change)."""
+    U, s, Vt = np.linalg.svd(time_matrix(time_kernel, time_points, width))
     r = max(1, int(np.count_nonzero(s > TIME_RANK_TOL * s[0])))
-    return Vt[:r].T * s[:r], U[:, :r].T
+    return np.ascontiguousarray(Vt[:r].T * s[:r]), np.ascontiguousarray(U[:, :r])
 
 
 def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: int) -> np.ndarray:
-    """``irfftn`` over the leading ``len(padded)`` axes, cropped to the first ``nodes`` entries of each: the
-    complex inverse transforms run axis by axis and drop the rows outside the crop before the next axis (half
-    the work of transforming everything and cropping at the end), the real one runs last."""
+    """``irfftn`` over the leading ``len(padded)`` axes (the space axes; a time axis, if any, trails), cropped
+    to the first ``nodes`` entries of each: the complex inverse transforms run axis by axis and drop the rows
+    outside the crop before the next axis (half the work of transforming everything and cropping at the end),
+    the real one runs last."""
     ds = len(padded)
     x = product
     for k in range(ds - 1):
@@ -411,29 +446,25 @@ def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: 
 
 def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> np.ndarray:
     """Potentials at the nodes, ``(n_nodes, n_outputs)``: ``sum_n K(x_m - x_n) C_n`` for each planned
-    (kernel, charge) pair (run once per evaluation, on the summed charges).  The space factor is a zero-padded
-    FFT convolution; the time factor (SNEST) a matrix product along the time axis, split in two through its
-    low-rank factors (``time_factors``) so that the FFTs run on r time slices."""
+    (kernel, charge) pair (run once per evaluation, on the summed charges): zero-padded FFT convolutions over
+    the space axes (on each time component alike) in ``fft_dtype``, one charge channel at a time to bound the
+    memory."""
     if charges.shape != (grid.n_nodes, grid.dims + 1):
         raise ValueError(f"charges must have shape {(grid.n_nodes, grid.dims + 1)}, got {charges.shape}")
     ds = grid.space_dims
     padded = grid.padded()
-    stacked = np.ascontiguousarray(charges.T).reshape((grid.dims + 1,) + grid.nodes)
-    timed = grid.plan.time_kernel is not None
-    if timed:  # the last axis is time: sum_b T(tau_a - tau_b) C[..., b] = ((C @ into) @ out_of)[..., a]
-        into, out_of = time_factors(grid)
-        stacked = stacked @ into
-    spectra = scipy.fft.rfftn(stacked, s=padded, axes=tuple(range(1, ds + 1)), workers=workers)
-    del stacked
-    potentials = np.empty((grid.n_nodes, grid.n_outputs))
-    for index, kernel in enumerate(grid.plan.kernels):
-        spectrum = kernel_spectrum(grid, kernel, workers)
-        if timed:
-            spectrum = spectrum[..., None]
-        for o, (kernel_index, channel) in enumerate(grid.plan.outputs):
-            if kernel_index == index:
-                values = _inverse_cropped(spectrum * spectra[channel], padded, grid.nodes, workers)
-                potentials[:, o] = (values @ out_of if timed else values).ravel()
+    timed = grid.time_in is not None
+    potentials = np.empty((grid.n_nodes, grid.n_outputs), dtype=fft_dtype(ds))
+    for channel in range(grid.dims + 1):
+        uses = [(o, k) for o, (k, c) in enumerate(grid.plan.outputs) if c == channel]
+        if not uses:
+            continue
+        charge = charges[:, channel].reshape(grid.nodes).astype(fft_dtype(ds))
+        spectrum = scipy.fft.rfftn(charge, s=padded, axes=tuple(range(ds)), workers=workers)
+        for o, kernel_index in uses:
+            kernel = kernel_spectrum(grid, grid.plan.kernels[kernel_index], workers)
+            product = kernel[..., None] * spectrum if timed else kernel * spectrum
+            potentials[:, o] = _inverse_cropped(product, padded, grid.nodes, workers).ravel()
     return potentials
 
 
@@ -476,7 +507,7 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
     one = np.array([f[1] for f in plan.force], dtype=np.int64)
     coord = np.array([f[2] for f in plan.force], dtype=np.int64)
     R = np.empty((grid.dims, r1 - r0))
-    z = interpolate_rows(Y, r0, r1, *grid._loop_args(), np.ascontiguousarray(potentials), plan.z_output,
+    z = interpolate_rows(Y, r0, r1, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), plan.z_output,
                          grid.self_weight, coef, one, coord, R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)

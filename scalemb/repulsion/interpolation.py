@@ -7,7 +7,9 @@ the a-th node of box b, so all nodes are equispaced with spacing ``h/p`` and the
 Toeplitz), Chebyshev ``(1 - cos(pi (a + 1/2)/m))/2`` in one box spanning the time axis.  A point y in box b
 with relative position ``u = (y - lo)/h - b`` gets the Lagrange weights
 ``L_a(u) = prod_{c != a} (u - x_c)/(x_a - x_c)`` per dimension, and their tensor product over dimensions for
-the ``prod_k p_k`` nodes of its box.
+the nodes of its box.  The time axis (SNEST) holds, instead of its m Chebyshev nodes, the r components of the
+time kernel's low-rank factorisation (``scalemb.repulsion.fft.make_grid``): a point's m Lagrange weights are
+mapped to r component weights by an m x r matrix (one for spreading, one for interpolating).
 
 Grids are flat, C order over the node multi-index, with the channel as the last (fastest) axis:
 ``grid[node, channel]``.  Accumulation is float64; no ``fastmath`` (the loops are memory bound).
@@ -19,26 +21,38 @@ from ..models.fastexp import fast_exp
 
 
 def box_tables(node_positions):
-    """For per-dimension node positions in [0, 1] (a list of arrays): ``digits[c, k]``, the node index in
-    dimension k of the c-th node of a box; ``positions[k, a]`` (padded) and
+    """For per-dimension node positions in [0, 1] (a list of arrays): ``positions[k, a]`` (padded) and
     ``inv_denominators[k, a] = 1 / prod_{c != a} (x_ka - x_kc)``; ``points[k]``."""
     points = np.array([len(x) for x in node_positions], dtype=np.int64)
-    digits = np.array(np.unravel_index(np.arange(points.prod()), tuple(points)), dtype=np.int64).T
     positions = np.zeros((len(points), points.max()))
     inv_denominators = np.zeros_like(positions)
     for k, x in enumerate(node_positions):
         positions[k, :len(x)] = x
         for a in range(len(x)):
             inv_denominators[k, a] = 1.0 / np.prod([x[a] - x[c] for c in range(len(x)) if c != a])
-    return np.ascontiguousarray(digits), positions, inv_denominators, points
+    return positions, inv_denominators, points
+
+
+def box_offsets(counts, strides) -> np.ndarray:
+    """Flat offset of each of a box's nodes from its first node, C order over the box's node multi-index."""
+    digits = np.indices(tuple(int(c) for c in counts)).reshape(len(counts), -1)
+    return np.ascontiguousarray((digits * np.asarray(strides, dtype=np.int64)[:, None]).sum(axis=0))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _box_weights(Y, i, lo, inv_width, n_boxes, points, positions, inv_denominators, weights, boxes):
-    """Point i's box per dimension (into ``boxes[k]``, clamped to the grid) and its Lagrange weights
-    (into ``weights[k, a]``)."""
-    dims = Y.shape[0]
-    for k in range(dims):
+def _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                   time_map, time_dim, axis_weights, mapped, scratch, weights):
+    """Point i's weight at each node of its box, into ``weights[:prod(counts)]`` (C order over the box's node
+    multi-index, like ``box_offsets``); returns the flat index of the box's first node.
+
+    Per dimension k: the box ``b`` (clamped to the grid), ``u = (y - lo)/h - b`` and the Lagrange weights
+    ``L_a(u)``; on the time axis (``k == time_dim``) they are mapped to the ``counts[k]`` components,
+    ``sum_a L_a(u) time_map[a, c]``; the box's weights are the tensor product over dimensions.
+    """
+    weights[0] = 1.0
+    n = 1
+    base = 0
+    for k in range(Y.shape[0]):
         x = (Y[k, i] - lo[k]) * inv_width[k]
         b = np.int64(np.floor(x))
         if b < 0:
@@ -46,78 +60,80 @@ def _box_weights(Y, i, lo, inv_width, n_boxes, points, positions, inv_denominato
         elif b > n_boxes[k] - 1:
             b = n_boxes[k] - 1
         u = x - b
-        boxes[k] = b
+        base += b * counts[k] * strides[k]
         for a in range(points[k]):
             num = 1.0
             for c in range(points[k]):
                 if c != a:
                     num *= u - positions[k, c]
-            weights[k, a] = num * inv_denominators[k, a]
-
-
-@njit(cache=True, nogil=True)
-def _node_offsets(digits, strides):
-    """Flat offset of each of a box's nodes from the box's first node."""
-    offsets = np.zeros(digits.shape[0], dtype=np.int64)
-    for c in range(digits.shape[0]):
-        for k in range(digits.shape[1]):
-            offsets[c] += digits[c, k] * strides[k]
-    return offsets
+            axis_weights[a] = num * inv_denominators[k, a]
+        factor = axis_weights
+        if k == time_dim:
+            for c in range(counts[k]):
+                acc = 0.0
+                for a in range(points[k]):
+                    acc += axis_weights[a] * time_map[a, c]
+                mapped[c] = acc
+            factor = mapped
+        width = counts[k]
+        for c in range(n):
+            wc = weights[c]
+            for a in range(width):
+                scratch[c * width + a] = wc * factor[a]
+        n *= width
+        weights[:n] = scratch[:n]
+    return base
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, strides, points, positions, inv_denominators, digits,
-                grid):
+def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions, inv_denominators,
+                offsets, time_map, time_dim, grid):
     """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, d + 1)``): channel 0 the unit charge,
     channel 1 + k the centred coordinate ``y_k - centre_k``, each times the node's interpolation weight."""
     dims = Y.shape[0]
-    n_local = digits.shape[0]
-    weights = np.empty((dims, positions.shape[1]))
-    boxes = np.empty(dims, dtype=np.int64)
-    offsets = _node_offsets(digits, strides)
+    n_local = offsets.shape[0]
+    axis_weights = np.empty(positions.shape[1])
+    mapped = np.empty(max(1, time_map.shape[1]))
+    scratch = np.empty(n_local)
+    weights = np.empty(n_local)
     charge = np.empty(dims + 1)
     charge[0] = 1.0
     for i in range(r0, r1):
-        _box_weights(Y, i, lo, inv_width, n_boxes, points, positions, inv_denominators, weights, boxes)
-        base = 0
+        base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                              time_map, time_dim, axis_weights, mapped, scratch, weights)
         for k in range(dims):
-            base += boxes[k] * points[k] * strides[k]
             charge[1 + k] = Y[k, i] - centre[k]
         for c in range(n_local):
-            w = 1.0
-            for k in range(dims):
-                w *= weights[k, digits[c, k]]
+            w = weights[c]
             node = base + offsets[c]
             for ch in range(dims + 1):
                 grid[node, ch] += w * charge[ch]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, strides, points, positions, inv_denominators,
-                     digits, potentials, z_output, self_weight, force_coef, force_one, force_coord, R):
+def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions,
+                     inv_denominators, offsets, time_map, time_dim, potentials, z_output, self_weight, force_coef,
+                     force_one, force_coord, R):
     """Interpolate the potentials (``(n_nodes, n_outputs)``) at rows ``[r0, r1)``.
 
     With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` and, per dimension k,
     ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``.  Returns ``sum_i Z_i``.
     """
     dims = Y.shape[0]
-    n_local = digits.shape[0]
+    n_local = offsets.shape[0]
     n_out = potentials.shape[1]
-    weights = np.empty((dims, positions.shape[1]))
-    boxes = np.empty(dims, dtype=np.int64)
-    offsets = _node_offsets(digits, strides)
+    axis_weights = np.empty(positions.shape[1])
+    mapped = np.empty(max(1, time_map.shape[1]))
+    scratch = np.empty(n_local)
+    weights = np.empty(n_local)
     phi = np.empty(n_out)
     z = 0.0
     for i in range(r0, r1):
-        _box_weights(Y, i, lo, inv_width, n_boxes, points, positions, inv_denominators, weights, boxes)
-        base = 0
-        for k in range(dims):
-            base += boxes[k] * points[k] * strides[k]
+        base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                              time_map, time_dim, axis_weights, mapped, scratch, weights)
         phi[:] = 0.0
         for c in range(n_local):
-            w = 1.0
-            for k in range(dims):
-                w *= weights[k, digits[c, k]]
+            w = weights[c]
             node = base + offsets[c]
             for o in range(n_out):
                 phi[o] += w * potentials[node, o]
