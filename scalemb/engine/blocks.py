@@ -50,10 +50,16 @@ class Evaluation:
     z: float
 
 
+def point_major(coords: np.ndarray) -> np.ndarray:
+    """``(N, d)`` C-contiguous copy of the ``(d, N)`` coordinates, for the sparse kernels
+    (``scalemb.models.kernels``)."""
+    return np.ascontiguousarray(coords.T)
+
+
 def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int) -> BlockResult:
     """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, coords, space_dims, A)
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A)
     R = np.zeros_like(coords)
     z = model.repulsion(coords, space_dims, block.r0, block.r1, R)
     return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
@@ -65,7 +71,7 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
     (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
     index of a split grid)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, coords, space_dims, A)
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A)
     R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells)
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
 
@@ -101,7 +107,7 @@ def curvature_block(model: Model, block: RowBlock, coords: np.ndarray, space_dim
     if fixed:
         return 4.0 * exaggeration * block.data
     weights = np.empty_like(block.data)
-    model.curvature(block.indptr, block.indices, block.data, block.r0, coords, space_dims, weights)
+    model.curvature(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, weights)
     return exaggeration * weights
 
 

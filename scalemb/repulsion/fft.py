@@ -57,8 +57,9 @@ the cutoff of each other (at worst the exact kernel's O(N²), e.g. a dense core 
 ``LocalExecutor`` logs once when the cap is reached.
 
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
-holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per row block -> partial grids, summed; ``convolve`` once; ``interpolate``
-per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full
+holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
+row block -> partial grids, summed; ``convolve`` once; ``interpolate`` per row block -> rows of R and the
+block's part of Z.  Every function needs only the row range, the full
 ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
 import functools
