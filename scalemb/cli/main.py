@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fft: space box width (default per model and dimension: t-SNE R^2 1, R^1/R^3 0.5; "
                           "SNE 0.25; SNEST 0.4)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
-                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N m)), m time nodes or 1)")
+                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N)) r, r time components or 1)")
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
