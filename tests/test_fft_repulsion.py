@@ -120,6 +120,39 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
     assert sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
 
 
+@pytest.mark.parametrize("model,ds,dt", [("tsne", 1, 0), ("tsne", 2, 0), ("sne", 3, 0), ("snest", 2, 1)])
+def test_convolution_is_the_node_to_node_sum(model, ds, dt):
+    """``convolve`` (FFTs, cropped inverse transforms, single precision on 2-D/3-D grids) against the direct
+    sum over node pairs ``phi_o(x_m) = sum_n K_o(x_m - x_n) C_n``; a time axis holds components that the space
+    convolution treats alike."""
+    rng = np.random.default_rng(ds)
+    lo, hi = np.zeros(ds + dt), np.concatenate([rng.uniform(1.5, 2.5, ds), np.ones(dt)])
+    grid = make_grid(model, ds, lo, hi, FFTParams(points=3, box_width=0.7))  # up to 12 nodes per dimension
+    charges = rng.normal(size=(grid.n_nodes, grid.dims + 1))
+    potentials = convolve(grid, charges)
+    axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k] for k in range(ds)]
+    x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
+    d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+    for o, (k, channel) in enumerate(grid.plan.outputs):
+        kernel = grid.plan.kernels[k](d2, grid.sigma)
+        c = charges[:, channel].reshape(len(x), -1)  # (space nodes, time components or 1)
+        direct = (kernel @ c).ravel()
+        scale = np.abs(direct).max()
+        np.testing.assert_allclose(potentials[:, o], direct, atol=(1e-5 if ds > 1 else 1e-12) * scale)
+
+
+def test_time_kernel_factors_have_low_rank():
+    """SNEST's time kernel between its Chebyshev nodes is held by r < m components that reproduce it."""
+    from scalemb.repulsion.fft import TIME_RANK_TOL, time_factors, time_matrix
+
+    grid = make_grid("snest", 2, [0.0, 0.0, -1.8], [20.0, 20.0, 1.8])
+    m, r = grid.points[-1], grid.counts[-1]
+    assert grid.nodes[-1] == r and r < m / 2
+    into, out_of = time_factors(grid.plan.time_kernel, m, 3.6)
+    T = time_matrix(grid.plan.time_kernel, m, 3.6)
+    assert np.abs(out_of @ into.T - T).max() <= 10 * TIME_RANK_TOL * np.abs(T).max()
+
+
 def test_executor_blocks_and_threads_agree(coauthor_affinity, converged):
     Y = converged["tsne", 2, 0]
     model = get_model("tsne")
