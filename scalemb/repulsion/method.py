@@ -10,10 +10,12 @@ from .fft import MODELS, FFTParams, check_supported
 REPULSION_METHODS = ("auto", "exact", "fft")
 # N from which fft is used, per total dimension ds + dt, from benchmarks/repulsion.py section (b) on the 2-core
 # AMD EPYC machine (benchmarks/results/repulsion.md): on clustered layouts t-SNE R^2's fft evaluation is faster
-# from N = 5000 (6 nodes per unit), but GrQc (N = 5241), whose layouts fly apart to ~7e4 units, ran 6x slower
-# with fft (capped grid, near field), so t-SNE stays exact below 10000.  SNEST R^{2,1} and R^{3,1} were never
-# faster up to N = 40000 (the time nodes multiply the grid), so auto keeps them exact (None).
-AUTO_FFT_MIN_POINTS = {2: 10_000, 3: None, 4: None}
+# from N = 5000 (6 nodes per unit), but GrQc (N = 5241), whose layouts fly apart to ~7e4 units, ran ~4x slower
+# with fft (capped grid, near field), so t-SNE stays exact below 10000.  SNEST R^{2,1} (time kernel through 12
+# SVD components) is faster from N = 20000; SNEST R^{3,1} was never faster up to N = 40000 (its capped 3-D grid's
+# near field dominates), so auto keeps it exact (None).
+AUTO_FFT_MIN_POINTS = {2: 10_000, 3: 20_000, 4: None}
+
 
 def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, n_points: int) -> str:
     """``'exact'`` or ``'fft'`` for the requested ``method`` (see module docstring)."""
