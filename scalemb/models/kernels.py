@@ -37,9 +37,14 @@ from numba import njit
 
 
 def make_kernels(log_pair, pair):
-    """Compile the attraction and repulsion row-block kernels for one model (see module docstring)."""
+    """Compile the attraction and repulsion row-block kernels for one model (see module docstring).
 
-    @njit(cache=True, nogil=True, error_model="numpy")
+    Not cached on disk: numba's cache key of a closure includes its captured dispatchers, which serialise
+    differently in every process (numba issue #6264), so ``cache=True`` recompiled them anyway and added
+    files to ``__pycache__`` on every run.
+    """
+
+    @njit(nogil=True, error_model="numpy")
     def attraction(indptr, indices, data, r0, Yt, space_dims, A):
         dims = Yt.shape[1]
         plogw = 0.0
@@ -62,7 +67,7 @@ def make_kernels(log_pair, pair):
                     A[row, k] += p * (a if k < space_dims else b) * (Yt[i, k] - Yt[j, k])
         return plogw
 
-    @njit(cache=True, nogil=True, error_model="numpy")
+    @njit(nogil=True, error_model="numpy")
     def curvature(indptr, indices, data, r0, Yt, space_dims, out):
         for row in range(indptr.shape[0] - 1):
             i = r0 + row
@@ -79,7 +84,7 @@ def make_kernels(log_pair, pair):
                 a = log_pair(d2s, d2t)[1]
                 out[idx] = -2.0 * a * data[idx]
 
-    @njit(cache=True, nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
+    @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
         dims, n_points = Y.shape
         half = (n_points - 1) // 2
