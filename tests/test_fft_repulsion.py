@@ -130,7 +130,8 @@ def test_convolution_is_the_node_to_node_sum(model, ds, dt):
     grid = make_grid(model, ds, lo, hi, FFTParams(points=3, box_width=0.7))  # up to 12 nodes per dimension
     charges = rng.normal(size=(grid.n_nodes, grid.dims + 1))
     potentials = convolve(grid, charges)
-    axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k] for k in range(ds)]
+    axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k]
+            for k in range(ds)]
     x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
     d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
     for o, (k, channel) in enumerate(grid.plan.outputs):

@@ -94,12 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: fft from the measured crossover N)")
     emb.add_argument("--fft-points", type=_positive_int, default=None,
                      help="fft: interpolation points per box and dimension (default per model and dimension: "
-                          "t-SNE R^2 6, otherwise 4)")
+                          "t-SNE R^2 and SNEST R^{2,1} 6, otherwise 4)")
     emb.add_argument("--fft-box-width", type=float, default=None,
                      help="fft: space box width (default per model and dimension: t-SNE R^2 1, R^1/R^3 0.5; "
-                          "SNE 0.25; SNEST 0.4)")
+                          "SNE 0.25; SNEST R^{2,1} 1, R^{1,1}/R^{3,1} 0.4)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
-                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N)) r, r time components or 1)")
+                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N)) r, with r time "
+                          "components, 1 without time)")
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")

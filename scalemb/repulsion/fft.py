@@ -49,18 +49,18 @@ If the extent asks for more (e.g. GrQc's t-SNE layouts, whose 355 components spr
 space dimensions get proportionally fewer, wider boxes of width H and the Cauchy factor is split (as in
 particle-particle/particle-mesh methods): the grid carries the smooth far part
 ``q_far = 1/(1 + d² + sigma² exp(-d²/sigma²))`` (a Cauchy-like function of d/sigma, sampled at ``sigma = H /
-box_width`` as finely as the default grid samples q; SNEST at least 0.6 sigma per box), and the rest, ``q - q_far`` and ``q² - q_far²``
-(< 1e-7 of q beyond ``4 sigma``), is summed directly over the pairs closer than ``cutoff = 4 sigma``, found in
-a cell list (``near_cells``, ``interpolation.near_rows``).  SNE's Gaussian has no far part: beyond the cap the
-near field (cutoff 6.1) is all of it.  Accuracy is kept; the direct sum costs more when many points lie within
-the cutoff of each other (at worst the exact kernel's O(N²), e.g. a dense core with far outliers), and
-``LocalExecutor`` logs once when the cap is reached.
+box_width`` as finely as the default grid samples q; SNEST's boxes at most 0.6 sigma wide), and the rest,
+``q - q_far`` and ``q² - q_far²`` (< 1e-7 of q beyond ``4 sigma``), is summed directly over the pairs closer
+than ``cutoff = 4 sigma``, found in a cell list (``near_cells``, ``interpolation.near_rows``).  SNE's Gaussian
+has no far part: beyond the cap the near field (cutoff 6.1) is all of it.  Accuracy is kept; the direct sum
+costs more when many points lie within the cutoff of each other (at worst the exact kernel's O(N²), e.g. a
+dense core with far outliers), and ``LocalExecutor`` logs once when the cap is reached.
 
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
 holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
 row block -> partial grids, summed; ``convolve`` once; ``interpolate`` per row block -> rows of R and the
-block's part of Z.  Every function needs only the row range, the full
-``(d, N)`` coordinates, the grid / potentials and the small parameters.
+block's part of Z.  Every function needs only the row range, the full ``(d, N)`` coordinates, the grid /
+potentials and the small parameters.
 """
 import functools
 import math
