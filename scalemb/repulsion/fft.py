@@ -314,6 +314,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         raise ValueError(f"embedding extent must be finite, got [{lo}, {hi}]")
     ds = space_dims
     extent = hi - lo
+    time_width = np.where(extent[ds:] > 0, extent[ds:], 1.0)  # one box spans the time axis
     params = params.resolved(model, ds)
     p = int(params.points)
     points = [p] * ds
@@ -322,7 +323,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     if dims > ds:
         m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
         points.append(int(m))
-        time_in, time_out = time_factors(_time_growth, int(m), float(extent[ds]) if extent[ds] > 0 else 1.0)
+        time_in, time_out = time_factors(_time_growth, int(m), float(time_width[0]))
         rank = time_in.shape[1]
     per_box = p ** ds * rank
     max_nodes = params.node_cap(n_points, rank)
@@ -347,10 +348,10 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     n_boxes = np.concatenate([n_space, np.ones(dims - ds, dtype=np.int64)])
     capped = bool(np.any(n_space < wanted))
     if capped:
-        box_width = np.where(extent > 0, extent / n_boxes, 1.0)
+        box_width = np.concatenate([np.where(extent[:ds] > 0, extent[:ds] / n_space, 1.0), time_width])
     else:  # boxes exactly ``width`` wide, centred on the data: the node spacing stays the same from one
         # evaluation to the next, and so does the kernel's spectrum while the box count does (kernel_spectrum)
-        box_width = np.concatenate([np.full(ds, float(width)), np.where(extent[ds:] > 0, extent[ds:], 1.0)])
+        box_width = np.concatenate([np.full(ds, float(width)), time_width])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
     return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, _plan(model, ds), sigma, cutoff,
                 time_in, time_out)
