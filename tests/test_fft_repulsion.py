@@ -142,6 +142,50 @@ def test_convolution_is_the_node_to_node_sum(model, ds, dt):
         np.testing.assert_allclose(potentials[:, o], direct, atol=(1e-5 if ds > 1 else 1e-12) * scale)
 
 
+def _node_weights(grid, Y, time_map):
+    """Dense ``(N, n_nodes)`` matrix of every point's weight on every node, built with NumPy from the Lagrange
+    formula (time axis: the Chebyshev weights times ``time_map``) as the reference for the numba loops."""
+    factors = []
+    for k, x in enumerate(grid.node_positions()):
+        u = (Y[k] - grid.lo[k]) / grid.box_width[k]
+        box = np.clip(np.floor(u), 0, grid.n_boxes[k] - 1).astype(int)
+        u = u - box
+        lagrange = np.stack([np.prod([(u - x[c]) / (x[a] - x[c]) for c in range(len(x)) if c != a], axis=0)
+                             for a in range(len(x))], axis=1)
+        if k >= grid.space_dims:
+            lagrange = lagrange @ time_map
+        full = np.zeros((Y.shape[1], grid.nodes[k]))
+        cols = box[:, None] * grid.counts[k] + np.arange(grid.counts[k])
+        np.put_along_axis(full, cols, lagrange, axis=1)
+        factors.append(full)
+    W = factors[0]
+    for f in factors[1:]:
+        W = (W[:, :, None] * f[:, None, :]).reshape(Y.shape[1], -1)
+    return W
+
+
+@pytest.mark.parametrize("model,ds,dt", CASES)
+def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
+    """``spread`` is ``W^T [1, y - centre]`` and ``interpolate`` combines ``W potentials`` (``W`` the dense
+    node weights); the loops hold channels and outputs in scalars up to ``MAX_CHANNELS``/``MAX_OUTPUTS``."""
+    from scalemb.repulsion.interpolation import MAX_CHANNELS, MAX_OUTPUTS
+
+    rng = np.random.default_rng(ds + 3 * dt)
+    Y = _clustered_layout(40, ds, dt, 2.0, rng)
+    grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
+    assert grid.dims + 1 <= MAX_CHANNELS and grid.n_outputs <= MAX_OUTPUTS
+    charges = np.concatenate([np.ones((1, Y.shape[1])), Y - grid.centre[:, None]])
+    np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), _node_weights(grid, Y, grid.time_in).T @ charges.T,
+                               rtol=1e-12, atol=1e-12)
+    potentials = rng.normal(size=(grid.n_nodes, grid.n_outputs))
+    phi = _node_weights(grid, Y, grid.time_out) @ potentials
+    R, z = interpolate(grid, Y, potentials, 0, Y.shape[1])
+    assert z == pytest.approx(np.sum(phi[:, grid.plan.z_output] - grid.self_weight), rel=1e-12)
+    for k, (coef, one, coord) in enumerate(grid.plan.force):
+        expected = coef * ((Y[k] - grid.centre[k]) * phi[:, one] - phi[:, coord])
+        np.testing.assert_allclose(R[k], expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
+
+
 def test_time_kernel_factors_have_low_rank():
     """SNEST's time kernel between its Chebyshev nodes is held by r < m components that reproduce it."""
     from scalemb.repulsion.fft import TIME_RANK_TOL, time_factors, time_matrix

@@ -283,7 +283,7 @@ class Grid:
         timed = time_map is not None
         return (np.ascontiguousarray(self.lo, dtype=np.float64), 1.0 / self.box_width,
                 np.ascontiguousarray(self.centre), self.n_boxes.astype(np.int64), points, counts, strides,
-                positions, inv_denominators, box_offsets(counts, strides),
+                positions, inv_denominators, box_offsets(counts[:-1], strides[:-1]),
                 np.ascontiguousarray(time_map) if timed else np.zeros((1, 1)), self.space_dims if timed else -1)
 
     def describe(self) -> str:

@@ -12,7 +12,9 @@ time kernel's low-rank factorisation (``scalemb.repulsion.fft.make_grid``): a po
 mapped to r component weights by an m x r matrix (one for spreading, one for interpolating).
 
 Grids are flat, C order over the node multi-index, with the channel as the last (fastest) axis:
-``grid[node, channel]``.  Accumulation is float64; no ``fastmath`` (the loops are memory bound).
+``grid[node, channel]``.  A point's node weights are kept factorised (the weights per axis and their tensor
+product over the leading axes), so the loops over its box run along the last axis, contiguous in the grid.
+Accumulation is float64; no ``fastmath``.
 """
 import numpy as np
 from numba import njit
@@ -34,25 +36,30 @@ def box_tables(node_positions):
 
 
 def box_offsets(counts, strides) -> np.ndarray:
-    """Flat offset of each of a box's nodes from its first node, C order over the box's node multi-index."""
+    """Flat offset of each of a box's nodes from its first node, C order over the box's node multi-index
+    (over the leading axes only, when ``counts`` and ``strides`` leave out the last one)."""
+    if len(counts) == 0:  # no leading axes (a 1-D grid): the box's first node only
+        return np.zeros(1, dtype=np.int64)
     digits = np.indices(tuple(int(c) for c in counts)).reshape(len(counts), -1)
     return np.ascontiguousarray((digits * np.asarray(strides, dtype=np.int64)[:, None]).sum(axis=0))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                   time_map, time_dim, axis_weights, mapped, scratch, weights):
-    """Point i's weight at each node of its box, into ``weights[:prod(counts)]`` (C order over the box's node
-    multi-index, like ``box_offsets``); returns the flat index of the box's first node.
+                   time_map, time_dim, lagrange, axis_weights, outer_weights, scratch):
+    """Point i's weights on the nodes of its box, factorised: ``axis_weights[k * W + c]`` (W its row width)
+    for entry c of axis k, and ``outer_weights[:n_outer]``, the tensor product over all axes but the last
+    (C order, like ``box_offsets`` of the leading axes).  Returns the flat index of the box's first node.
 
     Per dimension k: the box ``b`` (clamped to the grid), ``u = (y - lo)/h - b`` and the Lagrange weights
     ``L_a(u)``; on the time axis (``k == time_dim``) they are mapped to the ``counts[k]`` components,
-    ``sum_a L_a(u) time_map[a, c]``; the box's weights are the tensor product over dimensions.
+    ``sum_a L_a(u) time_map[a, c]``.  The node weight is ``outer_weights[o] * axis_weights[last * W + c]``; the
+    loops over a box's nodes then run over the last axis, contiguous in the grid.
     """
-    weights[0] = 1.0
-    n = 1
+    dims = Y.shape[0]
+    width = axis_weights.shape[0] // dims
     base = 0
-    for k in range(Y.shape[0]):
+    for k in range(dims):
         x = (Y[k, i] - lo[k]) * inv_width[k]
         b = np.int64(np.floor(x))
         if b < 0:
@@ -61,82 +68,127 @@ def _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positi
             b = n_boxes[k] - 1
         u = x - b
         base += b * counts[k] * strides[k]
-        for a in range(points[k]):
-            num = 1.0
-            for c in range(points[k]):
+        row = k * width
+        pk = points[k]
+        for a in range(pk):
+            num = inv_denominators[k, a]
+            for c in range(pk):
                 if c != a:
                     num *= u - positions[k, c]
-            axis_weights[a] = num * inv_denominators[k, a]
-        factor = axis_weights
+            lagrange[a] = num
         if k == time_dim:
             for c in range(counts[k]):
                 acc = 0.0
-                for a in range(points[k]):
-                    acc += axis_weights[a] * time_map[a, c]
-                mapped[c] = acc
-            factor = mapped
-        width = counts[k]
+                for a in range(pk):
+                    acc += lagrange[a] * time_map[a, c]
+                axis_weights[row + c] = acc
+        else:
+            for a in range(pk):
+                axis_weights[row + a] = lagrange[a]
+    outer_weights[0] = 1.0
+    n = 1
+    for k in range(dims - 1):
+        row = k * width
+        ck = counts[k]
         for c in range(n):
-            wc = weights[c]
-            for a in range(width):
-                scratch[c * width + a] = wc * factor[a]
-        n *= width
-        weights[:n] = scratch[:n]
+            wc = outer_weights[c]
+            for a in range(ck):
+                scratch[c * ck + a] = wc * axis_weights[row + a]
+        n *= ck
+        for c in range(n):
+            outer_weights[c] = scratch[c]
     return base
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _buffers(dims, positions, counts, outer_offsets):
+    """Scratch arrays of ``_point_weights``: Lagrange weights, axis weights, outer weights, tensor scratch."""
+    width = max(positions.shape[1], counts.max())
+    n_outer = outer_offsets.shape[0]
+    return np.empty(positions.shape[1]), np.empty(dims * width), np.empty(n_outer), np.empty(n_outer)
+
+
+# Most charge channels (1 + d) and potential outputs the loops below handle: d <= 4 (3 space + 1 time
+# dimensions), at most 6 outputs (SNEST R^{3,1}).  They hold channels and outputs in scalars, with
+# loop-invariant guards for the unused ones: indexing a small array by a run-time channel count instead
+# measured 2-4x slower (the array may alias the grid, so every access reloads it).
+MAX_CHANNELS = 5
+MAX_OUTPUTS = 6
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions, inv_denominators,
-                offsets, time_map, time_dim, grid):
-    """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, d + 1)``): channel 0 the unit charge,
-    channel 1 + k the centred coordinate ``y_k - centre_k``, each times the node's interpolation weight."""
+                outer_offsets, time_map, time_dim, grid):
+    """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, d + 1)``, ``d + 1 <= MAX_CHANNELS``):
+    channel 0 the unit charge, channel 1 + k the centred coordinate ``y_k - centre_k``, each times the node's
+    interpolation weight.  ``outer_offsets``: ``box_offsets`` of the leading axes."""
     dims = Y.shape[0]
-    n_local = offsets.shape[0]
-    axis_weights = np.empty(positions.shape[1])
-    mapped = np.empty(max(1, time_map.shape[1]))
-    scratch = np.empty(n_local)
-    weights = np.empty(n_local)
-    charge = np.empty(dims + 1)
-    charge[0] = 1.0
+    last = dims - 1
+    inner = counts[last]
+    lagrange, axis_weights, outer_weights, scratch = _buffers(dims, positions, counts, outer_offsets)
+    row_last = last * (axis_weights.shape[0] // dims)
     for i in range(r0, r1):
         base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                              time_map, time_dim, axis_weights, mapped, scratch, weights)
-        for k in range(dims):
-            charge[1 + k] = Y[k, i] - centre[k]
-        for c in range(n_local):
-            w = weights[c]
-            node = base + offsets[c]
-            for ch in range(dims + 1):
-                grid[node, ch] += w * charge[ch]
+                              time_map, time_dim, lagrange, axis_weights, outer_weights, scratch)
+        c1 = Y[0, i] - centre[0]
+        c2 = Y[1, i] - centre[1] if dims > 1 else 0.0
+        c3 = Y[2, i] - centre[2] if dims > 2 else 0.0
+        c4 = Y[3, i] - centre[3] if dims > 3 else 0.0
+        for o in range(outer_offsets.shape[0]):
+            first = base + outer_offsets[o]
+            wo = outer_weights[o]
+            for c in range(inner):
+                w = wo * axis_weights[row_last + c]
+                node = first + c
+                grid[node, 0] += w
+                grid[node, 1] += w * c1
+                if dims > 1:
+                    grid[node, 2] += w * c2
+                if dims > 2:
+                    grid[node, 3] += w * c3
+                if dims > 3:
+                    grid[node, 4] += w * c4
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions,
-                     inv_denominators, offsets, time_map, time_dim, potentials, z_output, self_weight, force_coef,
-                     force_one, force_coord, R):
-    """Interpolate the potentials (``(n_nodes, n_outputs)``) at rows ``[r0, r1)``.
+                     inv_denominators, outer_offsets, time_map, time_dim, potentials, z_output, self_weight,
+                     force_coef, force_one, force_coord, R):
+    """Interpolate the potentials (``(n_nodes, n_outputs)``, ``n_outputs <= MAX_OUTPUTS``) at rows ``[r0, r1)``.
 
     With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` and, per dimension k,
     ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``.  Returns ``sum_i Z_i``.
     """
     dims = Y.shape[0]
-    n_local = offsets.shape[0]
+    last = dims - 1
+    inner = counts[last]
     n_out = potentials.shape[1]
-    axis_weights = np.empty(positions.shape[1])
-    mapped = np.empty(max(1, time_map.shape[1]))
-    scratch = np.empty(n_local)
-    weights = np.empty(n_local)
-    phi = np.empty(n_out)
+    lagrange, axis_weights, outer_weights, scratch = _buffers(dims, positions, counts, outer_offsets)
+    row_last = last * (axis_weights.shape[0] // dims)
+    phi = np.empty(MAX_OUTPUTS)
     z = 0.0
     for i in range(r0, r1):
         base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                              time_map, time_dim, axis_weights, mapped, scratch, weights)
-        phi[:] = 0.0
-        for c in range(n_local):
-            w = weights[c]
-            node = base + offsets[c]
-            for o in range(n_out):
-                phi[o] += w * potentials[node, o]
+                              time_map, time_dim, lagrange, axis_weights, outer_weights, scratch)
+        p0 = p1 = p2 = p3 = p4 = p5 = 0.0
+        for o in range(outer_offsets.shape[0]):
+            first = base + outer_offsets[o]
+            wo = outer_weights[o]
+            for c in range(inner):
+                w = wo * axis_weights[row_last + c]
+                node = first + c
+                p0 += w * potentials[node, 0]
+                if n_out > 1:
+                    p1 += w * potentials[node, 1]
+                if n_out > 2:
+                    p2 += w * potentials[node, 2]
+                if n_out > 3:
+                    p3 += w * potentials[node, 3]
+                if n_out > 4:
+                    p4 += w * potentials[node, 4]
+                if n_out > 5:
+                    p5 += w * potentials[node, 5]
+        phi[0], phi[1], phi[2], phi[3], phi[4], phi[5] = p0, p1, p2, p3, p4, p5
         z += phi[z_output] - self_weight
         for k in range(dims):
             R[k, i - r0] = force_coef[k] * ((Y[k, i] - centre[k]) * phi[force_one[k]] - phi[force_coord[k]])
