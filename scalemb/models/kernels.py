@@ -6,7 +6,8 @@ squared time distance ``d2t = |t_i - t_j|^2`` (both numba ``inline='always'``):
 * ``log_pair(d2s, d2t) -> (log w, a, b)`` with ``d log w_ij / d s_i = a (s_i - s_j)`` and
   ``d log w_ij / d t_i = b (t_i - t_j)``; used on the sparse rows of P (attraction, KL).
 * ``pair(d2s, d2t) -> (w, w a, w b)``; the same quantities weighted by ``w``, used on all pairs
-  (normaliser and repulsion).  It must vectorise: no libm calls (use ``fast_exp``).
+  (normaliser and repulsion).
+Both must vectorise: no libm calls (use ``vecmath.fast_exp`` and ``fast_log``).
 
 With ``q_ij = w_ij / Z``, ``Z = sum_{k != l} w_kl`` and a symmetric P summing to 1 over ordered pairs,
 ``KL(P||Q) = sum p log p - sum p log w + log Z`` and
@@ -30,7 +31,10 @@ The all-pairs repulsion takes ``Y`` as ``(ds + dt, N)``, C-contiguous, space row
 over contiguous slices so that LLVM vectorises them (``error_model='numpy'`` removes the division-by-zero
 branch that otherwise blocks it).  The sparse loops take the point-major copy ``Yt = Y.T`` (``(N, ds + dt)``,
 C-contiguous): a neighbour's coordinates then share one cache line (the attraction on a 1e5-point kNN P runs
-~1.4x faster than reading ``Y``'s rows).
+~1.4x faster than reading ``Y``'s rows).  The attraction works row by row: gather the coordinate differences
+to the row's neighbours into a buffer, then contiguous loops: squared distances, ``log_pair`` in one
+vectorised (``fastmath``) loop, each force coordinate accumulated in a register.  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
+~16 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
 """
 import numpy as np
 from numba import njit
@@ -44,27 +48,53 @@ def make_kernels(log_pair, pair):
     files to ``__pycache__`` on every run.
     """
 
-    @njit(nogil=True, error_model="numpy")
+    @njit(inline="always", error_model="numpy")
+    def row_log_weights(p, d2s, d2t, ca, cb):
+        """One row of P: ``sum_j p_j log w_j``, and ``ca = p a``, ``cb = p b`` (a vectorised loop)."""
+        plogw = 0.0
+        for jj in range(p.shape[0]):
+            logw, a, b = log_pair(d2s[jj], d2t[jj])
+            plogw += p[jj] * logw
+            ca[jj] = p[jj] * a
+            cb[jj] = p[jj] * b
+        return plogw
+
+    @njit(nogil=True, fastmath=True, error_model="numpy")
     def attraction(indptr, indices, data, r0, Yt, space_dims, A):
         dims = Yt.shape[1]
+        n_rows = indptr.shape[0] - 1
+        longest = 0
+        for row in range(n_rows):
+            longest = max(longest, indptr[row + 1] - indptr[row])
+        diff = np.empty((dims, longest))
+        d2s = np.empty(longest)
+        d2t = np.empty(longest)
+        ca = np.empty(longest)
+        cb = np.empty(longest)
         plogw = 0.0
-        for row in range(indptr.shape[0] - 1):
+        for row in range(n_rows):
             i = r0 + row
-            for idx in range(indptr[row], indptr[row + 1]):
-                j = indices[idx]
-                p = data[idx]
-                d2s = 0.0
-                d2t = 0.0
+            start, stop = indptr[row], indptr[row + 1]
+            n = stop - start
+            for jj in range(n):  # gather the differences to the row's neighbours
+                j = indices[start + jj]
                 for k in range(dims):
-                    x = Yt[i, k] - Yt[j, k]
-                    if k < space_dims:
-                        d2s += x * x
-                    else:
-                        d2t += x * x
-                logw, a, b = log_pair(d2s, d2t)
-                plogw += p * logw
-                for k in range(dims):
-                    A[row, k] += p * (a if k < space_dims else b) * (Yt[i, k] - Yt[j, k])
+                    diff[k, jj] = Yt[i, k] - Yt[j, k]
+            d2s[:n] = 0.0
+            d2t[:n] = 0.0
+            for k in range(dims):
+                d2 = d2s if k < space_dims else d2t
+                dk = diff[k]
+                for jj in range(n):
+                    d2[jj] += dk[jj] * dk[jj]
+            plogw += row_log_weights(data[start:stop], d2s[:n], d2t[:n], ca[:n], cb[:n])
+            for k in range(dims):  # forces, accumulated in a register per coordinate
+                c = ca if k < space_dims else cb
+                dk = diff[k]
+                acc = 0.0
+                for jj in range(n):
+                    acc += c[jj] * dk[jj]
+                A[row, k] += acc
         return plogw
 
     @njit(nogil=True, error_model="numpy")

@@ -5,7 +5,7 @@
 from numba import njit
 
 from .base import Model
-from .fastexp import fast_exp
+from .vecmath import fast_exp
 from .kernels import make_kernels
 
 

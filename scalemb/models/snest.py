@@ -5,18 +5,17 @@ Closer in space or farther in time means more similar.  ``d log w / d s_i = -2 (
 ``dKL/ds_i = 2 sum_j (p_ij - q_ij)(s_i - s_j)/(1 + |s_i - s_j|^2)``, ``dKL/dt_i = -2 sum_j (p_ij - q_ij)(t_i - t_j)``
 (unordered pairs).  The time factor saturates at exp(709) (see ``fast_exp``).
 """
-import numpy as np
 from numba import njit
 
 from .base import Model
-from .fastexp import fast_exp
 from .kernels import make_kernels
+from .vecmath import fast_exp, fast_log
 
 
 @njit(inline="always", error_model="numpy")
 def log_pair(d2s, d2t):
     q = 1.0 / (1.0 + d2s)
-    return d2t + np.log(q), -2.0 * q, 2.0  # log, not log1p: as exact in absolute terms; attraction loop 1.5x faster
+    return d2t - fast_log(1.0 + d2s), -2.0 * q, 2.0
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")

@@ -2,17 +2,17 @@
 
 ``d log w / d y_i = -2 (y_i - y_j) / (1 + |y_i - y_j|^2)``.
 """
-import numpy as np
 from numba import njit
 
 from .base import Model
 from .kernels import make_kernels
+from .vecmath import fast_log
 
 
 @njit(inline="always", error_model="numpy")
 def log_pair(d2s, d2t):
     q = 1.0 / (1.0 + d2s)
-    return np.log(q), -2.0 * q, 0.0  # log, not log1p: as exact in absolute terms; attraction loop 1.5x faster
+    return -fast_log(1.0 + d2s), -2.0 * q, 0.0
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")

@@ -104,7 +104,7 @@ def _gauss(d2s, sigma):
 
 
 def _time_growth(d2t):
-    return np.exp(np.minimum(d2t, 709.0))  # saturates like models.fastexp.fast_exp
+    return np.exp(np.minimum(d2t, 709.0))  # saturates like models.vecmath.fast_exp
 
 
 # Widest box, in units of sigma, of a capped (split) grid.  SNEST's time force is a difference of large terms

@@ -19,7 +19,7 @@ Accumulation is float64; no ``fastmath``.
 import numpy as np
 from numba import njit
 
-from ..models.fastexp import fast_exp
+from ..models.vecmath import fast_exp
 
 
 def box_tables(node_positions):

@@ -1,0 +1,73 @@
+"""Vectorisable double-precision exponential and logarithm for numba kernels.
+
+``np.exp`` and ``np.log`` compile to libm calls, which block SIMD vectorisation of the pair loops (6x slower
+on the repulsion kernel) and cost ~3/4 of the attraction kernel on a 1e5-point kNN P.
+
+``fast_exp`` uses Cody-Waite range reduction ``x = n ln2 + r``, ``|r| <= ln2/2``, a degree-13 Taylor
+polynomial for ``exp(r)`` (truncation < 2e-17) and builds ``2**n`` by writing the exponent bits directly.
+Relative error is below 1e-13 on [-708, 709] (checked in tests/test_vecmath.py); inputs are clamped to that
+range, so results saturate instead of overflowing to inf.
+
+``fast_log`` reads the exponent e from the bits, ``x = 2^e m`` with ``m`` in ``[sqrt(1/2), sqrt(2))``, and
+``log m = 2 atanh(s)``, ``s = (m - 1)/(m + 1)``, ``|s| <= 0.172``, by its odd series to ``s^21`` (truncation
+< 1e-17): absolute error below 1e-15 for positive normal x (tests/test_vecmath.py); +inf gives ``1024 ln 2``.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@intrinsic
+def _float64_bits_as_int64(typingctx, x):
+    """Reinterpret the 64 bits of a float64 as an int64 (no conversion)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _int64_bits_as_float64(typingctx, bits):
+    """Reinterpret the 64 bits of an int64 as a float64 (no conversion)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@njit(inline="always", fastmath=True, error_model="numpy")
+def fast_exp(x):
+    """exp(x) for float64 x, vectorisable; saturates outside [-708, 709]."""
+    x = min(max(x, -708.0), 709.0)
+    n = np.floor(x * _LOG2E + 0.5)
+    r = x - n * _LN2
+    p = 1.0 + r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (
+        1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (
+            1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (
+                1.0 / 479001600 + r * (1.0 / 6227020800)))))))))))))
+    return p * _int64_bits_as_float64((np.int64(n) + 1023) << 52)
+
+
+# Bits of sqrt(1/2): subtracting them before taking the exponent puts the mantissa in [sqrt(1/2), sqrt(2)).
+_SQRT_HALF_BITS = 0x3FE6A09E667F3BCD
+
+
+@njit(inline="always", fastmath=True, error_model="numpy")
+def fast_log(x):
+    """log(x) for positive normal float64 x, vectorisable (see the module docstring)."""
+    bits = _float64_bits_as_int64(x)
+    e = (bits - _SQRT_HALF_BITS) >> 52
+    m = _int64_bits_as_float64(bits - (e << 52))
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    series = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (1.0 / 11 + s2 * (
+        1.0 / 13 + s2 * (1.0 / 15 + s2 * (1.0 / 17 + s2 * (1.0 / 19 + s2 * (1.0 / 21))))))))))
+    return e * _LN2 + 2.0 * s * series

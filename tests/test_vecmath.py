@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+from numba import njit
+
+from scalemb.models.vecmath import fast_exp, fast_log
+
+
+@njit
+def _apply(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = fast_exp(x[i])
+    return out
+
+
+def test_fast_exp_relative_error():
+    x = np.concatenate([np.linspace(-708, 709, 200_001), np.linspace(-1, 1, 10_001),
+                        np.random.default_rng(0).uniform(-50, 50, 10_000)])
+    rel = np.abs(_apply(x) / np.exp(x) - 1)
+    assert rel.max() < 1e-13
+
+
+def test_fast_exp_saturates_instead_of_overflowing():
+    out = _apply(np.array([1e4, -1e4, 0.0]))
+    assert np.isfinite(out).all()
+    assert out[0] == _apply(np.array([709.0]))[0]
+    assert out[2] == 1.0
+
+
+@njit
+def _apply_log(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = fast_log(x[i])
+    return out
+
+
+def test_fast_log_absolute_error():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([np.exp(rng.uniform(-700, 700, 100_000)), 1.0 + rng.uniform(0, 1e4, 100_000),
+                        1.0 + np.logspace(-16, 0, 1_000), [np.sqrt(0.5), np.sqrt(2.0), 1.0, 2.0, 0.5,
+                                                         np.finfo(float).tiny, np.finfo(float).max]])
+    np.testing.assert_allclose(_apply_log(x), np.log(x), rtol=1e-15, atol=1e-15)
+    assert _apply_log(np.array([1.0]))[0] == 0.0
+    assert _apply_log(np.array([np.inf]))[0] == pytest.approx(1024 * np.log(2.0))
