@@ -13,8 +13,9 @@ Sections, one run:
 (c) N = 1e5 kNN affinities of clustered random points: 300 delta-bar-delta iterations with fft (early
     exaggeration 12 for 100) vs openTSNE 1.0.4 ``TSNEEmbedding.optimize(negative_gradient_method="fft")`` on the
     same P from the same initialisation and schedule, with its defaults and at scalemb's node density.
-    openTSNE switches the process to flush-to-zero
-    arithmetic when loaded, so it runs after every scalemb timing.
+    (c') Both gradients timed on the same layouts (snapshots of openTSNE's default run), since the two runs'
+    trajectories differ.  openTSNE switches the process to flush-to-zero arithmetic when loaded, so it runs
+    after every scalemb timing.
 (d) N = 1e6 co-authorship graph from scalemb.io.coauthor_generator (~15 neighbours per row), t-SNE R^2 and
     SNEST R^{2,1} with fft: seconds per evaluation and per delta-bar-delta iteration on a clustered layout of
     the extent a converged run would have (the 1e5 run's final extent times sqrt(10)), peak RSS.  Each runs in
@@ -76,13 +77,7 @@ def random_affinity(n, k, seed):
 
 
 def timed_evaluations(executor, coords, repeats):
-    executor.evaluate(coords)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        executor.evaluate(coords)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return timed_call(lambda: executor.evaluate(coords), repeats)
 
 
 def accuracy_row(affinity, model, ds, dt, coords):
@@ -195,25 +190,38 @@ def large_ours(affinity, coords):
     return row, ours_s / run.iterations, extent
 
 
+SNAPSHOT_EVERY = 25
+
+
 def large_opentsne(report, affinity, coords, knn_s, ours_row, ours_per_iter):
+    """openTSNE's full runs beside ours, then both gradients timed on the same layouts: openTSNE's own default
+    run, every ``SNAPSHOT_EVERY`` iterations (the trajectories differ: openTSNE clips each point's step to
+    norm 5, ``max_step_norm``, so its layout does not swell after the exaggeration phase as ours does)."""
     n = affinity.n_points
     rows = [ours_row]
     import openTSNE
     from openTSNE import TSNEEmbedding
     from openTSNE.affinity import PrecomputedAffinities
+    from openTSNE.tsne import kl_divergence_fft
 
     lr = max(1.0, n / 12)
     # openTSNE's defaults (3 points in unit boxes: ~1e-2 force error with the same scheme here) and the same
     # node density as scalemb's t-SNE R^2 default (6 points in unit boxes, ~3e-4)
     open_per_iter = None
+    snapshots = []
+
+    def keep(iteration, error, embedding):
+        snapshots.append(np.array(embedding))
+
     for points, what in ((3, "defaults: 3 points, boxes <= 1 wide, >= 50 per dim"),
                          (6, "6 points in boxes <= 1 wide: scalemb's node density")):
         emb = TSNEEmbedding(np.ascontiguousarray(coords.T), PrecomputedAffinities(affinity.P, normalize=False),
                             negative_gradient_method="fft", n_interpolation_points=points, n_jobs=THREADS,
                             random_state=0)
+        callbacks = dict(callbacks=keep, callbacks_every_iters=SNAPSHOT_EVERY) if points == 3 else {}
         t0 = time.perf_counter()
-        emb = emb.optimize(n_iter=N_EE, exaggeration=12, momentum=0.5, learning_rate=lr)
-        emb = emb.optimize(n_iter=N_ITER - N_EE, momentum=0.8, learning_rate=lr)
+        emb = emb.optimize(n_iter=N_EE, exaggeration=12, momentum=0.5, learning_rate=lr, **callbacks)
+        emb = emb.optimize(n_iter=N_ITER - N_EE, momentum=0.8, learning_rate=lr, **callbacks)
         open_s = time.perf_counter() - t0
         layout = np.ascontiguousarray(np.asarray(emb).T)
         open_kl = LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="fft").evaluate(layout).kl
@@ -229,6 +237,42 @@ def large_opentsne(report, affinity, coords, knn_s, ours_row, ours_per_iter):
     report(f"\nRatio scalemb / openTSNE (defaults) per iteration: {ours_per_iter / open_per_iter:.2f}; "
            f"vs openTSNE at scalemb's node density: {ours_per_iter / (open_s / N_ITER):.2f}")
     report()
+
+    P = affinity.P
+    timings = {"scalemb (KL + gradient, every iteration)": [],
+               "openTSNE defaults, gradient only (its runs' usual iteration)": [],
+               "openTSNE defaults, KL + gradient": [],
+               "openTSNE at scalemb's node density, gradient only": []}
+    with LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="fft") as ex:
+        for snapshot in snapshots:
+            layout = np.ascontiguousarray(snapshot.T)
+            timings["scalemb (KL + gradient, every iteration)"].append(timed_evaluations(ex, layout, 3))
+            for key, points, with_kl in (("openTSNE defaults, gradient only (its runs' usual iteration)", 3, False),
+                                         ("openTSNE defaults, KL + gradient", 3, True),
+                                         ("openTSNE at scalemb's node density, gradient only", 6, False)):
+                params = dict(n_interpolation_points=points, min_num_intervals=50, ints_in_interval=1)
+                timings[key].append(timed_call(lambda: kl_divergence_fft(
+                    snapshot, P, 1, params, should_eval_error=with_kl, n_jobs=THREADS), 3))
+    ours = np.array(timings["scalemb (KL + gradient, every iteration)"])
+    table = [(key, f"{1e3 * np.median(v):.1f}", f"{1e3 * np.sum(v):.0f}", f"{np.median(ours / np.array(v)):.2f}")
+             for key, v in timings.items()]
+    extents = [float(np.ptp(snap, axis=0).max()) for snap in snapshots]
+    report(f"### (c') One evaluation on the same layouts: openTSNE's default run every {SNAPSHOT_EVERY} iterations "
+           f"({len(snapshots)} layouts, extents {min(extents):.0f}-{max(extents):.0f}), median of 3 per layout, "
+           f"{THREADS} threads (openTSNE's FFT part runs on one)")
+    report(markdown_table(["method", "median ms", "sum over layouts ms", "scalemb / this (median over layouts)"],
+                          table))
+    report()
+
+
+def timed_call(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def million_child(model, ds, dt, n, extent, time_std, out):
