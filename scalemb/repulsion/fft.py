@@ -69,7 +69,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import scipy.fft
 
-from .interpolation import box_offsets, box_tables, interpolate_rows, near_rows, spread_rows
+from .interpolation import (MAX_CHANNELS, MAX_OUTPUTS, box_offsets, box_tables, interpolate_rows, near_rows,
+                            spread_rows)
 
 MODELS = ("sne", "tsne", "snest")
 # Default (points per box p, space box width) per model and space dimension, i.e. p / width nodes per unit
@@ -353,7 +354,11 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         # evaluation to the next, and so does the kernel's spectrum while the box count does (kernel_spectrum)
         box_width = np.concatenate([np.full(ds, float(width)), time_width])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
-    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, _plan(model, ds), sigma, cutoff,
+    plan = _plan(model, ds)
+    if dims + 1 > MAX_CHANNELS or len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loops' fixed scalars
+        raise ValueError(f"fft repulsion: {dims + 1} charge channels and {len(plan.outputs)} outputs exceed the "
+                         f"interpolation loops' {MAX_CHANNELS} and {MAX_OUTPUTS}")
+    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
                 time_in, time_out)
 
 
