@@ -100,6 +100,16 @@ def test_optimizer_flags(tmp_path, flags, expected):
     assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["optimizer"] == expected
 
 
+def test_max_step_norm_flag(tmp_path):
+    out = tmp_path / "o.zarr"
+    proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "5", "--iterations", "30", "--quiet",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["max_step_norm"] == 5.0
+    proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "0", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 2 and "max_step_norm" in proc.stderr and not (tmp_path / "b").exists()
+
+
 def test_generate_affinity_embed_pipeline(tmp_path):
     """generate -> affinity (graph) -> embed from the store: the chain a user runs for a synthetic graph."""
     edges, store, out = tmp_path / "edges.txt.gz", tmp_path / "P.zarr", tmp_path / "run.zarr"

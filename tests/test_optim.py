@@ -56,3 +56,34 @@ def test_invalid_learning_rate(school_affinity):
 def test_momentum_schedule():
     opt = DeltaBarDelta()
     assert [opt.momentum_at(i) for i in (0, 249, 250, 999, 1000, 4000)] == [0.5, 0.5, 0.8, 0.8, 0.9, 0.9]
+
+
+def _space_steps(affinity, name, ds, dt, n_iter, **kw):
+    """The momentum buffer's space part (the last step taken) after ``n_iter - 1`` iterations."""
+    ex = LocalExecutor(affinity, get_model(name), ds, dt)
+    coords = initial_coords(affinity.n_points, ds, dt, np.random.default_rng(0))
+    states = []
+    DeltaBarDelta(tol=0, **kw).optimize(ex, coords, n_iter, checkpoint=lambda it, export: states.append(export()))
+    return states[-1].update[:ds]
+
+
+@pytest.mark.parametrize("name, ds, dt", [("tsne", 2, 0), ("snest", 2, 1)])
+def test_max_step_norm_clips_each_points_space_step(school_affinity, name, ds, dt):
+    kw = dict(learning_rate=2000.0, exaggeration_iterations=0)
+    free = np.linalg.norm(_space_steps(school_affinity, name, ds, dt, 3, **kw), axis=0)
+    clipped = np.linalg.norm(_space_steps(school_affinity, name, ds, dt, 3, max_step_norm=0.5, **kw), axis=0)
+    assert free.max() > 0.5  # the clip is active in this setting
+    assert clipped.max() == pytest.approx(0.5) and np.all(clipped <= 0.5 * (1 + 1e-12))
+
+
+def test_clip_step_norms_scales_long_columns_only():
+    from scalemb.optim.dbd import clip_step_norms
+
+    steps = np.array([[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])
+    clip_step_norms(steps, 5.0)
+    assert np.allclose(steps, [[3.0, 0.1, -3.0], [4.0, 0.2, 4.0]])
+
+
+def test_invalid_max_step_norm():
+    with pytest.raises(ValueError, match="max_step_norm"):
+        DeltaBarDelta(max_step_norm=0.0)

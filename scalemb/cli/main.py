@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dbd: space learning rate (default auto = max(1, N/12))")
     emb.add_argument("--time-ratio", type=float, default=None,
                      help="dbd: time learning rate / space learning rate (default 0.002)")
+    emb.add_argument("--max-step-norm", type=float, default=None,
+                     help="dbd: clip each point's space step to this norm (openTSNE's default 5; default off)")
     emb.add_argument("--exaggeration", type=float, default=None,
                      help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
     emb.add_argument("--exaggeration-iterations", type=int, default=None,
@@ -254,6 +256,7 @@ def _serve(args) -> int:
 def _embed(args) -> int:
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
+                               max_step_norm=args.max_step_norm,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,

@@ -7,7 +7,9 @@ sign (the descent keeps going the same way), ``g <- 0.8 g`` otherwise, floored a
 sec. 4: "gamma_t / gamma_s should be very small, e.g. 1/100"; its GrQc runs used 1/500, which we measured to be
 needed on GrQc: 1/100 diverges there), because Q reacts exponentially to time.
 Early exaggeration multiplies P by ``exaggeration`` in the gradient for the first iterations; coordinates are
-re-centred after every step.  Stops early when the KL decreased by less than ``tol`` (relative, per
+re-centred after every step.  ``max_step_norm`` (off by default) clips each point's space step to that
+Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
+cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  Stops early when the KL decreased by less than ``tol`` (relative, per
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """
@@ -56,6 +58,7 @@ class DeltaBarDelta:
     window: int = 100
     divergence_factor: float = 2.0
     max_backoffs: int = 8
+    max_step_norm: float | None = None
     name: str = field(default="dbd", init=False)
 
     def resolved_learning_rate(self, n_points: int) -> float:
@@ -65,6 +68,10 @@ class DeltaBarDelta:
         if not lr > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
         return lr
+
+    def __post_init__(self):
+        if self.max_step_norm is not None and not self.max_step_norm > 0:
+            raise ValueError(f"max_step_norm must be > 0 or None, got {self.max_step_norm!r}")
 
     def momentum_at(self, iteration: int) -> float:
         for value, switch in zip(self.momentum, self.momentum_switch):
@@ -78,7 +85,8 @@ class DeltaBarDelta:
                 "momentum": list(self.momentum), "momentum_switch": list(self.momentum_switch),
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "min_gain": self.min_gain, "tol": self.tol, "window": self.window,
-                "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs}
+                "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs,
+                "max_step_norm": self.max_step_norm}
 
     def initial_state(self, coords: np.ndarray, space_dims: int) -> "DBDState":
         """The state before iteration 0 at ``coords`` (``(ds + dt, N)``)."""
@@ -140,6 +148,8 @@ class DeltaBarDelta:
             s.gains = np.where(same, s.gains * self.gain_decrease, s.gains + self.gain_increase)
             np.maximum(s.gains, self.min_gain, out=s.gains)
             s.update[:ds] = mom * space_update - s.lr * s.gains * space_grad
+            if self.max_step_norm is not None:
+                clip_step_norms(s.update[:ds], self.max_step_norm)
             if s.coords.shape[0] > ds:
                 time_grad, time_update = grad[ds:], s.update[ds:]
                 if np.sum(time_grad * time_update) < 0:
@@ -160,3 +170,12 @@ class DeltaBarDelta:
 
     def _stall_start(self) -> int:
         return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)
+
+
+def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:
+    """Scale, in place, every column of ``steps`` (``(ds, N)``, one point's space step per column) whose
+    Euclidean norm exceeds ``max_norm`` down to that norm."""
+    norms = np.sqrt(np.einsum("kn,kn->n", steps, steps))
+    over = norms > max_norm
+    if over.any():
+        steps[:, over] *= max_norm / norms[over]
