@@ -113,23 +113,23 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
     extents = [block_extent(Y, r0, r1) for r0, r1 in bounds]
     grid = make_grid("snest", 2, np.min([e[0] for e in extents], 0), np.max([e[1] for e in extents], 0),
                      n_points=300)
-    potentials = convolve(grid, sum(spread(grid, Y, r0, r1) for r0, r1 in bounds))
+    potentials, grid_z = convolve(grid, sum(spread(grid, Y, r0, r1) for r0, r1 in bounds))
     parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
     R, z = fft_repulsion("snest", Y, 2)
     np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10, atol=1e-10 * np.abs(R).max())
-    assert sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
+    assert grid_z + sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
 
 
 @pytest.mark.parametrize("model,ds,dt", [("tsne", 1, 0), ("tsne", 2, 0), ("sne", 3, 0), ("snest", 2, 1)])
 def test_convolution_is_the_node_to_node_sum(model, ds, dt):
     """``convolve`` (FFTs, cropped inverse transforms, single precision on 2-D/3-D grids) against the direct
     sum over node pairs ``phi_o(x_m) = sum_n K_o(x_m - x_n) C_n``; a time axis holds components that the space
-    convolution treats alike."""
+    convolution treats alike.  Z's grid part (t-SNE, by Parseval) against ``sum_mn C_m K(x_m - x_n) C_n``."""
     rng = np.random.default_rng(ds)
     lo, hi = np.zeros(ds + dt), np.concatenate([rng.uniform(1.5, 2.5, ds), np.ones(dt)])
     grid = make_grid(model, ds, lo, hi, FFTParams(points=3, box_width=0.7))  # up to 12 nodes per dimension
     charges = rng.normal(size=(grid.n_nodes, grid.dims + 1))
-    potentials = convolve(grid, charges)
+    potentials, grid_z = convolve(grid, charges)
     axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k]
             for k in range(ds)]
     x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
@@ -140,6 +140,12 @@ def test_convolution_is_the_node_to_node_sum(model, ds, dt):
         direct = (kernel @ c).ravel()
         scale = np.abs(direct).max()
         np.testing.assert_allclose(potentials[:, o], direct, atol=(1e-5 if ds > 1 else 1e-12) * scale)
+    if grid.plan.z_kernel is None:
+        assert grid_z == 0.0
+    else:
+        kernel, unit = grid.plan.kernels[grid.plan.z_kernel](d2, grid.sigma), charges[:, 0]
+        scale = np.abs(unit) @ kernel @ np.abs(unit)
+        assert grid_z == pytest.approx(unit @ kernel @ unit, abs=(1e-6 if ds > 1 else 1e-13) * scale)
 
 
 def _node_weights(grid, Y, time_map):
@@ -180,7 +186,8 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
     potentials = rng.normal(size=(grid.n_nodes, grid.n_outputs))
     phi = _node_weights(grid, Y, grid.time_out) @ potentials
     R, z = interpolate(grid, Y, potentials, 0, Y.shape[1])
-    assert z == pytest.approx(np.sum(phi[:, grid.plan.z_output] - grid.self_weight), rel=1e-12)
+    interpolated = np.sum(phi[:, grid.plan.z_output]) if grid.plan.z_output >= 0 else 0.0  # else: on the grid
+    assert z == pytest.approx(interpolated - Y.shape[1] * grid.self_weight, rel=1e-12)
     for k, (coef, one, coord) in enumerate(grid.plan.force):
         expected = coef * ((Y[k] - grid.centre[k]) * phi[:, one] - phi[:, coord])
         np.testing.assert_allclose(R[k], expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())

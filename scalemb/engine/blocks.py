@@ -76,11 +76,13 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
 
 
-def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0) -> Evaluation:
-    """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1)."""
+def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0,
+                  z_outside_blocks: float = 0.0) -> Evaluation:
+    """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1);
+    ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's, for t-SNE)."""
     attraction = np.zeros(coords_shape)
     repulsion = np.zeros(coords_shape)
-    z = 0.0
+    z = z_outside_blocks
     plogw = 0.0
     for res in results:
         attraction[:, res.r0:res.r1] = res.attraction.T

@@ -3,7 +3,7 @@
 ``map_blocks(fn, *args)`` returns ``[fn(block, *args) for block in blocks]`` in block order, wherever the
 blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.repulsion.fft``):
 extent of the coordinates (here: the caller holds them) -> grid (small) -> charges spread per block, summed in
-block order -> one FFT convolution (here) -> near-field cell index of a capped grid (here) -> attraction and
+block order -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a capped grid (here) -> attraction and
 interpolated repulsion per block -> ``reduce_blocks``: two passes over the blocks per evaluation.
 """
 import logging
@@ -57,7 +57,7 @@ def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarra
             charges = part
         else:
             charges += part
-    potentials = convolve(grid, charges, workers=fft_workers)
+    potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     cells = near_cells(grid, coords)
     results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells)
-    return reduce_blocks(results, coords.shape, entropy, exaggeration)
+    return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z)

@@ -19,9 +19,12 @@ What must be convolved.  With ``w_ij = w(|Δs|², |Δt|²)`` and ``d log w/d s_i
 ``R_ik = sum_j g_k(Δ) (y_ik - y_jk) = y_ik sum_j g_k - sum_j g_k y_jk`` for ``g = w a`` (space) or ``w b``
 (time).  Each needs kernel ``g`` against the charges 1 and ``y_k``:
 
-* t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: Z from ``q`` * 1, R from ``q²`` * (1, s).  (FIt-SNE gets Z
-  from ``q²`` * (1, y, |y|²) through ``q = q² (1 + |Δ|²)``; a separate ``q`` convolution costs one more kernel
-  FFT but no extra charge channel and avoids that identity's cancellation when |y| is large.)
+* t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: R from ``q²`` * (1, s); Z needs only the sum of ``q`` * 1
+  over the points, which is the node sum ``sum_m C_m (q * C)_m`` (interpolation uses the spreading weights),
+  taken from the charge spectrum by Parseval, ``(1/M) sum_f q^_f |C^_f|²``, without an inverse FFT or an
+  interpolated output.  (FIt-SNE gets Z from ``q²`` * (1, y, |y|²) through ``q = q² (1 + |Δ|²)``; the ``q``
+  kernel costs one more kernel FFT, cached, but no extra charge channel and avoids that identity's
+  cancellation when |y| is large.)
 * SNE, ``w = exp(-|Δs|²)``, ``w a = -2 w``: one kernel ``w`` * (1, s).
 * SNEST, ``w = exp(|Δt|²) q``, ``w a = -2 w q``, ``w b = 2 w``: ``w`` * (1, t) for Z and the time force,
   ``w q`` * (1, s) for the space force.  The grid spans space and time (ds + 1 dimensions).
@@ -65,9 +68,11 @@ potentials and the small parameters.
 import functools
 import math
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import scipy.fft
+from numba import njit
 
 from .interpolation import (MAX_CHANNELS, MAX_OUTPUTS, box_offsets, box_tables, interpolate_rows, near_rows,
                             spread_rows)
@@ -173,6 +178,8 @@ class _Plan:
     Kernel ``k`` is ``kernels[k](|Δs|²) * time_kernel(|Δt|²)`` (no time factor if ``time_kernel`` is None).
     ``outputs[o] = (kernel index, charge channel)``, channel 0 the unit charge, 1 + k coordinate k.
     ``force[k] = (coef, output of g_k * 1, output of g_k * y_k)``: ``R_ik = coef (y_ik phi_one - phi_coord)``.
+    Z is ``sum_i phi_z(y_i)`` with ``z_output`` the output of ``w`` * 1, or, when no force needs that output
+    (``z_output = -1``), the unit charge's node sum against kernel ``z_kernel``, taken in ``convolve``.
     """
 
     kernels: tuple
@@ -180,13 +187,14 @@ class _Plan:
     outputs: tuple
     z_output: int
     force: tuple
+    z_kernel: int | None = None
 
 
 def _plan(model: str, space_dims: int) -> _Plan:
     ds = space_dims
     if model == "tsne":
-        outputs = ((0, 0), (1, 0)) + tuple((1, 1 + k) for k in range(ds))
-        return _Plan((_cauchy, _cauchy2), None, outputs, 0, tuple((-2.0, 1, 2 + k) for k in range(ds)))
+        outputs = ((1, 0),) + tuple((1, 1 + k) for k in range(ds))
+        return _Plan((_cauchy, _cauchy2), None, outputs, -1, tuple((-2.0, 0, 1 + k) for k in range(ds)), 0)
     if model == "sne":
         outputs = ((0, 0),) + tuple((0, 1 + k) for k in range(ds))
         return _Plan((_gauss,), None, outputs, 0, tuple((-2.0, 0, 1 + k) for k in range(ds)))
@@ -456,28 +464,80 @@ def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: 
     return x[(slice(None),) * (ds - 1) + (slice(0, nodes[ds - 1]),)]
 
 
-def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> np.ndarray:
-    """Potentials at the nodes, ``(n_nodes, n_outputs)``: ``sum_n K(x_m - x_n) C_n`` for each planned
-    (kernel, charge) pair (run once per evaluation, on the summed charges): zero-padded FFT convolutions over
-    the space axes (on each time component alike) in ``fft_dtype``, one charge channel at a time to bound the
-    memory."""
+def _forward_padded(charge: np.ndarray, padded: tuple, workers: int) -> np.ndarray:
+    """``rfftn(charge, s=padded)`` over the leading ``len(padded)`` axes, pruned: the real transform of the
+    last space axis runs on the charge's rows only, before the complex ones zero-pad the other axes (the
+    padded rows are zero, so their transforms are skipped: ~1/4 of a 2-D transform's work)."""
+    ds = len(padded)
+    x = scipy.fft.rfft(charge, n=padded[-1], axis=ds - 1, workers=workers)
+    for k in range(ds - 2, -1, -1):
+        x = scipy.fft.fft(x, n=padded[k], axis=k, workers=workers, overwrite_x=True)
+    return x
+
+
+def _parseval_node_sum(kernel: np.ndarray, spectrum: np.ndarray, padded: tuple) -> float:
+    """``sum_m C_m (K * C)_m`` (circular convolution over the padded grid, which for charges zero outside
+    the nodes is the linear one) from the half spectra of a grid without a time axis: ``(1/M) sum_f K^_f
+    |C^_f|²``, the rfft axis' interior frequencies counted twice."""
+    last = spectrum.shape[-1]
+    weights = np.full(last, 2.0)
+    weights[0] = 1.0
+    if padded[-1] % 2 == 0:
+        weights[-1] = 1.0
+    total = _weighted_power(np.ascontiguousarray(kernel).reshape(-1, last),
+                            np.ascontiguousarray(spectrum).reshape(-1, last), weights)
+    return total / math.prod(padded)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _weighted_power(kernel, spectrum, weights):
+    """``sum_rc weights_c Re(kernel_rc) |spectrum_rc|²``, accumulated in double (one pass, no temporaries)."""
+    total = 0.0
+    for r in range(spectrum.shape[0]):
+        row = 0.0
+        for c in range(spectrum.shape[1]):
+            x = spectrum[r, c]
+            row += weights[c] * (np.float64(kernel[r, c].real) * (np.float64(x.real) ** 2 + np.float64(x.imag) ** 2))
+        total += row
+    return total
+
+
+class Convolution(NamedTuple):
+    """``convolve``'s result: ``potentials`` at the nodes, ``(n_nodes, n_outputs)``, and ``z``, the part of Z
+    taken on the grid (``_Plan.z_kernel``; 0 when Z is interpolated from an output)."""
+
+    potentials: np.ndarray
+    z: float
+
+
+def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> Convolution:
+    """Potentials at the nodes: ``sum_n K(x_m - x_n) C_n`` for each planned (kernel, charge) pair (run once
+    per evaluation, on the summed charges): zero-padded FFT convolutions over the space axes (on each time
+    component alike) in ``fft_dtype``, one charge channel at a time to bound the memory; and, if planned,
+    Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self pairs are removed per row by
+    ``interpolate``)."""
     if charges.shape != (grid.n_nodes, grid.dims + 1):
         raise ValueError(f"charges must have shape {(grid.n_nodes, grid.dims + 1)}, got {charges.shape}")
     ds = grid.space_dims
     padded = grid.padded()
     timed = grid.time_in is not None
     potentials = np.empty((grid.n_nodes, grid.n_outputs), dtype=fft_dtype(ds))
+    z = 0.0
     for channel in range(grid.dims + 1):
         uses = [(o, k) for o, (k, c) in enumerate(grid.plan.outputs) if c == channel]
-        if not uses:
+        z_here = channel == 0 and grid.plan.z_kernel is not None
+        if not uses and not z_here:
             continue
         charge = charges[:, channel].reshape(grid.nodes).astype(fft_dtype(ds))
-        spectrum = scipy.fft.rfftn(charge, s=padded, axes=tuple(range(ds)), workers=workers)
+        spectrum = _forward_padded(charge, padded, workers)
+        if z_here:
+            z = _parseval_node_sum(kernel_spectrum(grid, grid.plan.kernels[grid.plan.z_kernel], workers),
+                                   spectrum, padded)
         for o, kernel_index in uses:
             kernel = kernel_spectrum(grid, grid.plan.kernels[kernel_index], workers)
             product = kernel[..., None] * spectrum if timed else kernel * spectrum
             potentials[:, o] = _inverse_cropped(product, padded, grid.nodes, workers).ravel()
-    return potentials
+    return Convolution(potentials, z)
 
 
 @dataclass(frozen=True)
@@ -510,7 +570,9 @@ def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
 def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: int,
                 cells: NearCells | None = None):
     """Rows ``[r0, r1)`` of the repulsion ``R`` (``(d, r1 - r0)``) and their part of Z, from the potentials
-    (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given)."""
+    (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given).
+    When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
+    and Z is that summed over blocks plus ``Convolution.z``."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     if potentials.shape != (grid.n_nodes, grid.n_outputs):
         raise ValueError(f"potentials must have shape {(grid.n_nodes, grid.n_outputs)}, got {potentials.shape}")
@@ -544,10 +606,9 @@ def fft_repulsion(model: str, Y: np.ndarray, space_dims: int, params: FFTParams 
     hi = np.max([e[1] for e in extents], axis=0)
     grid = make_grid(model, space_dims, lo, hi, params, n)
     charges = sum(spread(grid, Y, r0, r1) for r0, r1 in bounds)
-    potentials = convolve(grid, charges, workers)
+    potentials, z = convolve(grid, charges, workers)
     cells = near_cells(grid, Y)
     R = np.empty_like(Y)
-    z = 0.0
     for r0, r1 in bounds:
         R[:, r0:r1], zb = interpolate(grid, Y, potentials, r0, r1, cells)
         z += zb

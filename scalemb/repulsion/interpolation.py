@@ -156,7 +156,8 @@ def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, 
                      force_coef, force_one, force_coord, R):
     """Interpolate the potentials (``(n_nodes, n_outputs)``, ``n_outputs <= MAX_OUTPUTS``) at rows ``[r0, r1)``.
 
-    With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` and, per dimension k,
+    With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
+    ``z_output < 0``: Z is then taken on the grid) and, per dimension k,
     ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``.  Returns ``sum_i Z_i``.
     """
     dims = Y.shape[0]
@@ -189,7 +190,9 @@ def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, 
                 if n_out > 5:
                     p5 += w * potentials[node, 5]
         phi[0], phi[1], phi[2], phi[3], phi[4], phi[5] = p0, p1, p2, p3, p4, p5
-        z += phi[z_output] - self_weight
+        if z_output >= 0:
+            z += phi[z_output]
+        z -= self_weight
         for k in range(dims):
             R[k, i - r0] = force_coef[k] * ((Y[k, i] - centre[k]) * phi[force_one[k]] - phi[force_coord[k]])
     return z
