@@ -64,3 +64,14 @@ def test_row_partition_covers_rows():
         bounds = row_partition(n, k)
         assert bounds[0][0] == 0 and bounds[-1][1] == n
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("name,ds,dt", [("sne", 2, 0), ("tsne", 2, 0), ("snest", 2, 1)])
+@pytest.mark.parametrize("repulsion", ["exact", "fft"])
+def test_evaluation_without_kl_has_the_same_gradient(school_affinity, name, ds, dt, repulsion):
+    coords = np.random.default_rng(5).normal(size=(ds + dt, school_affinity.n_points))
+    with LocalExecutor(school_affinity, get_model(name), ds, dt, n_threads=2, repulsion=repulsion) as ex:
+        full, fast = ex.evaluate(coords, 4.0), ex.evaluate(coords, 4.0, with_kl=False)
+    assert np.isfinite(full.kl) and np.isnan(fast.kl) and np.isnan(fast.objective)
+    assert fast.z == full.z
+    np.testing.assert_allclose(fast.gradient, full.gradient, rtol=1e-13, atol=1e-15)

@@ -100,12 +100,14 @@ def test_optimizer_flags(tmp_path, flags, expected):
     assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["optimizer"] == expected
 
 
-def test_max_step_norm_flag(tmp_path):
+def test_max_step_norm_and_kl_every_flags(tmp_path):
     out = tmp_path / "o.zarr"
-    proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "5", "--iterations", "30", "--quiet",
-                   "--out", str(out))
+    proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "5", "--kl-every", "10",
+                   "--iterations", "30", "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert zarr.open_group(str(out), mode="r").attrs["optimizer"]["max_step_norm"] == 5.0
+    group = zarr.open_group(str(out), mode="r")
+    assert group.attrs["optimizer"]["max_step_norm"] == 5.0 and group.attrs["optimizer"]["kl_every"] == 10
+    assert np.isnan(group["kl_history"][:]).sum() == 27 and "KL" in proc.stdout + proc.stderr
     proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "0", "--out", str(tmp_path / "b"))
     assert proc.returncode == 2 and "max_step_norm" in proc.stderr and not (tmp_path / "b").exists()
 

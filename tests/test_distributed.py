@@ -75,6 +75,8 @@ def test_fft_repulsion_map_reduced_like_local(store, dask_cluster, max_nodes):
                          fft_params=params) as dask:
         a, b = local.evaluate(Y), dask.evaluate(Y)
         assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
+        without_kl = dask.evaluate(Y, with_kl=False)  # dbd's kl_every: the gradient alone
+        assert np.isnan(without_kl.kl) and np.array_equal(without_kl.gradient, a.gradient)
         assert dask.stats["recoveries"] == 0
 
 
@@ -83,14 +85,14 @@ def run(executor, optimizer, n_iter=40, seed=1):
     return optimizer.optimize(executor, coords, n_iter)
 
 
-@pytest.mark.parametrize("name", ["dbd", "sd"])
-def test_runs_identical_to_local(store, dask_cluster, name):
+@pytest.mark.parametrize("name, options", [("dbd", {}), ("sd", {}), ("dbd", {"kl_every": 3})])
+def test_runs_identical_to_local(store, dask_cluster, name, options):
     with local_executor(store) as local:
-        expected = run(local, make_optimizer(name, "snest"))
+        expected = run(local, make_optimizer(name, "snest", **options))
     with DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client) as dask:
-        got = run(dask, make_optimizer(name, "snest"))
+        got = run(dask, make_optimizer(name, "snest", **options))
     assert np.array_equal(expected.coords, got.coords)
-    assert np.array_equal(expected.kl_history, got.kl_history)
+    assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
 
 
 def test_worker_killed_mid_run(store, start_dask):

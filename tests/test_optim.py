@@ -87,3 +87,36 @@ def test_clip_step_norms_scales_long_columns_only():
 def test_invalid_max_step_norm():
     with pytest.raises(ValueError, match="max_step_norm"):
         DeltaBarDelta(max_step_norm=0.0)
+
+
+
+def test_kl_every_skips_the_kl_but_not_the_trajectory(school_affinity):
+    every = _run(school_affinity, "tsne", 2, 0, n_iter=120, tol=0)
+    sparse = _run(school_affinity, "tsne", 2, 0, n_iter=120, tol=0, kl_every=10)
+    h = sparse.kl_history
+    computed = np.flatnonzero(~np.isnan(h))
+    assert list(computed) == list(range(0, 120, 10)) + [120]  # and the final KL
+    np.testing.assert_allclose(h[computed], every.kl_history[computed], rtol=1e-12)
+    np.testing.assert_allclose(sparse.coords, every.coords, rtol=1e-9, atol=1e-12)
+    assert sparse.kl == pytest.approx(every.kl, rel=1e-12)
+
+
+def test_kl_every_still_stops_and_backs_off(school_affinity):
+    run = _run(school_affinity, "sne", 2, 0, n_iter=5000, tol=1e-5, kl_every=5)
+    assert run.converged and run.iterations < 5000 and run.iterations % 5 == 0
+    with pytest.raises(FloatingPointError, match="halvings"):
+        _run(school_affinity, "sne", 2, 0, n_iter=1500, learning_rate=1e6, max_backoffs=1, tol=0, kl_every=7)
+    with pytest.raises(ValueError, match="kl_every"):
+        DeltaBarDelta(kl_every=0)
+
+
+def test_stalled_reaches_back_over_entries_not_computed():
+    from scalemb.optim.base import last_computed, stalled
+
+    history = np.full(31, np.nan)
+    history[::10] = [4.0, 3.0, 2.9999, 2.9998]  # 1e-4 per 10 iterations at the end: 3.3e-6 relative each
+    assert not stalled(history, 29, 0, 10, 4e-6)  # not computed: no decision
+    assert not stalled(history, 10, 0, 10, 4e-6)
+    assert stalled(history, 20, 0, 10, 4e-6) and not stalled(history, 20, 0, 10, 3e-6)
+    assert stalled(history, 30, 0, 7, 4e-6)  # window 7 reaches back to iteration 20: 10 iterations, not 7
+    assert last_computed(history, 29) == 2.9999 and np.isnan(last_computed(np.full(3, np.nan), 2))

@@ -69,6 +69,15 @@ def test_tsne_and_one_dimensional_layouts(tmp_path):
     assert save_plot(sne, tmp_path / "sne.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_kl_curve_skips_entries_not_computed():
+    from scalemb.optim import DeltaBarDelta
+
+    result = scalemb.embed("school", model="sne", optimizer=DeltaBarDelta(kl_every=5), iterations=30)
+    assert np.isnan(result.kl_history).sum() == 24  # 0, 5, ..., 25 and the final KL computed
+    x, y = plot_embedding(result).axes[1].lines[0].get_data()
+    assert list(x) == [0, 5, 10, 15, 20, 25, 30] and np.all(np.isfinite(y))
+
+
 def test_cli_plot_writes_png_and_refuses_bad_paths(tmp_path, snest_result):
     run = tmp_path / "run.zarr"
     snest_result.save(run)

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dbd: time learning rate / space learning rate (default 0.002)")
     emb.add_argument("--max-step-norm", type=float, default=None,
                      help="dbd: clip each point's space step to this norm (openTSNE's default 5; default off)")
+    emb.add_argument("--kl-every", type=int, default=None,
+                     help="dbd: compute the KL only every K-th iteration (saves its logarithms; the other "
+                          "history entries are NaN; default 1)")
     emb.add_argument("--exaggeration", type=float, default=None,
                      help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
     emb.add_argument("--exaggeration-iterations", type=int, default=None,
@@ -256,7 +259,7 @@ def _serve(args) -> int:
 def _embed(args) -> int:
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
-                               max_step_norm=args.max_step_norm,
+                               max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,

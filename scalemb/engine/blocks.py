@@ -41,7 +41,8 @@ class Evaluation:
     """KL, the optimised objective and its gradient at one embedding (``gradient`` is ``(d, N)``).
 
     ``objective = sum p log p - alpha sum p log w + log Z`` is what the gradient differentiates; it equals
-    ``kl`` unless early exaggeration ``alpha != 1`` is on.
+    ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
+    them (``evaluate(..., with_kl=False)``).
     """
 
     kl: float
@@ -56,30 +57,35 @@ def point_major(coords: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(coords.T)
 
 
-def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int) -> BlockResult:
-    """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding."""
+def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,
+                   with_kl: bool = True) -> BlockResult:
+    """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding.  Without
+    ``with_kl`` the block's ``sum p log w`` is not computed (0)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A)
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A,
+                             with_kl)
     R = np.zeros_like(coords)
     z = model.repulsion(coords, space_dims, block.r0, block.r1, R)
     return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
 
 
 def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, grid: Grid,
-                       potentials: np.ndarray, cells: NearCells | None = None) -> BlockResult:
+                       potentials: np.ndarray, cells: NearCells | None = None, with_kl: bool = True) -> BlockResult:
     """Rows ``[block.r0, block.r1)`` with the repulsion interpolated from ``potentials`` on ``grid``
     (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
     index of a split grid)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A)
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A,
+                             with_kl)
     R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells)
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
 
 
 def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0,
-                  z_outside_blocks: float = 0.0) -> Evaluation:
+                  z_outside_blocks: float = 0.0, with_kl: bool = True) -> Evaluation:
     """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1);
-    ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's, for t-SNE)."""
+    ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's, for t-SNE).  Without
+    ``with_kl`` (blocks evaluated without it) KL and objective are NaN: not computed."""
     attraction = np.zeros(coords_shape)
     repulsion = np.zeros(coords_shape)
     z = z_outside_blocks
@@ -93,8 +99,8 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
         z += res.z
         plogw += res.plogw
     with np.errstate(divide="ignore", invalid="ignore"):  # z = 0 or inf: KL is not finite, callers check
-        kl = entropy_term - plogw + np.log(z)
-        objective = entropy_term - exaggeration * plogw + np.log(z)
+        kl = entropy_term - plogw + np.log(z) if with_kl else np.nan
+        objective = entropy_term - exaggeration * plogw + np.log(z) if with_kl else np.nan
         gradient = 2.0 * (repulsion / z - exaggeration * attraction)
     return Evaluation(float(kl), float(objective), gradient, float(z))
 

@@ -63,8 +63,8 @@ def entropy_partition(block: RowBlock) -> float:
     return block.entropy_term()
 
 
-def evaluate_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int):
-    return evaluate_block(get_model(model_name), block, coords, space_dims)
+def evaluate_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int, with_kl: bool):
+    return evaluate_block(get_model(model_name), block, coords, space_dims, with_kl)
 
 
 def curvature_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int,
@@ -302,8 +302,8 @@ class DaskExecutor:
 
     # --- the executor interface
 
-    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0) -> Evaluation:
-        """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``)."""
+    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
+        """KL(P||Q) (NaN without ``with_kl``: not computed) and gradient at ``coords`` (``(ds + dt, N)``)."""
         coords = np.ascontiguousarray(coords, dtype=np.float64)
 
         def attempt():
@@ -311,9 +311,10 @@ class DaskExecutor:
             try:
                 if self.repulsion == "fft":
                     return evaluate_fft(self.map_blocks, self.model.name, self.space_dims, coords, self._entropy,
-                                        exaggeration, self.fft_params, fft_workers=-1, on_capped=self._warn_capped)
-                results = self.map_blocks(evaluate_partition, coords, self.model.name, self.space_dims)
-                return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
+                                        exaggeration, self.fft_params, fft_workers=-1, on_capped=self._warn_capped,
+                                        with_kl=with_kl)
+                results = self.map_blocks(evaluate_partition, coords, self.model.name, self.space_dims, with_kl)
+                return reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
             finally:
                 self._scattered = {}
 

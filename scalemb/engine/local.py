@@ -72,19 +72,20 @@ class LocalExecutor:
     def n_points(self) -> int:
         return self.affinity.n_points
 
-    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0) -> Evaluation:
-        """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64)."""
+    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
+        """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64); without ``with_kl``
+        the KL (and objective) is not computed: NaN."""
         coords = np.ascontiguousarray(coords, dtype=np.float64)
         if self.repulsion == "fft":
-            return self._evaluate_fft(coords, exaggeration)
-        results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims))
-        return reduce_blocks(results, coords.shape, self._entropy, exaggeration)
+            return self._evaluate_fft(coords, exaggeration, with_kl)
+        results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl))
+        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
 
-    def _evaluate_fft(self, coords: np.ndarray, exaggeration: float) -> Evaluation:
+    def _evaluate_fft(self, coords: np.ndarray, exaggeration: float, with_kl: bool) -> Evaluation:
         """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``)."""
         return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
                             self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
-                            fft_workers=self.n_threads, on_capped=self._warn_capped)
+                            fft_workers=self.n_threads, on_capped=self._warn_capped, with_kl=with_kl)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""

@@ -16,8 +16,9 @@ With ``q_ij = w_ij / Z``, ``Z = sum_{k != l} w_kl`` and a symmetric P summing to
 
 ``make_kernels`` compiles, for one model, the two functions every executor calls on a row block:
 
-* ``attraction(indptr, indices, data, r0, Yt, ds, A)``: rows ``[r0, r0 + len(indptr) - 1)`` of P (CSR slice
-  with ``indptr`` starting at 0) -> fills ``A`` (rows of the block) and returns ``sum p log w``.
+* ``attraction(indptr, indices, data, r0, Yt, ds, A, with_kl)``: rows ``[r0, r0 + len(indptr) - 1)`` of P
+  (CSR slice with ``indptr`` starting at 0) -> fills ``A`` (rows of the block) and returns ``sum p log w``,
+  or 0 without ``with_kl`` (the logarithms, ~1/5 of the kernel's time, are then skipped).
 * ``repulsion(Y, ds, r0, r1, R)``: every unordered pair is visited once: row ``i`` is paired with the
   next ``floor((N-1)/2)`` rows cyclically (one more for ``i < N/2`` when N is even), so each row costs the
   same and any row partition is balanced.  Forces are scattered to both ends of a pair, so ``R`` is a full
@@ -50,18 +51,25 @@ def make_kernels(log_pair, pair):
     """
 
     @njit(inline="always", error_model="numpy")
-    def row_log_weights(p, d2s, d2t, ca, cb):
-        """One row of P: ``sum_j p_j log w_j``, and ``ca = p a``, ``cb = p b`` (a vectorised loop)."""
+    def row_log_weights(p, d2s, d2t, ca, cb, with_kl):
+        """One row of P: ``sum_j p_j log w_j`` (0 without ``with_kl``), and ``ca = p a``, ``cb = p b`` (one
+        vectorised loop each way; the unused ``log w`` is compiled away in the second)."""
         plogw = 0.0
-        for jj in range(p.shape[0]):
-            logw, a, b = log_pair(d2s[jj], d2t[jj])
-            plogw += p[jj] * logw
-            ca[jj] = p[jj] * a
-            cb[jj] = p[jj] * b
+        if with_kl:
+            for jj in range(p.shape[0]):
+                logw, a, b = log_pair(d2s[jj], d2t[jj])
+                plogw += p[jj] * logw
+                ca[jj] = p[jj] * a
+                cb[jj] = p[jj] * b
+        else:
+            for jj in range(p.shape[0]):
+                a, b = log_pair(d2s[jj], d2t[jj])[1:]
+                ca[jj] = p[jj] * a
+                cb[jj] = p[jj] * b
         return plogw
 
     @njit(nogil=True, fastmath=True, error_model="numpy")
-    def attraction(indptr, indices, data, r0, Yt, space_dims, A):
+    def attraction(indptr, indices, data, r0, Yt, space_dims, A, with_kl):
         dims = Yt.shape[1]
         n_rows = indptr.shape[0] - 1
         longest = 0
@@ -88,7 +96,7 @@ def make_kernels(log_pair, pair):
                 dk = diff[k]
                 for jj in range(n):
                     d2[jj] += dk[jj] * dk[jj]
-            plogw += row_log_weights(data[start:stop], d2s[:n], d2t[:n], ca[:n], cb[:n])
+            plogw += row_log_weights(data[start:stop], d2s[:n], d2t[:n], ca[:n], cb[:n], with_kl)
             for k in range(dims):  # forces, accumulated in a register per coordinate
                 c = ca if k < space_dims else cb
                 dk = diff[k]

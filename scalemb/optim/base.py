@@ -19,11 +19,20 @@ class OptimizeResult:
 
 def stalled(history: np.ndarray, it: int, start: int, window: int, tol: float) -> bool:
     """True once ``it >= start + window`` and the KL fell by less than ``tol`` (relative, per iteration)
-    on average over the last ``window`` iterations."""
-    if tol <= 0 or it < start + window:
+    on average over the last ``window`` iterations.  Entries not computed (NaN, ``DeltaBarDelta.kl_every``):
+    never stalled at one; the window reaches back to the last computed entry at or before ``it - window``."""
+    if tol <= 0 or it < start + window or not np.isfinite(history[it]):
         return False
-    old, new = history[it - window], history[it]
-    return (old - new) < tol * window * abs(new)
+    back = it - window
+    while back > 0 and np.isnan(history[back]):
+        back -= 1
+    return (history[back] - history[it]) < tol * (it - back) * abs(history[it])
+
+
+def last_computed(history: np.ndarray, it: int) -> float:
+    """The last entry of ``history[:it + 1]`` that is not NaN (NaN if none is)."""
+    computed = np.flatnonzero(~np.isnan(history[:it + 1]))
+    return float(history[computed[-1]]) if computed.size else float("nan")
 
 
 @dataclass

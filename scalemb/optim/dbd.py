@@ -9,7 +9,10 @@ needed on GrQc: 1/100 diverges there), because Q reacts exponentially to time.
 Early exaggeration multiplies P by ``exaggeration`` in the gradient for the first iterations; coordinates are
 re-centred after every step.  ``max_step_norm`` (off by default) clips each point's space step to that
 Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
-cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  Stops early when the KL decreased by less than ``tol`` (relative, per
+cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  ``kl_every = k > 1`` computes the KL only every k-th iteration, as openTSNE does (its iterations compute
+the gradient alone), saving the kernel's logarithms: the other entries of the KL history are NaN, the best
+iterate and the ``divergence_factor`` test see the computed ones, and in between a non-finite gradient or
+normaliser counts as the blow-up.  Stops early when the KL decreased by less than ``tol`` (relative, per
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """
@@ -20,7 +23,7 @@ import logging
 
 import numpy as np
 
-from .base import OptimizeResult, OptimizerState, history_buffers, stalled
+from .base import OptimizeResult, OptimizerState, history_buffers, last_computed, stalled
 
 logger = logging.getLogger("scalemb")
 
@@ -59,6 +62,7 @@ class DeltaBarDelta:
     divergence_factor: float = 2.0
     max_backoffs: int = 8
     max_step_norm: float | None = None
+    kl_every: int = 1
     name: str = field(default="dbd", init=False)
 
     def resolved_learning_rate(self, n_points: int) -> float:
@@ -72,6 +76,8 @@ class DeltaBarDelta:
     def __post_init__(self):
         if self.max_step_norm is not None and not self.max_step_norm > 0:
             raise ValueError(f"max_step_norm must be > 0 or None, got {self.max_step_norm!r}")
+        if int(self.kl_every) != self.kl_every or self.kl_every < 1:
+            raise ValueError(f"kl_every must be an integer >= 1, got {self.kl_every!r}")
 
     def momentum_at(self, iteration: int) -> float:
         for value, switch in zip(self.momentum, self.momentum_switch):
@@ -86,7 +92,7 @@ class DeltaBarDelta:
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "min_gain": self.min_gain, "tol": self.tol, "window": self.window,
                 "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs,
-                "max_step_norm": self.max_step_norm}
+                "max_step_norm": self.max_step_norm, "kl_every": self.kl_every}
 
     def initial_state(self, coords: np.ndarray, space_dims: int) -> "DBDState":
         """The state before iteration 0 at ``coords`` (``(ds + dt, N)``)."""
@@ -114,30 +120,31 @@ class DeltaBarDelta:
             if checkpoint is not None and it > first:
                 checkpoint(it, lambda: s.snapshot(it, history, seconds, time.perf_counter() - start))
             exaggerating = it < self.exaggeration_iterations
-            ev = executor.evaluate(s.coords, self.exaggeration if exaggerating else 1.0)
+            with_kl = it % self.kl_every == 0
+            ev = self._evaluate(executor, s.coords, self.exaggeration if exaggerating else 1.0, with_kl)
             s.evaluations += 1
-            if not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * s.best_kl:
+            if self._blew_up(ev, with_kl, s.best_kl):
                 s.backoffs += 1
                 if s.backoffs > self.max_backoffs:
                     raise FloatingPointError(
-                        f"KL reached {ev.kl:.4g} at iteration {it} (best {s.best_kl:.4g}) after {self.max_backoffs} "
-                        "learning-rate halvings; lower the learning rate or the time ratio")
-                logger.warning("KL jumped to %.4g at iteration %d (best %.4g): back to the best iterate, "
-                               "learning rate halved to %.4g", ev.kl, it, s.best_kl, s.lr / 2)
+                        f"{self._jump(ev, with_kl)} at iteration {it} (best KL {s.best_kl:.4g}) after "
+                        f"{self.max_backoffs} learning-rate halvings; lower the learning rate or the time ratio")
+                logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
+                               "to %.4g", self._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
                 s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
                 s.coords[:] = s.best_coords
                 s.update[:] = 0.0
                 s.gains[:] = 1.0
                 s.time_gain = 1.0
-                ev = executor.evaluate(s.coords, self.exaggeration if exaggerating else 1.0)
+                ev = self._evaluate(executor, s.coords, self.exaggeration if exaggerating else 1.0, with_kl)
                 s.evaluations += 1
             history[it] = ev.kl
             seconds[it] = time.perf_counter() - start
             if ev.kl < s.best_kl:
                 s.best_kl = ev.kl
                 s.best_coords[:] = s.coords
-            if callback is not None:
-                callback(it, ev.kl)
+            if callback is not None:  # the last computed KL on iterations that skip it
+                callback(it, ev.kl if with_kl else last_computed(history, it))
             if stalled(history, it, self._stall_start(), self.window, self.tol):
                 converged = True
                 break
@@ -167,6 +174,25 @@ class DeltaBarDelta:
             s.evaluations += 1
         return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, s.backoffs,
                               seconds[:it + 1].copy(), s.evaluations)
+
+    @staticmethod
+    def _evaluate(executor, coords, exaggeration, with_kl):
+        """``executor.evaluate``; ``with_kl=False`` is passed only when set (kl_every > 1), so an executor
+        with the plain ``evaluate(coords, exaggeration)`` runs the default."""
+        if with_kl:
+            return executor.evaluate(coords, exaggeration)
+        return executor.evaluate(coords, exaggeration, with_kl=False)
+
+    def _blew_up(self, ev, with_kl: bool, best_kl: float) -> bool:
+        """The KL is not finite or above ``divergence_factor`` times the best; on iterations without the KL:
+        the normaliser or the gradient is not finite (or Z is 0: every pair's weight underflowed)."""
+        if with_kl:
+            return not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl
+        return not (np.isfinite(ev.z) and ev.z > 0 and np.isfinite(ev.gradient).all())
+
+    @staticmethod
+    def _jump(ev, with_kl: bool) -> str:
+        return f"KL reached {ev.kl:.4g}" if with_kl else f"normaliser Z = {ev.z:.4g} or the gradient not finite"
 
     def _stall_start(self) -> int:
         return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)

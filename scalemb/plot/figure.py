@@ -84,7 +84,8 @@ def plot_embedding(result, labels: int = 10, title: str | None = None, figsize=(
     dims = f"R^{ds}" + (f",{dt}" if dt else "")
     ax.set_title(title or f"{result.model} in {dims}, N = {emb.shape[0]}")
     history = np.asarray(result.kl_history, dtype=float)
-    kl_ax.plot(np.arange(history.size), history, color="tab:red", linewidth=1.2)
+    computed = np.flatnonzero(~np.isnan(history))  # dbd with kl_every > 1 leaves NaN between computed entries
+    kl_ax.plot(computed, history[computed], color="tab:red", linewidth=1.2)
     kl_ax.set_xlabel("iteration")
     kl_ax.set_ylabel("KL(P‖Q)")
     kl_ax.set_title(f"KL {result.kl:.4f} after {result.iterations} iterations")
