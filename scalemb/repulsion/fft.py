@@ -61,8 +61,8 @@ dense core with far outliers), and ``LocalExecutor`` logs once when the cap is r
 
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
 holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
-row block -> partial grids, summed; ``convolve`` once; ``interpolate`` per row block -> rows of R and the
-block's part of Z.  Every function needs only the row range, the full ``(d, N)`` coordinates, the grid /
+row block -> partial grids, summed; ``convolve`` once (potentials, and for t-SNE Z's grid part);
+``interpolate`` per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full ``(d, N)`` coordinates, the grid /
 potentials and the small parameters.
 """
 import functools
@@ -425,7 +425,7 @@ def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
     """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
     ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
     (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged (two of an
-    evaluation's nine FFTs for t-SNE)."""
+    evaluation's eight FFTs for t-SNE)."""
     return _cached_spectrum(kernel, *_kernel_key(grid), workers)
 
 
