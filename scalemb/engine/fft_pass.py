@@ -3,8 +3,9 @@
 ``map_blocks(fn, *args)`` returns ``[fn(block, *args) for block in blocks]`` in block order, wherever the
 blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.repulsion.fft``):
 extent of the coordinates (here: the caller holds them) -> grid (small) -> charges spread per block, summed in
-block order -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a capped grid (here) -> attraction and
-interpolated repulsion per block -> ``reduce_blocks``: two passes over the blocks per evaluation.
+block order -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a
+capped grid (here) -> attraction and interpolated repulsion per block -> ``reduce_blocks``: two passes over the
+blocks per evaluation.
 """
 import logging
 

@@ -62,8 +62,8 @@ dense core with far outliers), and ``LocalExecutor`` logs once when the cap is r
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
 holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
 row block -> partial grids, summed; ``convolve`` once (potentials, and for t-SNE Z's grid part);
-``interpolate`` per row block -> rows of R and the block's part of Z.  Every function needs only the row range, the full ``(d, N)`` coordinates, the grid /
-potentials and the small parameters.
+``interpolate`` per row block -> rows of R and the block's part of Z.  Every function needs only the row range,
+the full ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
 import functools
 import math
