@@ -128,14 +128,14 @@ def test_convolution_is_the_node_to_node_sum(model, ds, dt):
     rng = np.random.default_rng(ds)
     lo, hi = np.zeros(ds + dt), np.concatenate([rng.uniform(1.5, 2.5, ds), np.ones(dt)])
     grid = make_grid(model, ds, lo, hi, FFTParams(points=3, box_width=0.7))  # up to 12 nodes per dimension
-    charges = rng.normal(size=(grid.n_nodes, grid.dims + 1))
+    charges = rng.normal(size=(grid.n_nodes, grid.plan.n_channels))
     potentials, grid_z = convolve(grid, charges)
     axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k]
             for k in range(ds)]
     x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
-    d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+    deltas = list(np.moveaxis(x[:, None, :] - x[None, :, :], 2, 0))
     for o, (k, channel) in enumerate(grid.plan.outputs):
-        kernel = grid.plan.kernels[k](d2, grid.sigma)
+        kernel = grid.plan.kernels[k](deltas, grid.sigma)
         c = charges[:, channel].reshape(len(x), -1)  # (space nodes, time components or 1)
         direct = (kernel @ c).ravel()
         scale = np.abs(direct).max()
@@ -143,7 +143,7 @@ def test_convolution_is_the_node_to_node_sum(model, ds, dt):
     if grid.plan.z_kernel is None:
         assert grid_z == 0.0
     else:
-        kernel, unit = grid.plan.kernels[grid.plan.z_kernel](d2, grid.sigma), charges[:, 0]
+        kernel, unit = grid.plan.kernels[grid.plan.z_kernel](deltas, grid.sigma), charges[:, 0]
         scale = np.abs(unit) @ kernel @ np.abs(unit)
         assert grid_z == pytest.approx(unit @ kernel @ unit, abs=(1e-6 if ds > 1 else 1e-13) * scale)
 
@@ -172,15 +172,15 @@ def _node_weights(grid, Y, time_map):
 
 @pytest.mark.parametrize("model,ds,dt", CASES)
 def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
-    """``spread`` is ``W^T [1, y - centre]`` and ``interpolate`` combines ``W potentials`` (``W`` the dense
+    """``spread`` is ``W^T [1, (y - centre)_charges]`` and ``interpolate`` combines ``W potentials`` (``W`` the dense
     node weights); the loops hold channels and outputs in scalars up to ``MAX_CHANNELS``/``MAX_OUTPUTS``."""
     from scalemb.repulsion.interpolation import MAX_CHANNELS, MAX_OUTPUTS
 
     rng = np.random.default_rng(ds + 3 * dt)
     Y = _clustered_layout(40, ds, dt, 2.0, rng)
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
-    assert grid.dims + 1 <= MAX_CHANNELS and grid.n_outputs <= MAX_OUTPUTS
-    charges = np.concatenate([np.ones((1, Y.shape[1])), Y - grid.centre[:, None]])
+    assert grid.plan.n_channels <= MAX_CHANNELS and grid.n_outputs <= MAX_OUTPUTS
+    charges = np.concatenate([np.ones((1, Y.shape[1])), (Y - grid.centre[:, None])[list(grid.plan.charges)]])
     np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), _node_weights(grid, Y, grid.time_in).T @ charges.T,
                                rtol=1e-12, atol=1e-12)
     potentials = rng.normal(size=(grid.n_nodes, grid.n_outputs))
@@ -189,7 +189,7 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
     interpolated = np.sum(phi[:, grid.plan.z_output]) if grid.plan.z_output >= 0 else 0.0  # else: on the grid
     assert z == pytest.approx(interpolated - Y.shape[1] * grid.self_weight, rel=1e-12)
     for k, (coef, one, coord) in enumerate(grid.plan.force):
-        expected = coef * ((Y[k] - grid.centre[k]) * phi[:, one] - phi[:, coord])
+        expected = coef * (phi[:, coord] if one < 0 else (Y[k] - grid.centre[k]) * phi[:, one] - phi[:, coord])
         np.testing.assert_allclose(R[k], expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
 
 

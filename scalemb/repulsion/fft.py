@@ -16,22 +16,27 @@ width must be small against the scale on which K varies (relative to itself).
 
 What must be convolved.  With ``w_ij = w(|Δs|², |Δt|²)`` and ``d log w/d s_i = a Δs``, ``d log w/d t_i = b Δt``
 (``scalemb.models.kernels``), ``Z = sum_{i != j} w_ij`` and ``R_i = sum_j w_ij d log w_ij / d y_i``, i.e.
-``R_ik = sum_j g_k(Δ) (y_ik - y_jk) = y_ik sum_j g_k - sum_j g_k y_jk`` for ``g = w a`` (space) or ``w b``
-(time).  Each needs kernel ``g`` against the charges 1 and ``y_k``:
+``R_ik = sum_j g(Δ) (y_ik - y_jk)`` for ``g = w a`` (space) or ``w b`` (time).  A space force is one
+convolution of the unit charge with the odd force kernel ``g(Δ) Δ_k`` (``SpaceKernel`` with an axis; for
+t-SNE ``-2 Δ_k q² = ∂q/∂Δ_k``): one forward FFT serves all of them, one inverse FFT and one interpolated
+output each.  (FIt-SNE and openTSNE write ``R_ik = y_ik sum_j g - sum_j g y_jk`` instead, kernel ``g``
+against the charges 1 and ``y_k``: ``d + 1`` charge channels to spread and transform, ``2 d`` FFTs where this
+needs ``d + 1``; its interpolation is a little more accurate at the same node density, 4.6e-4 against 7.9e-4
+relative force error for t-SNE R^2 with 6 points in unit boxes, so the defaults below are ~1.2x denser.)
 
-* t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: R from ``q²`` * (1, s); Z needs only the sum of ``q`` * 1
-  over the points, which is the node sum ``sum_m C_m (q * C)_m`` (interpolation uses the spreading weights),
-  taken from the charge spectrum by Parseval, ``(1/M) sum_f q^_f |C^_f|²``, without an inverse FFT or an
-  interpolated output.  (FIt-SNE gets Z from ``q²`` * (1, y, |y|²) through ``q = q² (1 + |Δ|²)``; the ``q``
-  kernel costs one more kernel FFT, cached, but no extra charge channel and avoids that identity's
-  cancellation when |y| is large.)
-* SNE, ``w = exp(-|Δs|²)``, ``w a = -2 w``: one kernel ``w`` * (1, s).
-* SNEST, ``w = exp(|Δt|²) q``, ``w a = -2 w q``, ``w b = 2 w``: ``w`` * (1, t) for Z and the time force,
-  ``w q`` * (1, s) for the space force.  The grid spans space and time (ds + 1 dimensions).
+* t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: R from the force kernels against 1; Z needs only the sum
+  of ``q`` * 1 over the points, which is the node sum ``sum_m C_m (q * C)_m`` (interpolation uses the
+  spreading weights), taken from the charge spectrum by Parseval, ``(1/M) sum_f q^_f |C^_f|²``, without an
+  inverse FFT or an interpolated output.  One charge channel, ``d`` inverse FFTs.
+* SNE, ``w = exp(-|Δs|²)``, ``w a = -2 w``: Z from ``w`` * 1, R from the force kernels against 1.
+* SNEST, ``w = exp(|Δt|²) q``, ``w a = -2 w q``, ``w b = 2 w``: the space force from the force kernels
+  ``-2 Δs_k q² exp(Δt²)`` against 1; Z and the time force from ``w`` * (1, t), the time force as
+  ``2 (t_i phi_1 - phi_t)`` (a time force kernel would need its own low-rank time factors).  The grid spans
+  space and time (ds + 1 dimensions).
 
 Charges use coordinates relative to the grid centre (translation invariance), which keeps the cancellation in
-``y_ik phi_1 - phi_{y_k}`` at the scale of the layout, not of its offset.  The self pair's ``w(0) = 1`` is
-subtracted from Z exactly; its force term is zero analytically and only its interpolation error remains.
+``t_i phi_1 - phi_t`` at the scale of the layout, not of its offset.  The self pair's ``w(0) = 1`` is
+subtracted from Z exactly; its force term is zero (the force kernels vanish at 0).
 
 Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes ``box_width`` wide (default per model
 and dimension, ``DEFAULT_INTERPOLATION``, from accuracy measurements), ``p`` equispaced nodes per box, the grid
@@ -79,15 +84,16 @@ from .interpolation import (MAX_CHANNELS, MAX_OUTPUTS, box_offsets, box_tables, 
 
 MODELS = ("sne", "tsne", "snest")
 # Default (points per box p, space box width) per model and space dimension, i.e. p / width nodes per unit
-# length: measured on clustered and converged layouts to keep the relative errors of Z and of the gradient a
-# few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and width 1, give
-# ~1e-2 on the same layouts).  t-SNE R^2: 6 points in unit boxes, 6 nodes per unit (relative force error
-# 3e-4 on an uncapped clustered layout, 2.1e-4 with 4 points in boxes of 0.5; 1.2e-3 at 5 nodes per unit),
-# 1.8x fewer nodes than 8 per unit.  SNEST R^{2,1}: the same (force error 3.1e-4 on the tests' converged
-# layouts; 1.1e-3 with 5 points); its time weighting amplifies the space interpolation error in R^{1,1}
-# (1.3e-3 with 6 points in unit boxes), hence narrower boxes there; R^{3,1} keeps 4 points in boxes of 0.4
-# (64 nodes per box and time component against 216).
-DEFAULT_INTERPOLATION = {("tsne", 1): (4, 0.5), ("tsne", 2): (6, 1.0), ("tsne", 3): (4, 0.5),
+# length: measured on clustered (uncapped) and converged layouts to keep the relative errors of Z and of the
+# gradient a few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and
+# width 1, give ~1e-2 on the same layouts).  t-SNE R^2: 5 points in boxes of 0.7, ~7 nodes per unit
+# (worst relative force error 3.3e-4 over the layouts; 7.9e-4 with 6 points in unit boxes, 1.3e-3 with 4 in
+# boxes of 2/3): 25 weights per point against 36 with 6 points at the same accuracy.  t-SNE R^1: 5 in 0.6
+# (2.4e-4; 4 in 0.5: 5.8e-4), R^3: 4 in 0.5 (3.3e-4).  SNE: 4 in 0.25 (<= 3.2e-5).  SNEST R^{2,1}: 6 in
+# unit boxes (1.3e-4 here; 3.1e-4 on the tests' converged layouts before the force kernels); its time
+# weighting amplifies the space interpolation error in R^{1,1} (1.3e-3 with 6 points in unit boxes), hence
+# narrower boxes there; R^{3,1} keeps 4 points in boxes of 0.4 (64 nodes per box and time component, not 216).
+DEFAULT_INTERPOLATION = {("tsne", 1): (5, 0.6), ("tsne", 2): (5, 0.7), ("tsne", 3): (4, 0.5),
                          ("sne", 1): (4, 0.25), ("sne", 2): (4, 0.25), ("sne", 3): (4, 0.25),
                          ("snest", 1): (4, 0.4), ("snest", 2): (6, 1.0), ("snest", 3): (4, 0.4)}
 MAX_TIME_POINTS = 64
@@ -172,12 +178,28 @@ class FFTParams:
 
 
 @dataclass(frozen=True)
+class SpaceKernel:
+    """A space kernel of a plan, as a function of the node offset Δ (per-axis arrays, broadcastable):
+    ``radial(|Δ|², sigma)``, or with ``axis = k`` the force kernel ``-2 Δ_k radial(|Δ|², sigma)``, i.e.
+    ``g Δ_k`` for the model's ``g = w a = -2 radial`` (t-SNE, ``radial = q²``: ``∂q/∂Δ_k``)."""
+
+    radial: object
+    axis: int | None = None
+
+    def __call__(self, deltas, sigma):
+        values = self.radial(sum(d * d for d in deltas), sigma)
+        return values if self.axis is None else -2.0 * deltas[self.axis] * values
+
+
+@dataclass(frozen=True)
 class _Plan:
     """Which kernels to convolve with which charges, and how the outputs combine (see module docstring).
 
-    Kernel ``k`` is ``kernels[k](|Δs|²) * time_kernel(|Δt|²)`` (no time factor if ``time_kernel`` is None).
-    ``outputs[o] = (kernel index, charge channel)``, channel 0 the unit charge, 1 + k coordinate k.
-    ``force[k] = (coef, output of g_k * 1, output of g_k * y_k)``: ``R_ik = coef (y_ik phi_one - phi_coord)``.
+    Kernel ``k`` is ``kernels[k](Δs) * time_kernel(|Δt|²)`` (no time factor if ``time_kernel`` is None).
+    ``outputs[o] = (kernel index, charge channel)``, channel 0 the unit charge, channel c > 0 the centred
+    coordinate ``charges[c - 1]``.
+    ``force[k] = (coef, one, coord)``: ``R_ik = coef (y_ik phi_one - phi_coord)``, or ``R_ik = coef phi_coord``
+    when ``one < 0`` (a force kernel against the unit charge).
     Z is ``sum_i phi_z(y_i)`` with ``z_output`` the output of ``w`` * 1, or, when no force needs that output
     (``z_output = -1``), the unit charge's node sum against kernel ``z_kernel``, taken in ``convolve``.
     """
@@ -188,19 +210,25 @@ class _Plan:
     z_output: int
     force: tuple
     z_kernel: int | None = None
+    charges: tuple = ()
+
+    @property
+    def n_channels(self) -> int:
+        return 1 + len(self.charges)
 
 
 def _plan(model: str, space_dims: int) -> _Plan:
     ds = space_dims
+    forces = tuple((1 + k, 0) for k in range(ds))  # force kernel k against the unit charge
     if model == "tsne":
-        outputs = ((1, 0),) + tuple((1, 1 + k) for k in range(ds))
-        return _Plan((_cauchy, _cauchy2), None, outputs, -1, tuple((-2.0, 0, 1 + k) for k in range(ds)), 0)
+        kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
+        return _Plan(kernels, None, forces, -1, tuple((1.0, -1, k) for k in range(ds)), 0)
     if model == "sne":
-        outputs = ((0, 0),) + tuple((0, 1 + k) for k in range(ds))
-        return _Plan((_gauss,), None, outputs, 0, tuple((-2.0, 0, 1 + k) for k in range(ds)))
-    outputs = ((0, 0), (0, 1 + ds), (1, 0)) + tuple((1, 1 + k) for k in range(ds))
-    return _Plan((_cauchy, _cauchy2), _time_growth, outputs, 0,
-                 tuple((-2.0, 2, 3 + k) for k in range(ds)) + ((2.0, 0, 1),))
+        kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in range(ds))
+        return _Plan(kernels, None, ((0, 0),) + forces, 0, tuple((1.0, -1, 1 + k) for k in range(ds)))
+    kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
+    return _Plan(kernels, _time_growth, ((0, 0), (0, 1)) + forces, 0,
+                 tuple((1.0, -1, 2 + k) for k in range(ds)) + ((2.0, 0, 1),), charges=(ds,))
 
 
 def check_supported(model: str, space_dims: int, time_dims: int) -> None:
@@ -363,18 +391,19 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         box_width = np.concatenate([np.full(ds, float(width)), time_width])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
     plan = _plan(model, ds)
-    if dims + 1 > MAX_CHANNELS or len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loops' fixed scalars
-        raise ValueError(f"fft repulsion: {dims + 1} charge channels and {len(plan.outputs)} outputs exceed the "
+    if plan.n_channels > MAX_CHANNELS or len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loops' scalars
+        raise ValueError(f"fft repulsion: {plan.n_channels} charge channels and {len(plan.outputs)} outputs exceed the "
                          f"interpolation loops' {MAX_CHANNELS} and {MAX_OUTPUTS}")
     return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
                 time_in, time_out)
 
 
 def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
-    """Charges of rows ``[r0, r1)`` on the grid nodes: ``(n_nodes, d + 1)``, partial (sum over blocks)."""
+    """Charges of rows ``[r0, r1)`` on the grid nodes: ``(n_nodes, plan.n_channels)``, partial (sum over
+    blocks)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
-    out = np.zeros((grid.n_nodes, grid.dims + 1))
-    spread_rows(Y, r0, r1, *grid._loop_args(grid.time_in), out)
+    out = np.zeros((grid.n_nodes, grid.plan.n_channels))
+    spread_rows(Y, r0, r1, *grid._loop_args(grid.time_in), np.array(grid.plan.charges or (0,), dtype=np.int64), out)
     return out
 
 
@@ -405,12 +434,12 @@ def fft_dtype(space_dims: int):
 def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
     """``K(x_m - x_0)`` of a space kernel for every space node difference, zero-padded to the FFT lengths
     (circulant embedding of the Toeplitz node-to-node matrix)."""
-    d2s = 0.0
+    deltas = []
     for k, (n, m, h) in enumerate(zip(nodes, padded, spacings)):
         shape = [1] * len(padded)
         shape[k] = m
-        d2s = d2s + (_offsets(n, m, h) ** 2).reshape(shape)
-    return np.ascontiguousarray(np.broadcast_to(kernel(d2s, sigma), padded))
+        deltas.append(_offsets(n, m, h).reshape(shape))
+    return np.ascontiguousarray(np.broadcast_to(kernel(deltas, sigma), padded))
 
 
 @functools.lru_cache(maxsize=4)
@@ -516,14 +545,14 @@ def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> Convolution:
     component alike) in ``fft_dtype``, one charge channel at a time to bound the memory; and, if planned,
     Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self pairs are removed per row by
     ``interpolate``)."""
-    if charges.shape != (grid.n_nodes, grid.dims + 1):
-        raise ValueError(f"charges must have shape {(grid.n_nodes, grid.dims + 1)}, got {charges.shape}")
+    if charges.shape != (grid.n_nodes, grid.plan.n_channels):
+        raise ValueError(f"charges must have shape {(grid.n_nodes, grid.plan.n_channels)}, got {charges.shape}")
     ds = grid.space_dims
     padded = grid.padded()
     timed = grid.time_in is not None
     potentials = np.empty((grid.n_nodes, grid.n_outputs), dtype=fft_dtype(ds))
     z = 0.0
-    for channel in range(grid.dims + 1):
+    for channel in range(grid.plan.n_channels):
         uses = [(o, k) for o, (k, c) in enumerate(grid.plan.outputs) if c == channel]
         z_here = channel == 0 and grid.plan.z_kernel is not None
         if not uses and not z_here:

@@ -108,9 +108,9 @@ def _buffers(dims, positions, counts, outer_offsets):
     return np.empty(positions.shape[1]), np.empty(dims * width), np.empty(n_outer), np.empty(n_outer)
 
 
-# Most charge channels (1 + d) and potential outputs the loops below handle: d <= 4 (3 space + 1 time
-# dimensions), at most 6 outputs (SNEST R^{3,1}).  They hold channels and outputs in scalars, with
-# loop-invariant guards for the unused ones: indexing a small array by a run-time channel count instead
+# Most charge channels (the unit charge and up to d <= 4 coordinates) and potential outputs the loops below
+# handle (the plans use at most 2 channels and 5 outputs, SNEST R^{3,1}).  They hold channels and outputs in
+# scalars, with loop-invariant guards for the unused ones: indexing a small array by a run-time channel count instead
 # measured 2-4x slower (the array may alias the grid, so every access reloads it).
 MAX_CHANNELS = 5
 MAX_OUTPUTS = 6
@@ -118,11 +118,13 @@ MAX_OUTPUTS = 6
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions, inv_denominators,
-                outer_offsets, time_map, time_dim, grid):
-    """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, d + 1)``, ``d + 1 <= MAX_CHANNELS``):
-    channel 0 the unit charge, channel 1 + k the centred coordinate ``y_k - centre_k``, each times the node's
-    interpolation weight.  ``outer_offsets``: ``box_offsets`` of the leading axes."""
+                outer_offsets, time_map, time_dim, charge_coords, grid):
+    """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, channels)``, ``channels <=
+    MAX_CHANNELS``): channel 0 the unit charge, channel c > 0 the centred coordinate ``y_k - centre_k`` of
+    ``k = charge_coords[c - 1]``, each times the node's interpolation weight.  ``outer_offsets``:
+    ``box_offsets`` of the leading axes."""
     dims = Y.shape[0]
+    channels = grid.shape[1]
     last = dims - 1
     inner = counts[last]
     lagrange, axis_weights, outer_weights, scratch = _buffers(dims, positions, counts, outer_offsets)
@@ -130,10 +132,15 @@ def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strid
     for i in range(r0, r1):
         base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
                               time_map, time_dim, lagrange, axis_weights, outer_weights, scratch)
-        c1 = Y[0, i] - centre[0]
-        c2 = Y[1, i] - centre[1] if dims > 1 else 0.0
-        c3 = Y[2, i] - centre[2] if dims > 2 else 0.0
-        c4 = Y[3, i] - centre[3] if dims > 3 else 0.0
+        c1 = c2 = c3 = c4 = 0.0
+        if channels > 1:
+            c1 = Y[charge_coords[0], i] - centre[charge_coords[0]]
+        if channels > 2:
+            c2 = Y[charge_coords[1], i] - centre[charge_coords[1]]
+        if channels > 3:
+            c3 = Y[charge_coords[2], i] - centre[charge_coords[2]]
+        if channels > 4:
+            c4 = Y[charge_coords[3], i] - centre[charge_coords[3]]
         for o in range(outer_offsets.shape[0]):
             first = base + outer_offsets[o]
             wo = outer_weights[o]
@@ -141,12 +148,13 @@ def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strid
                 w = wo * axis_weights[row_last + c]
                 node = first + c
                 grid[node, 0] += w
-                grid[node, 1] += w * c1
-                if dims > 1:
+                if channels > 1:
+                    grid[node, 1] += w * c1
+                if channels > 2:
                     grid[node, 2] += w * c2
-                if dims > 2:
+                if channels > 3:
                     grid[node, 3] += w * c3
-                if dims > 3:
+                if channels > 4:
                     grid[node, 4] += w * c4
 
 
@@ -158,7 +166,8 @@ def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, 
 
     With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
     ``z_output < 0``: Z is then taken on the grid) and, per dimension k,
-    ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``.  Returns ``sum_i Z_i``.
+    ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``, or ``coef_k phi_coord(y_i)``
+    when ``one_k < 0``.  Returns ``sum_i Z_i``.
     """
     dims = Y.shape[0]
     last = dims - 1
@@ -194,7 +203,10 @@ def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, 
             z += phi[z_output]
         z -= self_weight
         for k in range(dims):
-            R[k, i - r0] = force_coef[k] * ((Y[k, i] - centre[k]) * phi[force_one[k]] - phi[force_coord[k]])
+            if force_one[k] < 0:
+                R[k, i - r0] = force_coef[k] * phi[force_coord[k]]
+            else:
+                R[k, i - r0] = force_coef[k] * ((Y[k, i] - centre[k]) * phi[force_one[k]] - phi[force_coord[k]])
     return z
 
 
