@@ -75,3 +75,69 @@ def test_evaluation_without_kl_has_the_same_gradient(school_affinity, name, ds, 
     assert np.isfinite(full.kl) and np.isnan(fast.kl) and np.isnan(fast.objective)
     assert fast.z == full.z
     np.testing.assert_allclose(fast.gradient, full.gradient, rtol=1e-13, atol=1e-15)
+
+
+def _shuffled_clusters(n, seed):
+    """Symmetric P of 20-point cliques whose members are scattered over the numbering."""
+    import scipy.sparse as sp
+    from scalemb.affinity import Affinity
+
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(n) // 20
+    rows, cols = np.nonzero((labels[:, None] == labels[None, :]) & ~np.eye(n, dtype=bool))
+    P = sp.csr_matrix((rng.uniform(0.5, 1.0, rows.size), (rows, cols)), shape=(n, n))
+    return Affinity(P + P.T, np.arange(n) * 7 + 3)
+
+
+def test_locality_order_renumbers_neighbours_close_together():
+    from scalemb.affinity.ordering import inverse_permutation, locality_order
+
+    affinity = _shuffled_clusters(400, 0)
+    order = locality_order(affinity.P)
+    assert np.array_equal(np.sort(order), np.arange(400))
+    rank = inverse_permutation(order)
+    assert np.array_equal(rank[order], np.arange(400))
+    bandwidth = lambda P: int(np.abs(P.tocoo().row - P.tocoo().col).max())
+    permuted = affinity.permuted(order)
+    assert bandwidth(affinity.P) > 300 and bandwidth(permuted.P) < 20
+    assert np.array_equal(permuted.node_ids, affinity.node_ids[order])
+    np.testing.assert_array_equal(permuted.P.toarray(), affinity.P.toarray()[np.ix_(order, order)])
+
+
+@pytest.mark.parametrize("name,ds,dt", [("tsne", 2, 0), ("snest", 2, 1)])
+@pytest.mark.parametrize("repulsion", ["exact", "fft"])
+def test_locality_order_gives_the_input_order_results(name, ds, dt, repulsion):
+    """Evaluations, gradients and the curvature operators in the locality order, exchanged in the input's
+    order, equal the input-order ones up to summation order."""
+    affinity = _shuffled_clusters(600, 1)
+    coords = np.random.default_rng(2).normal(size=(ds + dt, 600)) * 3
+    coords[ds:] *= 0.2  # SNEST's time weights exp(|Δt|²) stay finite
+    V = np.random.default_rng(3).normal(size=(ds, 600))
+    model = get_model(name)
+    with LocalExecutor(affinity, model, ds, dt, n_threads=2, repulsion=repulsion, point_order="given") as given, \
+            LocalExecutor(affinity, model, ds, dt, n_threads=2, repulsion=repulsion,
+                          point_order="locality") as local:
+        assert given.point_order == "given" and local.point_order == "locality"
+        a, b = given.evaluate(coords, 2.0), local.evaluate(coords, 2.0)
+        assert b.kl == pytest.approx(a.kl, rel=1e-12) and b.z == pytest.approx(a.z, rel=1e-12)
+        np.testing.assert_allclose(b.gradient, a.gradient, rtol=1e-9, atol=1e-12 * np.abs(a.gradient).max())
+        for ex in (given, local):
+            ex.set_curvature(coords, 2.0)
+        np.testing.assert_allclose(local.laplacian_matvec(V), given.laplacian_matvec(V), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(local.curvature_diagonal(), given.curvature_diagonal(), rtol=1e-12)
+        assert abs(local.curvature_matrix() - given.curvature_matrix()).max() < 1e-14
+
+
+def test_point_order_auto_and_bad_values():
+    from scalemb.engine.local import LOCALITY_ORDER_MIN_POINTS
+
+    small = _shuffled_clusters(200, 4)
+    assert LocalExecutor(small, get_model("tsne"), 2, 0).point_order == "given"
+    big = _shuffled_clusters(LOCALITY_ORDER_MIN_POINTS, 5)
+    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1).point_order == "locality"
+    bounds = [0, LOCALITY_ORDER_MIN_POINTS // 2, LOCALITY_ORDER_MIN_POINTS]
+    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1, partitions=bounds).point_order == "given"
+    with pytest.raises(ValueError, match="point_order"):
+        LocalExecutor(small, get_model("tsne"), 2, 0, point_order="random")
+    with pytest.raises(ValueError, match="partitions"):
+        LocalExecutor(small, get_model("tsne"), 2, 0, point_order="locality", partitions=[0, 100, 200])

@@ -59,6 +59,11 @@ class Affinity:
         """``sum_ij p_ij log p_ij`` (the constant part of KL(P||Q))."""
         return float(np.sum(self.P.data * np.log(self.P.data)))
 
+    def permuted(self, order: np.ndarray) -> "Affinity":
+        """The same affinities with the points renumbered: point k of the result is point ``order[k]`` here
+        (``P[order][:, order]``, node ids alike)."""
+        return Affinity(self.P[order][:, order], self.node_ids[order], dict(self.provenance))
+
     def row_block(self, r0: int, r1: int) -> RowBlock:
         """Rows ``[r0, r1)`` as a ``RowBlock`` (views, no copy of the big arrays beyond the rebased indptr)."""
         indptr = self.P.indptr

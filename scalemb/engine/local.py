@@ -6,6 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity.affinity import Affinity, row_partition
+from ..affinity.ordering import inverse_permutation, locality_order
 from ..models.base import Model
 from ..optim.solvers import FactorizedSolver
 from ..repulsion.fft import FFTParams
@@ -17,6 +18,11 @@ from .laplacian import row_sums
 
 # Below this many points a thread hand-off costs more than the kernel itself.
 _SINGLE_BLOCK_BELOW = 1024
+POINT_ORDERS = ("auto", "given", "locality")
+# From this many points on, point_order='auto' evaluates in the locality order (scalemb.affinity.ordering): below
+# it the coordinates fit in the fastest caches anyway, and the committed small-graph results (GrQc, Table 1)
+# keep their summation order.
+LOCALITY_ORDER_MIN_POINTS = 20000
 
 
 def default_threads() -> int:
@@ -37,12 +43,22 @@ class LocalExecutor:
     ``repulsion``: ``'exact'`` (all pairs), ``'fft'`` (interpolation on a grid with ``fft_params``,
     ``scalemb.repulsion.fft``) or ``'auto'`` (``scalemb.repulsion.method``); ``self.repulsion`` is the
     resolved method.
+
+    ``point_order``: ``'given'`` evaluates P's rows in the input's order; ``'locality'`` in P's reverse
+    Cuthill-McKee order (``scalemb.affinity.ordering``: faster neighbour gathers), renumbering the points
+    internally: coordinates, gradients and curvature are still exchanged in the input's order, and results
+    differ from ``'given'`` by summation order only; ``'auto'``: locality from ``LOCALITY_ORDER_MIN_POINTS``
+    points on, unless ``partitions`` are given (they fix the row order the Dask executor uses).
     """
 
     def __init__(self, affinity: Affinity, model: Model, space_dims: int, time_dims: int,
                  n_threads: int | None = None, n_blocks: int | None = None, partitions=None,
-                 repulsion: str = "exact", fft_params: FFTParams | None = None):
+                 repulsion: str = "exact", fft_params: FFTParams | None = None, point_order: str = "auto"):
         model.check_dims(space_dims, time_dims)
+        if point_order not in POINT_ORDERS:
+            raise ValueError(f"unknown point_order {point_order!r}; choose one of {', '.join(POINT_ORDERS)}")
+        if point_order == "locality" and partitions is not None:
+            raise ValueError("point_order='locality' renumbers P's rows, which given partitions fix: use 'given'")
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      affinity.n_points, fft_params)
         self._warn_capped = CappedGridWarning()
@@ -52,13 +68,22 @@ class LocalExecutor:
         self.time_dims = time_dims
         self.n_threads = n_threads or default_threads()
         n = affinity.n_points
+        self._order = self._rank = None
+        internal = affinity
+        if point_order == "locality" or (point_order == "auto" and partitions is None
+                                         and n >= LOCALITY_ORDER_MIN_POINTS):
+            self._order = locality_order(affinity.P)
+            self._rank = inverse_permutation(self._order)
+            internal = affinity.permuted(self._order)
+        self.point_order = "given" if self._order is None else "locality"
         if partitions is not None:  # row boundaries, e.g. an affinity store's: same sums as the Dask executor
             bounds = [(int(a), int(b)) for a, b in zip(partitions[:-1], partitions[1:])]
         else:
             if n_blocks is None:
                 n_blocks = 1 if n < _SINGLE_BLOCK_BELOW else self.n_threads
             bounds = row_partition(n, n_blocks)
-        self.blocks = [affinity.row_block(r0, r1) for r0, r1 in bounds]
+        self._internal = internal
+        self.blocks = [internal.row_block(r0, r1) for r0, r1 in bounds]
         self._entropy = sum(block.entropy_term() for block in self.blocks)
         self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 else None
         self._weights = None
@@ -72,14 +97,26 @@ class LocalExecutor:
     def n_points(self) -> int:
         return self.affinity.n_points
 
+    def _to_internal(self, X: np.ndarray) -> np.ndarray:
+        """``(d, N)`` columns from the input's point order to the blocks' (C-contiguous float64)."""
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        return X if self._order is None else np.ascontiguousarray(X[..., self._order])
+
+    def _to_input(self, X: np.ndarray) -> np.ndarray:
+        """Columns (or entries of a vector) from the blocks' point order back to the input's."""
+        return X if self._rank is None else np.ascontiguousarray(X[..., self._rank])
+
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
         """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64); without ``with_kl``
         the KL (and objective) is not computed: NaN."""
-        coords = np.ascontiguousarray(coords, dtype=np.float64)
+        coords = self._to_internal(coords)
         if self.repulsion == "fft":
-            return self._evaluate_fft(coords, exaggeration, with_kl)
-        results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl))
-        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
+            evaluation = self._evaluate_fft(coords, exaggeration, with_kl)
+        else:
+            results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl))
+            evaluation = reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
+        evaluation.gradient = self._to_input(evaluation.gradient)
+        return evaluation
 
     def _evaluate_fft(self, coords: np.ndarray, exaggeration: float, with_kl: bool) -> Evaluation:
         """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``)."""
@@ -89,7 +126,7 @@ class LocalExecutor:
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
-        coords = np.ascontiguousarray(coords, dtype=np.float64)
+        coords = self._to_internal(coords)
         self._weights = self._map(lambda b: curvature_block(self.model, b, coords, self.space_dims,
                                                             exaggeration, fixed))
 
@@ -100,11 +137,11 @@ class LocalExecutor:
 
     def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
         """``L(C) V`` for V of shape ``(d, N)``, by row blocks."""
-        V = np.ascontiguousarray(V, dtype=np.float64)
+        V = self._to_internal(V)
         out = np.empty_like(V)
         for block, rows in zip(self.blocks, self._map_weights(lambda b, w: laplacian_block(b, w, V))):
             out[:, block.r0:block.r1] = rows
-        return out
+        return self._to_input(out)
 
     def _map_weights(self, fn):
         pairs = list(self._block_weights())
@@ -114,14 +151,15 @@ class LocalExecutor:
 
     def curvature_diagonal(self) -> np.ndarray:
         """Diagonal of ``L(C)``: the row sums of C."""
-        return np.concatenate([row_sums(b.indptr, w) for b, w in self._block_weights()])
+        return self._to_input(np.concatenate([row_sums(b.indptr, w) for b, w in self._block_weights()]))
 
     def curvature_matrix(self) -> sp.csr_matrix:
         """``L(C)`` as one sparse matrix (gathers every block: only for solvers that factorise it)."""
         weights = np.concatenate([w for _, w in self._block_weights()])
-        P = self.affinity.P
+        P = self._internal.P
         C = sp.csr_matrix((weights, P.indices, P.indptr), shape=P.shape)
-        return (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
+        L = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
+        return L if self._rank is None else L[self._rank][:, self._rank].tocsr()
 
     def factorize_curvature(self, mu: float, ordering=None) -> FactorizedSolver:
         """Sparse factorisation of ``L(C) + mu I`` (``ordering``: a fill-reducing order to reuse)."""
