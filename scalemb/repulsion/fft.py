@@ -20,8 +20,8 @@ What must be convolved.  With ``w_ij = w(|Δs|², |Δt|²)`` and ``d log w/d s_i
 convolution of the unit charge with the odd force kernel ``g(Δ) Δ_k`` (``SpaceKernel`` with an axis; for
 t-SNE ``-2 Δ_k q² = ∂q/∂Δ_k``): one forward FFT serves all of them, one inverse FFT and one interpolated
 output each.  (FIt-SNE and openTSNE write ``R_ik = y_ik sum_j g - sum_j g y_jk`` instead, kernel ``g``
-against the charges 1 and ``y_k``: ``d + 1`` charge channels to spread and transform, ``2 d`` FFTs where this
-needs ``d + 1``; its interpolation is a little more accurate at the same node density, 4.6e-4 against 7.9e-4
+against the charges 1 and ``y_k``: ``d + 1`` charge channels to spread and transform, ``2 (d + 1)`` FFTs where
+this needs ``d + 1``; its interpolation is a little more accurate at the same node density, 4.6e-4 against 7.9e-4
 relative force error for t-SNE R^2 with 6 points in unit boxes, so the defaults below are ~1.2x denser.)
 
 * t-SNE, ``w = q = 1/(1+|Δs|²)``, ``w a = -2 q²``: R from the force kernels against 1; Z needs only the sum
@@ -51,8 +51,8 @@ r (``time_factors``: 12 of 26 for T = 3.6), so the grid holds r time components 
 spread onto and interpolate from them through the factors, and the space FFTs run on r slices.
 
 Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~16 per point and
-time component, at most 2^22 per component), so memory and FFT time stay bounded (the FFT arrays have
-~``2^ds`` times the nodes of one channel).
+time component, at most 2^22 per component, 2^23 without a time axis), so memory and FFT time stay bounded
+(the FFT arrays have ~``2^ds`` times the nodes of one channel).
 If the extent asks for more (e.g. GrQc's t-SNE layouts, whose 355 components spread over ~7e4 units), the
 space dimensions get proportionally fewer, wider boxes of width H and the Cauchy factor is split (as in
 particle-particle/particle-mesh methods): the grid carries the smooth far part
@@ -147,13 +147,15 @@ class FFTParams:
     max_nodes: int | None = None
     min_boxes: int = 1
 
-    def node_cap(self, n_points: int | None, time_slices: int = 1) -> int:
-        """``max_nodes``, or by default ``min(2^22, max(2^14, 16 N)) r`` (r time components, 1 without time):
+    def node_cap(self, n_points: int | None, time_slices: int | None = None) -> int:
+        """``max_nodes``, or by default ``min(M, max(2^14, 16 N)) r`` (``r = time_slices`` time components,
+        M = 2^22; without a time axis r = 1 and M = 2^23, as t-SNE and SNE need only d + 1 FFTs of the grid):
         the FFT work per time component stays proportional to N (and near 1 s per evaluation on 2 cores at
         most), beyond it the kernel split takes over."""
         if self.max_nodes is not None:
             return int(self.max_nodes)
-        return min(2 ** 22, max(2 ** 14, 16 * int(n_points or 2 ** 18))) * time_slices
+        most = 2 ** 23 if time_slices is None else 2 ** 22
+        return min(most, max(2 ** 14, 16 * int(n_points or 2 ** 18))) * (time_slices or 1)
 
     def __post_init__(self):
         if self.points is not None and (int(self.points) != self.points or self.points < 2):
@@ -363,7 +365,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         time_in, time_out = time_factors(_time_growth, int(m), float(time_width[0]))
         rank = time_in.shape[1]
     per_box = p ** ds * rank
-    max_nodes = params.node_cap(n_points, rank)
+    max_nodes = params.node_cap(n_points, rank if dims > ds else None)
     if per_box > max_nodes:
         raise ValueError(f"max_nodes={max_nodes} is less than the {per_box} nodes of one box")
     width = params.box_width
