@@ -75,7 +75,6 @@ class LocalExecutor:
             self._order = locality_order(affinity.P)
             self._rank = inverse_permutation(self._order)
             internal = affinity.permuted(self._order)
-        self.point_order = "given" if self._order is None else "locality"
         if partitions is not None:  # row boundaries, e.g. an affinity store's: same sums as the Dask executor
             bounds = [(int(a), int(b)) for a, b in zip(partitions[:-1], partitions[1:])]
         else:
@@ -96,6 +95,11 @@ class LocalExecutor:
     @property
     def n_points(self) -> int:
         return self.affinity.n_points
+
+    @property
+    def point_order(self) -> str:
+        """The order the blocks hold P's rows in: ``'given'`` or ``'locality'``."""
+        return "given" if self._order is None else "locality"
 
     def _to_internal(self, X: np.ndarray) -> np.ndarray:
         """``(d, N)`` columns from the input's point order to the blocks' (C-contiguous float64)."""
