@@ -123,36 +123,40 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
 @pytest.mark.parametrize("model,ds,dt", [("tsne", 1, 0), ("tsne", 2, 0), ("sne", 3, 0), ("snest", 2, 1)])
 def test_convolution_is_the_node_to_node_sum(model, ds, dt):
     """``convolve`` (FFTs, cropped inverse transforms, single precision on 2-D/3-D grids) against the direct
-    sum over node pairs ``phi_o(x_m) = sum_n K_o(x_m - x_n) C_n``; a time axis holds components that the space
-    convolution treats alike.  Z's grid part (t-SNE, by Parseval) against ``sum_mn C_m K(x_m - x_n) C_n``."""
+    sum over node pairs ``phi_c(x_m) = sum_n K_c(x_m - x_n) C_n``; a time axis (first in memory) holds
+    components that the space convolution treats alike.  Z's grid part (t-SNE, by Parseval) against
+    ``sum_mn C_m K(x_m - x_n) C_n``."""
     rng = np.random.default_rng(ds)
     lo, hi = np.zeros(ds + dt), np.concatenate([rng.uniform(1.5, 2.5, ds), np.ones(dt)])
     grid = make_grid(model, ds, lo, hi, FFTParams(points=3, box_width=0.7))  # up to 12 nodes per dimension
-    charges = rng.normal(size=(grid.n_nodes, grid.plan.n_channels))
+    charges = rng.normal(size=grid.n_nodes)
     potentials, grid_z = convolve(grid, charges)
-    axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.nodes[k]) + 0.5) / grid.points[k]
+    assert potentials.shape == (len(grid.plan.potentials), grid.n_nodes)
+    axes = [grid.lo[k] + grid.box_width[k] * (np.arange(grid.space_nodes[k]) + 0.5) / grid.points[k]
             for k in range(ds)]
     x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
     deltas = list(np.moveaxis(x[:, None, :] - x[None, :, :], 2, 0))
-    for o, (k, channel) in enumerate(grid.plan.outputs):
-        kernel = grid.plan.kernels[k](deltas, grid.sigma)
-        c = charges[:, channel].reshape(len(x), -1)  # (space nodes, time components or 1)
-        direct = (kernel @ c).ravel()
+    c = charges.reshape(-1, len(x)).T  # (space nodes, time components or 1)
+    for column, k in enumerate(grid.plan.potentials):
+        direct = (grid.plan.kernels[k](deltas, grid.sigma) @ c).T.ravel()
         scale = np.abs(direct).max()
-        np.testing.assert_allclose(potentials[:, o], direct, atol=(1e-5 if ds > 1 else 1e-12) * scale)
+        np.testing.assert_allclose(potentials[column], direct, atol=(1e-5 if ds > 1 else 1e-12) * scale)
     if grid.plan.z_kernel is None:
         assert grid_z == 0.0
     else:
-        kernel, unit = grid.plan.kernels[grid.plan.z_kernel](deltas, grid.sigma), charges[:, 0]
+        kernel, unit = grid.plan.kernels[grid.plan.z_kernel](deltas, grid.sigma), charges
         scale = np.abs(unit) @ kernel @ np.abs(unit)
         assert grid_z == pytest.approx(unit @ kernel @ unit, abs=(1e-6 if ds > 1 else 1e-13) * scale)
 
 
 def _node_weights(grid, Y, time_map):
     """Dense ``(N, n_nodes)`` matrix of every point's weight on every node, built with NumPy from the Lagrange
-    formula (time axis: the Chebyshev weights times ``time_map``) as the reference for the numba loops."""
+    formula (time axis: the Chebyshev weights times ``time_map``), nodes in the grid's memory order (``axes``),
+    as the reference for the numba loops."""
     factors = []
-    for k, x in enumerate(grid.node_positions()):
+    node_positions = grid.node_positions()
+    for k in grid.axes:
+        x = node_positions[k]
         u = (Y[k] - grid.lo[k]) / grid.box_width[k]
         box = np.clip(np.floor(u), 0, grid.n_boxes[k] - 1).astype(int)
         u = u - box
@@ -160,7 +164,7 @@ def _node_weights(grid, Y, time_map):
                              for a in range(len(x))], axis=1)
         if k >= grid.space_dims:
             lagrange = lagrange @ time_map
-        full = np.zeros((Y.shape[1], grid.nodes[k]))
+        full = np.zeros((Y.shape[1], int(grid.n_boxes[k]) * grid.counts[k]))
         cols = box[:, None] * grid.counts[k] + np.arange(grid.counts[k])
         np.put_along_axis(full, cols, lagrange, axis=1)
         factors.append(full)
@@ -172,37 +176,43 @@ def _node_weights(grid, Y, time_map):
 
 @pytest.mark.parametrize("model,ds,dt", CASES)
 def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
-    """``spread`` is ``W^T [1, (y - centre)_charges]`` and ``interpolate`` combines ``W potentials`` (``W`` the dense
-    node weights); the loops hold channels and outputs in scalars up to ``MAX_CHANNELS``/``MAX_OUTPUTS``."""
-    from scalemb.repulsion.interpolation import MAX_CHANNELS, MAX_OUTPUTS
+    """``spread`` is ``W^T 1`` and ``interpolate`` reads each output's potential column through its time map,
+    ``W_map potentials[column]`` (``W`` the dense node weights); the loop holds outputs in scalars up to
+    ``MAX_OUTPUTS``.  The rows are given in an order unrelated to their boxes (the loops sort them)."""
+    from scalemb.repulsion.interpolation import MAX_OUTPUTS
 
     rng = np.random.default_rng(ds + 3 * dt)
     Y = _clustered_layout(40, ds, dt, 2.0, rng)
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
-    assert grid.plan.n_channels <= MAX_CHANNELS and grid.n_outputs <= MAX_OUTPUTS
-    charges = np.concatenate([np.ones((1, Y.shape[1])), (Y - grid.centre[:, None])[list(grid.plan.charges)]])
-    np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), _node_weights(grid, Y, grid.time_in).T @ charges.T,
+    assert len(grid.plan.outputs) <= MAX_OUTPUTS
+    np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), _node_weights(grid, Y, grid.time_in).sum(axis=0),
                                rtol=1e-12, atol=1e-12)
-    potentials = rng.normal(size=(grid.n_nodes, grid.n_outputs))
-    phi = _node_weights(grid, Y, grid.time_out) @ potentials
+    potentials = rng.normal(size=(len(grid.plan.potentials), grid.n_nodes))
+    maps = [None] if grid.time_out is None else list(grid.time_out)
+    phi = np.stack([_node_weights(grid, Y, maps[time_map]) @ potentials[column]
+                    for column, time_map in grid.plan.outputs], axis=1)
     R, z = interpolate(grid, Y, potentials, 0, Y.shape[1])
     interpolated = np.sum(phi[:, grid.plan.z_output]) if grid.plan.z_output >= 0 else 0.0  # else: on the grid
     assert z == pytest.approx(interpolated - Y.shape[1] * grid.self_weight, rel=1e-12)
-    for k, (coef, one, coord) in enumerate(grid.plan.force):
-        expected = coef * (phi[:, coord] if one < 0 else (Y[k] - grid.centre[k]) * phi[:, one] - phi[:, coord])
-        np.testing.assert_allclose(R[k], expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
+    for k, output in enumerate(grid.plan.force):
+        np.testing.assert_allclose(R[k], phi[:, output], rtol=1e-10, atol=1e-10 * np.abs(phi[:, output]).max())
+    R5, z5 = interpolate(grid, Y, potentials, 5, 33)
+    np.testing.assert_allclose(R5, R[:, 5:33], rtol=1e-12, atol=1e-14)
 
 
 def test_time_kernel_factors_have_low_rank():
-    """SNEST's time kernel between its Chebyshev nodes is held by r < m components that reproduce it."""
+    """SNEST's time kernels (``exp(Δt²)`` and the time force's ``2 Δt exp(Δt²)``) between the Chebyshev nodes
+    are held by r < m components, one basis for both, that reproduce each."""
     from scalemb.repulsion.fft import TIME_RANK_TOL, time_factors, time_matrix
 
     grid = make_grid("snest", 2, [0.0, 0.0, -1.8], [20.0, 20.0, 1.8])
     m, r = grid.points[-1], grid.counts[-1]
-    assert grid.nodes[-1] == r and r < m / 2
-    into, out_of = time_factors(grid.plan.time_kernel, m, 3.6)
-    T = time_matrix(grid.plan.time_kernel, m, 3.6)
-    assert np.abs(out_of @ into.T - T).max() <= 10 * TIME_RANK_TOL * np.abs(T).max()
+    assert grid.nodes[0] == r and r < m / 2 + 1
+    into, out_of = time_factors(grid.plan.time_kernels, m, 3.6)
+    assert into.shape == (m, r) and out_of.shape == (2, m, r)
+    for kernel, out in zip(grid.plan.time_kernels, out_of):
+        T = time_matrix(kernel, m, 3.6)
+        assert np.abs(out @ into.T - T).max() <= 10 * TIME_RANK_TOL * np.abs(T).max()
 
 
 def test_executor_blocks_and_threads_agree(coauthor_affinity, converged):

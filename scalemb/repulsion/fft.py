@@ -30,13 +30,14 @@ relative force error for t-SNE R^2 with 6 points in unit boxes, so the defaults 
   inverse FFT or an interpolated output.  One charge channel, ``d`` inverse FFTs.
 * SNE, ``w = exp(-|Δs|²)``, ``w a = -2 w``: Z from ``w`` * 1, R from the force kernels against 1.
 * SNEST, ``w = exp(|Δt|²) q``, ``w a = -2 w q``, ``w b = 2 w``: the space force from the force kernels
-  ``-2 Δs_k q² exp(Δt²)`` against 1; Z and the time force from ``w`` * (1, t), the time force as
-  ``2 (t_i phi_1 - phi_t)`` (a time force kernel would need its own low-rank time factors).  The grid spans
-  space and time (ds + 1 dimensions).
+  ``-2 Δs_k q² exp(Δt²)`` against 1; Z from ``q exp(Δt²)`` and the time force from the time force kernel
+  ``q(Δs) 2 Δt exp(Δt²)``, both against 1: their space part is the same convolution, read through two time
+  maps (``time_factors``).  The grid spans space and time (ds + 1 dimensions); per time component one forward
+  and ds + 1 inverse FFTs (the charges (1, t) and ``t_i phi_1 - phi_t`` of FIt-SNE's form would need 2 and
+  ds + 2, and twice the spreading).
 
-Charges use coordinates relative to the grid centre (translation invariance), which keeps the cancellation in
-``t_i phi_1 - phi_t`` at the scale of the layout, not of its offset.  The self pair's ``w(0) = 1`` is
-subtracted from Z exactly; its force term is zero (the force kernels vanish at 0).
+Every plan convolves the unit charge only.  The self pair's ``w(0) = 1`` is subtracted from Z exactly; its
+force term is zero (the force kernels vanish at 0).
 
 Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes ``box_width`` wide (default per model
 and dimension, ``DEFAULT_INTERPOLATION``, from accuracy measurements), ``p`` equispaced nodes per box, the grid
@@ -45,10 +46,12 @@ products are convolutions, done by FFT over the space axes.  Time (SNEST, dt = 1
 time extent T and varies relatively like ``2|Δt|``, so equispaced boxes would need ~T² of them; it is entire,
 so instead one box spans the time axis with ``m`` Chebyshev nodes (degree m - 1 interpolation in t, error
 decaying geometrically in m; ``m = time_points`` or, by default, ``8 + 5 T`` capped at 64, measured to keep the
-error of interpolating ``exp((a - t)²)`` below 1e-7 of its maximum for T <= 6).  The time part of the
-separable kernel ``w = exp(Δt²) q(Δs)`` between the m nodes, an m x m matrix, has a much lower numerical rank
-r (``time_factors``: 12 of 26 for T = 3.6), so the grid holds r time components instead of m nodes: points
-spread onto and interpolate from them through the factors, and the space FFTs run on r slices.
+error of interpolating ``exp((a - t)²)`` below 1e-7 of its maximum for T <= 6).  The time parts of the
+separable kernels, ``exp(Δt²)`` and ``2 Δt exp(Δt²)`` between the m nodes (m x m matrices), share a basis of
+much lower numerical rank r (``time_factors``: 13 of 26 for T = 3.6), so the grid holds r time components
+instead of m nodes: points spread onto them through one map and interpolate from them through one map per
+time kernel, and the space FFTs run on r slices, one slice per thread (``convolve``).  In memory the time
+axis comes first (``Grid.axes``), so each slice is contiguous.
 
 Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~16 per point and
 time component, at most 2^22 per component, 2^23 without a time axis), so memory and FFT time stay bounded
@@ -72,6 +75,8 @@ the full ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
 import functools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -79,7 +84,7 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_CHANNELS, MAX_OUTPUTS, box_offsets, box_tables, interpolate_rows, near_rows,
+from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, interpolate_rows, near_rows,
                             spread_rows)
 
 MODELS = ("sne", "tsne", "snest")
@@ -115,8 +120,14 @@ def _gauss(d2s, sigma):
     return np.exp(-d2s) if sigma == 0 else np.zeros_like(d2s)
 
 
-def _time_growth(d2t):
-    return np.exp(np.minimum(d2t, 709.0))  # saturates like models.vecmath.fast_exp
+def _time_growth(dt):
+    """SNEST's time factor ``exp(Δt²)``, saturating like ``models.vecmath.fast_exp``."""
+    return np.exp(np.minimum(dt * dt, 709.0))
+
+
+def _time_force(dt):
+    """The time force kernel's time factor ``d exp(Δt²)/dΔt = 2 Δt exp(Δt²)``."""
+    return 2.0 * dt * _time_growth(dt)
 
 
 # Widest box, in units of sigma, of a capped (split) grid.  SNEST's time force is a difference of large terms
@@ -195,42 +206,38 @@ class SpaceKernel:
 
 @dataclass(frozen=True)
 class _Plan:
-    """Which kernels to convolve with which charges, and how the outputs combine (see module docstring).
+    """Which kernels to convolve, and how the outputs combine (see module docstring).
 
-    Kernel ``k`` is ``kernels[k](Δs) * time_kernel(|Δt|²)`` (no time factor if ``time_kernel`` is None).
-    ``outputs[o] = (kernel index, charge channel)``, channel 0 the unit charge, channel c > 0 the centred
-    coordinate ``charges[c - 1]``.
-    ``force[k] = (coef, one, coord)``: ``R_ik = coef (y_ik phi_one - phi_coord)``, or ``R_ik = coef phi_coord``
-    when ``one < 0`` (a force kernel against the unit charge).
-    Z is ``sum_i phi_z(y_i)`` with ``z_output`` the output of ``w`` * 1, or, when no force needs that output
-    (``z_output = -1``), the unit charge's node sum against kernel ``z_kernel``, taken in ``convolve``.
+    The charge is the unit charge.  Column c of the potentials is the convolution with space kernel
+    ``kernels[potentials[c]]`` (on each time component alike).  ``outputs[o] = (column, time map)``: the
+    interpolated output o reads that column through time kernel ``time_kernels[map]`` (no time axis: map 0).
+    ``force[k]``: the output that is ``R_k``.  Z is ``sum_i phi_z(y_i)`` with ``z_output`` the output of ``w``,
+    or, without one (``z_output = -1``), the unit charge's node sum against kernel ``z_kernel``, taken in
+    ``convolve``.
     """
 
     kernels: tuple
-    time_kernel: object
+    time_kernels: tuple
+    potentials: tuple
     outputs: tuple
     z_output: int
     force: tuple
     z_kernel: int | None = None
-    charges: tuple = ()
-
-    @property
-    def n_channels(self) -> int:
-        return 1 + len(self.charges)
 
 
 def _plan(model: str, space_dims: int) -> _Plan:
     ds = space_dims
-    forces = tuple((1 + k, 0) for k in range(ds))  # force kernel k against the unit charge
+    forces = tuple((1 + k, 0) for k in range(ds))  # force kernel k, read through the first time map
     if model == "tsne":
         kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
-        return _Plan(kernels, None, forces, -1, tuple((1.0, -1, k) for k in range(ds)), 0)
+        return _Plan(kernels, (), tuple(range(1, ds + 1)), tuple((k, 0) for k in range(ds)), -1, tuple(range(ds)),
+                     0)
     if model == "sne":
         kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in range(ds))
-        return _Plan(kernels, None, ((0, 0),) + forces, 0, tuple((1.0, -1, 1 + k) for k in range(ds)))
+        return _Plan(kernels, (), tuple(range(ds + 1)), ((0, 0),) + forces, 0, tuple(range(1, ds + 1)))
     kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
-    return _Plan(kernels, _time_growth, ((0, 0), (0, 1)) + forces, 0,
-                 tuple((1.0, -1, 2 + k) for k in range(ds)) + ((2.0, 0, 1),), charges=(ds,))
+    return _Plan(kernels, (_time_growth, _time_force), tuple(range(ds + 1)), ((0, 0), (0, 1)) + forces, 0,
+                 tuple(range(2, ds + 2)) + (1,))
 
 
 def check_supported(model: str, space_dims: int, time_dims: int) -> None:
@@ -259,8 +266,8 @@ class Grid:
     ``lo[k]`` with ``points[k]`` nodes each (space: equispaced, time: one box of Chebyshev nodes);
     ``capped`` if ``max_nodes`` forced wider space boxes than asked for, in which case the kernel is split
     at scale ``sigma``: the grid carries the smooth far part, pairs closer than ``cutoff`` the rest.  With a
-    time axis, ``time_in`` and ``time_out`` (m x r, ``time_factors``) map a point's Chebyshev weights to the
-    r time components the grid holds, for spreading and for interpolating."""
+    time axis, ``time_in`` (m x r) and ``time_out`` (one m x r map per time kernel, ``time_factors``) map a
+    point's Chebyshev weights to the r time components the grid holds, for spreading and for interpolating."""
 
     model: str
     space_dims: int
@@ -292,20 +299,28 @@ class Grid:
         return tuple(self.points[:self.space_dims]) + (() if self.time_in is None else (self.time_in.shape[1],))
 
     @property
+    def axes(self) -> tuple:
+        """Coordinate of each axis of the grid's memory layout: the time axis first (so that each time
+        component is a contiguous space grid), then the space axes."""
+        space = tuple(range(self.space_dims))
+        return space if self.time_in is None else (self.space_dims,) + space
+
+    @property
+    def space_nodes(self) -> tuple:
+        return tuple(int(n) * p for n, p in zip(self.n_boxes[:self.space_dims], self.points[:self.space_dims]))
+
+    @property
     def nodes(self) -> tuple:
-        return tuple(int(n) * c for n, c in zip(self.n_boxes, self.counts))
+        """Node counts per axis of the memory layout (``axes``)."""
+        return tuple(int(self.n_boxes[k]) * self.counts[k] for k in self.axes)
 
     @property
     def n_nodes(self) -> int:
         return math.prod(self.nodes)
 
     @property
-    def n_outputs(self) -> int:
-        return len(self.plan.outputs)
-
-    @property
-    def centre(self) -> np.ndarray:
-        return self.lo + 0.5 * self.box_width * self.n_boxes
+    def n_potentials(self) -> int:
+        return len(self.plan.potentials)
 
     def node_positions(self) -> list:
         """Relative node positions in a box, per dimension."""
@@ -313,17 +328,24 @@ class Grid:
 
     def padded(self) -> tuple:
         """Space FFT lengths: at least ``2 n - 1`` per dimension (linear, not circular, convolution)."""
-        return tuple(scipy.fft.next_fast_len(2 * n - 1, real=True) for n in self.nodes[:self.space_dims])
+        return tuple(scipy.fft.next_fast_len(2 * n - 1, real=True) for n in self.space_nodes)
 
-    def _loop_args(self, time_map):
+    def _loop_args(self, time_maps):
+        """The grid arguments of ``interpolation.spread_rows``/``interpolate_rows`` (and the first four of
+        ``box_keys``), per axis of the memory layout, with ``time_maps`` (``(maps, m, r)``) on the time axis."""
+        axes = np.array(self.axes, dtype=np.int64)
+        counts = np.array(self.counts, dtype=np.int64)[axes]
         strides = np.cumprod((self.nodes[1:] + (1,))[::-1])[::-1].astype(np.int64)
-        positions, inv_denominators, points = box_tables(self.node_positions())
-        counts = np.array(self.counts, dtype=np.int64)
-        timed = time_map is not None
-        return (np.ascontiguousarray(self.lo, dtype=np.float64), 1.0 / self.box_width,
-                np.ascontiguousarray(self.centre), self.n_boxes.astype(np.int64), points, counts, strides,
-                positions, inv_denominators, box_offsets(counts[:-1], strides[:-1]),
-                np.ascontiguousarray(time_map) if timed else np.zeros((1, 1)), self.space_dims if timed else -1)
+        positions, inv_denominators, points = box_tables([self.node_positions()[k] for k in axes])
+        timed = time_maps is not None
+        return (axes, np.ascontiguousarray(self.lo[axes], dtype=np.float64), 1.0 / self.box_width[axes],
+                self.n_boxes[axes].astype(np.int64), points, counts, strides, positions, inv_denominators,
+                box_offsets(counts[:-1], strides[:-1]),
+                np.ascontiguousarray(time_maps) if timed else np.zeros((1, 1, 1)), timed)
+
+    def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """Rows ``[r0, r1)`` box by box (``interpolation.box_keys``): the order the loops visit them in."""
+        return r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable")
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
@@ -362,7 +384,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     if dims > ds:
         m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
         points.append(int(m))
-        time_in, time_out = time_factors(_time_growth, int(m), float(time_width[0]))
+        time_in, time_out = time_factors(_plan(model, ds).time_kernels, int(m), float(time_width[0]))
         rank = time_in.shape[1]
     per_box = p ** ds * rank
     max_nodes = params.node_cap(n_points, rank if dims > ds else None)
@@ -393,19 +415,18 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         box_width = np.concatenate([np.full(ds, float(width)), time_width])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
     plan = _plan(model, ds)
-    if plan.n_channels > MAX_CHANNELS or len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loops' scalars
-        raise ValueError(f"fft repulsion: {plan.n_channels} charge channels and {len(plan.outputs)} outputs exceed the "
-                         f"interpolation loops' {MAX_CHANNELS} and {MAX_OUTPUTS}")
+    if len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loop's scalars
+        raise ValueError(f"fft repulsion: {len(plan.outputs)} outputs exceed the interpolation loop's {MAX_OUTPUTS}")
     return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
                 time_in, time_out)
 
 
 def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
-    """Charges of rows ``[r0, r1)`` on the grid nodes: ``(n_nodes, plan.n_channels)``, partial (sum over
-    blocks)."""
+    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)``: partial (sum over blocks)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
-    out = np.zeros((grid.n_nodes, grid.plan.n_channels))
-    spread_rows(Y, r0, r1, *grid._loop_args(grid.time_in), np.array(grid.plan.charges or (0,), dtype=np.int64), out)
+    out = np.zeros(grid.n_nodes)
+    spread_rows(Y, grid.visit_order(Y, r0, r1), *grid._loop_args(None if grid.time_in is None else grid.time_in[None]),
+                out)
     return out
 
 
@@ -420,7 +441,7 @@ def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
 def _kernel_key(grid: Grid) -> tuple:
     """What a space kernel's grid depends on: nodes, FFT lengths and node spacing per space dimension, sigma."""
     ds = grid.space_dims
-    return (grid.nodes[:ds], grid.padded(), tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)),
+    return (grid.space_nodes, grid.padded(), tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)),
             float(grid.sigma))
 
 
@@ -461,25 +482,30 @@ def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
 
 
 def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
-    """``time_kernel((tau_a - tau_b)²)`` between ``time_points`` Chebyshev nodes ``tau`` spanning ``width``."""
+    """``time_kernel(tau_a - tau_b)`` between ``time_points`` Chebyshev nodes ``tau`` spanning ``width``."""
     tau = width * _chebyshev(time_points)
-    return time_kernel((tau[:, None] - tau[None, :]) ** 2)
+    return time_kernel(tau[:, None] - tau[None, :])
 
 
-# Singular values of the time matrix kept, relative to the largest (``time_factors``).
+# Singular values of the stacked time matrices kept, relative to the largest (``time_factors``).
 TIME_RANK_TOL = 1e-9
 
 
-def time_factors(time_kernel, time_points: int, width: float) -> tuple:
-    """``(into, out_of)``, both m x r, with ``time_matrix ~ out_of @ into.T``: the truncated SVD ``T = U S V^T``
-    keeping the singular values above ``TIME_RANK_TOL`` times the largest, ``into = V_r S_r``, ``out_of = U_r``.
+def time_factors(time_kernels, time_points: int, width: float) -> tuple:
+    """``(into, out_of)``: ``into`` m x r and ``out_of`` (kernels, m, r) with ``time_matrix(kernel_q) ~
+    out_of[q] @ into.T`` for every time kernel q, one basis ``into`` for all: the truncated SVD of the
+    kernels' matrices stacked (each scaled to unit largest entry), ``[T_q / s_q] = U S V^T``, keeping the
+    singular values above ``TIME_RANK_TOL`` times the largest: ``into = V_r S_r``, ``out_of[q] = s_q U_{q,r}``.
     The time part of the kernel between points, ``sum_ab L_a(t_i) T_ab L_b(t_j)`` (Chebyshev interpolation in
-    both arguments), becomes ``sum_c u_c(t_i) v_c(t_j)`` with ``v = L @ into`` and ``u = L @ out_of``: the grid
-    holds r time components instead of m nodes.  ``exp(Δt²)`` on a time axis 3.6 wide has rank 12 at this
-    tolerance against its 26 nodes (the converged-layout tests' errors do not change)."""
-    U, s, Vt = np.linalg.svd(time_matrix(time_kernel, time_points, width))
-    r = max(1, int(np.count_nonzero(s > TIME_RANK_TOL * s[0])))
-    return np.ascontiguousarray(Vt[:r].T * s[:r]), np.ascontiguousarray(U[:, :r])
+    both arguments), becomes ``sum_c u_c(t_i) v_c(t_j)`` with ``v = L @ into`` and ``u = L @ out_of[q]``: the
+    grid holds r time components instead of m nodes, and the charges spread through ``into`` serve every
+    kernel.  ``exp(Δt²)`` and ``2 Δt exp(Δt²)`` on a time axis 3.6 wide: rank 13 of 26 nodes."""
+    mats = [time_matrix(kernel, time_points, width) for kernel in time_kernels]
+    scales = [float(np.abs(T).max()) for T in mats]
+    U, sv, Vt = np.linalg.svd(np.concatenate([T / sc for T, sc in zip(mats, scales)]))
+    r = max(1, int(np.count_nonzero(sv > TIME_RANK_TOL * sv[0])))
+    out_of = U[:, :r].reshape(len(mats), time_points, r) * np.array(scales)[:, None, None]
+    return np.ascontiguousarray(Vt[:r].T * sv[:r]), np.ascontiguousarray(out_of)
 
 
 def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: int) -> np.ndarray:
@@ -534,41 +560,56 @@ def _weighted_power(kernel, spectrum, weights):
 
 
 class Convolution(NamedTuple):
-    """``convolve``'s result: ``potentials`` at the nodes, ``(n_nodes, n_outputs)``, and ``z``, the part of Z
-    taken on the grid (``_Plan.z_kernel``; 0 when Z is interpolated from an output)."""
+    """``convolve``'s result: ``potentials`` at the nodes, ``(n_potentials, n_nodes)``, and ``z``, the part of
+    Z taken on the grid (``_Plan.z_kernel``; 0 when Z is interpolated from an output)."""
 
     potentials: np.ndarray
     z: float
 
 
+def _thread_count(workers: int) -> int:
+    """``workers`` as a thread count (scipy's ``-1``: every CPU this process may use)."""
+    return len(os.sched_getaffinity(0)) if workers < 0 else max(1, int(workers))
+
+
 def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> Convolution:
-    """Potentials at the nodes: ``sum_n K(x_m - x_n) C_n`` for each planned (kernel, charge) pair (run once
-    per evaluation, on the summed charges): zero-padded FFT convolutions over the space axes (on each time
-    component alike) in ``fft_dtype``, one charge channel at a time to bound the memory; and, if planned,
-    Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self pairs are removed per row by
-    ``interpolate``)."""
-    if charges.shape != (grid.n_nodes, grid.plan.n_channels):
-        raise ValueError(f"charges must have shape {(grid.n_nodes, grid.plan.n_channels)}, got {charges.shape}")
+    """Potentials at the nodes: ``sum_n K_c(x_m - x_n) C_n`` for each planned space kernel ``K_c`` (run once
+    per evaluation, on the summed unit charges): zero-padded FFT convolutions over the space axes in
+    ``fft_dtype``, and, if planned, Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self
+    pairs are removed per row by ``interpolate``).  A time axis' components are convolved alike, one at a
+    time on each of ``workers`` threads (one forward and one inverse transform per kernel in flight each)."""
+    if charges.shape != (grid.n_nodes,):
+        raise ValueError(f"charges must have shape {(grid.n_nodes,)}, got {charges.shape}")
     ds = grid.space_dims
     padded = grid.padded()
-    timed = grid.time_in is not None
-    potentials = np.empty((grid.n_nodes, grid.n_outputs), dtype=fft_dtype(ds))
-    z = 0.0
-    for channel in range(grid.plan.n_channels):
-        uses = [(o, k) for o, (k, c) in enumerate(grid.plan.outputs) if c == channel]
-        z_here = channel == 0 and grid.plan.z_kernel is not None
-        if not uses and not z_here:
-            continue
-        charge = charges[:, channel].reshape(grid.nodes).astype(fft_dtype(ds))
-        spectrum = _forward_padded(charge, padded, workers)
-        if z_here:
-            z = _parseval_node_sum(kernel_spectrum(grid, grid.plan.kernels[grid.plan.z_kernel], workers),
-                                   spectrum, padded)
-        for o, kernel_index in uses:
-            kernel = kernel_spectrum(grid, grid.plan.kernels[kernel_index], workers)
-            product = kernel[..., None] * spectrum if timed else kernel * spectrum
-            potentials[:, o] = _inverse_cropped(product, padded, grid.nodes, workers).ravel()
-    return Convolution(potentials, z)
+    plan = grid.plan
+    kernels = [kernel_spectrum(grid, plan.kernels[k], workers) for k in plan.potentials]
+    potentials = np.empty((grid.n_potentials, grid.n_nodes), dtype=fft_dtype(ds))
+    if grid.time_in is None:
+        spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
+        for column, kernel in enumerate(kernels):
+            potentials[column] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
+        z = 0.0
+        if plan.z_kernel is not None:
+            z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
+        return Convolution(potentials, z)
+    by_component = charges.reshape(grid.nodes)
+    out = potentials.reshape((grid.n_potentials,) + grid.nodes)
+
+    def component(c):
+        spectrum = _forward_padded(by_component[c].astype(fft_dtype(ds)), padded, 1)
+        product = np.empty_like(spectrum)
+        for column, kernel in enumerate(kernels):
+            out[column, c] = _inverse_cropped(np.multiply(kernel, spectrum, out=product), padded, grid.space_nodes, 1)
+
+    threads = min(_thread_count(workers), grid.nodes[0])
+    if threads == 1:
+        for c in range(grid.nodes[0]):
+            component(c)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(component, range(grid.nodes[0])))
+    return Convolution(potentials, 0.0)
 
 
 @dataclass(frozen=True)
@@ -605,15 +646,14 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
     When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
     and Z is that summed over blocks plus ``Convolution.z``."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
-    if potentials.shape != (grid.n_nodes, grid.n_outputs):
-        raise ValueError(f"potentials must have shape {(grid.n_nodes, grid.n_outputs)}, got {potentials.shape}")
+    if potentials.shape != (grid.n_potentials, grid.n_nodes):
+        raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
     plan = grid.plan
-    coef = np.array([f[0] for f in plan.force])
-    one = np.array([f[1] for f in plan.force], dtype=np.int64)
-    coord = np.array([f[2] for f in plan.force], dtype=np.int64)
+    columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
+    maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
     R = np.empty((grid.dims, r1 - r0))
-    z = interpolate_rows(Y, r0, r1, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), plan.z_output,
-                         grid.self_weight, coef, one, coord, R)
+    z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps,
+                         plan.z_output, grid.self_weight, np.array(plan.force, dtype=np.int64), R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims

@@ -8,11 +8,13 @@ Toeplitz), Chebyshev ``(1 - cos(pi (a + 1/2)/m))/2`` in one box spanning the tim
 with relative position ``u = (y - lo)/h - b`` gets the Lagrange weights
 ``L_a(u) = prod_{c != a} (u - x_c)/(x_a - x_c)`` per dimension, and their tensor product over dimensions for
 the nodes of its box.  The time axis (SNEST) holds, instead of its m Chebyshev nodes, the r components of the
-time kernel's low-rank factorisation (``scalemb.repulsion.fft.make_grid``): a point's m Lagrange weights are
-mapped to r component weights by an m x r matrix (one for spreading, one for interpolating).
+time kernels' low-rank factorisation (``scalemb.repulsion.fft.time_factors``): a point's m Lagrange weights are
+mapped to r component weights by an m x r matrix (one for spreading, one per time kernel for interpolating).
 
-Grids are flat, C order over the node multi-index, with the channel as the last (fastest) axis:
-``grid[node, channel]``.  A point's node weights are kept factorised (the weights per axis and their tensor
+Grids are flat, C order over the node multi-index of the loop axes (the time axis first, then the space axes):
+the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
+each time component is a contiguous space grid for the FFTs.  Points are visited box by box (``box_keys``), which
+keeps the grid entries they touch in cache.  A point's node weights are kept factorised (the weights per axis and their tensor
 product over the leading axes), so the loops over its box run along the last axis, contiguous in the grid.
 Accumulation is float64; no ``fastmath``.
 """
@@ -45,22 +47,24 @@ def box_offsets(counts, strides) -> np.ndarray:
 
 
 @njit(inline="always", error_model="numpy")
-def _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                   time_map, time_dim, lagrange, axis_weights, outer_weights, scratch):
-    """Point i's weights on the nodes of its box, factorised: ``axis_weights[k * W + c]`` (W its row width)
-    for entry c of axis k, and ``outer_weights[:n_outer]``, the tensor product over all axes but the last
-    (C order, like ``box_offsets`` of the leading axes).  Returns the flat index of the box's first node.
+def _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                   time_maps, timed, lagrange, axis_weights, outer_weights, scratch, width):
+    """Point i's weights on the nodes of its box, factorised: ``axis_weights[k * W + c]`` (W = ``width``) for
+    entry c of loop axis k (coordinate ``axes[k]``), and ``outer_weights[q, :n_outer]``, the tensor product over
+    all loop axes but the last (C order, like ``box_offsets`` of the leading axes) with time map q.  Returns the
+    flat index of the box's first node.
 
-    Per dimension k: the box ``b`` (clamped to the grid), ``u = (y - lo)/h - b`` and the Lagrange weights
-    ``L_a(u)``; on the time axis (``k == time_dim``) they are mapped to the ``counts[k]`` components,
-    ``sum_a L_a(u) time_map[a, c]``.  The node weight is ``outer_weights[o] * axis_weights[last * W + c]``; the
-    loops over a box's nodes then run over the last axis, contiguous in the grid.
+    Per axis k: the box ``b`` (clamped to the grid), ``u = (y - lo)/h - b`` and the Lagrange weights
+    ``L_a(u)``; on the time axis (``timed``: loop axis 0) they are mapped to the ``counts[0]`` components by
+    each time map q, ``sum_a L_a(u) time_maps[q, a, c]``, into row 0 for q = 0 and row ``dims - 1 + q`` after
+    it.  The node weight is ``outer_weights[q, o] * axis_weights[last * W + c]``; the loops over a box's nodes
+    then run over the last axis, contiguous in the grid.
     """
-    dims = Y.shape[0]
-    width = axis_weights.shape[0] // dims
+    dims = axes.shape[0]
+    n_maps = time_maps.shape[0] if timed else 1
     base = 0
     for k in range(dims):
-        x = (Y[k, i] - lo[k]) * inv_width[k]
+        x = (Y[axes[k], i] - lo[k]) * inv_width[k]
         b = np.int64(np.floor(x))
         if b < 0:
             b = 0
@@ -70,143 +74,157 @@ def _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positi
         base += b * counts[k] * strides[k]
         row = k * width
         pk = points[k]
+        prefix = 1.0  # L_a(u) = inv_denominators[k, a] prod_{c < a} (u - x_c) prod_{c > a} (u - x_c): O(p)
         for a in range(pk):
-            num = inv_denominators[k, a]
-            for c in range(pk):
-                if c != a:
-                    num *= u - positions[k, c]
-            lagrange[a] = num
-        if k == time_dim:
-            for c in range(counts[k]):
-                acc = 0.0
-                for a in range(pk):
-                    acc += lagrange[a] * time_map[a, c]
-                axis_weights[row + c] = acc
+            lagrange[a] = prefix * inv_denominators[k, a]
+            prefix *= u - positions[k, a]
+        suffix = 1.0
+        for a in range(pk - 1, -1, -1):
+            lagrange[a] *= suffix
+            suffix *= u - positions[k, a]
+        if timed and k == 0:
+            for q in range(n_maps):
+                row_q = 0 if q == 0 else (dims - 1 + q) * width
+                for c in range(counts[0]):
+                    acc = 0.0
+                    for a in range(pk):
+                        acc += lagrange[a] * time_maps[q, a, c]
+                    axis_weights[row_q + c] = acc
         else:
             for a in range(pk):
                 axis_weights[row + a] = lagrange[a]
-    outer_weights[0] = 1.0
-    n = 1
-    for k in range(dims - 1):
-        row = k * width
-        ck = counts[k]
-        for c in range(n):
-            wc = outer_weights[c]
-            for a in range(ck):
-                scratch[c * ck + a] = wc * axis_weights[row + a]
-        n *= ck
-        for c in range(n):
-            outer_weights[c] = scratch[c]
+    for q in range(n_maps):
+        outer_weights[q, 0] = 1.0
+        n = 1
+        for k in range(dims - 1):
+            row = (dims - 1 + q) * width if (k == 0 and q > 0) else k * width
+            ck = counts[k]
+            for c in range(n):
+                wc = outer_weights[q, c]
+                for a in range(ck):
+                    scratch[c * ck + a] = wc * axis_weights[row + a]
+            n *= ck
+            for c in range(n):
+                outer_weights[q, c] = scratch[c]
     return base
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _buffers(dims, positions, counts, outer_offsets):
-    """Scratch arrays of ``_point_weights``: Lagrange weights, axis weights, outer weights, tensor scratch."""
+def _buffers(dims, positions, counts, outer_offsets, time_maps, timed):
+    """Scratch arrays of ``_point_weights``: Lagrange weights, axis weights (one row per axis and one per
+    further time map), outer weights (per time map), tensor scratch; and the row width."""
     width = max(positions.shape[1], counts.max())
+    n_maps = time_maps.shape[0] if timed else 1
     n_outer = outer_offsets.shape[0]
-    return np.empty(positions.shape[1]), np.empty(dims * width), np.empty(n_outer), np.empty(n_outer)
-
-
-# Most charge channels (the unit charge and up to d <= 4 coordinates) and potential outputs the loops below
-# handle (the plans use at most 2 channels and 5 outputs, SNEST R^{3,1}).  They hold channels and outputs in
-# scalars, with loop-invariant guards for the unused ones: indexing a small array by a run-time channel count instead
-# measured 2-4x slower (the array may alias the grid, so every access reloads it).
-MAX_CHANNELS = 5
-MAX_OUTPUTS = 6
+    return (np.empty(positions.shape[1]), np.empty((dims + n_maps - 1) * width), np.empty((n_maps, n_outer)),
+            np.empty(n_outer), width)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def spread_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions, inv_denominators,
-                outer_offsets, time_map, time_dim, charge_coords, grid):
-    """Add the charges of rows ``[r0, r1)`` to ``grid`` (``(n_nodes, channels)``, ``channels <=
-    MAX_CHANNELS``): channel 0 the unit charge, channel c > 0 the centred coordinate ``y_k - centre_k`` of
-    ``k = charge_coords[c - 1]``, each times the node's interpolation weight.  ``outer_offsets``:
+def box_keys(Y, r0, r1, axes, lo, inv_width, n_boxes):
+    """Flat box index of rows ``[r0, r1)`` (C order over the loop axes), to visit the points box by box."""
+    keys = np.empty(r1 - r0, dtype=np.int64)
+    for i in range(r0, r1):
+        key = 0
+        for k in range(axes.shape[0]):
+            b = np.int64(np.floor((Y[axes[k], i] - lo[k]) * inv_width[k]))
+            key = key * n_boxes[k] + min(max(b, 0), n_boxes[k] - 1)
+        keys[i - r0] = key
+    return keys
+
+
+# Most interpolated outputs the loop below handles (SNEST R^{3,1}: Z, the time force and 3 space forces).  It
+# holds them in scalars, with loop-invariant guards for the unused ones: indexing a small array by a run-time
+# output count instead measured 2-4x slower (the array may alias the grid, so every access reloads it).
+MAX_OUTPUTS = 5
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                outer_offsets, time_maps, timed, grid):
+    """Add the unit charges of rows ``order`` to ``grid`` (flat, ``(n_nodes,)``): each point adds its
+    interpolation weight to the nodes of its box (time axis: through ``time_maps[0]``).  ``outer_offsets``:
     ``box_offsets`` of the leading axes."""
-    dims = Y.shape[0]
-    channels = grid.shape[1]
+    dims = axes.shape[0]
     last = dims - 1
     inner = counts[last]
-    lagrange, axis_weights, outer_weights, scratch = _buffers(dims, positions, counts, outer_offsets)
-    row_last = last * (axis_weights.shape[0] // dims)
-    for i in range(r0, r1):
-        base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                              time_map, time_dim, lagrange, axis_weights, outer_weights, scratch)
-        c1 = c2 = c3 = c4 = 0.0
-        if channels > 1:
-            c1 = Y[charge_coords[0], i] - centre[charge_coords[0]]
-        if channels > 2:
-            c2 = Y[charge_coords[1], i] - centre[charge_coords[1]]
-        if channels > 3:
-            c3 = Y[charge_coords[2], i] - centre[charge_coords[2]]
-        if channels > 4:
-            c4 = Y[charge_coords[3], i] - centre[charge_coords[3]]
+    lagrange, axis_weights, outer_weights, scratch, width = _buffers(dims, positions, counts, outer_offsets,
+                                                                     time_maps, timed)
+    row_last = last * width
+    for i in order:
+        base = _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+                              inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
+                              width)
         for o in range(outer_offsets.shape[0]):
             first = base + outer_offsets[o]
-            wo = outer_weights[o]
+            wo = outer_weights[0, o]
             for c in range(inner):
-                w = wo * axis_weights[row_last + c]
-                node = first + c
-                grid[node, 0] += w
-                if channels > 1:
-                    grid[node, 1] += w * c1
-                if channels > 2:
-                    grid[node, 2] += w * c2
-                if channels > 3:
-                    grid[node, 3] += w * c3
-                if channels > 4:
-                    grid[node, 4] += w * c4
+                grid[first + c] += wo * axis_weights[row_last + c]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def interpolate_rows(Y, r0, r1, lo, inv_width, centre, n_boxes, points, counts, strides, positions,
-                     inv_denominators, outer_offsets, time_map, time_dim, potentials, z_output, self_weight,
-                     force_coef, force_one, force_coord, R):
-    """Interpolate the potentials (``(n_nodes, n_outputs)``, ``n_outputs <= MAX_OUTPUTS``) at rows ``[r0, r1)``.
-
-    With ``phi_o(y_i)`` the interpolated outputs: ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
-    ``z_output < 0``: Z is then taken on the grid) and, per dimension k,
-    ``R[k, i - r0] = coef_k ((y_ik - centre_k) phi_one(y_i) - phi_coord(y_i))``, or ``coef_k phi_coord(y_i)``
-    when ``one_k < 0``.  Returns ``sum_i Z_i``.
+def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+                     inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns, output_maps,
+                     z_output, self_weight, force_outputs, R):
+    """Interpolate at rows ``order`` (all in ``[r0, r0 + R.shape[1])``) the outputs ``phi_o`` (``o <
+    MAX_OUTPUTS``): row ``output_columns[o]`` of ``potentials`` (``(columns, n_nodes)``), read on the time axis
+    through time map ``output_maps[o]`` (0 or 1).  ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
+    ``z_output < 0``: Z is then taken on the grid) and ``R[k, i - r0] = phi_{force_outputs[k]}(y_i)``.
+    Returns ``sum_i Z_i``.
     """
-    dims = Y.shape[0]
+    dims = axes.shape[0]
     last = dims - 1
     inner = counts[last]
-    n_out = potentials.shape[1]
-    lagrange, axis_weights, outer_weights, scratch = _buffers(dims, positions, counts, outer_offsets)
-    row_last = last * (axis_weights.shape[0] // dims)
+    n_out = output_columns.shape[0]
+    lagrange, axis_weights, outer_weights, scratch, width = _buffers(dims, positions, counts, outer_offsets,
+                                                                     time_maps, timed)
+    row_last = last * width
+    two = timed and time_maps.shape[0] > 1
+    v0 = potentials[output_columns[0]]
+    v1 = potentials[output_columns[min(1, n_out - 1)]]
+    v2 = potentials[output_columns[min(2, n_out - 1)]]
+    v3 = potentials[output_columns[min(3, n_out - 1)]]
+    v4 = potentials[output_columns[min(4, n_out - 1)]]
+    m0 = output_maps[0] == 1
+    m1 = output_maps[min(1, n_out - 1)] == 1
+    m2 = output_maps[min(2, n_out - 1)] == 1
+    m3 = output_maps[min(3, n_out - 1)] == 1
+    m4 = output_maps[min(4, n_out - 1)] == 1
     phi = np.empty(MAX_OUTPUTS)
     z = 0.0
-    for i in range(r0, r1):
-        base = _point_weights(Y, i, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                              time_map, time_dim, lagrange, axis_weights, outer_weights, scratch)
-        p0 = p1 = p2 = p3 = p4 = p5 = 0.0
+    for i in order:
+        base = _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+                              inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
+                              width)
+        p0 = p1 = p2 = p3 = p4 = 0.0
         for o in range(outer_offsets.shape[0]):
             first = base + outer_offsets[o]
-            wo = outer_weights[o]
+            wa = outer_weights[0, o]
+            wb = outer_weights[1, o] if two else wa
+            s0 = s1 = s2 = s3 = s4 = 0.0
             for c in range(inner):
-                w = wo * axis_weights[row_last + c]
+                w = axis_weights[row_last + c]
                 node = first + c
-                p0 += w * potentials[node, 0]
+                s0 += w * v0[node]
                 if n_out > 1:
-                    p1 += w * potentials[node, 1]
+                    s1 += w * v1[node]
                 if n_out > 2:
-                    p2 += w * potentials[node, 2]
+                    s2 += w * v2[node]
                 if n_out > 3:
-                    p3 += w * potentials[node, 3]
+                    s3 += w * v3[node]
                 if n_out > 4:
-                    p4 += w * potentials[node, 4]
-                if n_out > 5:
-                    p5 += w * potentials[node, 5]
-        phi[0], phi[1], phi[2], phi[3], phi[4], phi[5] = p0, p1, p2, p3, p4, p5
+                    s4 += w * v4[node]
+            p0 += (wb if m0 else wa) * s0
+            p1 += (wb if m1 else wa) * s1
+            p2 += (wb if m2 else wa) * s2
+            p3 += (wb if m3 else wa) * s3
+            p4 += (wb if m4 else wa) * s4
+        phi[0], phi[1], phi[2], phi[3], phi[4] = p0, p1, p2, p3, p4
         if z_output >= 0:
             z += phi[z_output]
         z -= self_weight
-        for k in range(dims):
-            if force_one[k] < 0:
-                R[k, i - r0] = force_coef[k] * phi[force_coord[k]]
-            else:
-                R[k, i - r0] = force_coef[k] * ((Y[k, i] - centre[k]) * phi[force_one[k]] - phi[force_coord[k]])
+        for k in range(R.shape[0]):
+            R[k, i - r0] = phi[force_outputs[k]]
     return z
 
 
