@@ -174,13 +174,17 @@ def _node_weights(grid, Y, time_map):
     return W
 
 
+@pytest.mark.parametrize("by_box", [False, True])
 @pytest.mark.parametrize("model,ds,dt", CASES)
-def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
+def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt, by_box, monkeypatch):
     """``spread`` is ``W^T 1`` and ``interpolate`` reads each output's potential column through its time map,
     ``W_map potentials[column]`` (``W`` the dense node weights); the loop holds outputs in scalars up to
-    ``MAX_OUTPUTS``.  The rows are given in an order unrelated to their boxes (the loops sort them)."""
+    ``MAX_OUTPUTS``.  The rows come in an order unrelated to their boxes; ``by_box``: the loops visit them box
+    by box (``Grid.visit_order``, used for large grids)."""
+    from scalemb.repulsion import fft
     from scalemb.repulsion.interpolation import MAX_OUTPUTS
 
+    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", -1 if by_box else 2 ** 62)
     rng = np.random.default_rng(ds + 3 * dt)
     Y = _clustered_layout(40, ds, dt, 2.0, rng)
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
@@ -198,6 +202,9 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt):
         np.testing.assert_allclose(R[k], phi[:, output], rtol=1e-10, atol=1e-10 * np.abs(phi[:, output]).max())
     R5, z5 = interpolate(grid, Y, potentials, 5, 33)
     np.testing.assert_allclose(R5, R[:, 5:33], rtol=1e-12, atol=1e-14)
+    order = grid.visit_order(Y, 5, 33)
+    assert sorted(order) == list(range(5, 33))
+    assert (order != np.arange(5, 33)).any() == by_box  # clustered rows in random order: sorting moves some
 
 
 def test_time_kernel_factors_have_low_rank():

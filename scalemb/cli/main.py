@@ -12,7 +12,7 @@ from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpoin
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
-from ..repulsion import REPULSION_METHODS, FFTParams
+from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -97,14 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
                      help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
                           "(default: fft from the measured crossover N)")
+    defaults = ", ".join(f"{model} R^{ds}: {p} in {w:g}" for (model, ds), (p, w) in DEFAULT_INTERPOLATION.items())
     emb.add_argument("--fft-points", type=_positive_int, default=None,
-                     help="fft: interpolation points per box and dimension (default per model and dimension: "
-                          "t-SNE R^2 and SNEST R^{2,1} 6, otherwise 4)")
+                     help=f"fft: interpolation points per box and space dimension (defaults, points in box width: "
+                          f"{defaults})")
     emb.add_argument("--fft-box-width", type=float, default=None,
-                     help="fft: space box width (default per model and dimension: t-SNE R^2 1, R^1/R^3 0.5; "
-                          "SNE 0.25; SNEST R^{2,1} 1, R^{1,1}/R^{3,1} 0.4)")
+                     help="fft: space box width (default per model and dimension, see --fft-points)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
-                     help="fft: cap on the grid's node count (default min(2^22, max(2^14, 16 N)) r, with r time "
+                     help="fft: cap on the grid's node count (default min(2^23, max(2^14, 16 N)) r, with r time "
                           "components, 1 without time)")
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
