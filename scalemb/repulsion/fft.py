@@ -228,18 +228,24 @@ class _Plan:
 
 
 def _plan(model: str, space_dims: int) -> _Plan:
+    """The convolutions and outputs of ``model`` in ``space_dims`` dimensions (module docstring)."""
     ds = space_dims
-    forces = tuple((1 + k, 0) for k in range(ds))  # force kernel k, read through the first time map
-    if model == "tsne":
-        kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
-        return _Plan(kernels, (), tuple(range(1, ds + 1)), tuple((k, 0) for k in range(ds)), -1, tuple(range(ds)),
-                     0)
-    if model == "sne":
-        kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in range(ds))
-        return _Plan(kernels, (), tuple(range(ds + 1)), ((0, 0),) + forces, 0, tuple(range(1, ds + 1)))
-    kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in range(ds))
-    return _Plan(kernels, (_time_growth, _time_force), tuple(range(ds + 1)), ((0, 0), (0, 1)) + forces, 0,
-                 tuple(range(2, ds + 2)) + (1,))
+    space = tuple(range(ds))
+    if model == "tsne":  # columns: the force kernels; Z from kernel 0 by Parseval
+        kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
+        return _Plan(kernels, time_kernels=(), potentials=tuple(1 + k for k in space),
+                     outputs=tuple((k, 0) for k in space), z_output=-1, force=space, z_kernel=0)
+    if model == "sne":  # columns: w, then the force kernels
+        kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in space)
+        return _Plan(kernels, time_kernels=(), potentials=(0,) + tuple(1 + k for k in space),
+                     outputs=((0, 0),) + tuple((1 + k, 0) for k in space), z_output=0,
+                     force=tuple(1 + k for k in space))
+    # SNEST, columns: q, then the force kernels; outputs: Z (q through exp(Δt²)), the time force (q through
+    # 2Δt exp(Δt²)), the space forces (through exp(Δt²))
+    kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
+    return _Plan(kernels, time_kernels=(_time_growth, _time_force), potentials=(0,) + tuple(1 + k for k in space),
+                 outputs=((0, 0), (0, 1)) + tuple((1 + k, 0) for k in space), z_output=0,
+                 force=tuple(2 + k for k in space) + (1,))
 
 
 def check_supported(model: str, space_dims: int, time_dims: int) -> None:
