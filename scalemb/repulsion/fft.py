@@ -391,6 +391,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     extent = hi - lo
     time_width = np.where(extent[ds:] > 0, extent[ds:], 1.0)  # one box spans the time axis
     params = params.resolved(model, ds)
+    plan = _plan(model, ds)
     p = int(params.points)
     points = [p] * ds
     time_in = time_out = None
@@ -398,7 +399,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
     if dims > ds:
         m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
         points.append(int(m))
-        time_in, time_out = time_factors(_plan(model, ds).time_kernels, int(m), float(time_width[0]))
+        time_in, time_out = time_factors(plan.time_kernels, int(m), float(time_width[0]))
         rank = time_in.shape[1]
     per_box = p ** ds * rank
     max_nodes = params.node_cap(n_points, rank if dims > ds else None)
@@ -428,7 +429,6 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         # evaluation to the next, and so does the kernel's spectrum while the box count does (kernel_spectrum)
         box_width = np.concatenate([np.full(ds, float(width)), time_width])
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
-    plan = _plan(model, ds)
     if len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loop's scalars
         raise ValueError(f"fft repulsion: {len(plan.outputs)} outputs exceed the interpolation loop's {MAX_OUTPUTS}")
     return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
