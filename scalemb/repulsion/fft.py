@@ -666,8 +666,9 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
     columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
     maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
     R = np.empty((grid.dims, r1 - r0))
-    z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps,
-                         plan.z_output, grid.self_weight, np.array(plan.force, dtype=np.int64), R)
+    z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out),
+                         np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
+                         np.array(plan.force, dtype=np.int64), R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims

@@ -13,9 +13,10 @@ mapped to r component weights by an m x r matrix (one for spreading, one per tim
 
 Grids are flat, C order over the node multi-index of the loop axes (the time axis first, then the space axes):
 the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
-each time component is a contiguous space grid for the FFTs.  Points are visited box by box (``box_keys``), which
-keeps the grid entries they touch in cache.  A point's node weights are kept factorised (the weights per axis and their tensor
-product over the leading axes), so the loops over its box run along the last axis, contiguous in the grid.
+each time component is a contiguous space grid for the FFTs.  The loops visit the rows in the order they are
+given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
+A point's node weights are kept factorised (the weights per axis and their tensor product over the leading
+axes), so the loops over its box run along the last axis, contiguous in the grid.
 Accumulation is float64; no ``fastmath``.
 """
 import numpy as np
@@ -47,6 +48,13 @@ def box_offsets(counts, strides) -> np.ndarray:
 
 
 @njit(inline="always", error_model="numpy")
+def _box(x, n_boxes):
+    """The box of grid coordinate ``x = (y - lo)/h``, clamped to ``[0, n_boxes)``."""
+    b = np.int64(np.floor(x))
+    return min(max(b, 0), n_boxes - 1)
+
+
+@njit(inline="always", error_model="numpy")
 def _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
                    time_maps, timed, lagrange, axis_weights, outer_weights, scratch, width):
     """Point i's weights on the nodes of its box, factorised: ``axis_weights[k * W + c]`` (W = ``width``) for
@@ -65,11 +73,7 @@ def _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, 
     base = 0
     for k in range(dims):
         x = (Y[axes[k], i] - lo[k]) * inv_width[k]
-        b = np.int64(np.floor(x))
-        if b < 0:
-            b = 0
-        elif b > n_boxes[k] - 1:
-            b = n_boxes[k] - 1
+        b = _box(x, n_boxes[k])
         u = x - b
         base += b * counts[k] * strides[k]
         row = k * width
@@ -127,8 +131,7 @@ def box_keys(Y, r0, r1, axes, lo, inv_width, n_boxes):
     for i in range(r0, r1):
         key = 0
         for k in range(axes.shape[0]):
-            b = np.int64(np.floor((Y[axes[k], i] - lo[k]) * inv_width[k]))
-            key = key * n_boxes[k] + min(max(b, 0), n_boxes[k] - 1)
+            key = key * n_boxes[k] + _box((Y[axes[k], i] - lo[k]) * inv_width[k], n_boxes[k])
         keys[i - r0] = key
     return keys
 
