@@ -181,15 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _refuse_existing(path, overwrite: bool):
-    from pathlib import Path
+def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
+    """Refuse an output that exists without --overwrite, that scalemb did not write, or that is an input."""
+    from ..io.atomic import check_output_path
 
-    if Path(path).exists() and not overwrite:
-        raise ScalembError(f"{path}: already exists (pass --overwrite to replace it)")
+    check_output_path(path, overwrite, inputs, kind)
 
 
 def _affinity(args) -> int:
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.input,))
     if args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
@@ -213,7 +213,7 @@ def _affinity(args) -> int:
 def _generate(args) -> int:
     from ..io.coauthor_generator import write_coauthor_edge_list
 
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, kind="file")
     write_coauthor_edge_list(args.out, args.authors, seed=args.seed, edges_per_author=args.edges_per_author)
     print(f"wrote {args.out}")
     return 0
@@ -222,7 +222,7 @@ def _generate(args) -> int:
 def _plot(args) -> int:
     from ..plot import save_plot
 
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.run,), kind="file")
     save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title)
     print(f"wrote {args.out}")
     return 0
@@ -268,7 +268,7 @@ def _embed(args) -> int:
                         scheduler=args.scheduler, workers=args.workers,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.input,))
     with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:
         result = embedder.fit(args.input, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
     return _report(args.out, result)

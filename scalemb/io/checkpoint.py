@@ -32,7 +32,7 @@ from .._version import __version__
 from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
-from .atomic import atomic_directory
+from .atomic import atomic_directory, check_output_path, hidden_sibling, recover_directory, replace_directory
 from .results import _json_safe
 
 logger = logging.getLogger("scalemb")
@@ -82,6 +82,7 @@ def input_hash(provenance: dict, executor, node_ids) -> str:
 def read_config(path) -> dict:
     """The run configuration of a checkpointed store; ``ScalembError`` (one line) if ``path`` is not one."""
     path = Path(path)
+    recover_directory(path)
     if not path.exists():
         raise ScalembError(f"{path}: no such checkpointed run")
     try:
@@ -199,6 +200,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._previous_handlers = {}
         self._created = False
+        self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
 
     # -- signals ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -243,10 +245,17 @@ class Checkpointer:
                   "checkpoint_every": self.every, "scalemb_version": __version__,
                   "embedder": _embedder_arguments(embedder, executor)}
         if not self.resume:
-            create_store(self.path, _json_safe(config), self.overwrite)
+            check_output_path(self.path, self.overwrite, inputs=(data,))
+            if self.path.exists():  # scalemb's own output: keep it until the new result is complete
+                self.target, self.path = self.path, self.path.with_name(self.path.name + ".next")
+                check_output_path(self.path, True, inputs=(data,))
+            config["replaces"] = None if self.target is None else str(self.target.resolve())
+            create_store(self.path, _json_safe(config), overwrite=True)
             self._created = True
             return None
         stored = read_config(self.path)["config"]
+        if stored.get("replaces"):
+            self.target = Path(stored["replaces"])
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
         if checkpoint is not None and checkpoint.iteration > embedder.iterations:
@@ -279,8 +288,18 @@ class Checkpointer:
         return name
 
     def finish(self, result) -> Path:
-        """Replace the checkpoints by the final result (``scalemb.io.results`` layout)."""
-        return result.save(self.path, overwrite=True)
+        """Replace the checkpoints by the final result (``scalemb.io.results`` layout).  A run started with
+        ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in one atomic
+        step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""
+        if self.target is None:
+            return result.save(self.path, overwrite=True)
+        check_output_path(self.target, True)
+        staged = hidden_sibling(self.target, "tmp")
+        result.save(staged)
+        replace_directory(staged, self.target)
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path = self.target
+        return self.target
 
 
 def _embedder_arguments(embedder, executor) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 
 from ..errors import ScalembError
-from .atomic import atomic_directory
+from .atomic import atomic_directory, recover_directory
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 
@@ -45,6 +45,7 @@ def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Pa
 def read_result(path) -> tuple[dict, dict]:
     """Read a result group: ``(arrays, attrs)`` with NumPy arrays."""
     path = Path(path)
+    recover_directory(path)
     if not path.exists():
         raise ScalembError(f"{path}: no such result")
     group = zarr.open_group(store=str(path), mode="r")
