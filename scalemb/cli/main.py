@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=_positive_int, default=8000)
     srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on the Dask cluster at ADDRESS")
     srv.add_argument("--token-file", help="file holding the bearer token (else $SCALEMB_TOKEN)")
-    srv.add_argument("--insecure-no-auth", action="store_true", help="serve without authentication")
+    srv.add_argument("--insecure-no-auth", action="store_true", help="serve without authentication (loopback "
+                                                                     "--host only, unless also --allow-remote-no-auth)")
+    srv.add_argument("--allow-remote-no-auth", action="store_true",
+                     help="with --insecure-no-auth: also on a non-loopback --host (anyone who reaches it runs jobs)")
     srv.add_argument("--max-queue", type=_positive_int, default=64, help="queued jobs before 429 (default 64)")
     srv.add_argument("--max-running", type=_positive_int, default=2, help="jobs run at once (default 2)")
     srv.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
@@ -244,6 +247,9 @@ def _serve(args) -> int:
             raise ScalembError(f"{args.token_file}: cannot read the token file ({exc.strerror})") from None
     if token is None and not args.insecure_no_auth:
         raise ScalembError("no bearer token: set SCALEMB_TOKEN or pass --token-file (or --insecure-no-auth)")
+    if args.insecure_no_auth and not args.allow_remote_no_auth and not _is_loopback(args.host):
+        raise ScalembError(f"--insecure-no-auth with --host {args.host} (not loopback) would serve anyone without "
+                           "a token; add --allow-remote-no-auth to confirm")
     root = Path(args.data_root)
     if not root.is_dir():
         raise ScalembError(f"{root}: data root is not a directory")
@@ -251,9 +257,19 @@ def _serve(args) -> int:
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
                            max_upload_bytes=args.max_upload_mb * 1024 * 1024)
-    print(f"scalemb serve: http://{args.host}:{args.port} data root {root.resolve()}", file=sys.stderr, flush=True)
     serve(config, host=args.host, port=args.port)
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _embed(args) -> int:

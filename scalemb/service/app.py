@@ -8,6 +8,7 @@ import hmac
 import io
 import os
 import re
+import sys
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -234,9 +235,57 @@ def create_app(config: ServiceConfig) -> FastAPI:
     return app
 
 
+def lock_data_root(root: Path):
+    """An exclusive, non-blocking ``flock`` on ``DATA_ROOT/.scalemb-serve.lock`` held for the process's life
+    (the returned file object); ``ScalembError`` if another ``scalemb serve`` holds it.  Two services on one
+    data root would requeue and resume each other's jobs."""
+    import fcntl
+
+    from ..errors import ScalembError
+
+    handle = open(Path(root) / ".scalemb-serve.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ScalembError("the data root is in use by another scalemb serve (lock .scalemb-serve.lock held); "
+                           "stop it first") from None
+    return handle
+
+
+def bind_socket(host: str, port: int):
+    """A listening TCP socket on ``host:port``, bound before any job runs; ``ScalembError`` if it is busy."""
+    import socket
+
+    from ..errors import ScalembError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ScalembError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ScalembError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def serve(config: ServiceConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the service with uvicorn until SIGINT/SIGTERM; running jobs checkpoint and resume on restart."""
+    """Run the service with uvicorn until SIGINT/SIGTERM; running jobs checkpoint and resume on restart.
+    Order: lock the data root, bind the port, then start the application (and its job runner)."""
     import uvicorn
 
-    uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning",
-                                  access_log=False)).run()
+    lock = lock_data_root(config.data_root)
+    sock = bind_socket(host, port)
+    print(f"scalemb serve: http://{host}:{port} data root {Path(config.data_root).resolve()}", file=sys.stderr,
+          flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning",
+                                      access_log=False)).run(sockets=[sock])
+    finally:
+        sock.close()
+        lock.close()
