@@ -1,10 +1,17 @@
 """Defects of ``scalemb serve`` found by trying to break it (issue 23), each reproduced against a real service."""
 import os
-import sqlite3
+import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
+
+import scalemb
+from scalemb.embedding import EmbeddingResult
+from scalemb.service.stores import clean_stores
 
 from .test_service import TOKEN, Service, _free_port
 
@@ -49,3 +56,58 @@ def test_no_auth_on_a_non_loopback_host_needs_a_second_flag(tmp_path):
     proc = serve_once(tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port", str(_free_port()))
     assert proc.returncode == 2 and "--allow-remote-no-auth" in proc.stderr and proc.stderr.count("\n") == 1
     assert not (tmp_path / "jobs.sqlite3").exists()
+
+
+def _private_tmp_prefix(directory):
+    """A command prefix running the service with ``directory`` mounted as a private tmpfs (its own mount
+    namespace): the Dask workers then cannot see anything the service writes there, as on Kubernetes where
+    the service pod's /tmp is not the workers'.  Empty where unprivileged (the store checks still apply)."""
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$@"',
+              str(directory)]
+    if shutil.which("unshare") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        return []
+    return prefix
+
+
+def test_cluster_jobs_on_uploads_edge_lists_and_datasets_read_data_root_stores(tmp_path, dask_cluster):
+    root = tmp_path / "root"
+    root.mkdir()
+    private = tmp_path / "service-tmp"
+    private.mkdir()
+    prefix = _private_tmp_prefix(private)
+    svc = Service(root, "--scheduler", dask_cluster.address, prefix=prefix, env={"TMPDIR": str(private)})
+    try:
+        edges = "# t\n10 20\n20 30\n30 10\n30 40\n40 50\n50 10\n"
+        assert svc.json("PUT", "/uploads/up.txt", raw=edges.encode())[0] == 201
+        (root / "e.txt").write_text(edges + "50 60\n")
+        jobs = {}
+        for name in ("school", "uploads/up.txt", "e.txt", "school"):
+            status, job = svc.json("POST", "/jobs", {"input": name, "model": "tsne", "iterations": 40, "seed": 1})
+            assert status == 201, job
+            jobs.setdefault(name, []).append(job["id"])
+        # the upload is an input of a queued/running job: it cannot be replaced under it
+        status, err = svc.json("PUT", "/uploads/up.txt", raw=b"1 2\n")
+        assert status in (409, 201) and (status == 201 or "input of a queued or running job" in err["detail"])
+        for name, ids in jobs.items():
+            for job_id in ids:
+                record = svc.wait(job_id)
+                assert record["state"] == "done", (name, record)
+        stores = sorted((root / "stores").glob("*.zarr"))
+        assert len(stores) == 3  # one per distinct input; the second school job reused its store
+        for name, ids in jobs.items():
+            result = EmbeddingResult.load(root / "jobs" / ids[0] / "run.zarr")
+            assert result.provenance["executor"] == "dask"
+            assert Path(result.provenance["store"]).parent == (root / "stores").resolve()
+            if name == "school":
+                here = scalemb.embed("school", model="tsne", iterations=40, seed=1)
+                assert np.allclose(result.embedding, here.embedding, rtol=1e-8, atol=1e-10)
+        assert not list(private.iterdir())  # nothing was left in the service's temporary directory
+    finally:
+        svc.stop()
+    # the cleaning rule: unused and last used over ttl ago -> deleted
+    old = time.time() - 3 * 3600
+    os.utime(stores[0], (old, old))
+    assert clean_stores(root, [], ttl_hours=1) == [stores[0]]
+    assert sorted((root / "stores").glob("*.zarr")) == stores[1:]
+    os.utime(stores[1], (old, old))
+    assert clean_stores(root, [str(stores[1])], ttl_hours=1) == []  # in use by a job: kept

@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"checkpoint running jobs every K iterations (default {DEFAULT_CHECKPOINT_EVERY})")
     srv.add_argument("--threads", type=_positive_int, default=None, help="threads per in-process job")
+    srv.add_argument("--store-ttl-hours", type=float, default=24.0,
+                     help="with --scheduler: delete DATA_ROOT/stores entries unused this long (default 24)")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
     srv.add_argument("--quiet", action="store_true")
     return parser
@@ -256,7 +258,7 @@ def _serve(args) -> int:
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
-                           max_upload_bytes=args.max_upload_mb * 1024 * 1024)
+                           max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours)
     serve(config, host=args.host, port=args.port)
     return 0
 

@@ -42,6 +42,7 @@ class ServiceConfig:
     max_request_bytes: int = 64 * 1024
     max_upload_bytes: int = 256 * 1024 * 1024
     n_threads: int | None = None
+    store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
 
 
 class JobRequest(BaseModel):
@@ -110,7 +111,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         store = JobStore(root / "jobs.sqlite3")
         state["store"] = store
         state["runner"] = JobRunner(store, root, config.max_running, config.max_queue, config.scheduler,
-                                    config.checkpoint_every, config.n_threads)
+                                    config.checkpoint_every, config.n_threads, config.store_ttl_hours)
         yield
         state["runner"].stop()
         store.close()
@@ -215,9 +216,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
     async def upload(name: str, request: Request):
         """Store the raw request body as ``uploads/NAME`` (an edge list, optionally gzipped); use
         ``"input": "uploads/NAME"`` in ``POST /jobs``."""
-        if not UPLOAD_NAME.match(name):
-            raise HTTPException(400, f"upload name {name!r}: use letters, digits, '.', '_' and '-' only")
+        if not UPLOAD_NAME.fullmatch(name):
+            raise HTTPException(400, f"upload name {name[:80]!r}: use letters, digits, '.', '_' and '-' only")
         target = root / "uploads" / name
+        if state["runner"].in_use(target):
+            raise HTTPException(409, f"uploads/{name} is the input of a queued or running job; upload under "
+                                     "another name")
         tmp = target.with_name(f".{name}.{time.monotonic_ns()}.part")
         size = 0
         try:
