@@ -30,7 +30,7 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
-from ..io.edgelist import _open_text, _parse_id, _parse_weight
+from ..io.edgelist import MAX_WEIGHT, MIN_WEIGHT, _open_text, _parse_id, _parse_weight
 from .store import default_chunk_nnz, write_store_metadata
 
 AFFINITIES = ("coauthorship", "normalized")
@@ -82,7 +82,7 @@ def _parse_lines(lines, first_line, path, sep) -> np.ndarray:
             edges["src"], edges["dst"] = parsed["src"], parsed["dst"]
             edges["weight"] = parsed["weight"] if n_fields == 3 else 1.0
             weight = edges["weight"]
-            if np.all(np.isfinite(weight) & (weight > 0)):
+            if np.all((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT)):
                 return edges
     return _parse_lines_slowly(lines, first_line, path, sep)
 

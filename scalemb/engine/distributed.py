@@ -32,7 +32,7 @@ import numpy as np
 
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
-from ..errors import ScalembError
+from ..errors import InputError, ScalembError
 from ..models import get_model
 from ..repulsion.fft import FFTParams
 from ..repulsion.method import resolve_repulsion_settings
@@ -156,6 +156,7 @@ class DaskExecutor:
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
+        self.store.verify_hash()
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      self.store.n_points, fft_params)
         self.model = model
@@ -184,6 +185,9 @@ class DaskExecutor:
             self._holders = self._run(self._wait_for_partitions)
         except SchedulerLostError:
             raise
+        except InputError as exc:  # the store's structure, checked where a partition is read
+            self.close()
+            raise InputError(exc.path, exc.reason, exc.line) from None
         except Exception as exc:  # noqa: BLE001 - whatever the workers' read raised
             self.close()
             raise ScalembError(f"the Dask workers could not read the affinity store {path} "
