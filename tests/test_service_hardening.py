@@ -1,6 +1,9 @@
 """Defects of ``scalemb serve`` found by trying to break it (issue 23), each reproduced against a real service."""
+import http.client
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 
 import scalemb
+from scalemb.affinity.store import write_affinity_store
 from scalemb.embedding import EmbeddingResult
 from scalemb.service.stores import clean_stores
 
@@ -111,3 +115,75 @@ def test_cluster_jobs_on_uploads_edge_lists_and_datasets_read_data_root_stores(t
     assert sorted((root / "stores").glob("*.zarr")) == stores[1:]
     os.utime(stores[1], (old, old))
     assert clean_stores(root, [str(stores[1])], ttl_hours=1) == []  # in use by a job: kept
+
+
+def _chunked_post(port, path, chunks, token=TOKEN):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=iter(chunks), encode_chunked=True,
+                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+                              "Transfer-Encoding": "chunked"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_limits_and_validation_are_early_one_line_and_never_echo(service, tmp_path):
+    filler = b"A" * 65536
+    status, body = _chunked_post(service.port, "/jobs", [b'{"input": "school", "bogus": "'] + [filler] * 80 +
+                                 [b'"}'])
+    assert status == 413 and len(body) < 500 and b"AAAA" not in body
+    for request, fragment in (({"input": "school", "seed": -1}, "seed"),
+                              ({"input": "school", "model": "tsne", "time": 1}, "time dimensions"),
+                              ({"input": "school", "model": "tsne", "space": 16, "repulsion": "fft"}, "fft"),
+                              ({"input": "school", "bogus": "B" * 30000}, "bogus")):
+        status, err = service.json("POST", "/jobs", request)
+        assert status == 422 and isinstance(err["detail"], str) and fragment in err["detail"], err
+        assert "\n" not in err["detail"] and "BBBB" not in err["detail"]
+    for raw in (json.dumps({"input": "x" * 5000}).encode(), b'{"input": "a\\ud800b"}'):
+        status, content, headers = service.request("POST", "/jobs", raw=raw,
+                                                   headers={"Content-Type": "application/json"})
+        assert status == 400 and headers["content-type"] == "application/json", (status, content[:200])
+    assert service.request("PUT", "/uploads/nl.txt%0A", raw=b"1 2\n")[0] == 400
+    assert not list((tmp_path / "uploads").iterdir())
+    # a failing job's error names the input relative to the data root
+    assert service.json("PUT", "/uploads/bad.txt", raw=b"1 2\n2 x\n")[0] == 201
+    _, job = service.json("POST", "/jobs", {"input": "uploads/bad.txt", "iterations": 5})
+    record = service.wait(job["id"])
+    assert record["state"] == "failed" and "uploads/bad.txt:2" in record["error"]
+    assert str(tmp_path) not in json.dumps(record)
+
+
+def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(service, tmp_path, school_affinity):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    write_affinity_store(outside / "P.zarr", school_affinity, n_partitions=2)
+    inside = tmp_path / "P.zarr"
+    inside.mkdir()
+    for entry in (outside / "P.zarr").iterdir():
+        if entry.name == "data":
+            (inside / "data").symlink_to(entry)
+        elif entry.is_dir():
+            shutil.copytree(entry, inside / entry.name)
+        else:
+            shutil.copy(entry, inside / entry.name)
+    status, err = service.json("POST", "/jobs", {"input": "P.zarr", "iterations": 5})
+    assert status == 403 and "outside the data root" in err["detail"]
+
+
+def test_cancel_survives_kill_9(tmp_path):
+    svc = Service(tmp_path, "--checkpoint-every", "5")
+    try:
+        _, job = svc.json("POST", "/jobs", {"input": "grqc", "optimizer": "dbd", "iterations": 100000})
+        svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 6)
+        assert svc.json("DELETE", f"/jobs/{job['id']}")[1]["state"] in ("cancelling", "cancelled")
+        svc.stop(signal.SIGKILL)
+        svc.start()
+        record = svc.wait(job["id"], timeout=30)
+        assert record["state"] == "cancelled", record
+        time.sleep(1.0)
+        assert svc.json("GET", f"/jobs/{job['id']}")[1]["state"] == "cancelled"
+        assert not (tmp_path / "jobs" / job["id"] / "run.zarr").exists()
+    finally:
+        svc.stop()

@@ -17,8 +17,9 @@ from typing import Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
@@ -56,10 +57,66 @@ class JobRequest(BaseModel):
     time: int | None = Field(None, ge=0, le=16, description="default 1 for snest, 0 otherwise")
     optimizer: Literal["auto", "dbd", "sd", "gd"] = "auto"
     iterations: int = Field(5000, ge=1, le=1_000_000)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
     restarts: int = Field(1, ge=1, le=100)
     repulsion: Literal["auto", "exact", "fft"] = "auto"
     graph_affinity: Literal[GRAPH_AFFINITIES] = "coauthorship"
+
+    @model_validator(mode="after")
+    def _embedder_accepts(self):
+        """The Embedder's own checks (dimensions per model, fft support) at submission, not when the job runs."""
+        from ..embedding import Embedder
+
+        Embedder(model=self.model, space_dims=self.space, time_dims=self.time, iterations=self.iterations,
+                 seed=self.seed, restarts=self.restarts, repulsion=self.repulsion)._check()
+        return self
+
+
+MAX_PATH_CHARS = 1024
+
+
+def _one_line(exc: RequestValidationError) -> str:
+    """The first validation error as one line naming the field, never echoing the submitted value."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+    message = str(first.get("msg", "invalid")).replace("Value error, ", "").splitlines()[0][:300]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {message}{more}"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body (Content-Length or chunked) over ``limit`` bytes is refused with 413
+    before the application reads it; uploads (``/uploads/``) are limited by their own handler while streaming."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].startswith("/uploads/"):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                response = _error(413, f"request body exceeds the limit of {self.limit} bytes")
+                return await response(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
 
 
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
@@ -69,24 +126,43 @@ def _error(status: int, detail: str, headers=None) -> JSONResponse:
 def confine(root: Path, relative: str) -> Path:
     """``root / relative`` resolved, or ``HTTPException``: 400 for absolute paths and ``..``, 403 when a
     symlink leads outside ``root``, 404 when missing."""
-    if not relative or "\x00" in relative:
-        raise HTTPException(400, "input path is empty or invalid")
+    if not relative or "\x00" in relative or len(relative) > MAX_PATH_CHARS:
+        raise HTTPException(400, f"input path is empty, invalid or longer than {MAX_PATH_CHARS} characters")
+    try:
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPException(400, "input path is not valid UTF-8 text") from None
     candidate = Path(relative)
     if candidate.is_absolute() or relative.startswith(("/", "\\")):
         raise HTTPException(400, f"input {relative!r}: absolute paths are refused; give a path relative to the "
                                  "data root")
     if ".." in candidate.parts:
         raise HTTPException(400, f"input {relative!r}: '..' is refused; give a path inside the data root")
-    resolved = (root / candidate).resolve()
-    if not resolved.is_relative_to(root):
-        raise HTTPException(403, f"input {relative!r} resolves outside the data root (symlink); refused")
-    if not resolved.exists():
-        raise HTTPException(404, f"input {relative!r}: no such file under the data root")
+    try:
+        resolved = (root / candidate).resolve()
+        if not resolved.is_relative_to(root) or _escaping_link(root, resolved):
+            raise HTTPException(403, f"input {relative!r} resolves outside the data root (symlink); refused")
+        if not resolved.exists():
+            raise HTTPException(404, f"input {relative!r}: no such file under the data root")
+    except OSError as exc:
+        raise HTTPException(400, f"input {relative!r}: not a usable path ({exc.strerror})") from None
     return resolved
 
 
+def _escaping_link(root: Path, path: Path) -> bool:
+    """Whether a directory input (an affinity store) holds a symlink leading outside ``root``."""
+    if not path.is_dir():
+        return False
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = Path(folder) / name
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                return True
+    return False
+
+
 def _public(record: dict, history: bool = True) -> dict:
-    params = {k: v for k, v in record["params"].items() if k != "input_path"}
+    params = {k: v for k, v in record["params"].items() if k not in ("input_path", "store_path", "cancel_requested")}
     started, finished = record["started"], record["finished"]
     end = finished if finished is not None else time.time()
     out = {"id": record["id"], "state": record["state"], "params": params, "iteration": record["iteration"],
@@ -118,6 +194,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     app = FastAPI(title="scalemb", version=__version__, lifespan=lifespan,
                   description="SNE-family embedding jobs (SNE, t-SNE, space-time SNE).")
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _error(422, _one_line(exc))
 
     @app.middleware("http")
     async def guard(request: Request, call_next):

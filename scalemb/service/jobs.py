@@ -118,7 +118,10 @@ class JobRunner:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         for record in store.list():  # jobs a previous service left unfinished
-            if record["state"] in ("queued", "running"):
+            if record["state"] in ("queued", "running") and record["params"].get("cancel_requested"):
+                shutil.rmtree(self.run_dir(record["id"]) / "run.zarr", ignore_errors=True)
+                store.update(record["id"], state="cancelled", finished=record["finished"] or time.time())
+            elif record["state"] in ("queued", "running"):
                 store.update(record["id"], state="queued")
                 self._queue.put(record["id"])
         self.clean_stores()
@@ -172,6 +175,8 @@ class JobRunner:
                 return self.store.update(job_id, state="cancelled", finished=time.time())
             if record["state"] == "running":
                 self._cancelled.add(job_id)
+                # durable: a service killed before the job stops cancels it when it starts again
+                self.store.update(job_id, params={**record["params"], "cancel_requested": True})
                 checkpointer = self._active.get(job_id)
                 if checkpointer is not None:
                     checkpointer.request_stop()
@@ -256,7 +261,7 @@ class JobRunner:
                 self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
             return
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0].replace(f"{self.data_root}/", "")
             if isinstance(exc, FloatingPointError):
                 message = f"optimisation diverged: {exc}"
             logger.warning("job %s failed: %s", job_id, message)
