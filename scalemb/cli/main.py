@@ -1,6 +1,7 @@
 """Command line: ``scalemb embed [INPUT] --model snest --space 2 --time 1 --out run.zarr``."""
 import argparse
 import logging
+import signal
 import sys
 
 from .._version import __version__
@@ -38,9 +39,27 @@ def _learning_rate(text):
     if text == "auto":
         return text
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 or 'auto', got {text}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 or 'auto', got {text}")
     return value
+
+
+def _bounded(kind, low, high, low_open=False, name=None):
+    """An argparse type: ``kind(text)`` within [low, high] (``(low, high]`` with ``low_open``); NaN refused."""
+    def parse(text):
+        try:
+            value = kind(float(text)) if kind is int and text.lower().count("e") else kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (low < value if low_open else low <= value) or not value <= high:
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {bracket}{low:g}, {high:g}], got {text}")
+        return value
+    parse.__name__ = name or kind.__name__
+    return parse
+
+
+_FINITE = 1e300
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
-    emb.add_argument("--seed", type=int, default=0)
+    emb.add_argument("--seed", type=_bounded(int, 0, 2 ** 32 - 1), default=0)
     emb.add_argument("--restarts", type=_positive_int, default=1, help="independent runs; the lowest KL is kept")
     emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     where = emb.add_mutually_exclusive_group()
@@ -81,18 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
     emb.add_argument("--learning-rate", type=_learning_rate, default=None,
                      help="dbd: space learning rate (default auto = max(1, N/12))")
-    emb.add_argument("--time-ratio", type=float, default=None,
+    emb.add_argument("--time-ratio", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="dbd: time learning rate / space learning rate (default 0.002)")
-    emb.add_argument("--max-step-norm", type=float, default=None,
+    emb.add_argument("--max-step-norm", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="dbd: clip each point's space step to this norm (openTSNE's default 5; default off)")
     emb.add_argument("--kl-every", type=int, default=None,
                      help="dbd: compute the KL only every K-th iteration (saves its logarithms; the other "
                           "history entries are NaN; default 1)")
-    emb.add_argument("--exaggeration", type=float, default=None,
+    emb.add_argument("--exaggeration", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
-    emb.add_argument("--exaggeration-iterations", type=int, default=None,
+    emb.add_argument("--exaggeration-iterations", type=_bounded(int, 0, 10 ** 9), default=None,
                      help="iterations with exaggeration (default: dbd 100, sd/gd 0)")
-    emb.add_argument("--tol", type=float, default=None,
+    emb.add_argument("--tol", type=_bounded(float, 0, _FINITE), default=None,
                      help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
     emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
                      help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
@@ -101,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--fft-points", type=_positive_int, default=None,
                      help=f"fft: interpolation points per box and space dimension (defaults, points in box width: "
                           f"{defaults})")
-    emb.add_argument("--fft-box-width", type=float, default=None,
+    emb.add_argument("--fft-box-width", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="fft: space box width (default per model and dimension, see --fft-points)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
                      help="fft: cap on the grid's node count (default min(2^23, max(2^14, 16 N)) r, with r time "
@@ -117,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("run", help="the embed --out store of the interrupted run")
     res.add_argument("--iterations", type=_positive_int, default=None,
                      help="new maximum iterations per restart (default: the run's)")
+    res.add_argument("--scheduler", metavar="ADDRESS",
+                     help="the Dask scheduler to resume on (required for a run that used one: the address stored "
+                          "in the checkpoint is never connected to unconfirmed)")
     res.add_argument("--quiet", action="store_true", help="no progress output")
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
@@ -129,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--graph", action="store_true", help="INPUT is an edge list (default)")
     mode.add_argument("--knn", type=_positive_int, metavar="K", help="INPUT holds features; use K neighbours")
     aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
-    aff.add_argument("--perplexity", type=float, default=30.0, help="kNN: target perplexity (default 30)")
+    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0, help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
     aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
@@ -140,10 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate synthetic inputs")
     gen.add_argument("kind", choices=("coauthor",), help="coauthor: community-structured co-authorship graph")
-    gen.add_argument("--authors", type=_positive_int, required=True)
+    gen.add_argument("--authors", type=_bounded(int, 1, 10 ** 9), required=True)
     gen.add_argument("--out", required=True, help="edge list path (.gz to compress)")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--edges-per-author", type=float, default=4.0)
+    gen.add_argument("--edges-per-author", type=_bounded(float, 0, 1000, low_open=True), default=4.0)
     gen.add_argument("--overwrite", action="store_true")
     gen.add_argument("--quiet", action="store_true")
 
@@ -155,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     plo.add_argument("--out", required=True, help="image file; format from the suffix (png, pdf, svg)")
     plo.add_argument("--labels", type=_non_negative_int, default=10,
                      help="label this many nodes of largest |time| with their ids (default 10)")
-    plo.add_argument("--dpi", type=_positive_int, default=110)
+    plo.add_argument("--dpi", type=_bounded(int, 10, 1200), default=110)
     plo.add_argument("--title", default=None)
     plo.add_argument("--overwrite", action="store_true")
     plo.add_argument("--quiet", action="store_true")
@@ -302,11 +324,18 @@ def _report(out, result) -> int:
 def _resume(args) -> int:
     from ..resume import resume
 
-    return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet))
+    return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet,
+                                    scheduler=args.scheduler))
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("affinity", "generate", "plot"):  # SIGTERM unwinds like Ctrl-C: temporaries removed
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
@@ -320,6 +349,10 @@ def main(argv=None) -> int:
         return EXIT_CLUSTER_LOST
     except (ScalembError, ValueError) as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # e.g. a read-only or full output directory
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"scalemb: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except FloatingPointError as exc:
         print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)

@@ -33,7 +33,7 @@ from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
 from .atomic import atomic_directory, check_output_path, hidden_sibling, recover_directory, replace_directory
-from .results import _json_safe
+from .results import _json_safe, arrays_hash
 
 logger = logging.getLogger("scalemb")
 
@@ -110,17 +110,38 @@ def read_checkpoint(path) -> Checkpoint | None:
         version = group[f"checkpoints/{current}"]
         attrs = dict(version.attrs)
         state_arrays = {name: array[:] for name, array in version["state"].arrays()}
+        b = {name: array[:] for name, array in version["best"].arrays()} if attrs["best"] is not None else {}
+        recorded = attrs.get("content_hash")
+        arrays = {**{f"state/{k}": v for k, v in state_arrays.items()}, **{f"best/{k}": v for k, v in b.items()}}
+        if recorded is not None and arrays_hash(arrays) != recorded:
+            raise ValueError("content hash mismatch: corrupt or modified")
+        _check_state(state_arrays, b, attrs, meta["config"])
         state = _state_class(meta["config"]["optimizer"]["name"]).join(state_arrays, attrs["state"])
         best = None
-        if attrs["best"] is not None:
-            b = {name: array[:] for name, array in version["best"].arrays()}
+        if b:
             best = OptimizeResult(b["coords"], attrs["best"]["kl"], b["kl_history"], attrs["best"]["iterations"],
                                   attrs["best"]["converged"], attrs["best"]["backoffs"], b["seconds"],
                                   attrs["best"]["evaluations"])
-    except (KeyError, ValueError) as exc:
-        raise ScalembError(f"{path}: checkpoint {current} is unreadable ({exc})") from None
-    return Checkpoint(attrs["restart"], attrs["iteration"], state, list(attrs["restart_kls"]), best,
-                      attrs["elapsed"])
+        checkpoint = Checkpoint(int(attrs["restart"]), int(attrs["iteration"]), state,
+                                [float(k) for k in attrs["restart_kls"]], best, float(attrs["elapsed"]))
+    except Exception as exc:  # noqa: BLE001 - a malformed checkpoint is reported in one line, never a traceback
+        raise ScalembError(f"{path}: checkpoint {current} is unreadable ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return checkpoint
+
+
+def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
+    """Shapes and values of a checkpoint's arrays against the run configuration (``ValueError``)."""
+    n, dims = int(config["n_points"]), int(config["space_dims"]) + int(config["time_dims"])
+    if "coords" not in state:
+        raise ValueError("no state/coords")
+    for name, array in list(state.items()) + [(f"best {k}", v) for k, v in best.items() if k == "coords"]:
+        if name.endswith("coords") and array.shape != (n, dims):
+            raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)}")
+        if name.endswith("coords") and not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} has non-finite values")
+    if not 0 <= int(attrs["restart"]) < int(config["restarts"]) or int(attrs["iteration"]) < 0:
+        raise ValueError(f"restart {attrs['restart']} / iteration {attrs['iteration']} out of range")
 
 
 def create_store(path, config: dict, overwrite: bool = False) -> Path:
@@ -157,7 +178,12 @@ def write_checkpoint(path, checkpoint: Checkpoint) -> str:
             best_group.create_array(key, data=np.ascontiguousarray(value))
         best = {"kl": float(b.kl), "iterations": int(b.iterations), "converged": bool(b.converged),
                 "backoffs": int(b.backoffs), "evaluations": int(b.evaluations)}
-    version.attrs.update(_json_safe({"restart": checkpoint.restart, "iteration": checkpoint.iteration,
+    hashed = {**{f"state/{k}": np.ascontiguousarray(v) for k, v in arrays.items()},
+              **({} if checkpoint.best is None else {f"best/{k}": np.ascontiguousarray(v) for k, v in
+                                                     (("coords", b.coords), ("kl_history", b.kl_history),
+                                                      ("seconds", b.seconds))})}
+    version.attrs.update(_json_safe({"content_hash": arrays_hash(hashed),
+                                     "restart": checkpoint.restart, "iteration": checkpoint.iteration,
                                      "restart_kls": [float(k) for k in checkpoint.restart_kls],
                                      "elapsed": checkpoint.elapsed, "state": scalars, "best": best}))
     _switch_pointer(group, meta, name)
