@@ -136,8 +136,8 @@ def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
     if "coords" not in state:
         raise ValueError("no state/coords")
     for name, array in list(state.items()) + [(f"best {k}", v) for k, v in best.items() if k == "coords"]:
-        if name.endswith("coords") and array.shape != (n, dims):
-            raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)}")
+        if name.endswith("coords") and array.shape not in ((n, dims), (dims, n)):  # layouts: point- or dim-major
+            raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)} or {(dims, n)}")
         if name.endswith("coords") and not np.all(np.isfinite(array)):
             raise ValueError(f"{name} has non-finite values")
     if not 0 <= int(attrs["restart"]) < int(config["restarts"]) or int(attrs["iteration"]) < 0:

@@ -180,6 +180,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
     root = Path(config.data_root).resolve()
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     (root / "uploads").mkdir(exist_ok=True)
+    for partial in (root / "uploads").glob(".*.part"):  # uploads cut off by a killed service
+        partial.unlink(missing_ok=True)
     state = {}
 
     @asynccontextmanager
