@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+import uuid
 
 import numpy as np
 
@@ -176,8 +177,10 @@ class DaskExecutor:
         if not workers:
             raise ScalembError(f"the Dask cluster at {client.scheduler.address} has no workers")
         path = str(self.store.path.resolve())
-        # keys name the store's content and its path: another run on the same store may share the loaded rows
-        token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}"
+        # keys name the store's content, its path and this executor: two runs on one store in one process (the
+        # service's concurrent jobs) sharing keys deadlocked in set_curvature, so each run loads its own rows
+        token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}-" \
+                f"{uuid.uuid4().hex[:8]}"
         self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
                                       workers=[workers[k % len(workers)]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
