@@ -132,15 +132,18 @@ def read_checkpoint(path) -> Checkpoint | None:
 
 def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
     """Shapes and values of a checkpoint's arrays against the run configuration (``ValueError``)."""
-    n, dims = int(config["n_points"]), int(config["space_dims"]) + int(config["time_dims"])
     if "coords" not in state:
         raise ValueError("no state/coords")
+    n = config.get("n_points")
+    dims = int(config["space_dims"]) + int(config["time_dims"]) if "space_dims" in config else None
     for name, array in list(state.items()) + [(f"best {k}", v) for k, v in best.items() if k == "coords"]:
-        if name.endswith("coords") and array.shape not in ((n, dims), (dims, n)):  # layouts: point- or dim-major
+        if name.endswith("coords") and n is not None and dims is not None and \
+                array.shape not in ((int(n), dims), (dims, int(n))):  # layouts: point- or dim-major
             raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)} or {(dims, n)}")
         if name.endswith("coords") and not np.all(np.isfinite(array)):
             raise ValueError(f"{name} has non-finite values")
-    if not 0 <= int(attrs["restart"]) < int(config["restarts"]) or int(attrs["iteration"]) < 0:
+    if not 0 <= int(attrs["restart"]) < int(config.get("restarts", attrs["restart"] + 1)) or \
+            int(attrs["iteration"]) < 0:
         raise ValueError(f"restart {attrs['restart']} / iteration {attrs['iteration']} out of range")
 
 
