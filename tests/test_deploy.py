@@ -258,8 +258,8 @@ def test_network_policies_admit_only_the_service_and_cluster_pods_to_schedulers(
         assert [port["port"] for port in rule["ports"]] == [8786]
         for source in rule["from"]:
             labels = source["podSelector"]["matchLabels"]
-            assert labels.get("app.kubernetes.io/component") == "service" or \
-                labels == {"dask.org/cluster-name": policy["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"]}
+            cluster = policy["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"]
+            assert labels.get("app.kubernetes.io/component") == "service" or labels == {"dask.org/cluster-name": cluster}
 
 
 def test_image_dependencies_are_pinned():

@@ -36,7 +36,8 @@ class Service:
     def start(self):
         self.port = _free_port()
         env = dict(os.environ, SCALEMB_TOKEN=self.token, **self.env)
-        self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "scalemb", "serve", "--data-root", str(self.root),
+        self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "scalemb", "serve", "--data-root",
+                                      str(self.root),
                                       "--port", str(self.port), "--threads", "2", *self.args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

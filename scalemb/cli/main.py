@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--graph", action="store_true", help="INPUT is an edge list (default)")
     mode.add_argument("--knn", type=_positive_int, metavar="K", help="INPUT holds features; use K neighbours")
     aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
-    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0, help="kNN: target perplexity (default 30)")
+    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0,
+                     help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
     aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
