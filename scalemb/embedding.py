@@ -140,6 +140,8 @@ class Embedder:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if int(self.restarts) < 1:
             raise ValueError(f"restarts must be >= 1, got {self.restarts}")
+        if not 0 <= int(self.seed) < 2 ** 32:
+            raise ValueError(f"seed must be in 0..2^32-1, got {self.seed}")
         if self.repulsion not in REPULSION_METHODS:
             raise ValueError(f"unknown repulsion {self.repulsion!r}; choose one of {', '.join(REPULSION_METHODS)}")
         if self.repulsion == "fft":

@@ -14,3 +14,6 @@ class InputError(ScalembError):
         self.reason = message
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # raised on Dask workers: must survive pickling
+        return type(self), (self.path, self.reason, self.line)

@@ -73,7 +73,8 @@ def _containers(doc):
 
 def test_every_manifest_is_present():
     kinds = sorted(doc["kind"] for _, doc in _documents())
-    assert kinds == ["DaskCluster", "DaskJob", "Deployment", "PersistentVolumeClaim", "Service"]
+    assert kinds == ["DaskCluster", "DaskJob", "Deployment", "NetworkPolicy", "NetworkPolicy",
+                     "PersistentVolumeClaim", "Service"]
 
 
 @pytest.mark.parametrize("name,doc", [d for d in _documents() if d[1]["kind"] not in CRD_FILES],
@@ -173,3 +174,98 @@ def test_dockerfile_is_slim_non_root_and_installs_the_service():
     for copied in re.findall(r"^COPY (.+) \S+$", text, re.M):
         for source in copied.split():
             assert (DEPLOY.parent / source).exists(), source
+
+
+def _pod_specs(doc):
+    """Every pod spec (a mapping with ``containers``) in a manifest."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("containers"), list):
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(doc)
+    return found
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+def restricted_violations(pod: dict) -> list:
+    """What keeps ``pod`` from the Pod Security Standards "restricted" profile (Kubernetes 1.30 rules)."""
+    problems = []
+    pod_sc = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(key)
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']}: {kinds - RESTRICTED_VOLUMES}")
+    for container in pod.get("containers", []) + pod.get("initContainers", []):
+        sc, name = container.get("securityContext", {}), container["name"]
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities must drop ALL")
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            problems.append(f"{name}: hostPort")
+    return problems
+
+
+def test_every_pod_satisfies_the_restricted_profile_with_resources_and_probes():
+    pods = [(name, doc["kind"], pod) for name, doc in _documents() for pod in _pod_specs(doc)]
+    assert len(pods) == 6  # service; DaskCluster scheduler + worker; DaskJob job + scheduler + worker
+    for name, kind, pod in pods:
+        assert restricted_violations(pod) == [], (name, kind)
+        for container in pod["containers"]:
+            resources_ = container.get("resources", {})
+            assert {"cpu", "memory"} <= set(resources_.get("requests", {})), (name, container["name"])
+            assert {"cpu", "memory"} <= set(resources_.get("limits", {})), (name, container["name"])
+            if container["args"][:2] in (["dask", "worker"], ["dask", "scheduler"]):
+                assert "readinessProbe" in container and "livenessProbe" in container, (name, container["name"])
+    # the check can fail
+    broken = copy.deepcopy(pods[0][2])
+    broken["containers"][0]["securityContext"]["capabilities"] = {"drop": ["NET_RAW"]}
+    broken["volumes"] = [{"name": "h", "hostPath": {"path": "/"}}]
+    assert len(restricted_violations(broken)) == 2
+
+
+def test_network_policies_admit_only_the_service_and_cluster_pods_to_schedulers():
+    docs = [doc for _, doc in _documents()]
+    clusters = {doc["metadata"]["name"] for doc in docs if doc["kind"] in CRD_FILES}
+    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    assert {p["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"] for p in policies} == clusters
+    for policy in policies:
+        assert policy["spec"]["podSelector"]["matchLabels"]["dask.org/component"] == "scheduler"
+        (rule,) = policy["spec"]["ingress"]
+        assert [port["port"] for port in rule["ports"]] == [8786]
+        for source in rule["from"]:
+            labels = source["podSelector"]["matchLabels"]
+            cluster = policy["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"]
+            assert labels.get("app.kubernetes.io/component") == "service" or labels == {"dask.org/cluster-name": cluster}
+
+
+def test_image_dependencies_are_pinned():
+    lines = [line for line in (DEPLOY / "constraints.txt").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert lines and all(re.fullmatch(r"[a-z0-9][a-z0-9.-]*==[\w.+-]+", line) for line in lines)
+    names = {line.split("==")[0] for line in lines}
+    assert {"numpy", "scipy", "dask", "distributed", "zarr", "numba", "fastapi", "uvicorn"} <= names
+    assert "-c constraints.txt" in (DEPLOY / "Dockerfile").read_text()

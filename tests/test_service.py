@@ -29,14 +29,15 @@ def _free_port() -> int:
 class Service:
     """A ``scalemb serve`` subprocess and a small urllib client for it."""
 
-    def __init__(self, root, *args, token=TOKEN):
-        self.root, self.args, self.token = root, args, token
+    def __init__(self, root, *args, token=TOKEN, prefix=(), env=None):
+        self.root, self.args, self.token, self.prefix, self.env = root, args, token, list(prefix), env or {}
         self.start()
 
     def start(self):
         self.port = _free_port()
-        env = dict(os.environ, SCALEMB_TOKEN=self.token)
-        self.proc = subprocess.Popen([sys.executable, "-m", "scalemb", "serve", "--data-root", str(self.root),
+        env = dict(os.environ, SCALEMB_TOKEN=self.token, **self.env)
+        self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "scalemb", "serve", "--data-root",
+                                      str(self.root),
                                       "--port", str(self.port), "--threads", "2", *self.args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

@@ -30,7 +30,7 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
-from ..io.edgelist import _open_text, _parse_id, _parse_weight
+from ..io.edgelist import MAX_WEIGHT, MIN_WEIGHT, _open_text, _parse_id, _parse_weight
 from .store import default_chunk_nnz, write_store_metadata
 
 AFFINITIES = ("coauthorship", "normalized")
@@ -82,7 +82,7 @@ def _parse_lines(lines, first_line, path, sep) -> np.ndarray:
             edges["src"], edges["dst"] = parsed["src"], parsed["dst"]
             edges["weight"] = parsed["weight"] if n_fields == 3 else 1.0
             weight = edges["weight"]
-            if np.all(np.isfinite(weight) & (weight > 0)):
+            if np.all((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT)):
                 return edges
     return _parse_lines_slowly(lines, first_line, path, sep)
 
@@ -291,7 +291,7 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
         raise InputError(path, "no such file")
     if not path.is_file():
         raise InputError(path, "not a regular file")
-    check_output_path(out, overwrite)
+    check_output_path(out, overwrite, inputs=(path,))
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.ingest-", dir=out.parent))
     try:
         chunk_files, node_ids = _spill_chunks(path, chunk_lines, work)
@@ -299,7 +299,7 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
         run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
         del index_of
         counts, degree = _merge_to_file(run_files, work / "merged.bin", node_ids.size, 2 * chunk_lines)
-        with atomic_directory(out, overwrite) as store:
+        with atomic_directory(out, overwrite, inputs=(path,)) as store:
             _write_store(store, work / "merged.bin", node_ids, counts, degree, affinity, n_partitions,
                          chunk_lines, {"source": str(path), "affinity": affinity})
     finally:

@@ -113,9 +113,21 @@ class AffinityStore:
         self.provenance = dict(meta.get("provenance", {}))
         self.content_hash = meta.get("content_hash")
         self.chunk_nnz = meta.get("chunk_nnz")
-        self.indptr = self._group["indptr"][:]
-        if self.indptr.size != self.shape[0] + 1 or self.indptr[0] != 0:
+        try:
+            self.indptr = self._group["indptr"][:].astype(np.int64)
+            lengths = {name: self._group[name].shape for name in ("indices", "data")}
+        except KeyError as exc:
+            raise InputError(self.path, f"the store has no array {exc}") from None
+        n = self.shape[0] if len(self.shape) == 2 else -1
+        if len(self.shape) != 2 or self.shape[0] != self.shape[1] or n < 1:
+            raise InputError(self.path, f"shape {list(self.shape)} is not square N x N")
+        if self.indptr.ndim != 1 or self.indptr.size != n + 1 or self.indptr[0] != 0:
             raise InputError(self.path, "indptr does not match the stored shape")
+        if np.any(np.diff(self.indptr) < 0):
+            raise InputError(self.path, "indptr is not non-decreasing")
+        if lengths["indices"] != (int(self.indptr[-1]),) or lengths["data"] != (int(self.indptr[-1]),):
+            raise InputError(self.path, f"indices {lengths['indices']} / data {lengths['data']} do not hold "
+                                        f"indptr[-1] = {int(self.indptr[-1])} entries")
 
     @property
     def n_points(self) -> int:
@@ -127,19 +139,54 @@ class AffinityStore:
 
     @property
     def partitions(self) -> np.ndarray:
-        return self._group["partitions"][:]
+        """Row boundaries; a store written without them (e.g. by AnnData) gets balanced ones."""
+        if "partitions" not in self._group:
+            return balanced_partitions(self.indptr, 8, self.chunk_nnz or default_chunk_nnz(self.nnz, 8))
+        bounds = self._group["partitions"][:].astype(np.int64)
+        if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != self.n_points or \
+                np.any(np.diff(bounds) < 0):
+            raise InputError(self.path, "partitions are not row boundaries 0 <= ... <= N")
+        return bounds
 
     @property
     def node_ids(self) -> np.ndarray:
-        return self._group["node_ids"][:]
+        """Node ids; a store written without them (e.g. by AnnData) numbers its rows 0..N-1."""
+        if "node_ids" not in self._group:
+            return np.arange(self.n_points, dtype=np.int64)
+        ids = self._group["node_ids"][:]
+        if ids.shape != (self.n_points,):
+            raise InputError(self.path, f"node_ids has shape {ids.shape}, expected ({self.n_points},)")
+        return ids.astype(np.int64)
 
     def read_rows(self, r0: int, r1: int) -> RowBlock:
         """Rows ``[r0, r1)`` as a ``RowBlock`` (reads only the chunks of ``data``/``indices`` they span)."""
         if not 0 <= r0 <= r1 <= self.n_points:
             raise ValueError(f"row range [{r0}, {r1}) outside 0..{self.n_points}")
         lo, hi = int(self.indptr[r0]), int(self.indptr[r1])
-        return RowBlock(r0, r1, self.indptr[r0:r1 + 1] - lo, self._group["indices"][lo:hi].astype(np.int64),
-                        self._group["data"][lo:hi].astype(np.float64))
+        indices = self._group["indices"][lo:hi].astype(np.int64)
+        data = self._group["data"][lo:hi].astype(np.float64)
+        # structural checks of the rows read (cheap, per partition, where it is read): bad indices would make
+        # the numba kernels read out of bounds
+        if indices.size and (indices.min() < 0 or indices.max() >= self.n_points):
+            raise InputError(self.path, f"rows {r0}..{r1 - 1}: column index out of range 0..{self.n_points - 1}")
+        if data.size and not (np.all(np.isfinite(data)) and data.min() >= 0):
+            raise InputError(self.path, f"rows {r0}..{r1 - 1}: P has negative or non-finite entries")
+        return RowBlock(r0, r1, self.indptr[r0:r1 + 1] - lo, indices, data)
+
+    def verify_hash(self, step: int = 1 << 22) -> None:
+        """Recompute the recorded content hash streaming (``step`` entries at a time: the caller never holds
+        P); ``InputError`` on a mismatch.  Stores without a hash are not checked here (``read_rows`` checks
+        their structure)."""
+        if self.content_hash is None:
+            return
+        digest = hashlib.sha256(np.ascontiguousarray(self.indptr, dtype="<i8").tobytes())
+        for name, dtype in (("indices", "<i8"), ("data", "<f8")):
+            array = self._group[name]
+            for lo in range(0, self.nnz, step):
+                digest.update(np.ascontiguousarray(array[lo:lo + step], dtype=dtype).tobytes())
+        digest.update(np.ascontiguousarray(self.node_ids, dtype="<i8").tobytes())
+        if digest.hexdigest() != self.content_hash:
+            raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
 
     def to_affinity(self, verify: bool = True) -> Affinity:
         """Load all of P (for the in-process executor); ``verify`` recomputes the content hash."""

@@ -1,6 +1,7 @@
 """Command line: ``scalemb embed [INPUT] --model snest --space 2 --time 1 --out run.zarr``."""
 import argparse
 import logging
+import signal
 import sys
 
 from .._version import __version__
@@ -38,9 +39,27 @@ def _learning_rate(text):
     if text == "auto":
         return text
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 or 'auto', got {text}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 or 'auto', got {text}")
     return value
+
+
+def _bounded(kind, low, high, low_open=False, name=None):
+    """An argparse type: ``kind(text)`` within [low, high] (``(low, high]`` with ``low_open``); NaN refused."""
+    def parse(text):
+        try:
+            value = kind(float(text)) if kind is int and text.lower().count("e") else kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (low < value if low_open else low <= value) or not value <= high:
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {bracket}{low:g}, {high:g}], got {text}")
+        return value
+    parse.__name__ = name or kind.__name__
+    return parse
+
+
+_FINITE = 1e300
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
-    emb.add_argument("--seed", type=int, default=0)
+    emb.add_argument("--seed", type=_bounded(int, 0, 2 ** 32 - 1), default=0)
     emb.add_argument("--restarts", type=_positive_int, default=1, help="independent runs; the lowest KL is kept")
     emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     where = emb.add_mutually_exclusive_group()
@@ -81,18 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
     emb.add_argument("--learning-rate", type=_learning_rate, default=None,
                      help="dbd: space learning rate (default auto = max(1, N/12))")
-    emb.add_argument("--time-ratio", type=float, default=None,
+    emb.add_argument("--time-ratio", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="dbd: time learning rate / space learning rate (default 0.002)")
-    emb.add_argument("--max-step-norm", type=float, default=None,
+    emb.add_argument("--max-step-norm", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="dbd: clip each point's space step to this norm (openTSNE's default 5; default off)")
     emb.add_argument("--kl-every", type=int, default=None,
                      help="dbd: compute the KL only every K-th iteration (saves its logarithms; the other "
                           "history entries are NaN; default 1)")
-    emb.add_argument("--exaggeration", type=float, default=None,
+    emb.add_argument("--exaggeration", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
-    emb.add_argument("--exaggeration-iterations", type=int, default=None,
+    emb.add_argument("--exaggeration-iterations", type=_bounded(int, 0, 10 ** 9), default=None,
                      help="iterations with exaggeration (default: dbd 100, sd/gd 0)")
-    emb.add_argument("--tol", type=float, default=None,
+    emb.add_argument("--tol", type=_bounded(float, 0, _FINITE), default=None,
                      help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
     emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
                      help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
@@ -101,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--fft-points", type=_positive_int, default=None,
                      help=f"fft: interpolation points per box and space dimension (defaults, points in box width: "
                           f"{defaults})")
-    emb.add_argument("--fft-box-width", type=float, default=None,
+    emb.add_argument("--fft-box-width", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="fft: space box width (default per model and dimension, see --fft-points)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
                      help="fft: cap on the grid's node count (default min(2^23, max(2^14, 16 N)) r, with r time "
@@ -117,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("run", help="the embed --out store of the interrupted run")
     res.add_argument("--iterations", type=_positive_int, default=None,
                      help="new maximum iterations per restart (default: the run's)")
+    res.add_argument("--scheduler", metavar="ADDRESS",
+                     help="the Dask scheduler to resume on (required for a run that used one: the address stored "
+                          "in the checkpoint is never connected to unconfirmed)")
     res.add_argument("--quiet", action="store_true", help="no progress output")
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
@@ -129,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--graph", action="store_true", help="INPUT is an edge list (default)")
     mode.add_argument("--knn", type=_positive_int, metavar="K", help="INPUT holds features; use K neighbours")
     aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
-    aff.add_argument("--perplexity", type=float, default=30.0, help="kNN: target perplexity (default 30)")
+    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0,
+                     help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
     aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
@@ -140,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate synthetic inputs")
     gen.add_argument("kind", choices=("coauthor",), help="coauthor: community-structured co-authorship graph")
-    gen.add_argument("--authors", type=_positive_int, required=True)
+    gen.add_argument("--authors", type=_bounded(int, 1, 10 ** 9), required=True)
     gen.add_argument("--out", required=True, help="edge list path (.gz to compress)")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--edges-per-author", type=float, default=4.0)
+    gen.add_argument("--edges-per-author", type=_bounded(float, 0, 1000, low_open=True), default=4.0)
     gen.add_argument("--overwrite", action="store_true")
     gen.add_argument("--quiet", action="store_true")
 
@@ -155,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     plo.add_argument("--out", required=True, help="image file; format from the suffix (png, pdf, svg)")
     plo.add_argument("--labels", type=_non_negative_int, default=10,
                      help="label this many nodes of largest |time| with their ids (default 10)")
-    plo.add_argument("--dpi", type=_positive_int, default=110)
+    plo.add_argument("--dpi", type=_bounded(int, 10, 1200), default=110)
     plo.add_argument("--title", default=None)
     plo.add_argument("--overwrite", action="store_true")
     plo.add_argument("--quiet", action="store_true")
@@ -170,26 +193,31 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=_positive_int, default=8000)
     srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on the Dask cluster at ADDRESS")
     srv.add_argument("--token-file", help="file holding the bearer token (else $SCALEMB_TOKEN)")
-    srv.add_argument("--insecure-no-auth", action="store_true", help="serve without authentication")
+    srv.add_argument("--insecure-no-auth", action="store_true", help="serve without authentication (loopback "
+                                                                     "--host only, unless also --allow-remote-no-auth)")
+    srv.add_argument("--allow-remote-no-auth", action="store_true",
+                     help="with --insecure-no-auth: also on a non-loopback --host (anyone who reaches it runs jobs)")
     srv.add_argument("--max-queue", type=_positive_int, default=64, help="queued jobs before 429 (default 64)")
     srv.add_argument("--max-running", type=_positive_int, default=2, help="jobs run at once (default 2)")
     srv.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"checkpoint running jobs every K iterations (default {DEFAULT_CHECKPOINT_EVERY})")
     srv.add_argument("--threads", type=_positive_int, default=None, help="threads per in-process job")
+    srv.add_argument("--store-ttl-hours", type=float, default=24.0,
+                     help="with --scheduler: delete DATA_ROOT/stores entries unused this long (default 24)")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
     srv.add_argument("--quiet", action="store_true")
     return parser
 
 
-def _refuse_existing(path, overwrite: bool):
-    from pathlib import Path
+def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
+    """Refuse an output that exists without --overwrite, that scalemb did not write, or that is an input."""
+    from ..io.atomic import check_output_path
 
-    if Path(path).exists() and not overwrite:
-        raise ScalembError(f"{path}: already exists (pass --overwrite to replace it)")
+    check_output_path(path, overwrite, inputs, kind)
 
 
 def _affinity(args) -> int:
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.input,))
     if args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
@@ -213,7 +241,7 @@ def _affinity(args) -> int:
 def _generate(args) -> int:
     from ..io.coauthor_generator import write_coauthor_edge_list
 
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, kind="file")
     write_coauthor_edge_list(args.out, args.authors, seed=args.seed, edges_per_author=args.edges_per_author)
     print(f"wrote {args.out}")
     return 0
@@ -222,7 +250,7 @@ def _generate(args) -> int:
 def _plot(args) -> int:
     from ..plot import save_plot
 
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.run,), kind="file")
     save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title)
     print(f"wrote {args.out}")
     return 0
@@ -244,16 +272,29 @@ def _serve(args) -> int:
             raise ScalembError(f"{args.token_file}: cannot read the token file ({exc.strerror})") from None
     if token is None and not args.insecure_no_auth:
         raise ScalembError("no bearer token: set SCALEMB_TOKEN or pass --token-file (or --insecure-no-auth)")
+    if args.insecure_no_auth and not args.allow_remote_no_auth and not _is_loopback(args.host):
+        raise ScalembError(f"--insecure-no-auth with --host {args.host} (not loopback) would serve anyone without "
+                           "a token; add --allow-remote-no-auth to confirm")
     root = Path(args.data_root)
     if not root.is_dir():
         raise ScalembError(f"{root}: data root is not a directory")
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
-                           max_upload_bytes=args.max_upload_mb * 1024 * 1024)
-    print(f"scalemb serve: http://{args.host}:{args.port} data root {root.resolve()}", file=sys.stderr, flush=True)
+                           max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours)
     serve(config, host=args.host, port=args.port)
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _embed(args) -> int:
@@ -268,7 +309,7 @@ def _embed(args) -> int:
                         scheduler=args.scheduler, workers=args.workers,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
-    _refuse_existing(args.out, args.overwrite)
+    _refuse_existing(args.out, args.overwrite, (args.input,))
     with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:
         result = embedder.fit(args.input, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
     return _report(args.out, result)
@@ -284,11 +325,18 @@ def _report(out, result) -> int:
 def _resume(args) -> int:
     from ..resume import resume
 
-    return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet))
+    return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet,
+                                    scheduler=args.scheduler))
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("affinity", "generate", "plot"):  # SIGTERM unwinds like Ctrl-C: temporaries removed
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
@@ -302,6 +350,10 @@ def main(argv=None) -> int:
         return EXIT_CLUSTER_LOST
     except (ScalembError, ValueError) as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # e.g. a read-only or full output directory
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"scalemb: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except FloatingPointError as exc:
         print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)

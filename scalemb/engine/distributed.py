@@ -27,12 +27,13 @@ import dataclasses
 import hashlib
 import logging
 import time
+import uuid
 
 import numpy as np
 
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
-from ..errors import ScalembError
+from ..errors import InputError, ScalembError
 from ..models import get_model
 from ..repulsion.fft import FFTParams
 from ..repulsion.method import resolve_repulsion_settings
@@ -156,6 +157,7 @@ class DaskExecutor:
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
         model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
+        self.store.verify_hash()
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      self.store.n_points, fft_params)
         self.model = model
@@ -175,8 +177,10 @@ class DaskExecutor:
         if not workers:
             raise ScalembError(f"the Dask cluster at {client.scheduler.address} has no workers")
         path = str(self.store.path.resolve())
-        # keys name the store's content and its path: another run on the same store may share the loaded rows
-        token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}"
+        # keys name the store's content, its path and this executor: two runs on one store in one process (the
+        # service's concurrent jobs) sharing keys deadlocked in set_curvature, so each run loads its own rows
+        token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}-" \
+                f"{uuid.uuid4().hex[:8]}"
         self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
                                       workers=[workers[k % len(workers)]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
@@ -184,6 +188,9 @@ class DaskExecutor:
             self._holders = self._run(self._wait_for_partitions)
         except SchedulerLostError:
             raise
+        except InputError as exc:  # the store's structure, checked where a partition is read
+            self.close()
+            raise InputError(exc.path, exc.reason, exc.line) from None
         except Exception as exc:  # noqa: BLE001 - whatever the workers' read raised
             self.close()
             raise ScalembError(f"the Dask workers could not read the affinity store {path} "

@@ -1,8 +1,25 @@
-"""Atomic replacement of an output directory (a Zarr group): build under a hidden sibling, then rename.
+"""Atomic, crash-safe replacement of an output directory (a Zarr group), and the overwrite rules.
 
-A crash or an exception while writing never leaves a half-written group under the requested name; an
-existing group is replaced only after the new one is complete (``overwrite``).
+A new group is built under a hidden sibling ``.NAME.tmp-<pid>-<hex>`` and moved into place by one atomic
+step: ``rename`` when ``NAME`` does not exist, else ``renameat2(RENAME_EXCHANGE)`` (Linux), which swaps the two
+directories in one system call, so ``NAME`` always holds a complete group (the old one, or the new one); the
+old group, now under the sibling's name, is then deleted.  Where the exchange is unavailable, the complete new
+group is first renamed ``.NAME.ready-<pid>-<hex>`` (its name says it is complete), then ``NAME`` is renamed
+``.NAME.old-<pid>-<hex>`` and the ready one renamed ``NAME``.
+
+Recovery rule (``recover_directory``, run before every read or write of ``NAME``): if ``NAME`` is missing, the
+newest ``.NAME.ready-*`` sibling is renamed ``NAME``, else the newest ``.NAME.old-*`` is; then every
+``.NAME.old-*`` and ``.NAME.ready-*`` left and every ``.NAME.tmp-<pid>-*`` whose writer process ``pid`` no
+longer runs is deleted.  A SIGKILL at any instant therefore leaves ``NAME`` complete, or (before the first
+write finished) absent.
+
+Overwrite rules (``check_output_path``): an existing target is replaced only with ``overwrite``, only when it
+is a directory scalemb wrote (its ``zarr.json`` carries a scalemb marker: ``scalemb_checkpoint``,
+``scalemb_version`` or ``scalemb``), never when it is, contains or lies inside one of the run's inputs; and
+the replacement happens only once the new group is complete.
 """
+import ctypes
+import json
 import os
 import shutil
 import uuid
@@ -11,38 +28,144 @@ from pathlib import Path
 
 from ..errors import ScalembError
 
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_MARKERS = ("scalemb_checkpoint", "scalemb_version", "scalemb")
 
-def check_output_path(path, overwrite: bool) -> Path:
-    """``path`` as a ``Path`` once it is known to be writable: refuses an existing target without ``overwrite``
+
+def is_scalemb_output(path) -> bool:
+    """Whether ``path`` is a directory whose Zarr group attributes carry a scalemb marker."""
+    meta = Path(path) / "zarr.json"
+    try:
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(attrs, dict) and any(key in attrs for key in _MARKERS)
+
+
+def _overlaps(path: Path, other) -> bool:
+    try:
+        a, b = path.resolve(), Path(other).resolve()
+    except (OSError, RuntimeError, TypeError):
+        return False
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory") -> Path:
+    """``path`` as a ``Path`` once it is known to be writable (``kind``: the output is a ``directory`` or a
+    ``file``).  Refuses an existing target without ``overwrite``, a target that is (or holds) one of ``inputs``,
+    an existing directory output scalemb did not write, a file where a directory is written (and the reverse),
     and a missing parent directory."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
-    if not path.parent.exists():
+    recover_directory(path)
+    for source in inputs:
+        if source is not None and isinstance(source, (str, Path)) and Path(source).exists() and \
+                _overlaps(path, source):
+            raise ScalembError(f"{path}: is (or holds) the input {source}; choose another output")
+    if path.exists() or path.is_symlink():
+        if not overwrite:
+            raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
+        if kind == "directory" and not (path.is_dir() and not path.is_symlink() and is_scalemb_output(path)):
+            raise ScalembError(f"{path}: exists and was not written by scalemb (no scalemb marker); refusing to "
+                               "overwrite it: remove it yourself or choose another output")
+        if kind == "file" and (path.is_dir() or not path.is_file()):
+            raise ScalembError(f"{path}: exists and is not a regular file; refusing to overwrite it")
+    parent = path.resolve().parent
+    if not parent.is_dir():
         raise ScalembError(f"{path.parent}: output directory does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ScalembError(f"{path.parent}: output directory is not writable")
     return path
 
 
 def hidden_sibling(path: Path, tag: str) -> Path:
-    """A fresh hidden name next to ``path`` (``.NAME.TAG-xxxxxxxx``)."""
-    return path.parent / f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}"
+    """A fresh hidden name next to ``path`` (``.NAME.TAG-<pid>-xxxxxxxx``)."""
+    path = Path(path).resolve()
+    return path.parent / f".{path.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _siblings(path: Path, tag: str) -> list:
+    prefix = f".{path.name}.{tag}-"
+    try:
+        found = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime if p.exists() else 0.0)
+
+
+def _alive(pid_text: str) -> bool:
+    try:
+        os.kill(int(pid_text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_directory(path) -> None:
+    """Apply the recovery rule (module docstring) to ``path``: restore ``path`` from a complete sibling left
+    by a killed replacement and delete the leftovers of killed writers."""
+    path = Path(path)
+    try:
+        path = path.resolve()
+        if not path.parent.is_dir() or not path.name:
+            return
+    except OSError:
+        return
+    if not path.exists():
+        for tag in ("ready", "old"):
+            candidates = _siblings(path, tag)
+            if candidates:
+                os.replace(candidates[-1], path)
+                break
+    if path.exists():
+        for tag in ("ready", "old"):
+            for leftover in _siblings(path, tag):
+                shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in _siblings(path, "tmp"):
+        if not _alive(leftover.name.rsplit("-", 2)[-2]):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def replace_directory(new: Path, path: Path) -> None:
+    """Move the complete directory ``new`` to ``path`` in one atomic step, replacing an existing ``path``
+    (see the module docstring); ``new`` is consumed."""
+    new, path = Path(new), Path(path)
+    if not (path.exists() or path.is_symlink()):
+        os.replace(new, path)
+        return
+    if _exchange(new, path):
+        shutil.rmtree(new, ignore_errors=True)  # now the old group
+        return
+    ready = hidden_sibling(path, "ready")
+    os.replace(new, ready)
+    old = hidden_sibling(path, "old")
+    os.replace(path, old)
+    os.replace(ready, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
-def atomic_directory(path, overwrite: bool = False):
-    """Yield a temporary sibling directory path to write into; on normal exit it is renamed to ``path``
-    (replacing an existing one when ``overwrite``), on an exception it is removed."""
-    path = check_output_path(path, overwrite)
+def atomic_directory(path, overwrite: bool = False, inputs=()):
+    """Yield a temporary sibling directory path to write into; on normal exit it replaces ``path`` (an existing
+    one only when ``overwrite`` and scalemb wrote it: ``check_output_path``), on an exception it is removed."""
+    path = check_output_path(path, overwrite, inputs)
     tmp = hidden_sibling(path, "tmp")
     try:
         yield tmp
         if path.exists():
-            old = hidden_sibling(path, "old")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+            check_output_path(path, overwrite, inputs)  # still ours at the moment of replacing it
+        replace_directory(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -32,8 +32,8 @@ from .._version import __version__
 from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
-from .atomic import atomic_directory
-from .results import _json_safe
+from .atomic import atomic_directory, check_output_path, hidden_sibling, recover_directory, replace_directory
+from .results import _json_safe, arrays_hash
 
 logger = logging.getLogger("scalemb")
 
@@ -82,6 +82,7 @@ def input_hash(provenance: dict, executor, node_ids) -> str:
 def read_config(path) -> dict:
     """The run configuration of a checkpointed store; ``ScalembError`` (one line) if ``path`` is not one."""
     path = Path(path)
+    recover_directory(path)
     if not path.exists():
         raise ScalembError(f"{path}: no such checkpointed run")
     try:
@@ -109,17 +110,41 @@ def read_checkpoint(path) -> Checkpoint | None:
         version = group[f"checkpoints/{current}"]
         attrs = dict(version.attrs)
         state_arrays = {name: array[:] for name, array in version["state"].arrays()}
+        b = {name: array[:] for name, array in version["best"].arrays()} if attrs["best"] is not None else {}
+        recorded = attrs.get("content_hash")
+        arrays = {**{f"state/{k}": v for k, v in state_arrays.items()}, **{f"best/{k}": v for k, v in b.items()}}
+        if recorded is not None and arrays_hash(arrays) != recorded:
+            raise ValueError("content hash mismatch: corrupt or modified")
+        _check_state(state_arrays, b, attrs, meta["config"])
         state = _state_class(meta["config"]["optimizer"]["name"]).join(state_arrays, attrs["state"])
         best = None
-        if attrs["best"] is not None:
-            b = {name: array[:] for name, array in version["best"].arrays()}
+        if b:
             best = OptimizeResult(b["coords"], attrs["best"]["kl"], b["kl_history"], attrs["best"]["iterations"],
                                   attrs["best"]["converged"], attrs["best"]["backoffs"], b["seconds"],
                                   attrs["best"]["evaluations"])
-    except (KeyError, ValueError) as exc:
-        raise ScalembError(f"{path}: checkpoint {current} is unreadable ({exc})") from None
-    return Checkpoint(attrs["restart"], attrs["iteration"], state, list(attrs["restart_kls"]), best,
-                      attrs["elapsed"])
+        checkpoint = Checkpoint(int(attrs["restart"]), int(attrs["iteration"]), state,
+                                [float(k) for k in attrs["restart_kls"]], best, float(attrs["elapsed"]))
+    except Exception as exc:  # noqa: BLE001 - a malformed checkpoint is reported in one line, never a traceback
+        raise ScalembError(f"{path}: checkpoint {current} is unreadable ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return checkpoint
+
+
+def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
+    """Shapes and values of a checkpoint's arrays against the run configuration (``ValueError``)."""
+    if "coords" not in state:
+        raise ValueError("no state/coords")
+    n = config.get("n_points")
+    dims = int(config["space_dims"]) + int(config["time_dims"]) if "space_dims" in config else None
+    for name, array in list(state.items()) + [(f"best {k}", v) for k, v in best.items() if k == "coords"]:
+        if name.endswith("coords") and n is not None and dims is not None and \
+                array.shape not in ((int(n), dims), (dims, int(n))):  # layouts: point- or dim-major
+            raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)} or {(dims, n)}")
+        if name.endswith("coords") and not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} has non-finite values")
+    if not 0 <= int(attrs["restart"]) < int(config.get("restarts", attrs["restart"] + 1)) or \
+            int(attrs["iteration"]) < 0:
+        raise ValueError(f"restart {attrs['restart']} / iteration {attrs['iteration']} out of range")
 
 
 def create_store(path, config: dict, overwrite: bool = False) -> Path:
@@ -156,7 +181,12 @@ def write_checkpoint(path, checkpoint: Checkpoint) -> str:
             best_group.create_array(key, data=np.ascontiguousarray(value))
         best = {"kl": float(b.kl), "iterations": int(b.iterations), "converged": bool(b.converged),
                 "backoffs": int(b.backoffs), "evaluations": int(b.evaluations)}
-    version.attrs.update(_json_safe({"restart": checkpoint.restart, "iteration": checkpoint.iteration,
+    hashed = {**{f"state/{k}": np.ascontiguousarray(v) for k, v in arrays.items()},
+              **({} if checkpoint.best is None else {f"best/{k}": np.ascontiguousarray(v) for k, v in
+                                                     (("coords", b.coords), ("kl_history", b.kl_history),
+                                                      ("seconds", b.seconds))})}
+    version.attrs.update(_json_safe({"content_hash": arrays_hash(hashed),
+                                     "restart": checkpoint.restart, "iteration": checkpoint.iteration,
                                      "restart_kls": [float(k) for k in checkpoint.restart_kls],
                                      "elapsed": checkpoint.elapsed, "state": scalars, "best": best}))
     _switch_pointer(group, meta, name)
@@ -199,6 +229,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._previous_handlers = {}
         self._created = False
+        self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
 
     # -- signals ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -243,10 +274,17 @@ class Checkpointer:
                   "checkpoint_every": self.every, "scalemb_version": __version__,
                   "embedder": _embedder_arguments(embedder, executor)}
         if not self.resume:
-            create_store(self.path, _json_safe(config), self.overwrite)
+            check_output_path(self.path, self.overwrite, inputs=(data,))
+            if self.path.exists():  # scalemb's own output: keep it until the new result is complete
+                self.target, self.path = self.path, self.path.with_name(self.path.name + ".next")
+                check_output_path(self.path, True, inputs=(data,))
+            config["replaces"] = None if self.target is None else str(self.target.resolve())
+            create_store(self.path, _json_safe(config), overwrite=True)
             self._created = True
             return None
         stored = read_config(self.path)["config"]
+        if stored.get("replaces"):
+            self.target = Path(stored["replaces"])
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
         if checkpoint is not None and checkpoint.iteration > embedder.iterations:
@@ -279,8 +317,18 @@ class Checkpointer:
         return name
 
     def finish(self, result) -> Path:
-        """Replace the checkpoints by the final result (``scalemb.io.results`` layout)."""
-        return result.save(self.path, overwrite=True)
+        """Replace the checkpoints by the final result (``scalemb.io.results`` layout).  A run started with
+        ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in one atomic
+        step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""
+        if self.target is None:
+            return result.save(self.path, overwrite=True)
+        check_output_path(self.target, True)
+        staged = hidden_sibling(self.target, "tmp")
+        result.save(staged)
+        replace_directory(staged, self.target)
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path = self.target
+        return self.target
 
 
 def _embedder_arguments(embedder, executor) -> dict:

@@ -50,13 +50,18 @@ def _parse_id(token: str, path: Path, line_no: int) -> int:
     return value
 
 
+MIN_WEIGHT = float(np.finfo(np.float64).tiny)  # smallest normal float64
+MAX_WEIGHT = 1e300
+
+
 def _parse_weight(token: str, path: Path, line_no: int) -> float:
     try:
         value = float(token)
     except ValueError:
         raise InputError(path, f"weight {token!r} is not a number", line_no) from None
-    if not np.isfinite(value) or value <= 0:
-        raise InputError(path, f"weight {token} must be a finite positive number", line_no)
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:  # subnormal or huge weights make P underflow/overflow to NaN
+        raise InputError(path, f"weight {token} must be a finite positive number in [{MIN_WEIGHT:.3g}, "
+                               f"{MAX_WEIGHT:.3g}]", line_no)
     return value
 
 

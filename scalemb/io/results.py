@@ -6,13 +6,14 @@ Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``nod
 ``optimizer``.  The group is written to a hidden sibling directory and renamed into place, so a crash
 never leaves a half-written result under the requested name.
 """
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from ..errors import ScalembError
-from .atomic import atomic_directory
+from .atomic import atomic_directory, recover_directory
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 
@@ -29,6 +30,17 @@ def _json_safe(value):
     return value
 
 
+def arrays_hash(arrays: dict) -> str:
+    """SHA-256 over the named arrays (name, dtype, shape and bytes, in name order): a result's or a
+    checkpoint version's content hash, checked on load."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Path:
     """Write ``arrays`` (``embedding``, ``node_ids``, ``kl_history``) and ``attrs`` to a Zarr group at ``path``."""
     missing = [name for name in _ARRAYS if name not in arrays]
@@ -38,14 +50,22 @@ def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Pa
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         for name in _ARRAYS:
             group.create_array(name, data=np.ascontiguousarray(arrays[name]))
-        group.attrs.update(_json_safe(attrs))
+        group.attrs.update(_json_safe({**attrs, "content_hash": arrays_hash({n: arrays[n] for n in _ARRAYS})}))
     return Path(path)
 
 
 def read_result(path) -> tuple[dict, dict]:
     """Read a result group: ``(arrays, attrs)`` with NumPy arrays."""
     path = Path(path)
+    recover_directory(path)
     if not path.exists():
         raise ScalembError(f"{path}: no such result")
-    group = zarr.open_group(store=str(path), mode="r")
-    return {name: group[name][:] for name in _ARRAYS}, dict(group.attrs)
+    try:
+        group = zarr.open_group(store=str(path), mode="r")
+        arrays, attrs = {name: group[name][:] for name in _ARRAYS}, dict(group.attrs)
+    except Exception as exc:  # noqa: BLE001 - anything unreadable is reported as such, in one line
+        raise ScalembError(f"{path}: not a readable scalemb result ({type(exc).__name__})") from None
+    recorded = attrs.get("content_hash")
+    if recorded is not None and arrays_hash(arrays) != recorded:
+        raise ScalembError(f"{path}: content hash mismatch: the result is corrupt or was modified")
+    return arrays, attrs

@@ -8,6 +8,7 @@ import hmac
 import io
 import os
 import re
+import sys
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from typing import Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
@@ -41,6 +43,7 @@ class ServiceConfig:
     max_request_bytes: int = 64 * 1024
     max_upload_bytes: int = 256 * 1024 * 1024
     n_threads: int | None = None
+    store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
 
 
 class JobRequest(BaseModel):
@@ -54,10 +57,66 @@ class JobRequest(BaseModel):
     time: int | None = Field(None, ge=0, le=16, description="default 1 for snest, 0 otherwise")
     optimizer: Literal["auto", "dbd", "sd", "gd"] = "auto"
     iterations: int = Field(5000, ge=1, le=1_000_000)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
     restarts: int = Field(1, ge=1, le=100)
     repulsion: Literal["auto", "exact", "fft"] = "auto"
     graph_affinity: Literal[GRAPH_AFFINITIES] = "coauthorship"
+
+    @model_validator(mode="after")
+    def _embedder_accepts(self):
+        """The Embedder's own checks (dimensions per model, fft support) at submission, not when the job runs."""
+        from ..embedding import Embedder
+
+        Embedder(model=self.model, space_dims=self.space, time_dims=self.time, iterations=self.iterations,
+                 seed=self.seed, restarts=self.restarts, repulsion=self.repulsion)._check()
+        return self
+
+
+MAX_PATH_CHARS = 1024
+
+
+def _one_line(exc: RequestValidationError) -> str:
+    """The first validation error as one line naming the field, never echoing the submitted value."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+    message = str(first.get("msg", "invalid")).replace("Value error, ", "").splitlines()[0][:300]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {message}{more}"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body (Content-Length or chunked) over ``limit`` bytes is refused with 413
+    before the application reads it; uploads (``/uploads/``) are limited by their own handler while streaming."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].startswith("/uploads/"):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                response = _error(413, f"request body exceeds the limit of {self.limit} bytes")
+                return await response(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
 
 
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
@@ -67,24 +126,43 @@ def _error(status: int, detail: str, headers=None) -> JSONResponse:
 def confine(root: Path, relative: str) -> Path:
     """``root / relative`` resolved, or ``HTTPException``: 400 for absolute paths and ``..``, 403 when a
     symlink leads outside ``root``, 404 when missing."""
-    if not relative or "\x00" in relative:
-        raise HTTPException(400, "input path is empty or invalid")
+    if not relative or "\x00" in relative or len(relative) > MAX_PATH_CHARS:
+        raise HTTPException(400, f"input path is empty, invalid or longer than {MAX_PATH_CHARS} characters")
+    try:
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPException(400, "input path is not valid UTF-8 text") from None
     candidate = Path(relative)
     if candidate.is_absolute() or relative.startswith(("/", "\\")):
         raise HTTPException(400, f"input {relative!r}: absolute paths are refused; give a path relative to the "
                                  "data root")
     if ".." in candidate.parts:
         raise HTTPException(400, f"input {relative!r}: '..' is refused; give a path inside the data root")
-    resolved = (root / candidate).resolve()
-    if not resolved.is_relative_to(root):
-        raise HTTPException(403, f"input {relative!r} resolves outside the data root (symlink); refused")
-    if not resolved.exists():
-        raise HTTPException(404, f"input {relative!r}: no such file under the data root")
+    try:
+        resolved = (root / candidate).resolve()
+        if not resolved.is_relative_to(root) or _escaping_link(root, resolved):
+            raise HTTPException(403, f"input {relative!r} resolves outside the data root (symlink); refused")
+        if not resolved.exists():
+            raise HTTPException(404, f"input {relative!r}: no such file under the data root")
+    except OSError as exc:
+        raise HTTPException(400, f"input {relative!r}: not a usable path ({exc.strerror})") from None
     return resolved
 
 
+def _escaping_link(root: Path, path: Path) -> bool:
+    """Whether a directory input (an affinity store) holds a symlink leading outside ``root``."""
+    if not path.is_dir():
+        return False
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = Path(folder) / name
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                return True
+    return False
+
+
 def _public(record: dict, history: bool = True) -> dict:
-    params = {k: v for k, v in record["params"].items() if k != "input_path"}
+    params = {k: v for k, v in record["params"].items() if k not in ("input_path", "store_path", "cancel_requested")}
     started, finished = record["started"], record["finished"]
     end = finished if finished is not None else time.time()
     out = {"id": record["id"], "state": record["state"], "params": params, "iteration": record["iteration"],
@@ -102,6 +180,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
     root = Path(config.data_root).resolve()
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     (root / "uploads").mkdir(exist_ok=True)
+    for partial in (root / "uploads").glob(".*.part"):  # uploads cut off by a killed service
+        partial.unlink(missing_ok=True)
     state = {}
 
     @asynccontextmanager
@@ -109,13 +189,18 @@ def create_app(config: ServiceConfig) -> FastAPI:
         store = JobStore(root / "jobs.sqlite3")
         state["store"] = store
         state["runner"] = JobRunner(store, root, config.max_running, config.max_queue, config.scheduler,
-                                    config.checkpoint_every, config.n_threads)
+                                    config.checkpoint_every, config.n_threads, config.store_ttl_hours)
         yield
         state["runner"].stop()
         store.close()
 
     app = FastAPI(title="scalemb", version=__version__, lifespan=lifespan,
                   description="SNE-family embedding jobs (SNE, t-SNE, space-time SNE).")
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _error(422, _one_line(exc))
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -214,9 +299,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
     async def upload(name: str, request: Request):
         """Store the raw request body as ``uploads/NAME`` (an edge list, optionally gzipped); use
         ``"input": "uploads/NAME"`` in ``POST /jobs``."""
-        if not UPLOAD_NAME.match(name):
-            raise HTTPException(400, f"upload name {name!r}: use letters, digits, '.', '_' and '-' only")
+        if not UPLOAD_NAME.fullmatch(name):
+            raise HTTPException(400, f"upload name {name[:80]!r}: use letters, digits, '.', '_' and '-' only")
         target = root / "uploads" / name
+        if state["runner"].in_use(target):
+            raise HTTPException(409, f"uploads/{name} is the input of a queued or running job; upload under "
+                                     "another name")
         tmp = target.with_name(f".{name}.{time.monotonic_ns()}.part")
         size = 0
         try:
@@ -234,9 +322,57 @@ def create_app(config: ServiceConfig) -> FastAPI:
     return app
 
 
+def lock_data_root(root: Path):
+    """An exclusive, non-blocking ``flock`` on ``DATA_ROOT/.scalemb-serve.lock`` held for the process's life
+    (the returned file object); ``ScalembError`` if another ``scalemb serve`` holds it.  Two services on one
+    data root would requeue and resume each other's jobs."""
+    import fcntl
+
+    from ..errors import ScalembError
+
+    handle = open(Path(root) / ".scalemb-serve.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ScalembError("the data root is in use by another scalemb serve (lock .scalemb-serve.lock held); "
+                           "stop it first") from None
+    return handle
+
+
+def bind_socket(host: str, port: int):
+    """A listening TCP socket on ``host:port``, bound before any job runs; ``ScalembError`` if it is busy."""
+    import socket
+
+    from ..errors import ScalembError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ScalembError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ScalembError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def serve(config: ServiceConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the service with uvicorn until SIGINT/SIGTERM; running jobs checkpoint and resume on restart."""
+    """Run the service with uvicorn until SIGINT/SIGTERM; running jobs checkpoint and resume on restart.
+    Order: lock the data root, bind the port, then start the application (and its job runner)."""
     import uvicorn
 
-    uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning",
-                                  access_log=False)).run()
+    lock = lock_data_root(config.data_root)
+    sock = bind_socket(host, port)
+    print(f"scalemb serve: http://{host}:{port} data root {Path(config.data_root).resolve()}", file=sys.stderr,
+          flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning",
+                                      access_log=False)).run(sockets=[sock])
+    finally:
+        sock.close()
+        lock.close()

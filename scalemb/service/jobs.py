@@ -14,9 +14,11 @@ import time
 import uuid
 from pathlib import Path
 
+from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
 
@@ -104,8 +106,10 @@ class JobRunner:
     """``max_running`` threads taking job ids from a FIFO queue and running them."""
 
     def __init__(self, store: JobStore, data_root: Path, max_running: int, max_queue: int,
-                 scheduler: str | None = None, checkpoint_every: int = 100, n_threads: int | None = None):
+                 scheduler: str | None = None, checkpoint_every: int = 100, n_threads: int | None = None,
+                 store_ttl_hours: float = 24.0):
         self.store, self.data_root = store, data_root
+        self.store_ttl_hours = store_ttl_hours
         self.max_queue, self.scheduler = max_queue, scheduler
         self.checkpoint_every, self.n_threads = checkpoint_every, n_threads
         self._queue = queue.Queue()
@@ -114,13 +118,45 @@ class JobRunner:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         for record in store.list():  # jobs a previous service left unfinished
-            if record["state"] in ("queued", "running"):
+            if record["state"] in ("queued", "running") and record["params"].get("cancel_requested"):
+                shutil.rmtree(self.run_dir(record["id"]) / "run.zarr", ignore_errors=True)
+                store.update(record["id"], state="cancelled", finished=record["finished"] or time.time())
+            elif record["state"] in ("queued", "running"):
                 store.update(record["id"], state="queued")
                 self._queue.put(record["id"])
+        self.clean_stores()
         self._threads = [threading.Thread(target=self._loop, name=f"scalemb-job-{i}", daemon=True)
                          for i in range(max_running)]
         for thread in self._threads:
             thread.start()
+
+    def clean_stores(self) -> None:
+        """Apply the stores' cleaning rule (``scalemb.service.stores``)."""
+        in_use = [r["params"].get("store_path") for r in self.store.list() if r["state"] in ("queued", "running")]
+        try:
+            clean_stores(self.data_root, in_use, self.store_ttl_hours)
+        except OSError as exc:
+            logger.warning("cleaning %s/stores: %s", self.data_root.name, exc)
+
+    def in_use(self, path: Path) -> bool:
+        """Whether a queued or running job reads ``path`` (an upload must not change under it)."""
+        path = str(path)
+        return any(r["params"].get("input_path") == path for r in self.store.list()
+                   if r["state"] in ("queued", "running"))
+
+    def _source(self, job_id: str, params: dict) -> str:
+        """The input ``Embedder.fit`` reads: with a scheduler, an affinity store under the data root."""
+        if params.get("store_path"):
+            touch(Path(params["store_path"]))
+            return params["store_path"]
+        source = params["input_path"]
+        if self.scheduler is None or is_affinity_store(source):
+            return source
+        from ..embedding import DASK_PARTITIONS
+
+        path = str(ensure_store(self.data_root, source, params["graph_affinity"], DASK_PARTITIONS))
+        self.store.update(job_id, params={**params, "store_path": path})
+        return path
 
     def run_dir(self, job_id: str) -> Path:
         return self.data_root / "jobs" / job_id
@@ -139,6 +175,8 @@ class JobRunner:
                 return self.store.update(job_id, state="cancelled", finished=time.time())
             if record["state"] == "running":
                 self._cancelled.add(job_id)
+                # durable: a service killed before the job stops cancels it when it starts again
+                self.store.update(job_id, params={**record["params"], "cancel_requested": True})
                 checkpointer = self._active.get(job_id)
                 if checkpointer is not None:
                     checkpointer.request_stop()
@@ -166,8 +204,11 @@ class JobRunner:
                 self.store.update(job_id, state="running", started=self.store.get(job_id)["started"] or time.time())
             try:
                 self._run(job_id)
-            except Exception:  # never lose a runner thread
+            except Exception as exc:  # never lose a runner thread, never leave a job "running"
                 logger.exception("job %s: runner error", job_id)
+                self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
+                                  finished=time.time())
+            self.clean_stores()
 
     def _run(self, job_id: str):
         params = self.store.get(job_id)["params"]
@@ -211,7 +252,7 @@ class JobRunner:
             self._active[job_id] = checkpointer
         try:
             with checkpointer:
-                embedder.fit(params["input_path"], params["graph_affinity"], checkpoint=checkpointer)
+                embedder.fit(self._source(job_id, params), params["graph_affinity"], checkpoint=checkpointer)
         except RunInterrupted:
             if job_id in self._cancelled:
                 shutil.rmtree(run, ignore_errors=True)
@@ -220,7 +261,7 @@ class JobRunner:
                 self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
             return
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0].replace(f"{self.data_root}/", "")
             if isinstance(exc, FloatingPointError):
                 message = f"optimisation diverged: {exc}"
             logger.warning("job %s failed: %s", job_id, message)

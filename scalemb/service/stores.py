@@ -1,0 +1,98 @@
+"""Affinity stores for service jobs that run on a Dask cluster: ``DATA_ROOT/stores/<key>.zarr``.
+
+Dask workers read P by path, so a job's input must be an affinity store on storage the workers see: the data
+root (a shared volume in ``deploy/kubernetes``), never the service's temporary directory.  A non-store input
+(an upload, an edge list under the data root, a built-in dataset) is ingested once into
+``stores/<key>.zarr``, ``key`` the SHA-256 of (the input's bytes, or the dataset name and scalemb version;
+the graph affinity; the partition count), so later jobs on the same input reuse it.  Ingestion runs under an
+exclusive ``flock`` on ``stores/<key>.lock`` and writes atomically, so concurrent jobs on one input ingest it
+once and nobody sees a half-written store.  The job records the store it used and resumes from it after a
+restart, whatever happened to the original file since.
+
+Cleaning rule: a store's modification time is its last use (set when a job starts on it).  When the service
+starts and after every job, a store that no queued or running job uses and that was last used more than
+``ttl_hours`` ago (``scalemb serve --store-ttl-hours``, default 24) is deleted, with its lock file.
+"""
+import fcntl
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .._version import __version__
+from ..affinity.store import is_affinity_store
+
+DIRECTORY = "stores"
+_READ = 1 << 20
+
+
+def input_key(source: str, graph_affinity: str, n_partitions: int) -> str:
+    """The store key of ``source`` (a file path or a built-in dataset name)."""
+    digest = hashlib.sha256(f"scalemb-store-1\0{graph_affinity}\0{n_partitions}\0".encode())
+    path = Path(source)
+    if path.is_file():
+        with open(path, "rb") as handle:
+            while block := handle.read(_READ):
+                digest.update(block)
+    else:
+        digest.update(f"dataset\0{source}\0{__version__}".encode())
+    return digest.hexdigest()
+
+
+def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int) -> Path:
+    """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there."""
+    from ..embedding import load_affinity
+
+    folder = Path(root) / DIRECTORY
+    folder.mkdir(exist_ok=True)
+    key = input_key(source, graph_affinity, n_partitions)
+    path = folder / f"{key}.zarr"
+    with open(folder / f"{key}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_affinity_store(path):
+            if Path(source).is_file():
+                from ..affinity.ingest import ingest_edge_list
+
+                ingest_edge_list(source, path, affinity=graph_affinity, n_partitions=n_partitions)
+            else:
+                from ..affinity.store import write_affinity_store
+
+                write_affinity_store(path, load_affinity(source, graph_affinity), n_partitions=n_partitions)
+        touch(path)
+    return path
+
+
+def touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def clean_stores(root: Path, in_use, ttl_hours: float) -> list:
+    """Delete the stores no job in ``in_use`` (paths) uses and last used over ``ttl_hours`` ago; returns them."""
+    folder = Path(root) / DIRECTORY
+    if not folder.is_dir():
+        return []
+    keep = {Path(p).name for p in in_use if p}
+    cutoff = time.time() - ttl_hours * 3600
+    removed = []
+    for store in folder.glob("*.zarr"):
+        if store.name in keep:
+            continue
+        lock_path = folder / f"{store.name[:-len('.zarr')]}.lock"
+        with open(lock_path, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # being ingested or used right now
+            try:
+                if store.stat().st_mtime >= cutoff:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(store, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
+            removed.append(store)
+    return removed

@@ -1,0 +1,127 @@
+"""CLI defects of issue 23: one-line errors (status 2) instead of tracebacks or "diverged", checkpoints and
+results checked on load, resume never connecting to a scheduler address it read from a checkpoint."""
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import scalemb
+from scalemb.io.checkpoint import Checkpointer
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc, fragment=""):
+    lines = proc.stderr.strip().splitlines()
+    return proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr and \
+        (len(lines) == 1 or lines[0].startswith("usage:"))
+
+
+@pytest.mark.parametrize("args", [
+    ("embed", "school", "--learning-rate", "inf", "--optimizer", "dbd"),
+    ("embed", "school", "--learning-rate", "nan", "--optimizer", "dbd"),
+    ("embed", "school", "--time-ratio", "nan", "--optimizer", "dbd"),
+    ("embed", "school", "--time-ratio", "inf", "--optimizer", "dbd"),
+    ("embed", "school", "--exaggeration", "-4"),
+    ("embed", "school", "--seed", "-1"),
+    ("generate", "coauthor", "--authors", "1e12"),
+    ("generate", "coauthor", "--authors", "1000000000000"),
+    ("generate", "coauthor", "--authors", "10", "--edges-per-author", "inf"),
+    ("plot", "x.zarr", "--dpi", "100000"),
+])
+def test_bad_numbers_are_usage_errors_and_write_nothing(tmp_path, args):
+    out = tmp_path / ("out.png" if args[0] == "plot" else "out")
+    proc = subprocess.run([sys.executable, "-m", "scalemb", *args, "--out", str(out), "--iterations", "5"]
+                          if args[0] == "embed" else [sys.executable, "-m", "scalemb", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert one_line_error(proc), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_output_is_one_line(tmp_path):
+    target = tmp_path / "no" / "such" / "R.zarr"
+    proc = run_cli("embed", "school", "--iterations", "5", "--out", str(target), "--quiet")
+    assert one_line_error(proc, "output directory"), proc.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_cli("plot", str(tmp_path / "none.zarr"), "--out", str(blocker / "p.png"))
+    assert one_line_error(proc), proc.stderr
+
+
+def test_malformed_checkpoint_and_corrupt_result_are_one_line(tmp_path):
+    out = tmp_path / "run.zarr"
+
+    def stop(checkpointer, restart, iteration):
+        checkpointer.request_stop()
+
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    version = next(p for p in (out / "checkpoints").iterdir() if p.is_dir())
+    coords = zarr.open_array(str(version / "state" / "coords"), mode="r+")
+    coords[0, 0] = coords[0, 0] + 1.0  # bit rot: caught by the version's content hash
+    proc = run_cli("resume", str(out))
+    assert one_line_error(proc, "content hash mismatch"), proc.stderr
+    zarr.open_group(str(version), mode="r+").attrs["content_hash"] = None
+    state = zarr.open_group(str(version / "state"), mode="r+")
+    del state["coords"]
+    state.create_array("coords", data=np.zeros((3, 2)))  # wrong shape, no hash to catch it
+    proc = run_cli("resume", str(out))
+    assert one_line_error(proc, "is unreadable"), proc.stderr
+
+    done = tmp_path / "done.zarr"
+    result = scalemb.embed("school", model="tsne", iterations=10, out=done)
+    assert len(zarr.open_group(str(done), mode="r").attrs["content_hash"]) == 64
+    embedding = zarr.open_array(str(done / "embedding"), mode="r+")
+    embedding[1, 1] = result.embedding[1, 1] * 2
+    proc = run_cli("plot", str(done), "--out", str(tmp_path / "p.png"))
+    assert one_line_error(proc, "content hash mismatch"), proc.stderr
+
+
+def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    connections = []
+    threading.Thread(target=lambda: connections.append(listener.accept()), daemon=True).start()
+    out = tmp_path / "run.zarr"
+
+    def stop(checkpointer, restart, iteration):
+        checkpointer.request_stop()
+
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    group = zarr.open_group(str(out), mode="r+")
+    meta = dict(group.attrs["scalemb_checkpoint"])
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    meta["config"] = {**meta["config"], "embedder": {**meta["config"]["embedder"], "scheduler": address}}
+    group.attrs["scalemb_checkpoint"] = meta  # an edited checkpoint naming an arbitrary listener
+    proc = run_cli("resume", str(out))
+    time.sleep(0.2)
+    assert one_line_error(proc, "--scheduler"), proc.stderr
+    assert connections == []
+    listener.close()
+
+
+def test_sigterm_during_affinity_leaves_no_spill_directory(tmp_path):
+    edges = tmp_path / "big.txt"
+    assert run_cli("generate", "coauthor", "--authors", "200000", "--out", str(edges), "--quiet").returncode == 0
+    out = tmp_path / "P.zarr"
+    proc = subprocess.Popen([sys.executable, "-m", "scalemb", "affinity", str(edges), "--out", str(out),
+                             "--quiet"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if p.name.startswith(".P.zarr.")] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode in (130, 0), stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["big.txt"], ["P.zarr", "big.txt"])

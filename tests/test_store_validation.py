@@ -1,0 +1,69 @@
+"""Affinity stores are validated wherever they are read: the structure of every partition where it is read
+(in-process and on Dask workers), the content hash where one is recorded (also on the Dask path)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+import scalemb
+from scalemb.affinity.store import write_affinity_store
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300)
+
+
+def _store(tmp_path, name, school_affinity, hashless=True):
+    path = tmp_path / name
+    write_affinity_store(path, school_affinity, n_partitions=4)
+    group = zarr.open_group(str(path), mode="r+")
+    if hashless:
+        meta = dict(group.attrs["scalemb"])
+        meta["content_hash"] = None
+        group.attrs["scalemb"] = meta
+    return path, group
+
+
+@pytest.mark.parametrize("where", [(), ("--workers", "1")])
+def test_corrupt_stores_are_one_line_errors_in_process_and_on_dask(tmp_path, school_affinity, where):
+    bad_index, group = _store(tmp_path, "idx.zarr", school_affinity)
+    indices = group["indices"][:]
+    indices[-3] = 10 ** 9
+    group["indices"][:] = indices
+    bad_indptr, group = _store(tmp_path, "ptr.zarr", school_affinity)
+    indptr = group["indptr"][:]
+    indptr[5], indptr[6] = indptr[6], indptr[5] - 1
+    group["indptr"][:] = indptr
+    scaled, group = _store(tmp_path, "scaled.zarr", school_affinity, hashless=False)
+    group["data"][:] = group["data"][:] * 2
+    for path, fragment in ((bad_index, "column index out of range"), (bad_indptr, "indptr is not non-decreasing"),
+                           (scaled, "content hash mismatch")):
+        proc = run_cli("embed", str(path), "--model", "tsne", "--iterations", "5", "--out",
+                       str(tmp_path / f"out-{path.name}"), "--quiet", *where)
+        assert proc.returncode == 2, (path, proc.returncode, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert fragment in lines[-1] and str(path) in lines[-1], proc.stderr[-2000:]
+        assert not (tmp_path / f"out-{path.name}").exists()
+
+
+def test_anndata_style_store_without_scalemb_metadata_is_accepted(tmp_path, school_affinity):
+    path = tmp_path / "ad.zarr"
+    P = school_affinity.P.tocsr()
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": list(P.shape)})
+    group.create_array("data", data=P.data.astype(np.float32))
+    group.create_array("indices", data=P.indices.astype(np.int32))
+    group.create_array("indptr", data=P.indptr.astype(np.int32))
+    result = scalemb.embed(str(path), model="tsne", iterations=10)
+    assert result.embedding.shape == (42, 2) and np.array_equal(result.node_ids, np.arange(42))
+
+
+def test_subnormal_and_huge_weights_are_refused_with_the_line(tmp_path):
+    for weight in ("1e-320", "1e308"):
+        edges = tmp_path / "w.txt"
+        edges.write_text(f"1 2\n2 3 {weight}\n3 1\n")
+        proc = run_cli("affinity", str(edges), "--out", str(tmp_path / "P.zarr"), "--quiet")
+        assert proc.returncode == 2 and f"{edges}:2: weight {weight}" in proc.stderr, proc.stderr
+        assert not (tmp_path / "P.zarr").exists()
