@@ -31,7 +31,7 @@ import zarr
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
 from ..io.edgelist import _open_text, _parse_id, _parse_weight
-from .store import default_chunk_nnz, write_store_metadata
+from .store import default_chunk_nnz, layout_block_count, write_store_metadata
 
 AFFINITIES = ("coauthorship", "normalized")
 _EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
@@ -237,13 +237,13 @@ def _merge_to_file(run_files, merged: Path, n: int, buffer_entries: int):
     return counts, degree
 
 
-def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: str, n_partitions: int,
+def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: str, n_partitions: int | None,
                  block_entries: int, provenance: dict):
     """Write the affinity store of the merged C entries at ``store``."""
     n = node_ids.size
     indptr = np.concatenate([[0], np.cumsum(counts)])
     nnz = int(indptr[-1])
-    chunk_nnz = default_chunk_nnz(nnz, n_partitions)
+    chunk_nnz = default_chunk_nnz(nnz, n_partitions or layout_block_count(n))
     block = chunk_nnz * max(1, block_entries // chunk_nnz)  # whole chunks per write
 
     def blocks():
@@ -274,13 +274,14 @@ def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: 
                          digest.hexdigest())
 
 def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int = 2_000_000,
-                     n_partitions: int = 8, overwrite: bool = False) -> Path:
+                     n_partitions: int | None = None, overwrite: bool = False) -> Path:
     """Build the affinity store of edge list ``path`` (SNAP text or CSV, optionally ``.gz``) at ``out``
     without holding the edges in memory; ``affinity`` is ``"coauthorship"`` (``p_ij ∝ C_ij (1/deg_i +
     1/deg_j)``) or ``"normalized"`` (``P = C / ΣC``), P summing to 1.  Returns ``out``.
 
     Raises ``InputError`` (file and line) on bad input, ``ScalembError`` if ``out`` exists and not
-    ``overwrite``; on any error nothing is left behind.
+    ``overwrite``; on any error nothing is left behind.  ``n_partitions`` None: the data-determined layout
+    (``scalemb.affinity.store.layout_block_count``).
     """
     path, out = Path(path), Path(out)
     if affinity not in AFFINITIES:

@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     aff.add_argument("--perplexity", type=float, default=30.0, help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
-    aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
+    aff.add_argument("--partitions", type=_positive_int, default=None,
+                     help="row partitions balanced by nnz (default: the data-determined layout of equal row ranges "
+                     "that every run without a store uses)")
     aff.add_argument("--seed", type=int, default=0)
     aff.add_argument("--threads", type=_positive_int, default=None)
     aff.add_argument("--overwrite", action="store_true")
