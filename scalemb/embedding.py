@@ -220,18 +220,22 @@ class Embedder:
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
         if checkpoint is not None:
-            checkpoint.finish(self.result_)
+            checkpoint.finish(self.result_, best)
         return self
 
-    def continue_run(self, data, optimizer, n_iter: int, graph_affinity: str = "coauthorship") -> "Embedder":
+    def continue_run(self, data, optimizer, n_iter: int, graph_affinity: str = "coauthorship",
+                     verify=None) -> "Embedder":
         """Continue the fitted best run on ``data`` (the input ``fit`` had) for ``n_iter`` more iterations from
-        its final optimiser state, with ``optimizer`` (the fitted one, or a copy with changed settings)."""
+        its final optimiser state, with ``optimizer`` (the fitted one, or a copy with changed settings);
+        ``verify(executor, node_ids, provenance)``, if given, checks the input before any iteration."""
         model, time_dims = self._check()
         previous = self.result_
         state = self.run_.state
         total = int(state.iteration) + int(n_iter)
         start = time.perf_counter()
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
+            if verify is not None:
+                verify(executor, node_ids, provenance)
             progress = Progress(total, model.name, quiet=self.quiet)
             extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
             try:

@@ -60,3 +60,25 @@ def test_export_of_something_else_fails_cleanly(tmp_path, capsys):
     assert main(["export", str(tmp_path / "notarun"), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 2
     assert "not a finished scalemb run" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notarun"]
+
+
+@pytest.mark.parametrize("optimizer", ["dbd", "sd"])
+def test_cli_continue_equals_one_longer_run(tmp_path, optimizer):
+    out = tmp_path / "run.zarr"
+    args = ["--model", "snest", "--optimizer", optimizer, "--quiet", "--tol", "0"]
+    assert main(["embed", "school", "--iterations", "30", "--out", str(out), *args]) == 0
+    assert main(["continue", str(out), "--iterations", "20", "--quiet"]) == 0
+    longer = tmp_path / "longer.zarr"
+    assert main(["embed", "school", "--iterations", "50", "--out", str(longer), *args]) == 0
+    a, b = scalemb.EmbeddingResult.load(out), scalemb.EmbeddingResult.load(longer)
+    assert np.array_equal(a.embedding, b.embedding) and np.array_equal(a.kl_history, b.kl_history)
+    assert a.iterations == 50
+    assert main(["continue", str(out), "--iterations", "5", "--quiet"]) == 0  # continuable again
+    assert scalemb.EmbeddingResult.load(out).iterations == 55
+
+
+def test_cli_continue_refuses_what_is_not_a_finished_run(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["continue", str(tmp_path / "empty"), "--iterations", "5"]) == 2
+    assert "not a" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
