@@ -259,6 +259,9 @@ class Embedder(TransformerMixin, BaseEstimator):
         """Embed ``X`` (see the module docstring for the inputs); ``y`` is ignored.  ``checkpoint``: a
         ``scalemb.io.checkpoint.Checkpointer`` (as ``scalemb.embed`` uses).  ``graph_affinity``: overrides the
         parameter for this call (the earlier ``fit(data, graph_affinity)`` form)."""
+        if isinstance(y, str):  # the earlier fit(data, graph_affinity) form: y is a label vector here
+            raise TypeError(f"fit(X, y): y={y!r} looks like a graph affinity; pass graph_affinity={y!r} as a "
+                            "keyword or set the estimator's graph_affinity")
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
         data, node_ids, adata = self._as_input(X)

@@ -56,6 +56,8 @@ def test_init_only_stores_and_is_keyword_only():
         scalemb.Embedder(perplexty=5)
     assert scalemb.SNE().model == "sne" and scalemb.TSNE().model == "tsne" and scalemb.SNEST().model == "snest"
     assert clone(scalemb.TSNE(iterations=7)).get_params() == scalemb.TSNE(iterations=7).get_params()
+    with pytest.raises(TypeError, match="graph_affinity"):
+        scalemb.TSNE(iterations=5).fit("school", "normalized")  # the old positional form is refused, not ignored
 
 
 def test_seed_is_an_alias_of_random_state_and_pipeline_works():
