@@ -27,7 +27,6 @@ from .progress import Progress
 from .repulsion import REPULSION_METHODS, FFTParams, check_supported
 
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
-DASK_PARTITIONS = 8  # row partitions of the temporary store a non-store input gets on Dask
 
 
 @dataclass
@@ -106,13 +105,15 @@ class Embedder:
     Where it runs: in-process threads (default); ``scheduler`` (``'tcp://host:8786'``) an existing Dask
     cluster; ``workers`` a LocalCluster of that many processes started for the run.  On Dask the workers read
     their row partitions from an affinity store: a store input is used as is (it must be on storage the
-    workers see), other inputs are written to a temporary store with ``DASK_PARTITIONS`` partitions.
-    With the same store partitions the local and the Dask runs give identical results.
+    workers see), other inputs are written to a temporary store with the data-determined row-block layout
+    (``scalemb.affinity.store.layout_partitions``) that in-process runs use too: any thread count, any number of
+    workers, an edge list or a store written with the default partitions give the bit-identical embedding.
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
     """
 
     on_iteration = None
+    stop = None  # optional f(restart, iteration, kl, coords) -> bool: True ends that restart's run there
 
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
@@ -164,7 +165,7 @@ class Embedder:
                 yield executor, affinity.node_ids, dict(affinity.provenance)
             return
         with dask_client(self.scheduler, self.workers) as client, \
-                affinity_store_for(data, graph_affinity, DASK_PARTITIONS, load_affinity) as path, \
+                affinity_store_for(data, graph_affinity, None, load_affinity) as path, \
                 DaskExecutor(path, model, self.space_dims, time_dims, client, **options) as executor:
             store = executor.store  # the metadata the executor opened; P stays on the workers
             provenance = dict(store.provenance, content_hash=store.content_hash,
@@ -198,13 +199,14 @@ class Embedder:
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
                 progress = Progress(self.iterations, label, quiet=self.quiet,
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
+                extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
                 try:
                     if checkpoint is None:
-                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress)
+                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress, **extra)
                     else:
                         state = resumed.state if resumed is not None and k == resumed.restart else None
                         run = optimizer.optimize(executor, coords, self.iterations, callback=progress, state=state,
-                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start))
+                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start), **extra)
                 finally:
                     progress.close()
                 restart_kls.append(run.kl)
@@ -218,8 +220,38 @@ class Embedder:
             optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
+        self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
         if checkpoint is not None:
-            checkpoint.finish(self.result_)
+            checkpoint.finish(self.result_, best)
+        return self
+
+    def continue_run(self, data, optimizer, n_iter: int, graph_affinity: str = "coauthorship",
+                     verify=None) -> "Embedder":
+        """Continue the fitted best run on ``data`` (the input ``fit`` had) for ``n_iter`` more iterations from
+        its final optimiser state, with ``optimizer`` (the fitted one, or a copy with changed settings);
+        ``verify(executor, node_ids, provenance)``, if given, checks the input before any iteration."""
+        model, time_dims = self._check()
+        previous = self.result_
+        state = self.run_.state
+        total = int(state.iteration) + int(n_iter)
+        start = time.perf_counter()
+        with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
+            if verify is not None:
+                verify(executor, node_ids, provenance)
+            progress = Progress(total, model.name, quiet=self.quiet)
+            extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
+            try:
+                run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)
+            finally:
+                progress.close()
+        restart_kls = [run.kl if kl == previous.kl else kl for kl in previous.restart_kls]
+        self.result_ = EmbeddingResult(
+            embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
+            model=model.name, space_dims=self.space_dims, time_dims=time_dims, iterations=run.iterations,
+            seed=self.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
+            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds)
+        self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
+        self.run_, self.optimizer_ = run, optimizer
         return self
 
     def fit_transform(self, data=None, graph_affinity: str = "coauthorship") -> np.ndarray:

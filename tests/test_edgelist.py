@@ -104,3 +104,21 @@ def test_school_graph():
     assert a.n_points == 42 and a.P.nnz == 2 * 121
     degrees = np.asarray((a.P > 0).sum(axis=1)).ravel()
     assert sorted(set(degrees)) == [5, 21]  # students: 4 ring neighbours + teacher; teachers: 20 + other teacher
+
+
+def test_embed_and_affinity_read_one_format_csv_header_gz(tmp_path):
+    """One parser for every command: a CSV with a header row, gzipped, reads the same as the SNAP text."""
+    import scalemb
+    from scalemb.affinity.ingest import ingest_edge_list
+    from scalemb.affinity import AffinityStore
+
+    text = tmp_path / "e.txt"
+    text.write_text("# comment\n1 2\n2 3\n3 1\n3 4\n")
+    csv = tmp_path / "e.csv.gz"
+    with gzip.open(csv, "wt") as f:
+        f.write("source,target\n1,2\n2,3\n# c\n3,1\n3,4\n")
+    a, b = read_edge_list(text), read_edge_list(csv)
+    assert np.array_equal(a.node_ids, b.node_ids) and np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst)
+    store = ingest_edge_list(csv, tmp_path / "P.zarr")
+    assert np.array_equal(AffinityStore(store).node_ids, a.node_ids)
+    assert scalemb.Embedder(model="tsne", iterations=5).fit(str(csv)).embedding_.shape == (4, 2)

@@ -21,8 +21,6 @@ directory next to ``out``, removed whatever happens; the store is renamed into p
 import hashlib
 import shutil
 import tempfile
-import warnings
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -30,90 +28,12 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
-from ..io.edgelist import MAX_WEIGHT, MIN_WEIGHT, _open_text, _parse_id, _parse_weight
-from .store import default_chunk_nnz, write_store_metadata
+from ..io.edgelist import _EDGE, parse_edge_chunks
+from .store import default_chunk_nnz, layout_block_count, write_store_metadata
 
 AFFINITIES = ("coauthorship", "normalized")
-_EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
-_PAIR = np.dtype([("src", "<i8"), ("dst", "<i8")])
 _ENTRY = np.dtype([("key", "<i8"), ("weight", "<f8")])
 _MAX_NODES = 3_037_000_499  # largest N with N * N < 2**63 (keys row * N + col are int64)
-
-
-def _is_comment_or_blank(line: str) -> bool:
-    stripped = line.lstrip()
-    return not stripped or stripped.startswith("#")
-
-
-def _parse_lines_slowly(lines, first_line, path, sep) -> np.ndarray:
-    """Parse line by line (the rules of ``read_edge_list``); raises ``InputError`` at the first bad line."""
-    rows = []
-    for line_no, line in enumerate(lines, start=first_line):
-        if _is_comment_or_blank(line):
-            continue
-        fields = [field.strip() for field in line.split(sep)] if sep else line.split()
-        if len(fields) not in (2, 3):
-            raise InputError(path, f"expected 'src dst [weight]', got {len(fields)} fields", line_no)
-        rows.append((_parse_id(fields[0], path, line_no), _parse_id(fields[1], path, line_no),
-                     _parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0))
-    return np.array(rows, dtype=_EDGE)
-
-
-def _parse_lines(lines, first_line, path, sep) -> np.ndarray:
-    """Edges of ``lines`` (numbered from ``first_line``) with numpy's C parser when every data line has the
-    same number of valid fields, otherwise line by line."""
-    start = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
-    if start is None:
-        return np.empty(0, dtype=_EDGE)
-    data = lines[start:]
-    if "#" in "".join(data):
-        data = [line for line in data if not _is_comment_or_blank(line)]
-    n_fields = len(data[0].split(sep))
-    if n_fields in (2, 3):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                parsed = np.loadtxt(data, dtype=_EDGE if n_fields == 3 else _PAIR, delimiter=sep, comments=None,
-                                    ndmin=1)
-        except (ValueError, Warning):
-            parsed = None
-        if parsed is not None and parsed["src"].min() >= 0 and parsed["dst"].min() >= 0:
-            edges = np.empty(parsed.size, dtype=_EDGE)
-            edges["src"], edges["dst"] = parsed["src"], parsed["dst"]
-            edges["weight"] = parsed["weight"] if n_fields == 3 else 1.0
-            weight = edges["weight"]
-            if np.all((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT)):
-                return edges
-    return _parse_lines_slowly(lines, first_line, path, sep)
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
-def _parse_chunks(path: Path, chunk_lines: int):
-    """Yield the edges of each chunk of ``chunk_lines`` lines.  The separator is ``,`` if the first data line
-    holds one (then a first data line whose first field is not a number is a header), else whitespace."""
-    sep, decided, line_no = None, False, 1
-    try:
-        with _open_text(path) as handle:
-            while lines := list(islice(handle, chunk_lines)):
-                if not decided:
-                    first = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
-                    if first is not None:
-                        decided = True
-                        if "," in lines[first]:
-                            sep = ","
-                            if not _is_number(lines[first].split(",")[0].strip()):
-                                lines[first] = "\n"
-                yield _parse_lines(lines, line_no, path, sep)
-                line_no += len(lines)
-    except (UnicodeDecodeError, OSError, EOFError) as exc:
-        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -126,7 +46,7 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
 def _spill_chunks(path: Path, chunk_lines: int, work: Path):
     """Parse ``path`` into raw ``_EDGE`` chunk files without self-loops; return them and the sorted ids."""
     files, node_ids, pending, n_pending, n_read = [], np.empty(0, dtype=np.int64), [], 0, 0
-    for edges in _parse_chunks(path, chunk_lines):
+    for edges in parse_edge_chunks(path, chunk_lines):
         n_read += edges.size
         edges = edges[edges["src"] != edges["dst"]]
         if edges.size == 0:
@@ -237,13 +157,13 @@ def _merge_to_file(run_files, merged: Path, n: int, buffer_entries: int):
     return counts, degree
 
 
-def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: str, n_partitions: int,
+def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: str, n_partitions: int | None,
                  block_entries: int, provenance: dict):
     """Write the affinity store of the merged C entries at ``store``."""
     n = node_ids.size
     indptr = np.concatenate([[0], np.cumsum(counts)])
     nnz = int(indptr[-1])
-    chunk_nnz = default_chunk_nnz(nnz, n_partitions)
+    chunk_nnz = default_chunk_nnz(nnz, n_partitions or layout_block_count(n))
     block = chunk_nnz * max(1, block_entries // chunk_nnz)  # whole chunks per write
 
     def blocks():
@@ -274,13 +194,14 @@ def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: 
                          digest.hexdigest())
 
 def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int = 2_000_000,
-                     n_partitions: int = 8, overwrite: bool = False) -> Path:
+                     n_partitions: int | None = None, overwrite: bool = False) -> Path:
     """Build the affinity store of edge list ``path`` (SNAP text or CSV, optionally ``.gz``) at ``out``
     without holding the edges in memory; ``affinity`` is ``"coauthorship"`` (``p_ij ∝ C_ij (1/deg_i +
     1/deg_j)``) or ``"normalized"`` (``P = C / ΣC``), P summing to 1.  Returns ``out``.
 
     Raises ``InputError`` (file and line) on bad input, ``ScalembError`` if ``out`` exists and not
-    ``overwrite``; on any error nothing is left behind.
+    ``overwrite``; on any error nothing is left behind.  ``n_partitions`` None: the data-determined layout
+    (``scalemb.affinity.store.layout_block_count``).
     """
     path, out = Path(path), Path(out)
     if affinity not in AFFINITIES:

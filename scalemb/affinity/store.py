@@ -8,8 +8,10 @@ Layout of a store (a Zarr v3 group):
   ``partitions`` (int64, K + 1 row boundaries);
 * attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
 
-``data`` and ``indices`` are chunked by ``chunk_nnz`` non-zeros.  Partition boundaries balance the non-zeros
-and sit on the first row that starts at or after a chunk boundary, so a partition's rows read whole chunks
+``data`` and ``indices`` are chunked by ``chunk_nnz`` non-zeros.  By default the partitions are the
+data-determined layout every executor uses (``layout_partitions``: equal row ranges, a function of N only);
+partitions asked for by number balance the non-zeros and sit on the first row that starts at or after a chunk
+boundary, so a partition's rows read whole chunks
 of its own plus at most one chunk shared with each neighbour; ``read_rows(r0, r1)`` reads only the chunks
 that hold rows ``[r0, r1)``.  Writing goes to a hidden sibling directory renamed into place at the end, so
 a failed or interrupted write leaves nothing under the target name.
@@ -23,7 +25,7 @@ import zarr
 from .._version import __version__
 from ..errors import InputError
 from ..io.atomic import atomic_directory
-from .affinity import Affinity, RowBlock
+from .affinity import Affinity, RowBlock, row_partition
 
 ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 DEFAULT_CHUNK_NNZ = 1 << 20
@@ -37,18 +39,46 @@ def content_hash(indptr, indices, data, node_ids) -> str:
     return digest.hexdigest()
 
 
+# The row-block layout every executor evaluates P in is a function of the data only (the number of points),
+# never of the thread or worker count, so that a seed gives the same map on any machine (floating-point sums are
+# taken block by block in block order): one block below LAYOUT_ONE_BLOCK_BELOW points, else LAYOUT_MIN_BLOCKS
+# blocks of equal row counts (the exact repulsion, the dominant cost, costs the same per row), one more per
+# LAYOUT_BLOCK_ROWS rows beyond, at most LAYOUT_MAX_BLOCKS: enough blocks that a pool of a few threads (or
+# workers) stays evenly busy whatever their number.  A store written with the default partitions has this layout.
+LAYOUT_ONE_BLOCK_BELOW = 1024
+LAYOUT_MIN_BLOCKS = 16
+LAYOUT_BLOCK_ROWS = 16384
+LAYOUT_MAX_BLOCKS = 64
+
+
+def layout_block_count(n_rows: int) -> int:
+    """Number of row blocks of the data-determined layout for ``n_rows`` points (see ``LAYOUT_*``)."""
+    if n_rows < LAYOUT_ONE_BLOCK_BELOW:
+        return 1
+    return int(min(LAYOUT_MAX_BLOCKS, max(LAYOUT_MIN_BLOCKS, -(-n_rows // LAYOUT_BLOCK_ROWS))))
+
+
+def layout_partitions(n_rows: int) -> np.ndarray:
+    """Row boundaries ``0 = b_0 < ... < b_K = N`` of the data-determined layout: ``layout_block_count`` ranges
+    of near-equal length."""
+    bounds = [r0 for r0, _ in row_partition(n_rows, layout_block_count(n_rows))] + [n_rows]
+    return np.asarray(bounds, dtype=np.int64)
+
+
 def default_chunk_nnz(nnz: int, n_partitions: int) -> int:
     """Non-zeros per chunk of ``data``/``indices``: about four chunks per partition, within [1024, 2**20]."""
     return int(min(DEFAULT_CHUNK_NNZ, max(1024, -(-nnz // (4 * n_partitions)))))
 
 
-def write_store_metadata(group, indptr, node_ids, n_partitions: int, chunk_nnz: int, provenance: dict,
+def write_store_metadata(group, indptr, node_ids, n_partitions: int | None, chunk_nnz: int, provenance: dict,
                          digest: str):
     """Write ``indptr``, ``node_ids``, ``partitions`` and the group attributes of a store whose ``data`` and
     ``indices`` arrays are already in ``group``."""
     group.create_array("indptr", data=indptr)
     group.create_array("node_ids", data=node_ids)
-    group.create_array("partitions", data=balanced_partitions(indptr, n_partitions, chunk_nnz))
+    partitions = (layout_partitions(indptr.size - 1) if n_partitions is None
+                  else balanced_partitions(indptr, n_partitions, chunk_nnz))
+    group.create_array("partitions", data=partitions)
     n = int(indptr.size - 1)
     group.attrs.update({**ENCODING, "shape": [n, n],
                         "scalemb": {"kind": "affinity", "version": __version__, "chunk_nnz": int(chunk_nnz),
@@ -71,11 +101,14 @@ def balanced_partitions(indptr: np.ndarray, n_partitions: int, chunk_nnz: int) -
     return np.asarray(bounds, dtype=np.int64)
 
 
-def write_affinity_store(path, affinity: Affinity, n_partitions: int = 8, chunk_nnz: int | None = None,
+def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = None, chunk_nnz: int | None = None,
                          overwrite: bool = False) -> Path:
-    """Write ``affinity`` as an affinity store at ``path`` (atomic: temporary sibling, then rename)."""
+    """Write ``affinity`` as an affinity store at ``path`` (atomic: temporary sibling, then rename);
+    ``n_partitions``: that many partitions balanced by non-zeros; None: the data-determined layout
+    (``layout_partitions``) every run uses without a store, so that runs on the store and on ``affinity`` agree."""
     P = affinity.P
-    chunk_nnz = default_chunk_nnz(int(P.nnz), n_partitions) if chunk_nnz is None else chunk_nnz
+    if chunk_nnz is None:
+        chunk_nnz = default_chunk_nnz(int(P.nnz), n_partitions or layout_block_count(P.shape[0]))
     indptr = P.indptr.astype(np.int64)
     indices = P.indices.astype(np.int64)
     with atomic_directory(path, overwrite) as tmp:

@@ -14,6 +14,7 @@ from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
+from . import cont as continue_cli, export as export_cli
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -155,7 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
-    aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
+    aff.add_argument("--partitions", type=_positive_int, default=None,
+                     help="row partitions balanced by nnz (default: the data-determined layout of equal row ranges "
+                     "that every run without a store uses)")
     aff.add_argument("--seed", type=int, default=0)
     aff.add_argument("--threads", type=_positive_int, default=None)
     aff.add_argument("--overwrite", action="store_true")
@@ -206,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --scheduler: delete DATA_ROOT/stores entries unused this long (default 24)")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
     srv.add_argument("--quiet", action="store_true")
+    export_cli.add_parser(commands)
+    continue_cli.add_parser(commands)
     return parser
 
 
@@ -341,7 +346,8 @@ def main(argv=None) -> int:
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot, "serve": _serve}[args.command](args)
+                "plot": _plot, "serve": _serve, "export": export_cli.run,
+                "continue": continue_cli.run}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

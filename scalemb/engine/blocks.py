@@ -58,25 +58,27 @@ def point_major(coords: np.ndarray) -> np.ndarray:
 
 
 def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,
-                   with_kl: bool = True) -> BlockResult:
-    """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding.  Without
-    ``with_kl`` the block's ``sum p log w`` is not computed (0)."""
+                   with_kl: bool = True, Yt: np.ndarray | None = None) -> BlockResult:
+    """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding (``Yt``, if
+    given, its ``point_major`` copy shared by all blocks).  Without ``with_kl`` the block's ``sum p log w`` is
+    not computed (0)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A,
-                             with_kl)
+    Yt = point_major(coords) if Yt is None else Yt
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
     R = np.zeros_like(coords)
     z = model.repulsion(coords, space_dims, block.r0, block.r1, R)
     return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
 
 
 def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, grid: Grid,
-                       potentials: np.ndarray, cells: NearCells | None = None, with_kl: bool = True) -> BlockResult:
+                       potentials: np.ndarray, cells: NearCells | None = None, with_kl: bool = True,
+                       Yt: np.ndarray | None = None) -> BlockResult:
     """Rows ``[block.r0, block.r1)`` with the repulsion interpolated from ``potentials`` on ``grid``
     (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
-    index of a split grid)."""
+    index of a split grid; ``Yt`` as in ``evaluate_block``)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
-    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, A,
-                             with_kl)
+    Yt = point_major(coords) if Yt is None else Yt
+    plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
     R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells)
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
 

@@ -33,7 +33,7 @@ def dask_client(scheduler: str | None = None, workers: int | None = None):
 
 
 @contextmanager
-def affinity_store_for(data, graph_affinity: str, n_partitions: int, load_affinity):
+def affinity_store_for(data, graph_affinity: str, n_partitions: int | None, load_affinity):
     """Path of an affinity store holding ``data``'s P: ``data`` itself if it is a store; an edge-list file
     is streamed into a temporary store (``ingest_edge_list``: the client never holds the edges or P);
     anything else (a built-in dataset, an ``Affinity``) goes through ``load_affinity(data, graph_affinity)``.

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..models import get_model
 from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
-from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
+from .blocks import Evaluation, evaluate_block_fft, point_major, reduce_blocks
 
 logger = logging.getLogger("scalemb")
 
@@ -36,16 +36,18 @@ def charges_of_block(block, grid, coords):
     return spread(grid, coords, block.r0, block.r1)
 
 
-def evaluate_block_on_grid(block, model_name, coords, space_dims, grid, potentials, cells, with_kl):
-    return evaluate_block_fft(get_model(model_name), block, coords, space_dims, grid, potentials, cells, with_kl)
+def evaluate_block_on_grid(block, model_name, coords, space_dims, grid, potentials, cells, with_kl, Yt=None):
+    return evaluate_block_fft(get_model(model_name), block, coords, space_dims, grid, potentials, cells, with_kl, Yt)
 
 
 def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarray, entropy: float,
                  exaggeration: float, params: FFTParams, fft_workers: int = 1, on_capped=None,
-                 with_kl: bool = True) -> Evaluation:
+                 with_kl: bool = True, share_point_major: bool = False) -> Evaluation:
     """KL(P||Q) (NaN without ``with_kl``) and gradient at ``coords`` with the repulsion interpolated on a grid;
     ``on_capped(grid, lo, hi)`` is called when the grid is capped (its near field is then summed directly).
-    A non-finite layout gives a NaN evaluation (the optimisers treat it as a blow-up)."""
+    A non-finite layout gives a NaN evaluation (the optimisers treat it as a blow-up).  ``share_point_major``:
+    the blocks share one ``point_major`` copy of the coordinates (blocks in this process).  Block partials (the
+    charge grids, Z) are summed in block order, whatever ran them: the result depends on the blocks only."""
     lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         nan = float("nan")
@@ -61,5 +63,7 @@ def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarra
             charges += part
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     cells = near_cells(grid, coords)
-    results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells, with_kl)
+    extra = (point_major(coords),) if share_point_major else ()
+    results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells, with_kl,
+                         *extra)
     return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z, with_kl=with_kl)

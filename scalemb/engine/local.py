@@ -7,17 +7,16 @@ import scipy.sparse as sp
 
 from ..affinity.affinity import Affinity, row_partition
 from ..affinity.ordering import inverse_permutation, locality_order
+from ..affinity.store import layout_partitions
 from ..models.base import Model
 from ..optim.solvers import FactorizedSolver
 from ..repulsion.fft import FFTParams
 from ..repulsion.method import resolve_repulsion_settings
-from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
+from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, point_major, reduce_blocks
 from .fft_pass import CappedGridWarning, evaluate_fft
 from .laplacian import row_sums
 
 
-# Below this many points a thread hand-off costs more than the kernel itself.
-_SINGLE_BLOCK_BELOW = 1024
 POINT_ORDERS = ("auto", "given", "locality")
 # From this many points on, point_order='auto' evaluates in the locality order (scalemb.affinity.ordering): below
 # it the coordinates fit in the fastest caches anyway, and the committed small-graph results (GrQc, Table 1)
@@ -37,8 +36,11 @@ class LocalExecutor:
     """Evaluates KL and its gradient with P split into row blocks, evaluated on a thread pool.
 
     Blocks: ``partitions`` (row boundaries ``0 = b_0 < ... < b_K = N``) if given, else ``n_blocks`` equal
-    ranges (default one per thread, one below 1024 points).  Results depend on the blocks only through
-    floating-point summation order.
+    ranges if given, else the data-determined layout (``scalemb.affinity.store.layout_partitions``: a function of
+    N and P's non-zeros only, the partitions of a store written with the defaults).  Results depend on the blocks
+    only through floating-point summation order, and partials are always reduced in block order, so the thread
+    count never changes a result: any ``n_threads``, and the Dask executor on the same partitions, give
+    bit-identical evaluations.
 
     ``repulsion``: ``'exact'`` (all pairs), ``'fft'`` (interpolation on a grid with ``fft_params``,
     ``scalemb.repulsion.fft``) or ``'auto'`` (``scalemb.repulsion.method``); ``self.repulsion`` is the
@@ -77,14 +79,15 @@ class LocalExecutor:
             internal = affinity.permuted(self._order)
         if partitions is not None:  # row boundaries, e.g. an affinity store's: same sums as the Dask executor
             bounds = [(int(a), int(b)) for a, b in zip(partitions[:-1], partitions[1:])]
-        else:
-            if n_blocks is None:
-                n_blocks = 1 if n < _SINGLE_BLOCK_BELOW else self.n_threads
+        elif n_blocks is not None:
             bounds = row_partition(n, n_blocks)
+        else:
+            layout = layout_partitions(n)
+            bounds = [(int(a), int(b)) for a, b in zip(layout[:-1], layout[1:])]
         self._internal = internal
         self.blocks = [internal.row_block(r0, r1) for r0, r1 in bounds]
         self._entropy = sum(block.entropy_term() for block in self.blocks)
-        self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 else None
+        self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 and self.n_threads > 1 else None
         self._weights = None
 
     def _map(self, fn):
@@ -117,7 +120,8 @@ class LocalExecutor:
         if self.repulsion == "fft":
             evaluation = self._evaluate_fft(coords, exaggeration, with_kl)
         else:
-            results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl))
+            Yt = point_major(coords)  # once per evaluation, shared by the blocks
+            results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl, Yt))
             evaluation = reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
         evaluation.gradient = self._to_input(evaluation.gradient)
         return evaluation
@@ -126,7 +130,8 @@ class LocalExecutor:
         """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``)."""
         return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
                             self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
-                            fft_workers=self.n_threads, on_capped=self._warn_capped, with_kl=with_kl)
+                            fft_workers=self.n_threads, on_capped=self._warn_capped, with_kl=with_kl,
+                            share_point_major=True)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""

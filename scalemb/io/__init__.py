@@ -1,1 +1,4 @@
 """Reading inputs and writing results."""
+from .results import to_anndata
+
+__all__ = ["to_anndata"]

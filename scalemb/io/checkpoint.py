@@ -92,7 +92,8 @@ def read_config(path) -> dict:
         raise ScalembError(f"{path}: not a checkpointed scalemb run ({type(exc).__name__})") from None
     if meta is None:
         if "embedding" in group and "model" in group.attrs:
-            raise ScalembError(f"{path}: the run has finished (a result, no checkpoint to resume)")
+            raise ScalembError(f"{path}: the run has finished (a result, no checkpoint to resume); "
+                               f"add iterations with: scalemb continue {path} --iterations N")
         raise ScalembError(f"{path}: not a checkpointed scalemb run")
     if meta.get("format") != FORMAT:
         raise ScalembError(f"{path}: checkpoint format {meta.get('format')} is not supported (expected {FORMAT})")
@@ -207,6 +208,38 @@ def _check_same_run(path, stored: dict, config: dict) -> None:
                            "refusing to resume")
 
 
+FINAL_ATTR = "scalemb_final"
+
+
+def write_final_state(path, config: dict, state: OptimizerState) -> None:
+    """Keep, next to a finished result, the run configuration and the best run's final optimiser state
+    (group ``final_state``; attribute ``scalemb_final``), from which ``scalemb continue`` goes on."""
+    group = zarr.open_group(store=str(path), mode="r+")
+    arrays, scalars = state.split()
+    final = group.create_group("final_state", overwrite=True)
+    for key, value in arrays.items():
+        final.create_array(key, data=np.ascontiguousarray(value))
+    group.attrs[FINAL_ATTR] = _json_safe({"format": FORMAT, "config": config, "state": scalars})
+
+
+def read_final_state(path) -> tuple[dict, OptimizerState]:
+    """``(config, state)`` of a finished run written with its final state; ``ScalembError`` otherwise."""
+    path = Path(path)
+    try:
+        group = zarr.open_group(store=str(path), mode="r")
+        meta = dict(group.attrs).get(FINAL_ATTR)
+    except Exception as exc:  # noqa: BLE001 - not a Zarr group at all
+        raise ScalembError(f"{path}: not a scalemb run ({type(exc).__name__})") from None
+    if meta is None:
+        if ATTR in group.attrs:
+            raise ScalembError(f"{path}: the run has not finished; continue it with: scalemb resume {path}")
+        raise ScalembError(f"{path}: not a finished scalemb run with its optimiser state (runs written by "
+                           "`scalemb embed` from this version on keep it)")
+    arrays = {name: array[:] for name, array in group["final_state"].arrays()}
+    state = _state_class(meta["config"]["optimizer"]["name"]).join(arrays, meta["state"])
+    return meta["config"], state
+
+
 class Checkpointer:
     """Checkpoints for ``Embedder.fit``: every ``every`` iterations (0: only on a stop request) and when a
     stop is requested (SIGINT/SIGTERM while used as a context manager on the main thread, or
@@ -273,6 +306,7 @@ class Checkpointer:
                   "scheduler": getattr(embedder, "scheduler", None), "workers": getattr(embedder, "workers", None),
                   "checkpoint_every": self.every, "scalemb_version": __version__,
                   "embedder": _embedder_arguments(embedder, executor)}
+        self.config = _json_safe(config)
         if not self.resume:
             check_output_path(self.path, self.overwrite, inputs=(data,))
             if self.path.exists():  # scalemb's own output: keep it until the new result is complete
@@ -285,6 +319,7 @@ class Checkpointer:
         stored = read_config(self.path)["config"]
         if stored.get("replaces"):
             self.target = Path(stored["replaces"])
+        self.config = {**stored, "iterations": int(embedder.iterations)}
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
         if checkpoint is not None and checkpoint.iteration > embedder.iterations:
@@ -316,15 +351,22 @@ class Checkpointer:
         self.written += 1
         return name
 
-    def finish(self, result) -> Path:
-        """Replace the checkpoints by the final result (``scalemb.io.results`` layout).  A run started with
-        ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in one atomic
-        step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""
+    def finish(self, result, run: OptimizeResult | None = None) -> Path:
+        """Replace the checkpoints by the final result (``scalemb.io.results`` layout) and, if ``run`` (the best
+        restart's) carries its final state, keep it for ``scalemb continue`` (``write_final_state``).  A run
+        started with ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in
+        one atomic step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""
+        keep_state = run is not None and getattr(run, "state", None) is not None and getattr(self, "config", None)
         if self.target is None:
-            return result.save(self.path, overwrite=True)
+            path = result.save(self.path, overwrite=True)
+            if keep_state:
+                write_final_state(path, self.config, run.state)
+            return path
         check_output_path(self.target, True)
         staged = hidden_sibling(self.target, "tmp")
         result.save(staged)
+        if keep_state:
+            write_final_state(staged, self.config, run.state)
         replace_directory(staged, self.target)
         shutil.rmtree(self.path, ignore_errors=True)
         self.path = self.target

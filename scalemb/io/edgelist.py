@@ -1,11 +1,15 @@
-"""SNAP-style edge lists: ``src dst [weight]`` per line, ``#`` comments, tab/space separated, optionally gzipped.
+"""SNAP-style edge lists: ``src dst [weight]`` per line, ``#`` comments, tab/space separated or CSV (a first
+data line with a non-numeric first field is a header), optionally gzipped; one parser (``parse_edge_chunks``)
+for every command, in-memory and streaming.
 
 Self-loops are dropped; an unordered pair listed several times (duplicates or both directions, as SNAP does
 for undirected graphs) is one edge whose weight is the largest listed; nodes with no remaining edge are
 removed.  Original node ids are kept (``node_ids[k]`` is the id of index ``k``, sorted ascending).
 """
 import gzip
+import warnings
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,8 @@ import numpy as np
 from ..errors import InputError
 
 _INT64_MAX = np.iinfo(np.int64).max
+_EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
+_PAIR = np.dtype([("src", "<i8"), ("dst", "<i8")])
 
 
 @dataclass
@@ -65,6 +71,83 @@ def _parse_weight(token: str, path: Path, line_no: int) -> float:
     return value
 
 
+def _is_comment_or_blank(line: str) -> bool:
+    stripped = line.lstrip()
+    return not stripped or stripped.startswith("#")
+
+
+def _parse_lines_slowly(lines, first_line, path, sep) -> np.ndarray:
+    """Parse line by line (the rules of ``read_edge_list``); raises ``InputError`` at the first bad line."""
+    rows = []
+    for line_no, line in enumerate(lines, start=first_line):
+        if _is_comment_or_blank(line):
+            continue
+        fields = [field.strip() for field in line.split(sep)] if sep else line.split()
+        if len(fields) not in (2, 3):
+            raise InputError(path, f"expected 'src dst [weight]', got {len(fields)} fields", line_no)
+        rows.append((_parse_id(fields[0], path, line_no), _parse_id(fields[1], path, line_no),
+                     _parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0))
+    return np.array(rows, dtype=_EDGE)
+
+
+def _parse_lines(lines, first_line, path, sep) -> np.ndarray:
+    """Edges of ``lines`` (numbered from ``first_line``) with numpy's C parser when every data line has the
+    same number of valid fields, otherwise line by line."""
+    start = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
+    if start is None:
+        return np.empty(0, dtype=_EDGE)
+    data = lines[start:]
+    if "#" in "".join(data):
+        data = [line for line in data if not _is_comment_or_blank(line)]
+    n_fields = len(data[0].split(sep))
+    if n_fields in (2, 3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                parsed = np.loadtxt(data, dtype=_EDGE if n_fields == 3 else _PAIR, delimiter=sep, comments=None,
+                                    ndmin=1)
+        except (ValueError, Warning):
+            parsed = None
+        if parsed is not None and parsed["src"].min() >= 0 and parsed["dst"].min() >= 0:
+            edges = np.empty(parsed.size, dtype=_EDGE)
+            edges["src"], edges["dst"] = parsed["src"], parsed["dst"]
+            edges["weight"] = parsed["weight"] if n_fields == 3 else 1.0
+            weight = edges["weight"]
+            if np.all((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT)):
+                return edges
+    return _parse_lines_slowly(lines, first_line, path, sep)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_edge_chunks(path: Path, chunk_lines: int = 1_000_000):
+    """Yield the edges of each chunk of ``chunk_lines`` lines (``_EDGE`` records), the one parser of edge lists
+    (``read_edge_list`` and the streaming ``scalemb.affinity.ingest``).  The separator is ``,`` if the first data line
+    holds one (then a first data line whose first field is not a number is a header), else whitespace."""
+    sep, decided, line_no = None, False, 1
+    try:
+        with _open_text(path) as handle:
+            while lines := list(islice(handle, chunk_lines)):
+                if not decided:
+                    first = next((k for k, line in enumerate(lines) if not _is_comment_or_blank(line)), None)
+                    if first is not None:
+                        decided = True
+                        if "," in lines[first]:
+                            sep = ","
+                            if not _is_number(lines[first].split(",")[0].strip()):
+                                lines[first] = "\n"
+                yield _parse_lines(lines, line_no, path, sep)
+                line_no += len(lines)
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
+
+
 def read_edge_list(path) -> Graph:
     """Parse an edge list file into a ``Graph``; raises ``InputError`` naming the file and line."""
     path = Path(path)
@@ -72,24 +155,12 @@ def read_edge_list(path) -> Graph:
         raise InputError(path, "no such file")
     if not path.is_file():
         raise InputError(path, "not a regular file")
-    src, dst, weight = [], [], []
-    try:
-        with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, start=1):
-                fields = line.split()
-                if not fields or fields[0].startswith("#"):
-                    continue
-                if len(fields) not in (2, 3):
-                    raise InputError(path, f"expected 'src dst [weight]', got {len(fields)} fields", line_no)
-                src.append(_parse_id(fields[0], path, line_no))
-                dst.append(_parse_id(fields[1], path, line_no))
-                weight.append(_parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0)
-    except (UnicodeDecodeError, OSError, EOFError) as exc:
-        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
-    if not src:
+    chunks = list(parse_edge_chunks(path))
+    edges = np.concatenate(chunks) if chunks else np.empty(0, dtype=_EDGE)
+    if edges.size == 0:
         raise InputError(path, "no edges (file is empty or only comments)")
-    return graph_from_edges(np.array(src, dtype=np.uint64), np.array(dst, dtype=np.uint64),
-                            np.array(weight, dtype=np.float64), source=str(path))
+    return graph_from_edges(edges["src"].astype(np.uint64), edges["dst"].astype(np.uint64), edges["weight"],
+                            source=str(path))
 
 
 def graph_from_edges(src, dst, weight, source: str) -> Graph:

@@ -3,10 +3,12 @@
 Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``node_ids`` (int64),
 ``kl_history`` (float64, one exact KL per iteration of the best restart); attributes ``model``,
 ``space_dims``, ``time_dims``, ``iterations``, ``kl``, ``seed``, ``scalemb_version``, ``provenance`` and
-``optimizer``.  The group is written to a hidden sibling directory and renamed into place, so a crash
-never leaves a half-written result under the requested name.
+``optimizer``.  Each array names its dimensions (Zarr v3 ``dimension_names``: ``node``, ``component``,
+``iteration``), so ``xarray.open_zarr(path)`` opens the group as a Dataset.  The group is written to a hidden
+sibling directory and renamed into place, so a crash never leaves a half-written result under the requested name.
 """
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from ..errors import ScalembError
 from .atomic import atomic_directory, recover_directory
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
+DIMENSIONS = {"embedding": ("node", "component"), "node_ids": ("node",), "kl_history": ("iteration",)}
 
 
 def _json_safe(value):
@@ -49,7 +52,7 @@ def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Pa
     with atomic_directory(path, overwrite) as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         for name in _ARRAYS:
-            group.create_array(name, data=np.ascontiguousarray(arrays[name]))
+            group.create_array(name, data=np.ascontiguousarray(arrays[name]), dimension_names=DIMENSIONS[name])
         group.attrs.update(_json_safe({**attrs, "content_hash": arrays_hash({n: arrays[n] for n in _ARRAYS})}))
     return Path(path)
 
@@ -69,3 +72,29 @@ def read_result(path) -> tuple[dict, dict]:
     if recorded is not None and arrays_hash(arrays) != recorded:
         raise ScalembError(f"{path}: content hash mismatch: the result is corrupt or was modified")
     return arrays, attrs
+
+
+def to_anndata(run):
+    """An ``anndata.AnnData`` of a result (an ``EmbeddingResult`` or the path of a result group): one observation
+    per node (``obs_names``: the node ids), the embedding in ``.obsm['X_scalemb']``, the run's attributes and KL
+    history in ``.uns['scalemb']``.  Needs the ``anndata`` package."""
+    import anndata
+    import pandas as pd
+
+    if isinstance(run, (str, Path)):
+        arrays, attrs = read_result(run)
+    else:
+        arrays = {"embedding": run.embedding, "node_ids": run.node_ids, "kl_history": run.kl_history}
+        attrs = _json_safe(run.attrs())
+    obs = pd.DataFrame(index=pd.Index([str(v) for v in arrays["node_ids"]], name="node_id"))
+    adata = anndata.AnnData(obs=obs)
+    adata.obsm["X_scalemb"] = np.asarray(arrays["embedding"])
+    adata.uns["scalemb"] = {**{k: attrs[k] for k in ("model", "space_dims", "time_dims", "kl", "iterations", "seed")
+                               if attrs.get(k) is not None},
+                            "kl_history": np.asarray(arrays["kl_history"]), "attrs_json": json.dumps(attrs)}
+    return adata
+
+
+def column_names(space_dims: int, time_dims: int) -> list:
+    """Names of the embedding's columns: ``s1 .. s{ds}``, then ``t1 .. t{dt}``."""
+    return [f"s{k + 1}" for k in range(space_dims)] + [f"t{k + 1}" for k in range(time_dims)]

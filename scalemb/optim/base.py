@@ -15,6 +15,8 @@ class OptimizeResult:
     backoffs: int = 0
     seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each history entry
     evaluations: int = 0  # KL + gradient evaluations (line-search trials included)
+    stopped: bool = False  # a ``stop`` callback ended the run
+    state: object = None  # the optimiser's state at the end: ``optimize(..., state=result.state)`` continues
 
 
 def stalled(history: np.ndarray, it: int, start: int, window: int, tol: float) -> bool:

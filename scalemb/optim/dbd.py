@@ -105,17 +105,18 @@ class DeltaBarDelta:
                         best_coords=coords.copy(), backoffs=0)
 
     def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None, state: "DBDState | None" = None,
-                 checkpoint=None) -> OptimizeResult:
+                 checkpoint=None, stop=None) -> OptimizeResult:
         """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``) or, if given, from ``state``
         (``coords`` is then ignored); ``callback(it, kl)`` each step.  ``checkpoint(it, export)`` is called at
         the start of every iteration after the first one run here; ``export()`` returns a ``DBDState`` from
-        which ``optimize`` continues exactly as this run does."""
+        which ``optimize`` continues exactly as this run does.  ``stop(it, kl, coords)`` after ``callback``: True
+        ends the run there (``stopped``).  The result's ``state`` continues the run (``state=result.state``)."""
         ds = executor.space_dims
         s = self.initial_state(coords, ds) if state is None else state.snapshot(
             state.iteration, state.kl_history, state.seconds, state.elapsed)
         history, seconds, first = history_buffers(state, n_iter)
         start = time.perf_counter() - s.elapsed
-        converged = False
+        converged = stopped = False
         it = first
         for it in range(first, n_iter):
             if checkpoint is not None and it > first:
@@ -144,8 +145,12 @@ class DeltaBarDelta:
             if ev.kl < s.best_kl:
                 s.best_kl = ev.kl
                 s.best_coords[:] = s.coords
-            if callback is not None:  # the last computed KL on iterations that skip it
-                callback(it, ev.kl if with_kl else last_computed(history, it))
+            kl = ev.kl if with_kl else last_computed(history, it)  # the last computed KL on iterations that skip it
+            if callback is not None:
+                callback(it, kl)
+            if stop is not None and stop(it, kl, s.coords):
+                stopped = True
+                break
             if stalled(history, it, self._stall_start(), self.window, self.tol):
                 converged = True
                 break
@@ -169,12 +174,13 @@ class DeltaBarDelta:
             s.coords -= s.coords.mean(axis=1, keepdims=True)
         else:
             it = n_iter
-        if not converged:
+        if not converged and not (stopped and with_kl):
             history[it] = executor.evaluate(s.coords).kl
             seconds[it] = time.perf_counter() - start
             s.evaluations += 1
+        final = s.snapshot(it, history, seconds, time.perf_counter() - start)
         return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, s.backoffs,
-                              seconds[:it + 1].copy(), s.evaluations)
+                              seconds[:it + 1].copy(), s.evaluations, stopped, final)
 
     @staticmethod
     def _evaluate(executor, coords, exaggeration, with_kl):

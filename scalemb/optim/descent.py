@@ -173,11 +173,13 @@ class LineSearchDescent:
                             factor_alpha=None, factor_ordered=False)
 
     def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None,
-                 state: "DescentState | None" = None, checkpoint=None) -> OptimizeResult:
+                 state: "DescentState | None" = None, checkpoint=None, stop=None) -> OptimizeResult:
         """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``) or, if given, from ``state``
         (``coords`` is then ignored; the lagged factorisation is recomputed from it); ``callback(it, kl)`` each
         step.  ``checkpoint(it, export)`` is called at the start of every iteration after the first one run
-        here; ``export()`` returns a ``DescentState`` from which ``optimize`` continues exactly as this run does."""
+        here; ``export()`` returns a ``DescentState`` from which ``optimize`` continues exactly as this run does.
+        ``stop(it, kl, coords)`` after ``callback``: True ends the run there (``stopped``).  The result's ``state``
+        continues the run (``state=result.state``)."""
         ds = executor.space_dims
         if state is None:
             s = self.initial_state(executor, coords)
@@ -189,7 +191,7 @@ class LineSearchDescent:
         refactor_every = self._refactor_every(n_points)
         ev = s.evaluation()
         solver_state = {"stale": True} if state is None else self._restore_solver(executor, s)
-        converged = False
+        converged = stopped = False
         it = first
 
         def export():
@@ -208,6 +210,9 @@ class LineSearchDescent:
             seconds[it] = time.perf_counter() - start
             if callback is not None:
                 callback(it, ev.kl)
+            if stop is not None and stop(it, ev.kl, s.coords):
+                stopped = True
+                break
             if not np.isfinite(ev.kl):
                 raise FloatingPointError(f"KL became {ev.kl} at iteration {it}")
             if stalled(history, it, self.exaggeration_iterations, self.window, self.tol):
@@ -251,10 +256,11 @@ class LineSearchDescent:
             ev = result.evaluation
         else:
             it = n_iter
+        final = export()
         history[it] = ev.kl if s.alpha == 1.0 else executor.evaluate(s.coords).kl
         seconds[it] = time.perf_counter() - start
         return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
-                              seconds[:it + 1].copy(), s.evaluations)
+                              seconds[:it + 1].copy(), s.evaluations, stopped, final)
 
     def _restore_solver(self, executor, s: "DescentState") -> dict:
         """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged

@@ -1,0 +1,337 @@
+"""The scikit-learn estimator: ``scalemb.Embedder`` and its model presets ``SNE``, ``TSNE``, ``SNEST``.
+
+``fit(X)`` turns what a user holds into the affinity P (``_as_input``), then runs ``scalemb.embedding.Embedder``
+(the engine-level runner: executor, optimiser, restarts, checkpoints) on it.  The estimator's parameters are
+generated from the one parameter table ``scalemb.params.PARAMS``: ``__init__`` takes them as keywords and only
+stores them (scikit-learn's contract: ``get_params``/``set_params``/``clone`` work; validation happens in
+``fit``).
+
+Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
+
+* a feature array ``N x d`` -> kNN affinities (``scalemb.affinity.knn``: ``perplexity``, ``n_neighbors``,
+  ``metric``); ``affinity='precomputed'`` and a square array: P itself;
+* a square SciPy sparse matrix -> a weighted adjacency (``graph_affinity``), or P itself with
+  ``affinity='precomputed'``;
+* an AnnData -> ``.obsp['connectivities']`` if present, else ``.X``; the embedding is written to
+  ``.obsm['X_scalemb']``;
+* a networkx graph -> its weighted adjacency (``weight`` edge attribute, default 1); ``node_ids_`` holds the
+  graph's nodes in row order;
+* a ``(indices, distances)`` pair of ``N x k`` arrays (umap-learn's ``precomputed_knn``) -> kNN affinities;
+* a path (edge list, feature file with ``affinity='knn'``, affinity store), a built-in dataset name, an
+  ``Affinity``, or None (bundled GrQc), as ``scalemb.embed`` takes them.
+
+``transform`` (placing new points into a fitted map) is not part of this estimator yet: the engine-level
+``scalemb.embedding.Embedder.transform`` is where it lives; until it is wired here the estimator has no
+``transform`` method (``fit_transform`` embeds the training input).
+"""
+import inspect
+import numbers
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin
+
+from .affinity import Affinity, coauthorship_affinity, normalized_affinity
+from .errors import InputError
+from .io.edgelist import graph_from_edges
+from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
+
+OBSM_KEY = "X_scalemb"
+
+
+def _is_anndata(X) -> bool:
+    return type(X).__module__.split(".")[0] == "anndata" and hasattr(X, "obsp") and hasattr(X, "obsm")
+
+
+def _is_networkx(X) -> bool:
+    return type(X).__module__.split(".")[0] == "networkx"
+
+
+def _graph_affinity(A, kind: str, source: str, node_names=None):
+    """P from a square weighted adjacency ``A`` (symmetrised by the larger of ``A_ij``, ``A_ji``)."""
+    A = sp.coo_matrix(A, dtype=np.float64)
+    if A.shape[0] != A.shape[1]:
+        raise InputError(source, f"an adjacency matrix must be square, got shape {A.shape}")
+    if A.nnz and (not np.all(np.isfinite(A.data)) or A.data.min() < 0):
+        raise InputError(source, "adjacency weights must be finite and non-negative")
+    keep = A.data > 0
+    graph = graph_from_edges(A.row[keep].astype(np.uint64), A.col[keep].astype(np.uint64), A.data[keep], source)
+    if graph.n_nodes != A.shape[0]:
+        missing = np.setdiff1d(np.arange(A.shape[0]), graph.node_ids)
+        where = node_names[missing[0]] if node_names is not None else int(missing[0])
+        raise InputError(source, f"{missing.size} of {A.shape[0]} nodes have no edge (e.g. node {where!r}); "
+                                 "every node needs a neighbour to be embedded")
+    return coauthorship_affinity(graph) if kind == "coauthorship" else normalized_affinity(graph)
+
+
+def _knn_pair(pair, perplexity, n_jobs):
+    """P from a ``(indices, distances)`` kNN pair (umap-learn's ``precomputed_knn``; a self column is dropped)."""
+    from .affinity.knn import affinity_from_distances
+
+    indices, distances = (np.asarray(a) for a in pair)
+    if indices.ndim != 2 or distances.shape != indices.shape:
+        raise ValueError(f"a kNN pair needs indices and distances of one shape (N, k); got {indices.shape} and "
+                         f"{distances.shape}")
+    n, k = indices.shape
+    if not np.issubdtype(indices.dtype, np.integer) or (indices.size and (indices.min() < 0 or indices.max() >= n)):
+        raise ValueError(f"kNN indices must be integers in 0..{n - 1}")
+    if not np.all(np.isfinite(distances)) or (distances.size and distances.min() < 0):
+        raise ValueError("kNN distances must be finite and non-negative")
+    D = sp.csr_matrix((distances.astype(np.float64).ravel(), indices.astype(np.int64).ravel(),
+                       np.arange(0, n * k + 1, k)), shape=(n, n))
+    neighbours = k - int(np.all(indices[:, 0] == np.arange(n)))
+    return affinity_from_distances(D, _fitting_perplexity(perplexity, neighbours), n_jobs=n_jobs,
+                                   source="precomputed_knn")
+
+
+def _fitting_perplexity(perplexity: float, neighbours: int) -> float:
+    """``perplexity`` lowered below the number of neighbours a small input has (openTSNE does the same)."""
+    return float(min(float(perplexity), max(1.0, neighbours - 1.0)))
+
+
+class Embedder(TransformerMixin, BaseEstimator):
+    """SNE-family embedding as a scikit-learn estimator (parameters: ``scalemb.params.PARAMS``).
+
+    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``,
+    ``result_`` (a ``scalemb.EmbeddingResult``), ``node_ids_`` (the input's node of each row),
+    ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
+    """
+
+    _model_default = "snest"
+
+    def __init__(self, **params):  # the signature is generated from scalemb.params (see below)
+        unknown = sorted(set(params) - set(PARAM_NAMES))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected parameter(s) {', '.join(unknown)}")
+        defaults = dict(DEFAULTS, model=self._model_default)
+        for name in PARAM_NAMES:
+            setattr(self, name, params.get(name, defaults[name]))
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False  # a sparse matrix is an adjacency (square), not features
+        tags.non_deterministic = False
+        return tags
+
+    # ------------------------------------------------------------------ settings
+
+    def _seed(self) -> int:
+        value = self.random_state if self.random_state is not None else self.seed
+        if value is None:
+            return 0
+        if isinstance(value, np.random.RandomState):
+            return int(value.randint(np.iinfo(np.int32).max))
+        if isinstance(value, np.random.Generator):
+            return int(value.integers(np.iinfo(np.int32).max))
+        if not isinstance(value, numbers.Integral):
+            raise ValueError(f"random_state must be an int, None or a NumPy random generator, got {value!r}")
+        return int(value)
+
+    def _threads(self):
+        value = self.n_jobs if self.n_jobs is not None else self.n_threads
+        if value is None or value == -1:
+            return None
+        if not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"n_jobs must be a positive int, -1 or None, got {value!r}")
+        return int(value)
+
+    def _callbacks(self) -> list:
+        if self.callbacks is None:
+            return []
+        callbacks = [self.callbacks] if callable(self.callbacks) else list(self.callbacks)
+        for cb in callbacks:
+            if not callable(cb):
+                raise ValueError(f"callbacks must be callables (iteration, kl, embedding) -> bool, got {cb!r}")
+        if not isinstance(self.callbacks_every_iters, numbers.Integral) or self.callbacks_every_iters < 1:
+            raise ValueError(f"callbacks_every_iters must be a positive int, got {self.callbacks_every_iters!r}")
+        return callbacks
+
+    def _runner(self):
+        from .embedding import Embedder as Runner
+
+        options = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                   "iterations": self.iterations, "seed": self._seed(), "restarts": self.restarts,
+                   "optimizer": self.optimizer, "n_threads": self._threads(), "quiet": self.quiet,
+                   "repulsion": self.repulsion, "fft_params": self.fft_params, "scheduler": self.scheduler,
+                   "workers": self.workers}
+        if self.init is not None:
+            if "init" not in inspect.signature(Runner.__init__).parameters:
+                raise ValueError("init: this scalemb's engine takes no initial coordinates (init=None only)")
+            options["init"] = self.init
+        runner = Runner(**options)
+        callbacks, every = self._callbacks(), self.callbacks_every_iters
+        if callbacks:
+            def stop(restart, iteration, kl, coords):
+                if iteration % every:
+                    return False
+                embedding = coords.T  # N x (ds + dt), a read-only view for the callbacks
+                embedding = embedding.view()
+                embedding.flags.writeable = False
+                return any([bool(cb(iteration, kl, embedding)) for cb in callbacks])
+
+            runner.stop = stop
+        return runner
+
+    # ------------------------------------------------------------------ inputs
+
+    def _as_input(self, X):
+        """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``."""
+        kind = self.affinity
+        if kind not in AFFINITY_KINDS:
+            raise ValueError(f"unknown affinity {kind!r}; choose one of {', '.join(AFFINITY_KINDS)}")
+        if self.graph_affinity not in GRAPH_AFFINITIES:
+            raise ValueError(f"unknown graph_affinity {self.graph_affinity!r}; choose one of "
+                             f"{', '.join(GRAPH_AFFINITIES)}")
+        if X is None or isinstance(X, (str, Path, Affinity)):
+            if kind == "knn" and isinstance(X, (str, Path)):
+                return self._knn(X), None, None
+            if kind not in ("auto", "graph") and not isinstance(X, Affinity):
+                raise ValueError(f"affinity={kind!r} does not apply to a path or dataset name: use 'auto' or 'graph'"
+                                 + (" ('knn' reads a feature file)" if kind != "knn" else ""))
+            return X, None, None
+        if _is_anndata(X):
+            return self._from_anndata(X)
+        if _is_networkx(X):
+            import networkx as nx
+
+            nodes = list(X.nodes())
+            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
+            names = np.empty(len(nodes), dtype=object)
+            names[:] = nodes
+            return _graph_affinity(A, self.graph_affinity, "networkx graph", names), names, None
+        if isinstance(X, tuple) and len(X) == 2:
+            return _knn_pair(X, self.perplexity, self._threads()), None, None
+        if sp.issparse(X):
+            if X.ndim != 2 or X.shape[0] != X.shape[1]:
+                raise ValueError(f"a sparse input is an adjacency or affinity matrix and must be square; got shape "
+                                 f"{X.shape} (for sparse features, densify them)")
+            if kind == "knn":
+                raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
+            if kind == "precomputed":
+                return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
+            return _graph_affinity(X, self.graph_affinity, "sparse adjacency"), None, None
+        return self._from_array(X)
+
+    def _from_array(self, X):
+        from sklearn.utils.validation import validate_data
+
+        X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, reset=True)
+        if self.affinity == "precomputed":
+            if X.shape[0] != X.shape[1]:
+                raise ValueError(f"affinity='precomputed' needs a square P, got shape {X.shape}")
+            return Affinity(sp.csr_matrix(X), np.arange(X.shape[0]), {"source": "precomputed"}), None, None
+        if self.affinity == "graph":
+            return _graph_affinity(X, self.graph_affinity, "adjacency array"), None, None
+        return self._knn(X), None, None
+
+    def _knn(self, X):
+        from .affinity.knn import knn_affinity
+
+        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
+            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
+        n = X.shape[0] if hasattr(X, "shape") else None
+        n_neighbors = self.n_neighbors
+        perplexity = float(self.perplexity)
+        if n is not None:
+            neighbours = min(n - 1, int(n_neighbors) if n_neighbors is not None else max(1, int(3 * perplexity)))
+            perplexity = _fitting_perplexity(perplexity, neighbours)
+            n_neighbors = neighbours
+        return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=self.metric,
+                            random_state=self._seed(), n_jobs=self._threads())
+
+    def _from_anndata(self, adata):
+        if "connectivities" in adata.obsp and self.affinity in ("auto", "graph", "precomputed"):
+            C = adata.obsp["connectivities"]
+            if self.affinity == "precomputed":
+                return Affinity(C, np.arange(adata.n_obs), {"source": "anndata.obsp"}), None, adata
+            return _graph_affinity(C, self.graph_affinity, "AnnData .obsp['connectivities']"), None, adata
+        if self.affinity == "graph":
+            raise ValueError("affinity='graph' needs an AnnData with .obsp['connectivities']")
+        if adata.X is None:
+            raise ValueError("the AnnData has neither .obsp['connectivities'] nor .X: nothing to embed")
+        X = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
+        return self._from_array(X)[0], None, adata
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, X=None, y=None, *, checkpoint=None, graph_affinity=None):
+        """Embed ``X`` (see the module docstring for the inputs); ``y`` is ignored.  ``checkpoint``: a
+        ``scalemb.io.checkpoint.Checkpointer`` (as ``scalemb.embed`` uses).  ``graph_affinity``: overrides the
+        parameter for this call (the earlier ``fit(data, graph_affinity)`` form)."""
+        if isinstance(y, str):  # the earlier fit(data, graph_affinity) form: y is a label vector here
+            raise TypeError(f"fit(X, y): y={y!r} looks like a graph affinity; pass graph_affinity={y!r} as a "
+                            "keyword or set the estimator's graph_affinity")
+        runner = self._runner()
+        runner._check()  # the settings, before any work on the input
+        data, node_ids, adata = self._as_input(X)
+        runner.fit(data, graph_affinity or self.graph_affinity, checkpoint=checkpoint)
+        self._set_fitted(runner, data, node_ids)
+        if adata is not None:
+            adata.obsm[OBSM_KEY] = self.embedding_
+        return self
+
+    def fit_transform(self, X=None, y=None, **fit_params):
+        return self.fit(X, y, **fit_params).embedding_
+
+    def _set_fitted(self, runner, data, node_ids):
+        self._fitted_runner, self._fitted_data = runner, data
+        self.result_ = runner.result_
+        self.embedding_ = self.result_.embedding
+        self.kl_ = self.result_.kl
+        self.kl_history_ = self.result_.kl_history
+        self.node_ids_ = self.result_.node_ids if node_ids is None else node_ids
+
+    def optimize(self, n_iter: int, **overrides) -> "Embedder":
+        """Continue the fitted embedding for ``n_iter`` more iterations with its optimiser state (gains,
+        momentum, step sizes: as if the run had been asked for that many more); ``overrides`` replace fields of
+        the optimiser (e.g. ``exaggeration=1.0``, ``tol=0``).  The history and the result are extended."""
+        import dataclasses
+
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "result_")
+        if not isinstance(n_iter, numbers.Integral) or n_iter < 1:
+            raise ValueError(f"n_iter must be a positive int, got {n_iter!r}")
+        runner = self._fitted_runner
+        optimizer = dataclasses.replace(runner.optimizer_, **overrides) if overrides else runner.optimizer_
+        runner.continue_run(self._fitted_data, optimizer, int(n_iter))
+        self._set_fitted(runner, self._fitted_data, self.node_ids_)
+        return self
+
+
+def _generated_init(cls, model: str):
+    """``__init__`` of ``cls`` with the keyword-only signature of ``scalemb.params.PARAMS`` (``model``
+    defaulting to ``model``), so ``get_params``/``clone`` see every setting."""
+    base = Embedder.__init__
+
+    def __init__(self, **params):
+        base(self, **params)
+
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                     default=model if name == "model" else DEFAULTS[name]) for name in PARAM_NAMES]
+    __init__.__signature__ = inspect.Signature(parameters)
+    __init__.__qualname__ = f"{cls.__name__}.__init__"
+    __init__.__doc__ = "Store the settings (see ``scalemb.params.PARAMS``); nothing is checked until ``fit``."
+    cls.__init__ = __init__
+    cls._model_default = model
+    return cls
+
+
+_generated_init(Embedder, "snest")
+
+
+@lambda cls: _generated_init(cls, "sne")
+class SNE(Embedder):
+    """``Embedder`` with ``model='sne'`` (Gaussian output kernel) by default."""
+
+
+@lambda cls: _generated_init(cls, "tsne")
+class TSNE(Embedder):
+    """``Embedder`` with ``model='tsne'`` (Student-t output kernel) by default."""
+
+
+@lambda cls: _generated_init(cls, "snest")
+class SNEST(Embedder):
+    """``Embedder`` with ``model='snest'`` (space-time SNE, one time dimension) by default."""

@@ -1,0 +1,56 @@
+"""The one table of embedding settings: the estimator's parameters (``scalemb.Embedder``) are generated from it,
+and the CLI flags and the service's job fields are checked against it (``tests/test_estimator.py``).
+
+Each ``Param`` names a setting once: its default, a one-line help, the choices if any, and the CLI flag /
+service field that set it (``None``: not offered there, e.g. Python objects such as callbacks).
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: object
+    help: str
+    choices: tuple | None = None
+    cli: str | None = None  # the `scalemb embed` flag
+    service: str | None = None  # the service's job field
+
+
+MODELS = ("sne", "tsne", "snest")
+AFFINITY_KINDS = ("auto", "graph", "knn", "precomputed")
+GRAPH_AFFINITIES = ("coauthorship", "normalized")
+
+PARAMS = (
+    Param("model", "snest", "objective: SNE, t-SNE or space-time SNE", MODELS, "--model", "model"),
+    Param("space_dims", 2, "space dimensions", None, "--space", "space"),
+    Param("time_dims", None, "time dimensions (default 1 for snest, else 0)", None, "--time", "time"),
+    Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
+          "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS),
+    Param("graph_affinity", "coauthorship", "graph affinity: co-authorship normalisation or C / sum C",
+          GRAPH_AFFINITIES, "--graph-affinity", "graph_affinity"),
+    Param("perplexity", 30.0, "kNN affinities: target perplexity (lowered to fit small inputs)"),
+    Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))"),
+    Param("metric", "euclidean", "kNN affinities: distance (pynndescent metric names)"),
+    Param("init", None, "initial coordinates (None: the SNEST paper's small random start)"),
+    Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations"),
+    Param("random_state", None, "seed of the random start (None: 0); restart k uses the stream (seed, k)",
+          None, "--seed", "seed"),
+    Param("seed", None, "alias of random_state (kept from earlier versions)"),
+    Param("restarts", 1, "independent restarts; the best KL is kept", None, "--restarts", "restarts"),
+    Param("optimizer", "auto", "'auto', 'dbd', 'sd', 'gd' or an optimiser instance", None, "--optimizer",
+          "optimizer"),
+    Param("n_jobs", None, "threads (None or -1: every CPU usable)", None, "--threads"),
+    Param("n_threads", None, "alias of n_jobs (kept from earlier versions)"),
+    Param("repulsion", "auto", "'exact' (all pairs), 'fft' (interpolated on a grid) or 'auto' (by N)",
+          ("auto", "exact", "fft"), "--repulsion", "repulsion"),
+    Param("fft_params", None, "a scalemb.repulsion.FFTParams for repulsion='fft'"),
+    Param("scheduler", None, "address of a Dask scheduler to run on", None, "--scheduler"),
+    Param("workers", None, "start a local Dask cluster of this many worker processes", None, "--workers"),
+    Param("callbacks", None, "callable or list of callables (iteration, kl, embedding) -> bool; True stops"),
+    Param("callbacks_every_iters", 1, "call the callbacks every this many iterations"),
+    Param("quiet", True, "no progress output", None, "--quiet"),
+)
+
+PARAM_NAMES = tuple(p.name for p in PARAMS)
+DEFAULTS = {p.name: p.default for p in PARAMS}

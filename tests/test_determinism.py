@@ -1,0 +1,92 @@
+"""Same seed, same map: the row-block layout is a function of the data only, and every reduction runs in block
+order, so the thread count, the executor (threads or Dask workers) and the input form (edge list or affinity
+store) never change a bit of the embedding or of the KL history.
+
+N = 1500 >= 1024: before the data-determined layout, N >= 1024 split P into one block per thread, and these
+tests failed (1 vs 2 threads: max |dY| = 86 on a kNN graph).
+"""
+import numpy as np
+import pytest
+
+from scalemb import Embedder
+from scalemb.affinity import AffinityStore, write_affinity_store
+from scalemb.affinity.ingest import ingest_edge_list
+from scalemb.affinity.knn import knn_affinity
+from scalemb.affinity.store import layout_block_count, layout_partitions
+from scalemb.engine import LocalExecutor
+from scalemb.io.coauthor_generator import write_coauthor_edge_list
+from scalemb.models import get_model
+
+N = 1500
+
+
+@pytest.fixture(scope="module")
+def knn():
+    rng = np.random.default_rng(5)
+    X = np.concatenate([rng.normal(size=(N // 3, 8)) + 4 * k for k in range(3)])
+    return knn_affinity(X, perplexity=10, n_neighbors=30, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("determinism")
+    path = write_coauthor_edge_list(tmp / "edges.txt", N, seed=4)
+    store = ingest_edge_list(path, tmp / "P.zarr")  # default partitions: the data-determined layout
+    return path, store
+
+
+def _run(data, **options):
+    options = {"model": "snest", "space_dims": 2, "iterations": 40, "seed": 3, **options}
+    return Embedder(**options).fit(data).result_
+
+
+def _same(a, b):
+    assert np.array_equal(a.embedding, b.embedding)
+    assert np.array_equal(a.kl_history, b.kl_history)
+    assert np.array_equal(a.node_ids, b.node_ids)
+
+
+def test_layout_depends_on_the_data_only(knn):
+    ex = [LocalExecutor(knn, get_model("tsne"), 2, 0, n_threads=t) for t in (1, 2, 3)]
+    bounds = [[(b.r0, b.r1) for b in e.blocks] for e in ex]
+    assert bounds[0] == bounds[1] == bounds[2]
+    assert len(bounds[0]) == layout_block_count(N) > 1
+    assert [b for b, _ in bounds[0]] + [N] == list(layout_partitions(N))
+    for e in ex:
+        e.close()
+
+
+@pytest.mark.parametrize("model,repulsion", [("tsne", "exact"), ("snest", "exact"), ("tsne", "fft")])
+def test_any_thread_count_gives_the_same_run(knn, model, repulsion):
+    runs = [_run(knn, model=model, n_threads=t, repulsion=repulsion, optimizer="dbd") for t in (1, 2, 3)]
+    _same(runs[0], runs[1])
+    _same(runs[0], runs[2])
+
+
+def test_spectral_direction_any_thread_count(knn):
+    a, b = (_run(knn, model="tsne", n_threads=t, optimizer="sd", iterations=25) for t in (1, 3))
+    _same(a, b)
+
+
+def test_edge_list_and_default_store_give_the_same_run(edges):
+    path, store = edges
+    n = AffinityStore(store).n_points
+    assert n >= 1024 and list(AffinityStore(store).partitions) == list(layout_partitions(n))
+    _same(_run(path, n_threads=1), _run(store, n_threads=2))
+
+
+def test_dask_with_one_to_three_workers_gives_the_local_run(edges, start_dask):
+    """A default store on one worker, the edge list (a temporary store) on three: the in-process run."""
+    path, store = edges
+    local = _run(path, n_threads=2, iterations=12, optimizer="dbd")
+    for n_workers, data in ((1, store), (3, path)):
+        procs = start_dask(n_workers)
+        _same(local, _run(data, scheduler=procs.address, iterations=12, optimizer="dbd"))
+        procs.close()
+
+
+def test_a_store_with_its_own_partitions_gives_the_same_run_local_and_on_dask(knn, tmp_path, dask_cluster):
+    """Partitions asked for by number are part of the store's data: local threads and Dask workers agree."""
+    store = write_affinity_store(tmp_path / "P7.zarr", knn, n_partitions=7)
+    local = _run(store, model="tsne", n_threads=1, iterations=12)
+    _same(local, _run(store, model="tsne", scheduler=dask_cluster.address, iterations=12))

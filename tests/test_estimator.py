@@ -1,0 +1,171 @@
+"""scalemb.Embedder as a scikit-learn estimator: the inputs users hold, callbacks, continuing a fitted run."""
+import inspect
+
+import anndata
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import check_estimator
+
+import scalemb
+from scalemb.affinity.knn import knn_graph
+from scalemb.datasets import school_edges
+from scalemb.errors import InputError
+from scalemb.params import PARAM_NAMES
+
+# checks check_estimator skips, with the reason (anything else failing fails this test)
+SKIPPED_CHECKS = {
+    "check_array_api_input": "needs SCIPY_ARRAY_API set and an array-API namespace; scalemb computes in NumPy",
+}
+
+
+def _features(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.normal(size=(n // 2, 4)), rng.normal(size=(n - n // 2, 4)) + 5])
+
+
+def _school_adjacency():
+    src, dst = school_edges()
+    n = int(max(src.max(), dst.max())) + 1
+    A = sp.coo_matrix((np.ones(len(src)), (src, dst)), shape=(n, n)).tocsr()
+    return A.maximum(A.T)
+
+
+def test_check_estimator_passes_or_skips_with_a_reason():
+    results = check_estimator(scalemb.TSNE(iterations=20, optimizer="dbd"), on_fail=None)
+    bad = {r["check_name"]: repr(r["exception"]) for r in results if r["status"] == "failed"}
+    assert not bad
+    skipped = {r["check_name"] for r in results if r["status"] == "skipped"}
+    assert skipped <= set(SKIPPED_CHECKS), skipped - set(SKIPPED_CHECKS)
+    assert sum(r["status"] == "passed" for r in results) > 30
+
+
+def test_init_only_stores_and_is_keyword_only():
+    signature = inspect.signature(scalemb.Embedder.__init__)
+    assert tuple(signature.parameters)[1:] == PARAM_NAMES
+    assert all(p.kind is p.KEYWORD_ONLY for name, p in signature.parameters.items() if name != "self")
+    est = scalemb.Embedder(model="nonsense", perplexity=-1)  # nothing is checked before fit
+    assert est.get_params()["model"] == "nonsense"
+    with pytest.raises(ValueError, match="nonsense"):
+        est.fit(_features())
+    with pytest.raises(TypeError, match="unexpected"):
+        scalemb.Embedder(perplexty=5)
+    assert scalemb.SNE().model == "sne" and scalemb.TSNE().model == "tsne" and scalemb.SNEST().model == "snest"
+    assert clone(scalemb.TSNE(iterations=7)).get_params() == scalemb.TSNE(iterations=7).get_params()
+    with pytest.raises(TypeError, match="graph_affinity"):
+        scalemb.TSNE(iterations=5).fit("school", "normalized")  # the old positional form is refused, not ignored
+
+
+def test_seed_is_an_alias_of_random_state_and_pipeline_works():
+    X = _features()
+    a = scalemb.TSNE(iterations=40, seed=3).fit_transform(X)
+    b = scalemb.TSNE(iterations=40, random_state=3).fit_transform(X)
+    c = scalemb.TSNE(iterations=40, random_state=4).fit_transform(X)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    est = scalemb.TSNE(iterations=40).set_params(random_state=3)
+    pipe = make_pipeline(StandardScaler(), est)
+    Y = pipe.fit_transform(X, np.arange(len(X)) % 2)  # y is ignored
+    assert Y.shape == (len(X), 2) and np.all(np.isfinite(Y))
+    assert pipe[-1].n_features_in_ == 4
+
+
+def test_graph_inputs_agree_sparse_networkx_edge_list(tmp_path):
+    A = _school_adjacency()
+    est = dict(model="tsne", iterations=30, graph_affinity="normalized")
+    from_sparse = scalemb.Embedder(**est).fit(A)
+    src, dst = school_edges()
+    path = tmp_path / "school.txt"
+    path.write_text("".join(f"{a} {b}\n" for a, b in zip(src, dst)))
+    from_path = scalemb.Embedder(**est).fit(str(path))
+    assert np.array_equal(from_sparse.embedding_, from_path.embedding_)
+    names = [f"student-{k}" for k in range(A.shape[0])]
+    G = nx.relabel_nodes(nx.from_scipy_sparse_array(A), dict(enumerate(names)))
+    from_graph = scalemb.Embedder(**est).fit(G)
+    assert list(from_graph.node_ids_) == names
+    assert np.array_equal(from_graph.embedding_, from_sparse.embedding_)
+
+
+def test_precomputed_p_and_knn_pair_and_features():
+    X = _features()
+    est = dict(model="tsne", iterations=30, perplexity=10)
+    from_features = scalemb.Embedder(**est).fit(X)
+    indices, distances = knn_graph(X, 30)
+    from_pair = scalemb.Embedder(**est).fit((indices, distances))
+    # the same P up to rounding (the pair goes through affinity_from_distances)
+    np.testing.assert_allclose(from_pair.embedding_, from_features.embedding_, rtol=1e-6)
+    # umap's precomputed_knn includes each point as its own first neighbour
+    with_self = (np.hstack([np.arange(len(X))[:, None], indices[:, :-1]]),
+                 np.hstack([np.zeros((len(X), 1)), distances[:, :-1]]))
+    assert scalemb.Embedder(**est).fit(with_self).embedding_.shape == (len(X), 2)
+    P = scalemb.load_affinity("school").P
+    a = scalemb.Embedder(model="tsne", iterations=30, affinity="precomputed").fit(P).embedding_
+    b = scalemb.Embedder(model="tsne", iterations=30).fit("school").embedding_
+    assert np.array_equal(a, b)
+
+
+def test_anndata_graph_or_features_result_in_obsm():
+    X = _features()
+    adata = anndata.AnnData(X)
+    Y = scalemb.TSNE(iterations=30, perplexity=10).fit_transform(adata)
+    assert np.array_equal(adata.obsm["X_scalemb"], Y)
+    A = _school_adjacency()
+    graph = anndata.AnnData(np.zeros((A.shape[0], 1)))
+    graph.obsp["connectivities"] = A
+    est = scalemb.TSNE(iterations=30).fit(graph)
+    assert np.array_equal(graph.obsm["X_scalemb"], est.embedding_)
+    assert np.array_equal(est.embedding_, scalemb.TSNE(iterations=30).fit(A).embedding_)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (sp.random(10, 8, density=0.5, format="csr"), "square"),
+    ((np.zeros((10, 3), dtype=int), np.zeros((10, 4))), "one shape"),
+    ((np.full((10, 3), 11), np.ones((10, 3))), "indices"),
+    ((np.zeros((10, 3), dtype=int), np.full((10, 3), np.nan)), "finite"),
+])
+def test_bad_inputs_one_clear_error(bad, match):
+    with pytest.raises(ValueError, match=match):
+        scalemb.TSNE(iterations=5).fit(bad)
+
+
+def test_bad_anndata_and_isolated_nodes_write_nothing():
+    adata = anndata.AnnData(obs={"a": np.arange(5)})  # no X, no graph
+    with pytest.raises(ValueError, match="neither"):
+        scalemb.TSNE(iterations=5).fit(adata)
+    assert "X_scalemb" not in adata.obsm
+    A = _school_adjacency().tolil()
+    A[0, :] = 0
+    A[:, 0] = 0
+    graph = anndata.AnnData(np.zeros((A.shape[0], 1)))
+    graph.obsp["connectivities"] = A.tocsr()
+    with pytest.raises(InputError, match="no edge"):
+        scalemb.TSNE(iterations=5).fit(graph)
+    assert "X_scalemb" not in graph.obsm
+
+
+@pytest.mark.parametrize("optimizer", ["dbd", "sd"])
+def test_callbacks_see_the_embedding_and_can_stop(optimizer):
+    seen = []
+
+    def watch(iteration, kl, embedding):
+        seen.append((iteration, kl, embedding.copy()))
+        return iteration >= 10
+
+    est = scalemb.TSNE(iterations=100, optimizer=optimizer, callbacks=[watch], callbacks_every_iters=5).fit("school")
+    assert [s[0] for s in seen] == [0, 5, 10]
+    assert est.result_.iterations == 10 and len(est.kl_history_) == 11
+    assert np.array_equal(seen[-1][2], est.embedding_) and seen[-1][1] == est.kl_history_[-1]
+
+
+@pytest.mark.parametrize("optimizer", ["dbd", "sd"])
+def test_optimize_continues_as_one_longer_run(optimizer):
+    whole = scalemb.SNEST(iterations=50, optimizer=optimizer).fit("school")
+    part = scalemb.SNEST(iterations=30, optimizer=optimizer).fit("school")
+    part.optimize(20)
+    assert np.array_equal(part.kl_history_, whole.kl_history_)
+    assert np.array_equal(part.embedding_, whole.embedding_)
+    part.optimize(5, tol=0.0)
+    assert len(part.kl_history_) == 56 and part.result_.iterations == 55

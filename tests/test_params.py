@@ -1,0 +1,58 @@
+"""One parameter table (scalemb.params.PARAMS): the estimator's signature is generated from it; the CLI flags
+and the service's job fields it names must exist with the same choices and defaults."""
+import inspect
+
+import pytest
+
+import scalemb
+from scalemb.cli.main import build_parser
+from scalemb.params import DEFAULTS, PARAMS
+
+# defaults that differ on purpose, with the reason
+EFFECTIVE = {
+    "random_state": 0,  # None means seed 0: the CLI and the service spell it out
+    "quiet": False,  # the library is quiet by default, the CLI shows progress unless --quiet
+}
+
+
+def _embed_actions():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return {opt: action for action in sub.choices["embed"]._actions for opt in action.option_strings}
+
+
+def test_estimators_are_generated_from_the_table():
+    for cls, model in ((scalemb.Embedder, "snest"), (scalemb.SNE, "sne"), (scalemb.TSNE, "tsne"),
+                       (scalemb.SNEST, "snest")):
+        params = inspect.signature(cls.__init__).parameters
+        assert [n for n in params if n != "self"] == [p.name for p in PARAMS]
+        assert cls().get_params() == dict(DEFAULTS, model=model)
+
+
+def test_cli_flags_agree_with_the_table():
+    actions = _embed_actions()
+    for p in PARAMS:
+        if p.cli is None:
+            continue
+        assert p.cli in actions, f"{p.name}: no {p.cli} flag"
+        action = actions[p.cli]
+        default = EFFECTIVE.get(p.name, p.default)
+        if p.name == "quiet":
+            assert action.default is False
+            continue
+        if not isinstance(p.default, str) or p.name != "optimizer":
+            assert action.default == default, (p.name, action.default, default)
+        if p.choices is not None:
+            assert tuple(action.choices) == tuple(p.choices), p.name
+
+
+def test_service_fields_agree_with_the_table():
+    pytest.importorskip("fastapi")
+    from scalemb.service.app import JobRequest
+
+    fields = JobRequest.model_fields
+    for p in PARAMS:
+        if p.service is None:
+            continue
+        assert p.service in fields, f"{p.name}: no service field {p.service}"
+        assert fields[p.service].default == EFFECTIVE.get(p.name, p.default), p.name
