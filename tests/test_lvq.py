@@ -198,3 +198,127 @@ def test_bad_input_gives_one_clear_error(X, y, params, message):
     with pytest.raises(ValueError) as info:
         LiRaMLVQ(epochs=2, **params).fit(X, y)
     assert message in str(info.value)
+
+
+# ------------------------------------------------------------------------------------ supervised affinity
+
+@pytest.fixture(scope="module")
+def star_model():
+    X, y = three_tip_star(450, random_state=2)
+    model = LiRaMLVQ(prototypes_per_class=3, rank=2, epochs=40, metric_start=5, lr_metric=0.01).fit(X, y)
+    return X, y, model
+
+
+def test_learned_neighbours_exact_and_tree(star_model):
+    from scalemb.lvq import learned_neighbours
+
+    X, y, model = star_model
+    S = model.dissimilarity(X, symmetric=True)
+    np.fill_diagonal(S, np.inf)
+    idx, s = learned_neighbours(model, X, 12, algorithm="exact")
+    np.testing.assert_allclose(s, np.sort(S, axis=1)[:, :12], rtol=1e-9)
+    np.testing.assert_allclose(np.take_along_axis(S, idx, axis=1), s, rtol=1e-9)
+    idx_t, s_t = learned_neighbours(model, X, 12, algorithm="tree", candidates=3)
+    np.testing.assert_allclose(np.take_along_axis(S, idx_t, axis=1), s_t, rtol=1e-9)  # values are exact
+    recall = np.mean([len(set(a) & set(b)) / 12 for a, b in zip(idx, idx_t)])
+    assert recall > 0.97
+
+
+def test_supervised_affinity_keeps_the_model(star_model):
+    from scalemb.lvq import supervised_affinity
+
+    X, y, model = star_model
+    aff = supervised_affinity(X, model=model, perplexity=10)
+    P = aff.P
+    assert abs(P - P.T).max() == 0 and P.sum() == pytest.approx(1.0) and not P.diagonal().any()
+    assert aff.provenance["metric"] == "liram" and aff.provenance["n_neighbors"] == 30
+    restored = LiRaMLVQ.from_dict(aff.provenance["lvq"])
+    np.testing.assert_array_equal(restored.transform(X), model.transform(X))
+    # under the learned metric more of a point's affinity mass sits on its own class than under Euclidean
+    from scalemb.affinity import knn_affinity
+
+    def same_class_mass(P):
+        rows = np.repeat(np.arange(P.shape[0]), np.diff(P.indptr))
+        return P.data[y[rows] == y[P.indices]].sum()
+
+    euclidean = same_class_mass(knn_affinity(X, perplexity=10).P)
+    assert same_class_mass(P) > euclidean + 0.1
+    fitted_here = supervised_affinity(X, y, perplexity=10, prototypes_per_class=3, epochs=40, metric_start=5,
+                                      lr_metric=0.01)
+    np.testing.assert_array_equal(fitted_here.P.toarray(), P.toarray())
+    with pytest.raises(ValueError, match="needs labels"):
+        supervised_affinity(X)
+
+
+def test_partitioned_fit_is_the_same_on_dask(dask_cluster, wine):
+    X, y = wine
+    params = dict(epochs=15, lr_prototypes=0.1, metric_start=3, lr_metric=0.01, partitions=2, random_state=3)
+    local = LiRaMLVQ(**params).fit(X, y)
+    remote = LiRaMLVQ(scheduler=dask_cluster.address, **params).fit(X, y)
+    np.testing.assert_array_equal(local.prototypes_, remote.prototypes_)
+    np.testing.assert_array_equal(local.omegas_, remote.omegas_)
+    np.testing.assert_array_equal(local.cost_history_, remote.cost_history_)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+def run_cli(*args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def star_files(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lvq-cli")
+    X, y = three_tip_star(180, random_state=4)
+    np.save(path / "X.npy", X)
+    np.save(path / "y.npy", y)
+    (path / "y.txt").write_text("\n".join("ab"[v] for v in y) + "\n")
+    np.save(path / "y_short.npy", y[:-1])
+    np.save(path / "y_one.npy", np.zeros_like(y))
+    Xn = X.copy()
+    Xn[7, 3] = np.nan
+    np.save(path / "X_nan.npy", Xn)
+    return path
+
+
+def test_cli_supervised_affinity_then_embed(star_files):
+    import zarr
+
+    proc = run_cli("affinity", "X.npy", "--labels", "y.txt", "--metric", "liram", "--prototypes-per-class", "3",
+                   "--rank", "2", "--knn", "30", "--perplexity", "10", "--lvq-epochs", "30", "--out", "P.zarr",
+                   cwd=star_files)
+    assert proc.returncode == 0, proc.stderr
+    group = zarr.open_group(str(star_files / "P.zarr"), mode="r")
+    prov = dict(group.attrs)["scalemb"]["provenance"]
+    assert prov["metric"] == "liram" and prov["lvq"]["classes"] == ["a", "b"] and prov["labels"] == "y.txt"
+    y = np.load(star_files / "y.npy")
+    np.testing.assert_array_equal(group["labels"][:], y)
+    model = LiRaMLVQ.from_dict(prov["lvq"])
+    assert model.prototypes_.shape == (6, 10) and model.omegas_.shape == (6, 2, 10)
+    proc = run_cli("embed", "P.zarr", "--model", "tsne", "--iterations", "30", "--out", "run.zarr", "--quiet",
+                   cwd=star_files)
+    assert proc.returncode == 0, proc.stderr
+    run = zarr.open_group(str(star_files / "run.zarr"), mode="r")
+    assert run["embedding"].shape == (180, 2)
+    assert dict(run.attrs)["provenance"]["lvq"]["kind"] == "liram_lvq"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("X.npy", "--labels", "y_short.npy"), "labels have length 179 but X has 180 rows"),
+    (("X.npy", "--labels", "y_one.npy"), "at least 2 classes"),
+    (("X_nan.npy", "--labels", "y.npy"), "X_nan.npy: non-finite value nan at row 7, column 3"),
+    (("X.npy", "--labels", "y.npy", "--prototypes-per-class", "100"), "fewer than prototypes_per_class=100"),
+    (("X.npy", "--labels", "y.npy", "--rank", "11"), "rank must be in 1..10"),
+    (("X.npy", "--labels", "missing.npy"), "missing.npy: no such file"),
+])
+def test_cli_bad_input_exit_2_nothing_written(star_files, args, message):
+    proc = run_cli("affinity", *args, "--metric", "liram", "--knn", "20", "--lvq-epochs", "2", "--out", "bad.zarr",
+                   cwd=star_files)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not any(p.name.startswith(("bad.zarr", ".bad.zarr")) for p in star_files.iterdir())

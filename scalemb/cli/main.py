@@ -13,6 +13,7 @@ from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
+from .lvq import add_arguments as add_liram_arguments, liram_affinity
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -131,12 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
     aff.add_argument("--perplexity", type=float, default=30.0, help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
-    aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
+    aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names, or liram: learned from --labels)")
     aff.add_argument("--partitions", type=_positive_int, default=8, help="row partitions (balanced by nnz)")
     aff.add_argument("--seed", type=int, default=0)
     aff.add_argument("--threads", type=_positive_int, default=None)
     aff.add_argument("--overwrite", action="store_true")
     aff.add_argument("--quiet", action="store_true")
+    add_liram_arguments(aff)
 
     gen = commands.add_parser("generate", help="generate synthetic inputs")
     gen.add_argument("kind", choices=("coauthor",), help="coauthor: community-structured co-authorship graph")
@@ -190,7 +192,9 @@ def _refuse_existing(path, overwrite: bool):
 
 def _affinity(args) -> int:
     _refuse_existing(args.out, args.overwrite)
-    if args.knn:
+    if args.metric == "liram" or args.labels:
+        liram_affinity(args)
+    elif args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
 
