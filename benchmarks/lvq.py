@@ -201,6 +201,7 @@ def main():
     parser.add_argument("--large-n", type=int, default=100_000)
     parser.add_argument("--large-epochs", type=int, default=20)
     parser.add_argument("--skip", default="", help="comma list of: wine, star, large")
+    parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = Report()
@@ -212,6 +213,8 @@ def main():
     report()
     supervised = [f"{m} M={M}" for M in (2, 4) for m in ("LiRaM LVQ proj.", "SNE+", "t-SNE+", "SNEST+")]
     methods = ["PCA", "LDA", "NCA", "t-SNE (unsupervised)", "sklvq LGMLVQ"] + supervised
+    if args.methods:
+        methods = [m for m in methods if m in args.methods.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     if "wine" not in skip:
         X, y = load_wine(return_X_y=True)
