@@ -102,10 +102,17 @@ def balanced_partitions(indptr: np.ndarray, n_partitions: int, chunk_nnz: int) -
 
 
 def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = None, chunk_nnz: int | None = None,
-                         overwrite: bool = False) -> Path:
+                         overwrite: bool = False, extra_arrays: dict | None = None) -> Path:
     """Write ``affinity`` as an affinity store at ``path`` (atomic: temporary sibling, then rename);
     ``n_partitions``: that many partitions balanced by non-zeros; None: the data-determined layout
-    (``layout_partitions``) every run uses without a store, so that runs on the store and on ``affinity`` agree."""
+    (``layout_partitions``) every run uses without a store, so that runs on the store and on ``affinity`` agree.
+    ``extra_arrays``: further named 1-D per-point arrays stored alongside (e.g. ``labels``)."""
+    extra_arrays = dict(extra_arrays or {})
+    for name, array in extra_arrays.items():
+        if name in ("data", "indices", "indptr", "node_ids", "partitions"):
+            raise ValueError(f"extra array name {name!r} is reserved by the store layout")
+        if np.shape(array)[:1] != (affinity.n_points,):
+            raise ValueError(f"extra array {name!r} must have one entry per point ({affinity.n_points})")
     P = affinity.P
     if chunk_nnz is None:
         chunk_nnz = default_chunk_nnz(int(P.nnz), n_partitions or layout_block_count(P.shape[0]))
@@ -117,6 +124,8 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
         group.create_array("indices", data=indices, chunks=(chunk_nnz,))
         write_store_metadata(group, indptr, affinity.node_ids, n_partitions, chunk_nnz, affinity.provenance,
                              content_hash(indptr, indices, P.data, affinity.node_ids))
+        for name, array in extra_arrays.items():
+            group.create_array(name, data=np.ascontiguousarray(array))
     return Path(path)
 
 

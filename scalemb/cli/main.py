@@ -15,6 +15,7 @@ from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
 from . import cont as continue_cli, export as export_cli
+from .lvq import add_arguments as add_liram_arguments, liram_affinity
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -155,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0,
                      help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
-    aff.add_argument("--metric", default="euclidean", help="kNN: distance (pynndescent metric names)")
+    aff.add_argument("--metric", default="euclidean",
+                     help="kNN: distance (pynndescent metric names, or liram: learned from --labels)")
     aff.add_argument("--partitions", type=_positive_int, default=None,
                      help="row partitions balanced by nnz (default: the data-determined layout of equal row ranges "
                      "that every run without a store uses)")
@@ -163,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     aff.add_argument("--threads", type=_positive_int, default=None)
     aff.add_argument("--overwrite", action="store_true")
     aff.add_argument("--quiet", action="store_true")
+    add_liram_arguments(aff)
 
     gen = commands.add_parser("generate", help="generate synthetic inputs")
     gen.add_argument("kind", choices=("coauthor",), help="coauthor: community-structured co-authorship graph")
@@ -223,7 +226,9 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
 
 def _affinity(args) -> int:
     _refuse_existing(args.out, args.overwrite, (args.input,))
-    if args.knn:
+    if args.metric == "liram" or args.labels:
+        liram_affinity(args)
+    elif args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
 
