@@ -11,7 +11,7 @@ from ..errors import ScalembError
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
-from ..optim.descent import CURVATURES, SOLVERS
+from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
 
 EXIT_USAGE = 2
@@ -76,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
                           "auto (default): sd for tsne/snest, dbd for sne")
     emb.add_argument("--solver", choices=SOLVERS, default=None,
-                     help="sd: lu (sparse factorisation of the curvature, default) or cg (matrix-free conjugate gradient)")
+                     help="sd: lu (sparse factorisation of the curvature), cg (matrix-free preconditioned "
+                          "conjugate gradient) or auto (default: lu below 20000 points, cg with --preconditioner "
+                          "amg from there)")
+    emb.add_argument("--preconditioner", choices=PRECONDITIONERS, default=None,
+                     help="sd with cg: lu (a lagged factorisation, default), amg (smoothed-aggregation multigrid) "
+                          "or jacobi")
     emb.add_argument("--curvature", choices=CURVATURES, default=None,
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
     emb.add_argument("--learning-rate", type=_learning_rate, default=None,
@@ -257,7 +262,8 @@ def _serve(args) -> int:
 
 
 def _embed(args) -> int:
-    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
+    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, preconditioner=args.preconditioner,
+                               curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,

@@ -2,11 +2,19 @@
 
 * ``FactorizedSolver``: sparse LU (SuperLU, minimum-degree ordering of ``A + A^T``) of ``L + mu I``, then two
   triangular solves per right-hand side.  Needs the whole matrix in one process.
+* ``MultigridPreconditioner``: one V-cycle of smoothed-aggregation algebraic multigrid (pyamg) of
+  ``L + mu I``: built in near-linear time and memory, where the LU of a small-world graph's Laplacian fills
+  in super-linearly (co-authorship graphs: 0.2 s at N = 7.7e3, not finished in minutes at 7.7e4).
 * ``pcg``: matrix-free preconditioned conjugate gradient; only needs ``matvec(V) = L V`` (row blocks) and a
-  preconditioner: ``jacobi_preconditioner`` (the diagonal of L) or a ``FactorizedSolver`` of a recent L,
-  which CG then only corrects for the change since.  All d right-hand sides are iterated together, each
-  with its own step sizes, so one Laplacian product per CG iteration serves every coordinate.
+  preconditioner: ``jacobi_preconditioner`` (the diagonal of L), a ``MultigridPreconditioner`` or a
+  ``FactorizedSolver`` of a recent L, which CG then only corrects for the change since.  All d right-hand
+  sides are iterated together, each with its own step sizes, so one Laplacian product per CG iteration serves
+  every coordinate.
+* ``interruptible``: runs a long set-up (a factorisation, a multigrid hierarchy) in a helper thread while the
+  calling thread polls a stop flag, so SIGINT/SIGTERM handlers run and a checkpoint can be taken without
+  waiting for it (SciPy's ``splu`` is one C call that the main thread could not leave otherwise).
 """
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +49,69 @@ class FactorizedSolver:
         x = np.empty_like(rhs)
         x[self._order] = self._lu.solve(rhs[self._order])
         return np.ascontiguousarray(x.T)
+
+
+class MultigridPreconditioner:
+    """``solve(G)``: one symmetric V-cycle of smoothed-aggregation AMG for ``L + mu I`` applied to each row of G,
+    an SPD approximation of ``(L + mu I)^-1`` for ``pcg`` (not an exact solve).
+
+    Smoothed aggregation is the multigrid made for graph Laplacians: its aggregates follow the graph's strong
+    connections, its near-null space is the constant vector per aggregate (L's null space is constant per
+    connected component), and set-up time and memory grow near-linearly in nnz.  ``ordering`` exists for the
+    ``FactorizedSolver`` interface and is always None.
+    """
+
+    ordering = None
+
+    def __init__(self, laplacian: sp.spmatrix, mu: float, ordering: np.ndarray | None = None):
+        import pyamg
+
+        B = (laplacian + mu * sp.identity(laplacian.shape[0])).tocsr()
+        self.hierarchy = pyamg.smoothed_aggregation_solver(B, symmetry="hermitian", max_coarse=500)
+        self._cycle = self.hierarchy.aspreconditioner(cycle="V")
+
+    def solve(self, G: np.ndarray) -> np.ndarray:
+        G = np.atleast_2d(np.asarray(G, dtype=np.float64))
+        return np.stack([self._cycle.matvec(np.ascontiguousarray(g)) for g in G]).reshape(G.shape)
+
+
+FACTORIZATIONS = {"lu": FactorizedSolver, "amg": MultigridPreconditioner}
+
+
+def factorize(kind: str, laplacian: sp.spmatrix, mu: float, ordering: np.ndarray | None = None):
+    """``FACTORIZATIONS[kind](laplacian, mu, ordering)``: ``'lu'`` (exact solve) or ``'amg'`` (preconditioner)."""
+    if kind not in FACTORIZATIONS:
+        raise ValueError(f"unknown factorization {kind!r}; choose one of {', '.join(FACTORIZATIONS)}")
+    return FACTORIZATIONS[kind](laplacian, mu, ordering)
+
+
+class SetupInterrupted(Exception):
+    """``interruptible`` gave up waiting because a stop was requested (the set-up's result is discarded)."""
+
+
+def interruptible(build, should_stop=None, poll: float = 0.1):
+    """``build()``, run in a daemon thread while this thread checks ``should_stop()`` every ``poll`` seconds;
+    ``SetupInterrupted`` as soon as it returns True (the abandoned thread finishes in the background, or ends
+    with the process).  Without ``should_stop``, simply ``build()``.  Exceptions of ``build`` are re-raised."""
+    if should_stop is None:
+        return build()
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = build()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="scalemb-solver-setup", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(poll)
+        if thread.is_alive() and should_stop():
+            raise SetupInterrupted("stop requested during the solver set-up")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 @dataclass
