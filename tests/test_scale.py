@@ -178,3 +178,10 @@ def test_executor_auto_repulsion_is_exact_below_the_floor_and_decides_per_evalua
         compact = rng.normal(size=(2, n)) * 10
         np.testing.assert_array_equal(auto.evaluate(compact).gradient, fft.evaluate(compact).gradient)
         assert auto.auto_repulsion.history == ["fft"]
+
+
+def test_auto_repulsion_sends_a_blown_up_layout_to_the_cheap_nan_path():
+    auto = AutoRepulsion("tsne", 2, 0, FFTParams().resolved("tsne", 2))
+    Y = np.zeros((2, 50000))
+    Y[0, 3] = np.nan
+    assert auto.choose(Y).method == "fft"  # not an O(N²) exact pass that only finds NaN

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "conjugate gradient) or auto (default: lu below 20000 points, cg with --preconditioner "
                           "amg from there)")
     emb.add_argument("--preconditioner", choices=PRECONDITIONERS, default=None,
-                     help="sd with cg: lu (a lagged factorisation, default), amg (smoothed-aggregation multigrid) "
+                     help="sd with cg: lu (a lagged factorisation, default), amg (aggregation multigrid) "
                           "or jacobi")
     emb.add_argument("--curvature", choices=CURVATURES, default=None,
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")

@@ -2,7 +2,7 @@
 
 * ``FactorizedSolver``: sparse LU (SuperLU, minimum-degree ordering of ``A + A^T``) of ``L + mu I``, then two
   triangular solves per right-hand side.  Needs the whole matrix in one process.
-* ``MultigridPreconditioner``: one V-cycle of smoothed-aggregation algebraic multigrid (pyamg) of
+* ``MultigridPreconditioner``: one V-cycle of aggregation algebraic multigrid (pyamg) of
   ``L + mu I``: built in near-linear time and memory, where the LU of a small-world graph's Laplacian fills
   in super-linearly (co-authorship graphs: 0.2 s at N = 7.7e3, not finished in minutes at 7.7e4).
 * ``pcg``: matrix-free preconditioned conjugate gradient; only needs ``matvec(V) = L V`` (row blocks) and a
@@ -52,13 +52,16 @@ class FactorizedSolver:
 
 
 class MultigridPreconditioner:
-    """``solve(G)``: one symmetric V-cycle of smoothed-aggregation AMG for ``L + mu I`` applied to each row of G,
+    """``solve(G)``: one symmetric V-cycle of aggregation AMG (pyamg) for ``L + mu I`` applied to each row of G,
     an SPD approximation of ``(L + mu I)^-1`` for ``pcg`` (not an exact solve).
 
-    Smoothed aggregation is the multigrid made for graph Laplacians: its aggregates follow the graph's strong
-    connections, its near-null space is the constant vector per aggregate (L's null space is constant per
-    connected component), and set-up time and memory grow near-linearly in nnz.  ``ordering`` exists for the
-    ``FactorizedSolver`` interface and is always None.
+    Aggregation multigrid suits graph Laplacians: aggregates follow the graph's strong connections and the
+    near-null space is the constant vector per aggregate (L's null space is constant per connected component).
+    The prolongator is left unsmoothed: the coarse operators are then contracted graphs, as sparse as the
+    graph, where smoothing fills them in on small-world graphs (co-authorship, N = 7.7e4: set-up 1.6 s instead
+    of 63 s and the same 7-8 CG iterations; benchmarks/results/scale.md).  The coarsest level is factorised
+    sparsely (it keeps one block per connected component).  ``ordering`` exists for the ``FactorizedSolver``
+    interface and is always None.
     """
 
     ordering = None
@@ -67,7 +70,8 @@ class MultigridPreconditioner:
         import pyamg
 
         B = (laplacian + mu * sp.identity(laplacian.shape[0])).tocsr()
-        self.hierarchy = pyamg.smoothed_aggregation_solver(B, symmetry="hermitian", max_coarse=500)
+        self.hierarchy = pyamg.smoothed_aggregation_solver(B, symmetry="hermitian", smooth=None, max_coarse=500,
+                                                           coarse_solver="splu")
         self._cycle = self.hierarchy.aspreconditioner(cycle="V")
 
     def solve(self, G: np.ndarray) -> np.ndarray:

@@ -105,8 +105,8 @@ class AutoRepulsion:
         dims = max(2, self.space_dims + self.time_dims)
         exact = EXACT_PAIR_SECONDS[min(dims, 4)] * float(n) * n
         lo, hi = block_extent(coords, 0, n)
-        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
-            return Choice("exact", exact, math.inf)
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # fft reports the blow-up at once
+            return Choice("fft", exact, 0.0)
         grid = make_grid(self.model, self.space_dims, lo, hi, self.params, n)
         weights = grid.n_nodes / max(1, math.prod(int(b) for b in grid.n_boxes))  # nodes per box: p^ds r
         nodes = grid.n_nodes
