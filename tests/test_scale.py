@@ -175,7 +175,7 @@ def test_executor_auto_repulsion_is_exact_below_the_floor_and_decides_per_evalua
     with LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto") as auto, \
             LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="fft") as fft:
         assert auto.repulsion == "auto"
-        compact = rng.normal(size=(2, n)) * 10
+        compact = rng.normal(size=(2, n)) * 2  # an uncapped grid: fft predicted far cheaper
         np.testing.assert_array_equal(auto.evaluate(compact).gradient, fft.evaluate(compact).gradient)
         assert auto.auto_repulsion.history == ["fft"]
 
@@ -185,3 +185,35 @@ def test_auto_repulsion_sends_a_blown_up_layout_to_the_cheap_nan_path():
     Y = np.zeros((2, 50000))
     Y[0, 3] = np.nan
     assert auto.choose(Y).method == "fft"  # not an O(N²) exact pass that only finds NaN
+
+
+class StopInCGExecutor(SlowSetupExecutor):
+    """Asks for a stop in the middle of the 4th CG solve (jacobi: no set-up to interrupt)."""
+
+    def __init__(self, inner, checkpointer):
+        super().__init__(inner, checkpointer)
+        self.products = 0
+
+    def laplacian_matvec(self, V):
+        self.products += 1
+        if self.products == 25:
+            self._checkpointer.request_stop()
+        return self._inner.laplacian_matvec(V)
+
+
+def test_stop_during_cg_checkpoints_and_resumes_identically(tmp_path, school_affinity):
+    def run(executor, **kwargs):
+        opt = LineSearchDescent(solver="cg", preconditioner="jacobi", cg_tol=1e-9, tol=0)
+        return opt.optimize(executor, initial_coords(42, 2, 0, np.random.default_rng(4)), 10, **kwargs)
+
+    with LocalExecutor(school_affinity, get_model("tsne"), 2, 0) as inner:
+        reference = run(inner)
+        path = tmp_path / "run.zarr"
+        create_store(path, {"optimizer": {"name": "sd"}})
+        checkpointer = Checkpointer(path, every=0, handle_signals=False)
+        stopping = StopInCGExecutor(inner, checkpointer)
+        with pytest.raises(RunInterrupted):
+            run(stopping, checkpoint=checkpointer.hook(0, [], None, time.perf_counter()))
+        assert stopping.products == 25  # no further product after the stop request
+        resumed = run(inner, state=read_checkpoint(path).state)
+    np.testing.assert_array_equal(resumed.coords, reference.coords)

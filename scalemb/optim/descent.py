@@ -319,7 +319,8 @@ class LineSearchDescent:
         earlier L(C), refreshed when stale or once CG needed more than ``refresh_after`` iterations, or by a
         multigrid preconditioner of an earlier L(C) (``'amg'``, refreshed when stale or after
         ``AMG_REFRESH_AFTER`` iterations).  ``methods``: ``(solver, preconditioner)`` (``self.methods``).  The
-        factorisation or hierarchy is built by ``interruptible``: ``SetupInterrupted`` once ``should_stop()``.
+        factorisation or hierarchy is built by ``interruptible`` and CG checks ``should_stop()`` every
+        iteration: ``SetupInterrupted`` once it is True.
         """
         solver, preconditioner = methods
         fixed = self.curvature == "fixed"
@@ -344,7 +345,7 @@ class LineSearchDescent:
         else:
             precondition = state["factor"].solve
         cg = pcg(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
-                 tol=self.cg_tol, maxiter=self.cg_maxiter)
+                 tol=self.cg_tol, maxiter=self.cg_maxiter, should_stop=should_stop)
         if cg.iterations > (AMG_REFRESH_AFTER if preconditioner == "amg" else self.refresh_after):
             state.pop("factor", None)
         return cg.x

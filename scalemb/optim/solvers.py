@@ -90,7 +90,7 @@ def factorize(kind: str, laplacian: sp.spmatrix, mu: float, ordering: np.ndarray
 
 
 class SetupInterrupted(Exception):
-    """``interruptible`` gave up waiting because a stop was requested (the set-up's result is discarded)."""
+    """``interruptible`` (or ``pcg``) gave up because a stop was requested (the result is discarded)."""
 
 
 def interruptible(build, should_stop=None, poll: float = 0.1):
@@ -132,11 +132,12 @@ def jacobi_preconditioner(diagonal: np.ndarray, mu: float):
 
 
 def pcg(matvec, rhs: np.ndarray, precondition, mu: float, x0=None, tol: float = 1e-3,
-        maxiter: int = 100) -> CGResult:
+        maxiter: int = 100, should_stop=None) -> CGResult:
     """Preconditioned CG for ``(L + mu I) X = rhs`` (rows of ``rhs`` are independent systems).
 
     ``precondition(R)`` applies an SPD approximation of ``(L + mu I)^-1`` to each row of R.  Stops when every
-    row's residual norm is below ``tol`` times its right-hand side's norm.
+    row's residual norm is below ``tol`` times its right-hand side's norm.  ``should_stop()``, if given, is
+    checked before every iteration: ``SetupInterrupted`` once it is True (a long solve stays interruptible).
     """
     x = np.zeros_like(rhs) if x0 is None else np.array(x0, dtype=np.float64)
     r = rhs - (matvec(x) + mu * x) if x0 is not None else rhs.copy()
@@ -147,6 +148,8 @@ def pcg(matvec, rhs: np.ndarray, precondition, mu: float, x0=None, tol: float = 
     it = 0
     residual = np.linalg.norm(r, axis=1) / rhs_norm
     while it < maxiter and residual.max() > tol:
+        if should_stop is not None and should_stop():
+            raise SetupInterrupted("stop requested during the CG solve")
         Ap = matvec(p) + mu * p
         pAp = np.einsum("kn,kn->k", p, Ap)
         alpha = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
