@@ -84,7 +84,8 @@ def solvers_section(stores, lu_timeout, lines):
         name = str(path).rstrip("/").split("/")[-1]
         lu = lu_setup_seconds(L, mu, lu_timeout)
         if lu is None:
-            lines.append(f"| {name} | {n} | {L.nnz - n} | lu (SuperLU, MMD) | > {lu_timeout:.0f} (killed) | - | - | - |")
+            lines.append(f"| {name} | {n} | {L.nnz - n} | lu (SuperLU, MMD) | > {lu_timeout:.0f} (killed) | - | - "
+                         "| - |")
         else:
             f = FactorizedSolver(L, mu)
             t = time.perf_counter()
@@ -113,7 +114,8 @@ def _reach(result, target):
 
 def runs_section(stores, iterations, lines):
     lines += [f"## t-SNE R^2 runs (at most {iterations} iterations, default start, seed 0): iterations and seconds "
-              "to dbd's final KL", "| graph | N | optimizer | iterations | seconds | final KL | iterations to dbd's KL | "
+              "to dbd's final KL",
+              "| graph | N | optimizer | iterations | seconds | final KL | iterations to dbd's KL | "
               "seconds to dbd's KL | evaluations |", "|---|---|---|---|---|---|---|---|---|"]
     for path in stores:
         name = str(path).rstrip("/").split("/")[-1]
@@ -149,8 +151,10 @@ def _timed(fn, repeats=1):
 def repulsion_section(stores, iterations, every, lines):
     lines += [f"## repulsion='auto' on the layouts of a dbd t-SNE R^2 run (every {every} iterations of "
               f"{iterations}): one evaluation each, seconds",
-              "| graph | N | iteration | extent | fft grid | near pairs | exact s | fft s | faster | predicted exact s | "
-              "predicted fft s | cost model picks (fresh / in sequence; exact below the 10000-point floor) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| graph | N | iteration | extent | fft grid | near pairs | exact s | fft s | faster | "
+              "predicted exact s | "
+              "predicted fft s | cost model picks (fresh / in sequence; exact below the 10000-point floor) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
     for path in stores:
         if path == "grqc":
@@ -177,7 +181,8 @@ def repulsion_section(stores, iterations, every, lines):
                 totals["auto"] += te if pick == "exact" else tf
                 totals["best"] += min(te, tf)
                 extent = float(np.max(Y.max(axis=1) - Y.min(axis=1)))
-                lines.append(f"| {name} | {n} | {it} | {extent:.3g} | {fresh.grid.n_nodes}{' capped' if fresh.grid.capped else ''} | "
+                capped = " capped" if fresh.grid.capped else ""
+                lines.append(f"| {name} | {n} | {it} | {extent:.3g} | {fresh.grid.n_nodes}{capped} | "
                              f"{fresh.near_pairs} | {te:.3f} | {tf:.3f} | {'fft' if tf < te else 'exact'} | "
                              f"{fresh.exact_seconds:.3f} | {fresh.fft_seconds:.3f} | {fresh_pick} / {pick} |")
                 print(lines[-1], flush=True)

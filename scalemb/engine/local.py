@@ -132,7 +132,8 @@ class LocalExecutor:
         return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
                             self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
                             fft_workers=self.n_threads, on_capped=self._warn_capped, with_kl=with_kl,
-                            grid=None if choice is None else choice.grid, cells=None if choice is None else choice.cells)
+                            grid=None if choice is None else choice.grid,
+                            cells=None if choice is None else choice.cells)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
