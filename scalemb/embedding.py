@@ -186,8 +186,8 @@ class Embedder:
         best = None
         restart_kls = []
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
-            repulsion = ({"method": "fft", **executor.fft_params.as_dict()} if executor.repulsion == "fft"
-                         else {"method": "exact"})
+            repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
+                         if executor.repulsion in ("fft", "auto") else {"method": "exact"})
             resumed = None if checkpoint is None else checkpoint.start(
                 embedder=self, data=data, graph_affinity=graph_affinity, time_dims=time_dims, executor=executor,
                 node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)

@@ -12,7 +12,7 @@ from ..errors import ScalembError
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
-from ..optim.descent import CURVATURES, SOLVERS
+from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
 from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
@@ -97,7 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
                           "auto (default): sd for tsne/snest, dbd for sne")
     emb.add_argument("--solver", choices=SOLVERS, default=None,
-                     help="sd: lu (sparse factorisation of the curvature, default) or cg (matrix-free conjugate gradient)")
+                     help="sd: lu (sparse factorisation of the curvature), cg (matrix-free preconditioned "
+                          "conjugate gradient) or auto (default: lu below 20000 points, cg with --preconditioner "
+                          "amg from there)")
+    emb.add_argument("--preconditioner", choices=PRECONDITIONERS, default=None,
+                     help="sd with cg: lu (a lagged factorisation, default), amg (aggregation multigrid) "
+                          "or jacobi")
     emb.add_argument("--curvature", choices=CURVATURES, default=None,
                      help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
     emb.add_argument("--learning-rate", type=_learning_rate, default=None,
@@ -308,7 +313,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def _embed(args) -> int:
-    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
+    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, preconditioner=args.preconditioner,
+                               curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,

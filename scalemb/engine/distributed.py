@@ -36,7 +36,7 @@ from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
 from ..models import get_model
 from ..repulsion.fft import FFTParams
-from ..repulsion.method import resolve_repulsion_settings
+from ..repulsion.method import AutoRepulsion, resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
 from .fft_pass import CappedGridWarning, evaluate_fft
 from .laplacian import row_sums
@@ -77,11 +77,12 @@ def diagonal_partition(block: RowBlock, weights: np.ndarray) -> np.ndarray:
     return row_sums(block.indptr, weights)
 
 
-def factorize_partitions(n_points: int, mu: float, ordering, *blocks_and_weights):
-    """``FactorizedSolver`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one worker)."""
+def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights):
+    """``solvers.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
+    worker)."""
     import scipy.sparse as sp
 
-    from ..optim.solvers import FactorizedSolver
+    from ..optim.solvers import factorize
 
     blocks, weights = blocks_and_weights[0::2], blocks_and_weights[1::2]
     indptr = np.concatenate([[0], np.cumsum([b.indptr[-1] for b in blocks])])
@@ -89,7 +90,7 @@ def factorize_partitions(n_points: int, mu: float, ordering, *blocks_and_weights
     C = sp.csr_matrix((np.concatenate(weights), np.concatenate([b.indices for b in blocks]), row_ptr),
                       shape=(n_points, n_points))
     laplacian = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
-    return FactorizedSolver(laplacian, mu, ordering)
+    return factorize(kind, laplacian, mu, ordering)
 
 
 def solve_factorized(factor, G: np.ndarray) -> np.ndarray:
@@ -110,10 +111,11 @@ def _is_scheduler_loss(client, exc: BaseException | None = None) -> bool:
 class RemoteFactorization:
     """A ``FactorizedSolver`` living on a worker: ``solve(G)`` ships G there and the direction back."""
 
-    def __init__(self, executor: "DaskExecutor", mu: float, ordering):
+    def __init__(self, executor: "DaskExecutor", mu: float, ordering, kind: str = "lu"):
         self._executor = executor
         self._mu = mu
         self._ordering = ordering
+        self._kind = kind
         self._future = None
         self.ordering = None
         self._build()
@@ -122,7 +124,7 @@ class RemoteFactorization:
         ex = self._executor
         parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
         self._future = ex._run(lambda: ex.client.submit(factorize_partitions, ex.n_points, self._mu,
-                                                        self._ordering, *parts, pure=False))
+                                                        self._ordering, self._kind, *parts, pure=False))
         if self.ordering is None:
             self.ordering = ex._run(lambda: ex.client.submit(factor_ordering, self._future).result())
 
@@ -160,6 +162,8 @@ class DaskExecutor:
         self.store.verify_hash()
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      self.store.n_points, fft_params)
+        self.auto_repulsion = (AutoRepulsion(model.name, space_dims, time_dims, self.fft_params)
+                               if self.repulsion == "auto" else None)
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims
@@ -312,14 +316,16 @@ class DaskExecutor:
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
         """KL(P||Q) (NaN without ``with_kl``: not computed) and gradient at ``coords`` (``(ds + dt, N)``)."""
         coords = np.ascontiguousarray(coords, dtype=np.float64)
+        choice = self.auto_repulsion.choose(coords) if self.auto_repulsion is not None else None
 
         def attempt():
             self._scattered = {}
             try:
-                if self.repulsion == "fft":
+                if self.repulsion == "fft" or (choice is not None and choice.method == "fft"):
                     return evaluate_fft(self.map_blocks, self.model.name, self.space_dims, coords, self._entropy,
                                         exaggeration, self.fft_params, fft_workers=-1, on_capped=self._warn_capped,
-                                        with_kl=with_kl)
+                                        with_kl=with_kl, grid=None if choice is None else choice.grid,
+                                        cells=None if choice is None else choice.cells)
                 results = self.map_blocks(evaluate_partition, coords, self.model.name, self.space_dims, with_kl)
                 return reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
             finally:
@@ -365,10 +371,11 @@ class DaskExecutor:
         return np.concatenate(self._run(lambda: self._per_partition(diagonal_partition, self._blocks,
                                                                      self._weights)))
 
-    def factorize_curvature(self, mu: float, ordering=None) -> RemoteFactorization:
-        """The sparse factorisation of ``L(C) + mu I``, built and kept on a worker."""
+    def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu") -> RemoteFactorization:
+        """The sparse factorisation (``kind='lu'``) or multigrid preconditioner (``'amg'``) of ``L(C) + mu I``,
+        built and kept on a worker."""
         self._check_curvature()
-        return RemoteFactorization(self, mu, ordering)
+        return RemoteFactorization(self, mu, ordering, kind)
 
     def close(self) -> None:
         for futures in (self._blocks, self._weights or []):

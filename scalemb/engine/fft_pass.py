@@ -42,17 +42,20 @@ def evaluate_block_on_grid(block, model_name, coords, space_dims, grid, potentia
 
 def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarray, entropy: float,
                  exaggeration: float, params: FFTParams, fft_workers: int = 1, on_capped=None,
-                 with_kl: bool = True, share_point_major: bool = False) -> Evaluation:
+                 with_kl: bool = True, share_point_major: bool = False, grid=None, cells=None) -> Evaluation:
     """KL(P||Q) (NaN without ``with_kl``) and gradient at ``coords`` with the repulsion interpolated on a grid;
     ``on_capped(grid, lo, hi)`` is called when the grid is capped (its near field is then summed directly).
     A non-finite layout gives a NaN evaluation (the optimisers treat it as a blow-up).  ``share_point_major``:
-    the blocks share one ``point_major`` copy of the coordinates (blocks in this process).  Block partials (the
-    charge grids, Z) are summed in block order, whatever ran them: the result depends on the blocks only."""
+    the blocks share one ``point_major`` copy of the coordinates (blocks in this process).  ``grid`` and
+    ``cells``: that grid and near-field index if already built for ``coords`` (``AutoRepulsion``).  Block
+    partials (the charge grids, Z) are summed in block order, whatever ran them: the result depends on the blocks
+    only."""
     lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
-    grid = make_grid(model_name, space_dims, lo, hi, params, coords.shape[1])
+    if grid is None:
+        grid, cells = make_grid(model_name, space_dims, lo, hi, params, coords.shape[1]), None
     if grid.capped and on_capped is not None:
         on_capped(grid, lo, hi)
     charges = None
@@ -62,7 +65,8 @@ def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarra
         else:
             charges += part
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
-    cells = near_cells(grid, coords)
+    if cells is None:
+        cells = near_cells(grid, coords)
     extra = (point_major(coords),) if share_point_major else ()
     results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells, with_kl,
                          *extra)

@@ -9,9 +9,9 @@ from ..affinity.affinity import Affinity, row_partition
 from ..affinity.ordering import inverse_permutation, locality_order
 from ..affinity.store import layout_partitions
 from ..models.base import Model
-from ..optim.solvers import FactorizedSolver
+from ..optim.solvers import factorize
 from ..repulsion.fft import FFTParams
-from ..repulsion.method import resolve_repulsion_settings
+from ..repulsion.method import AutoRepulsion, resolve_repulsion_settings
 from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, point_major, reduce_blocks
 from .fft_pass import CappedGridWarning, evaluate_fft
 from .laplacian import row_sums
@@ -44,7 +44,8 @@ class LocalExecutor:
 
     ``repulsion``: ``'exact'`` (all pairs), ``'fft'`` (interpolation on a grid with ``fft_params``,
     ``scalemb.repulsion.fft``) or ``'auto'`` (``scalemb.repulsion.method``); ``self.repulsion`` is the
-    resolved method.
+    resolved method: ``'exact'``, ``'fft'`` or ``'auto'`` (chosen per evaluation by ``self.auto_repulsion``,
+    an ``AutoRepulsion``).
 
     ``point_order``: ``'given'`` evaluates P's rows in the input's order; ``'locality'`` in P's reverse
     Cuthill-McKee order (``scalemb.affinity.ordering``: faster neighbour gathers), renumbering the points
@@ -64,6 +65,8 @@ class LocalExecutor:
         self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
                                                                      affinity.n_points, fft_params)
         self._warn_capped = CappedGridWarning()
+        self.auto_repulsion = (AutoRepulsion(model.name, space_dims, time_dims, self.fft_params)
+                               if self.repulsion == "auto" else None)
         self.affinity = affinity
         self.model = model
         self.space_dims = space_dims
@@ -117,8 +120,9 @@ class LocalExecutor:
         """KL(P||Q) and gradient at ``coords`` (``(ds + dt, N)``, C-contiguous float64); without ``with_kl``
         the KL (and objective) is not computed: NaN."""
         coords = self._to_internal(coords)
-        if self.repulsion == "fft":
-            evaluation = self._evaluate_fft(coords, exaggeration, with_kl)
+        choice = self.auto_repulsion.choose(coords) if self.auto_repulsion is not None else None
+        if self.repulsion == "fft" or (choice is not None and choice.method == "fft"):
+            evaluation = self._evaluate_fft(coords, exaggeration, with_kl, choice)
         else:
             Yt = point_major(coords)  # once per evaluation, shared by the blocks
             results = self._map(lambda b: evaluate_block(self.model, b, coords, self.space_dims, with_kl, Yt))
@@ -126,12 +130,14 @@ class LocalExecutor:
         evaluation.gradient = self._to_input(evaluation.gradient)
         return evaluation
 
-    def _evaluate_fft(self, coords: np.ndarray, exaggeration: float, with_kl: bool) -> Evaluation:
-        """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``)."""
+    def _evaluate_fft(self, coords: np.ndarray, exaggeration: float, with_kl: bool, choice=None) -> Evaluation:
+        """The FFT-repulsion map-reduce over this executor's blocks (``engine.fft_pass``); ``choice``: an
+        ``AutoRepulsion`` decision whose grid and near-field cells are reused."""
         return evaluate_fft(lambda fn, *args: self._map(lambda b: fn(b, *args)), self.model.name,
                             self.space_dims, coords, self._entropy, exaggeration, self.fft_params,
                             fft_workers=self.n_threads, on_capped=self._warn_capped, with_kl=with_kl,
-                            share_point_major=True)
+                            share_point_major=True, grid=None if choice is None else choice.grid,
+                            cells=None if choice is None else choice.cells)
 
     def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
         """Compute and keep, per block, the weights C of the space partial Hessian ``L(C)`` (see blocks)."""
@@ -170,9 +176,10 @@ class LocalExecutor:
         L = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
         return L if self._rank is None else L[self._rank][:, self._rank].tocsr()
 
-    def factorize_curvature(self, mu: float, ordering=None) -> FactorizedSolver:
-        """Sparse factorisation of ``L(C) + mu I`` (``ordering``: a fill-reducing order to reuse)."""
-        return FactorizedSolver(self.curvature_matrix(), mu, ordering)
+    def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu"):
+        """Sparse factorisation (``kind='lu'``; ``ordering``: a fill-reducing order to reuse) or multigrid
+        preconditioner (``'amg'``) of ``L(C) + mu I`` (``scalemb.optim.solvers.factorize``)."""
+        return factorize(kind, self.curvature_matrix(), mu, ordering)
 
     def close(self) -> None:
         if self._pool is not None:

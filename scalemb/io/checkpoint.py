@@ -344,6 +344,7 @@ class Checkpointer:
                 self.on_checkpoint(self, restart, iteration)
             if stopping or self._stop.is_set():
                 raise RunInterrupted(self.path, restart, iteration)
+        checkpoint.stop_requested = self._stop.is_set  # polled by long solver set-ups (optim.solvers.interruptible)
         return checkpoint
 
     def write(self, checkpoint: Checkpoint) -> str:

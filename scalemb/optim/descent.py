@@ -35,14 +35,21 @@ import numpy as np
 
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 from .linesearch import armijo
-from .solvers import jacobi_preconditioner, pcg
+from .solvers import SetupInterrupted, interruptible, jacobi_preconditioner, pcg
 
 logger = logging.getLogger("scalemb")
 
 DIRECTIONS = ("spectral", "gradient")
-SOLVERS = ("cg", "lu")
+SOLVERS = ("auto", "cg", "lu")
 CURVATURES = ("iterate", "fixed")
-PRECONDITIONERS = ("lu", "jacobi")
+PRECONDITIONERS = ("lu", "amg", "jacobi")
+# solver='auto': sparse LU below this many points, PCG on the row-block Laplacian products from it on
+# (benchmarks/scale.py, benchmarks/results/scale.md: the LU of a co-authorship graph's curvature fills in
+# super-linearly; GrQc, N = 5241, keeps LU and its results).
+AUTO_LU_MAX_POINTS = 20_000
+# PCG with a multigrid preconditioner rebuilds it (a set-up costs many V-cycles) only once CG needs more than
+# this many iterations, or when the curvature is refreshed (``refactor_every``).
+AMG_REFRESH_AFTER = 20
 
 
 @dataclass
@@ -100,7 +107,7 @@ class LineSearchDescent:
     """Descent along the spectral direction (``direction='spectral'``) or the negative gradient."""
 
     direction: str = "spectral"
-    solver: str = "lu"
+    solver: str = "auto"
     curvature: str = "iterate"
     preconditioner: str = "lu"
     refresh_after: int = 4
@@ -137,6 +144,16 @@ class LineSearchDescent:
                 "c": self.c, "rho": self.rho, "growth": self.growth, "max_step": self.max_step, "time_rate": self.time_rate,
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "tol": self.tol, "window": self.window}
+
+    def methods(self, n_points: int) -> tuple[str, str]:
+        """``(solver, preconditioner)`` used for ``n_points`` points: ``solver='auto'`` is ``'lu'`` below
+        ``AUTO_LU_MAX_POINTS`` points, otherwise ``'cg'`` preconditioned by ``preconditioner``, where the
+        default ``'lu'`` (a lagged factorisation: the size LU cannot handle) becomes ``'amg'``."""
+        if self.solver != "auto":
+            return self.solver, self.preconditioner
+        if n_points < AUTO_LU_MAX_POINTS:
+            return "lu", self.preconditioner
+        return "cg", "amg" if self.preconditioner == "lu" else self.preconditioner
 
     def _refactor_every(self, n_points: int) -> int:
         """Iterations between factorisations.
@@ -189,8 +206,10 @@ class LineSearchDescent:
         history, seconds, first = history_buffers(state, n_iter)
         start = time.perf_counter() - s.elapsed
         refactor_every = self._refactor_every(n_points)
+        methods = self.methods(n_points)
+        should_stop = getattr(checkpoint, "stop_requested", None)
         ev = s.evaluation()
-        solver_state = {"stale": True} if state is None else self._restore_solver(executor, s)
+        solver_state = {"stale": True} if state is None else self._restore_solver(executor, s, methods)
         converged = stopped = False
         it = first
 
@@ -223,10 +242,18 @@ class LineSearchDescent:
             if self.direction == "spectral":
                 if it - s.factored_at >= refactor_every:
                     solver_state["stale"] = True
+                before = (dict(solver_state), s.factored_at)
                 if solver_state.get("stale"):
                     s.factored_at = it
-                direction[:ds] = self._spectral(executor, s.coords, grad[:ds], s.alpha, solver_state,
-                                                s.previous_space)
+                try:
+                    direction[:ds] = self._spectral(executor, s.coords, grad[:ds], s.alpha, solver_state,
+                                                    s.previous_space, methods, should_stop)
+                except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
+                    solver_state.clear()
+                    solver_state.update(before[0])
+                    s.factored_at = before[1]
+                    checkpoint(it, export)  # raises RunInterrupted once the checkpoint is written
+                    raise
                 s.previous_space = direction[:ds].copy()
             else:
                 direction[:ds] = -grad[:ds]
@@ -262,7 +289,7 @@ class LineSearchDescent:
         return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
                               seconds[:it + 1].copy(), s.evaluations, stopped, final)
 
-    def _restore_solver(self, executor, s: "DescentState") -> dict:
+    def _restore_solver(self, executor, s: "DescentState", methods: tuple[str, str]) -> dict:
         """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged
         factorisation are recomputed at the coordinates where they were computed (same ordering path)."""
         state = {"stale": True} if s.stale else {}
@@ -272,7 +299,8 @@ class LineSearchDescent:
         if s.factor_coords is not None:
             executor.set_curvature(s.factor_coords, s.factor_alpha, fixed=fixed)
             mu = self.mu * float(executor.curvature_diagonal().mean())
-            state["factor"] = executor.factorize_curvature(mu, s.ordering if s.factor_ordered else None)
+            state["factor"] = _factorize(executor, mu, s.ordering if s.factor_ordered else None,
+                                         self._factor_kind(methods))
             state["factor_at"] = ((s.factor_coords, s.factor_alpha), s.factor_ordered)
         if s.curvature_coords is not None:
             executor.set_curvature(s.curvature_coords, s.curvature_alpha, fixed=fixed)
@@ -281,7 +309,12 @@ class LineSearchDescent:
             state["curvature_at"] = (s.curvature_coords, s.curvature_alpha)
         return state
 
-    def _spectral(self, executor, coords, space_grad, alpha, state, previous):
+    @staticmethod
+    def _factor_kind(methods: tuple[str, str]) -> str:
+        """What ``executor.factorize_curvature`` builds: the LU, or a multigrid hierarchy for PCG."""
+        return "amg" if methods == ("cg", "amg") else "lu"
+
+    def _spectral(self, executor, coords, space_grad, alpha, state, previous, methods, should_stop=None):
         """Solve ``(L(C) + mu I) P = -G`` for the space block; ``state`` carries the solver between calls.
 
         ``solver='lu'``: factorise L(C) once (``curvature='fixed'``) or whenever ``state['stale']`` is set
@@ -289,30 +322,43 @@ class LineSearchDescent:
         lagged direction).  The fill-reducing ordering is computed once and reused.
         ``solver='cg'``: update the row-block weights C (every iteration for ``'iterate'``), then PCG
         warm-started from the previous direction, preconditioned by Jacobi or by the factorisation of an
-        earlier L(C), refreshed when stale or once CG needed more than ``refresh_after`` iterations.
+        earlier L(C), refreshed when stale or once CG needed more than ``refresh_after`` iterations, or by a
+        multigrid preconditioner of an earlier L(C) (``'amg'``, refreshed when stale or after
+        ``AMG_REFRESH_AFTER`` iterations).  ``methods``: ``(solver, preconditioner)`` (``self.methods``).  The
+        factorisation or hierarchy is built by ``interruptible`` and CG checks ``should_stop()`` every
+        iteration: ``SetupInterrupted`` once it is True.
         """
+        solver, preconditioner = methods
         fixed = self.curvature == "fixed"
         stale = state.pop("stale", False) and not (fixed and "mu" in state)
-        if stale or (self.solver == "cg" and not fixed):
+        if stale or (solver == "cg" and not fixed):
             executor.set_curvature(coords, alpha, fixed=fixed)
             state["curvature_at"] = (coords.copy(), alpha)  # where it was computed (for checkpoints)
             state["diagonal"] = executor.curvature_diagonal()
             state["mu"] = self.mu * float(state["diagonal"].mean())
             if stale:
                 state.pop("factor", None)
-        if self.solver == "lu" or self.preconditioner == "lu":
+        if solver == "lu" or preconditioner in ("lu", "amg"):
             if "factor" not in state:
                 state["factor_at"] = (state["curvature_at"], state.get("ordering") is not None)
-                state["factor"] = executor.factorize_curvature(state["mu"], state.get("ordering"))
+                mu, ordering, kind = state["mu"], state.get("ordering"), self._factor_kind(methods)
+                state["factor"] = interruptible(lambda: _factorize(executor, mu, ordering, kind), should_stop)
                 state["ordering"] = state["factor"].ordering
-        if self.solver == "lu":
+        if solver == "lu":
             return state["factor"].solve(-space_grad)
-        if self.preconditioner == "jacobi":
+        if preconditioner == "jacobi":
             precondition = jacobi_preconditioner(state["diagonal"], state["mu"])
         else:
             precondition = state["factor"].solve
         cg = pcg(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
-                 tol=self.cg_tol, maxiter=self.cg_maxiter)
-        if cg.iterations > self.refresh_after:
+                 tol=self.cg_tol, maxiter=self.cg_maxiter, should_stop=should_stop)
+        if cg.iterations > (AMG_REFRESH_AFTER if preconditioner == "amg" else self.refresh_after):
             state.pop("factor", None)
         return cg.x
+
+
+def _factorize(executor, mu: float, ordering, kind: str):
+    """``executor.factorize_curvature`` (``kind`` passed only when it is not the LU every executor has)."""
+    if kind == "lu":
+        return executor.factorize_curvature(mu, ordering)
+    return executor.factorize_curvature(mu, ordering, kind=kind)
