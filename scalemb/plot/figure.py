@@ -288,11 +288,11 @@ def draw_overview(ax, data: MapData, main_ax=None):
                c=np.where(giant[pick], "tab:blue", "0.45"), rasterized=True)
     x0, x1, y0, y1 = main_ax.get_xlim() + main_ax.get_ylim() if main_ax is not None else data.frame
     ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="tab:red", linewidth=1.0))
-    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_aspect("equal", adjustable="box")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(f"overview: all {data.n_points} nodes, {data.sizes.size} component"
-                 f"{'s' if data.sizes.size != 1 else ''} (red: main frame)", fontsize=8)
+                 f"{'s' if data.sizes.size != 1 else ''}\nred: the main panel's frame", fontsize=8)
 
 
 def _equal_aspect(ax, frame):

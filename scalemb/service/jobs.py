@@ -231,10 +231,28 @@ class JobRunner:
                 self._active.pop(job_id, None)
         self._finish(job_id, run)
 
+    def metrics(self, job_id: str):
+        """The done job's metrics (``metrics.json`` written by ``_finish``), or ``None``."""
+        path = self.run_dir(job_id) / "metrics.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _evaluate(self, job_id: str, result) -> None:
+        """Write the run's quality metrics to ``metrics.json`` (a failure is logged; the job stays done)."""
+        from ..metrics import evaluate_run, to_json
+        from ..report.page import write_text_atomic
+
+        try:
+            metrics = to_json(evaluate_run(result, n_threads=self.n_threads))
+        except Exception as exc:  # noqa: BLE001 - metrics are an extra: never fail a finished job
+            logger.warning("job %s: no metrics (%s: %s)", job_id, type(exc).__name__, exc)
+            return
+        write_text_atomic(self.run_dir(job_id) / "metrics.json", json.dumps(metrics))
+
     def _finish(self, job_id: str, run: Path):
         from ..embedding import EmbeddingResult
 
         result = EmbeddingResult.load(run)
+        self._evaluate(job_id, result)
         self.store.update(job_id, state="done", finished=time.time(), iteration=int(result.iterations),
                           kl=float(result.kl), kl_history=[float(v) for v in result.kl_history],
                           n_points=int(result.embedding.shape[0]))
