@@ -13,6 +13,7 @@ from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
+from . import metrics as metrics_command
 from . import report as report_command
 
 EXIT_USAGE = 2
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--threads", type=_positive_int, default=None, help="threads per in-process job")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
     srv.add_argument("--quiet", action="store_true")
+    metrics_command.add_parser(commands)
     report_command.add_parser(commands)
     return parser
 
@@ -295,7 +297,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot, "serve": _serve,
+                "plot": _plot, "serve": _serve, "metrics": metrics_command.run,
                 "report": report_command.run}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
