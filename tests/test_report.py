@@ -300,7 +300,8 @@ def test_service_serves_metrics_report_and_map(tmp_path, browser):
         if early["state"] != "done":
             assert "metrics" not in early and svc.request("GET", f"/jobs/{job}/report")[0] == 409
         record = svc.wait(job)
-        assert record["state"] == "done", record
+        assert record["state"] == "done" and "metrics" in record, record
+        record = svc.wait(job, timeout=300, predicate=lambda r: r["metrics"] is not None)  # computed after done
         assert {"kl", "np@deg", "jaccard@deg"} <= set(record["metrics"])
         assert record["metrics"]["kl"]["value"] == pytest.approx(record["kl"], abs=1e-9)
         assert svc.request("GET", f"/jobs/{job}/report", auth=False)[0] == 401
@@ -320,3 +321,21 @@ def test_service_serves_metrics_report_and_map(tmp_path, browser):
     finally:
         browser.call("Network.setExtraHTTPHeaders", headers={})
         svc.stop()
+
+
+def test_report_finds_the_affinity_from_provenance_or_says_it_cannot(tmp_path):
+    from scalemb.report import build_report
+
+    edges = tmp_path / "ring.txt"
+    edges.write_text("".join(f"{i} {(i + 1) % 30}\n{i} {(i + 2) % 30}\n" for i in range(30)))
+    run = tmp_path / "ring.zarr"
+    scalemb.embed(str(edges), model="tsne", iterations=60).save(run)
+    page, metrics = build_report(run)
+    assert set(metrics) == {"kl", "np@deg", "jaccard@deg"} and str(edges) in page
+    assert page.count("<img ") == 2 and 'alt="map by degree"' in page  # and the KL curve; no time for t-SNE
+    edges.rename(tmp_path / "moved.txt")
+    page, metrics = build_report(run)
+    assert metrics == {} and "not found (pass --input)" in page and page.count("<img ") == 2
+    assert 'alt="map"' in page and "map by degree" not in page
+    page, metrics = build_report(run, affinity=str(tmp_path / "moved.txt"))
+    assert "np@deg" in metrics

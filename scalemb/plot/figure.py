@@ -202,9 +202,10 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
         t = result.embedding[:, ds]
         bound = max(float(np.abs(t).max()) if t.size else 0.0, 1e-12)
         norm = TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound)
-        if dense:
-            mappable = ax.hexbin(xy[:, 0], xy[:, 1], C=t, reduce_C_function=np.mean, gridsize=220,
-                                 extent=(x0, x1, y0, y1), cmap=DIVERGING_CMAP, norm=norm, linewidths=0, zorder=2)
+        if dense:  # a mean of signed times is ~0 everywhere (the sign is arbitrary): mean |time| instead
+            mappable = ax.hexbin(xy[:, 0], xy[:, 1], C=np.abs(t), reduce_C_function=np.mean, gridsize=220,
+                                 extent=(x0, x1, y0, y1), cmap="viridis", vmin=0.0, vmax=bound, linewidths=0,
+                                 zorder=2)
         else:
             magnitude = np.linalg.norm(result.embedding[:, ds:], axis=1)
             top = float(magnitude.max()) if magnitude.size else 0.0
@@ -215,7 +216,7 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
                                   zorder=2)
         label = "time 1" + (" (size: |time|)" if result.time_dims == 1 else " (size: ‖time‖)")
         if colorbar:
-            fig.colorbar(mappable, ax=ax, label=label if not dense else "mean time 1 per hexagon")
+            fig.colorbar(mappable, ax=ax, label=label if not dense else "mean |time 1| per hexagon")
     elif colour == "degree":
         norm = LogNorm(vmin=max(1, int(data.degree.min())), vmax=max(2, int(data.degree.max())))
         if dense:

@@ -31,7 +31,7 @@ def _kl_figure(result):
 
 
 def _time_degree_figure(result, degree):
-    """Time 1 against the degree (log axis), with the median time per degree bin: does activity spread in time?"""
+    """Time 1 against the degree (log axis), with the median |time 1| per degree bin (the sign is arbitrary)."""
     from ..plot.figure import _figure
 
     t = result.embedding[:, result.space_dims]
@@ -46,8 +46,8 @@ def _time_degree_figure(result, degree):
         members = (degree >= lo) & (degree < hi)
         if members.any():
             centres.append(np.sqrt(lo * max(lo, hi - 1)))
-            medians.append(float(np.median(t[members])))
-    ax.plot(centres, medians, color="tab:red", marker="o", linewidth=1.5, label="median per degree bin")
+            medians.append(float(np.median(np.abs(t[members]))))
+    ax.plot(centres, medians, color="tab:red", marker="o", linewidth=1.5, label="median |time 1| per degree bin")
     ax.axhline(0, color="0.5", linewidth=0.8)
     ax.set_xlabel("degree")
     ax.set_ylabel("time 1")
@@ -74,7 +74,8 @@ def _figures(data, labels: int):
         figures.append((f"map by {colour}" if colour != "none" else "map", captions[colour], _png_uri(fig)))
     figures.append(("KL(P‖Q) per iteration", f"final KL {result.kl:.4f}", _png_uri(_kl_figure(result))))
     if result.time_dims >= 1 and data.degree is not None:
-        figures.append(("time against degree", "each dot a node (degrees jittered); red: median time per bin",
+        figures.append(("time against degree", "each dot a node (degrees jittered); red: median |time 1| per degree "
+                        "bin (the sign of time is arbitrary)",
                         _png_uri(_time_degree_figure(result, data.degree))))
     return figures
 

@@ -169,7 +169,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.get("/jobs/{job_id}")
     def status(job_id: str):
-        """The job; once done also ``metrics`` (``scalemb.metrics.to_json`` of the run, computed when it finished)."""
+        """The job; once done also ``metrics`` (``scalemb.metrics.to_json`` of the run; ``null`` while they are
+        computed, in the background once the job is done)."""
         record = _job(job_id)
         out = _public(record)
         if record["state"] == "done":
