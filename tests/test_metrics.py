@@ -13,8 +13,8 @@ from scalemb.embedding import EmbeddingResult
 from scalemb.errors import InputError
 from scalemb.io.results import write_result
 from scalemb.metrics import (Metric, continuity, coranking_curve, evaluate_run, feature_metrics, graph_metrics, kl,
-                             knn_precision, metrics_table, neighbourhood_preservation, one_nn_error, to_json,
-                             trustworthiness)
+                             knn_precision, metrics_table, neighbourhood_preservation, node_preservation,
+                             one_nn_error, to_json, trustworthiness)
 
 from .conftest import dense_kl
 
@@ -294,3 +294,17 @@ def test_evaluate_run_errors_are_input_errors(tmp_path):
         evaluate_run(run)
     with pytest.raises(InputError, match="features have shape"):
         evaluate_run(run, X=np.zeros((40, 2)))
+
+
+def test_node_preservation_per_node():
+    G, coords = grid_graph(6)
+    G = G.tolil()
+    G[0, :] = 0
+    G[:, 0] = 0
+    values = node_preservation(G.tocsr(), coords)
+    assert np.isnan(values[0]) and values[35] == 1.0
+    assert values[1] == 0.5  # its 2 nearest (ties by index) are 0, no longer a neighbour, and 2
+    rng = np.random.default_rng(8)
+    Y = rng.standard_normal((36, 2))
+    per_node = node_preservation(G.tocsr(), Y)
+    assert np.nanmean(per_node) == pytest.approx(neighbourhood_preservation(G.tocsr(), Y).value, abs=1e-12)

@@ -87,21 +87,36 @@ def neighbourhood_preservation(graph, Y, model="tsne", space_dims=None, *, jacca
     return summarise("jaccard@deg" if jaccard else "np@deg", values, population)
 
 
-def _graph_hits(graph, Y, model, space_dims, sample, seed, n_threads):
-    """Per sampled node with edges: (hits, degree), and the number of nodes with edges."""
-    Y = _points(Y)
-    n = Y.shape[0]
-    G = _graph_pattern(graph, n)
-    rows = select_rows(n, sample, seed)
+def _hits(G, Y, model, space_dims, rows, n_threads):
+    """For each of ``rows``: (graph neighbours among its deg most similar points, deg)."""
     Zt, sd, similarity = _output_space(Y, model, space_dims)
     kernel = graph_kernel(similarity)
     indptr, indices = G.indptr.astype(np.int64), G.indices.astype(np.int64)
     hits = np.zeros(rows.size, dtype=np.int64)
     deg = np.zeros(rows.size, dtype=np.int64)
     map_rows(lambda b0, b1: kernel(Zt, sd, rows, b0, b1, indptr, indices, hits, deg), rows.size, n_threads)
-    own = np.diff(indptr) - (G.diagonal() != 0)
+    return hits, deg
+
+
+def _graph_hits(graph, Y, model, space_dims, sample, seed, n_threads):
+    """Per sampled node with edges: (hits, degree), and the number of nodes with edges."""
+    Y = _points(Y)
+    n = Y.shape[0]
+    G = _graph_pattern(graph, n)
+    hits, deg = _hits(G, Y, model, space_dims, select_rows(n, sample, seed), n_threads)
+    own = np.diff(G.indptr) - (G.diagonal() != 0)
     keep = deg > 0
     return hits[keep].astype(np.float64), deg[keep].astype(np.float64), int((own > 0).sum())
+
+
+def node_preservation(graph, Y, model="tsne", space_dims=None, *, n_threads=None) -> np.ndarray:
+    """Per node (all rows, exact): ``|G(i) ∩ E_deg(i)(i)| / deg(i)``, NaN for nodes without edges (for maps that
+    colour nodes by how well their neighbourhood is kept)."""
+    Y = _points(Y)
+    G = _graph_pattern(graph, Y.shape[0])
+    hits, deg = _hits(G, Y, model, space_dims, np.arange(Y.shape[0], dtype=np.int64), n_threads)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(deg > 0, hits / np.maximum(deg, 1), np.nan)
 
 
 def graph_metrics(graph, Y, model="tsne", space_dims=None, *, sample=None, seed=0, n_threads=None) -> dict:
