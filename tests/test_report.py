@@ -183,6 +183,13 @@ def test_report_opens_in_chromium_with_every_figure(school_run, tmp_path, browse
     assert browser.errors() == [] and browser.evaluate("document.body.dataset.ready") == "1"
     assert browser.evaluate("[...document.getElementById('colour').options].map(o => o.value)") == \
         ["time", "label", "degree", "none"]
+    info = browser.evaluate("scalembMap.find('20'), document.getElementById('info').textContent")
+    assert info.startswith("node 20degree 21time 1") and "NP@deg" in info and "label 0" in info  # the first teacher
+    from scalemb.report.mappage import _per_node_np
+    from scalemb.plot.figure import run_affinity
+
+    result = EmbeddingResult.load(school_run)
+    assert np.mean(_per_node_np(result, run_affinity(result))) == pytest.approx(metrics["np@deg"]["value"])
 
 
 def _two_clusters(n_each=3000, seed=0):

@@ -26,17 +26,12 @@ def _array(values, dtype: str) -> dict:
 
 
 def _per_node_np(result, affinity):
-    """NP@deg per node (NaN where unknown), or ``None`` above ``EXACT_MAX_ROWS`` nodes."""
-    from ..metrics import EXACT_MAX_ROWS
-    from ..metrics.quality import _graph_hits
+    """NP@deg per node (NaN without edges), or ``None`` without an affinity or above ``EXACT_MAX_ROWS`` nodes."""
+    from ..metrics import EXACT_MAX_ROWS, node_preservation
 
-    n = result.embedding.shape[0]
-    if affinity is None or n > EXACT_MAX_ROWS:
+    if affinity is None or result.embedding.shape[0] > EXACT_MAX_ROWS:
         return None
-    hits, deg, _ = _graph_hits(affinity.P, result.embedding, result.model, result.space_dims, None, 0, None)
-    if hits.size != n:  # rows without edges were left out: no per-node alignment
-        return None
-    return hits / deg
+    return node_preservation(affinity.P, result.embedding, result.model, result.space_dims)
 
 
 def map_payload(data, per_node_np=None) -> dict:
