@@ -10,7 +10,7 @@ import scalemb
 from scalemb.errors import ScalembError
 from scalemb.plot import plot_embedding, plot_png, save_plot
 from scalemb.plot.figure import layout_axes, map_data
-from scalemb.plot.layout import components, pack_components, place_labels, robust_frame
+from scalemb.plot.layout import components, place_labels, robust_frame
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

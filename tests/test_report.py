@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,14 +43,14 @@ class Browser:
                                       "--remote-debugging-port=0", "--remote-allow-origins=*",
                                       f"--window-size={width},{height}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = os.path.join(user_dir, "DevToolsActivePort")
+        port_file = Path(user_dir) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
-        while not (os.path.exists(port_file) and open(port_file).read().count("\n") >= 1):
+        while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.close()
                 raise RuntimeError("chromium did not start its DevTools endpoint")
             time.sleep(0.1)
-        port = int(open(port_file).read().split()[0])
+        port = int(port_file.read_text().split()[0])
         while True:
             pages = [t for t in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
                      if t["type"] == "page"]
@@ -185,8 +186,8 @@ def test_report_opens_in_chromium_with_every_figure(school_run, tmp_path, browse
         ["time", "label", "degree", "none"]
     info = browser.evaluate("scalembMap.find('20'), document.getElementById('info').textContent")
     assert info.startswith("node 20degree 21time 1") and "NP@deg" in info and "label 0" in info  # the first teacher
-    from scalemb.report.mappage import _per_node_np
     from scalemb.plot.figure import run_affinity
+    from scalemb.report.mappage import _per_node_np
 
     result = EmbeddingResult.load(school_run)
     assert np.mean(_per_node_np(result, run_affinity(result))) == pytest.approx(metrics["np@deg"]["value"])
@@ -213,7 +214,7 @@ def test_map_page_draws_points_where_the_data_says(tmp_path, browser):
     assert browser.errors() == []
     box = browser.evaluate("(r => [r.left, r.top, r.width, r.height])(document.getElementById('map')"
                            ".getBoundingClientRect())")
-    left, top, width, height = (int(round(v)) for v in box)
+    left, top, width, height = (round(v) for v in box)
     centres = browser.evaluate("[scalembMap.toScreen(-10, 0), scalembMap.toScreen(10, 4)]")
     scale = browser.evaluate("scalembMap.view.scale")
     (ax, ay), (bx, by) = centres

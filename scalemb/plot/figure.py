@@ -338,7 +338,8 @@ def finish_map(fig, ax, data: MapData, label_rows, overview_ax=None):
     return kept
 
 
-def _kl_panel(ax, result):
+def draw_kl(ax, result):
+    """KL(P‖Q) per computed iteration on ``ax``."""
     history = np.asarray(result.kl_history, dtype=float)
     computed = np.flatnonzero(~np.isnan(history))  # dbd with kl_every > 1 leaves NaN between computed entries
     ax.plot(computed, history[computed], color="tab:red", linewidth=1.2)
@@ -348,7 +349,8 @@ def _kl_panel(ax, result):
     ax.grid(True, alpha=0.3)
 
 
-def _figure(figsize):
+def new_figure(figsize):
+    """An Agg ``Figure`` with constrained layout (no pyplot state)."""
     Figure, FigureCanvasAgg, _ = _matplotlib()
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
@@ -366,25 +368,26 @@ def plot_embedding(result, labels: int = 10, title: str | None = None, figsize=(
 def map_figure(data: MapData, labels: int = 10, title=None, figsize=(12.0, 5.5), colour="auto", density="auto",
                kl_panel: bool = True):
     """The figure of ``plot_embedding`` from ``MapData``; ``kl_panel=False`` draws the map and overview only."""
-    fig = _figure(figsize)
+    fig = new_figure(figsize)
     overview = data.needs_overview
     if kl_panel:
         grid = fig.add_gridspec(2, 2, width_ratios=(1.35, 1))
         ax = fig.add_subplot(grid[:, 0])
         kl_ax = fig.add_subplot(grid[1, 1] if overview else grid[:, 1])
-        _kl_panel(kl_ax, data.result)
+        draw_kl(kl_ax, data.result)
     else:
         grid = fig.add_gridspec(1, 2, width_ratios=(2.6, 1)) if overview else fig.add_gridspec(1, 1)
         ax = fig.add_subplot(grid[:, 0] if overview else grid[0, 0])
     _, rows = draw_map(fig, ax, data, colour=colour, labels=labels, density=density, title=title)
     overview_ax = None
     if overview:
-        overview_ax = fig.add_subplot(grid[0, 1] if kl_panel else grid[0, 1])
+        overview_ax = fig.add_subplot(grid[0, 1])
     finish_map(fig, ax, data, rows, overview_ax)
     return fig
 
 
 def figure_png(fig, dpi: int = 110) -> bytes:
+    """``fig`` as PNG bytes."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()

@@ -8,6 +8,7 @@ drawn, before anything is written; the page and the JSON are written atomically 
 """
 import base64
 import html
+import itertools
 import json
 import os
 import uuid
@@ -23,26 +24,26 @@ def _png_uri(fig, dpi: int = 100) -> str:
 
 
 def _kl_figure(result):
-    from ..plot.figure import _figure, _kl_panel
+    from ..plot.figure import draw_kl, new_figure
 
-    fig = _figure((6.5, 3.6))
-    _kl_panel(fig.add_subplot(), result)
+    fig = new_figure((6.5, 3.6))
+    draw_kl(fig.add_subplot(), result)
     return fig
 
 
 def _time_degree_figure(result, degree):
     """Time 1 against the degree (log axis), with the median |time 1| per degree bin (the sign is arbitrary)."""
-    from ..plot.figure import _figure
+    from ..plot.figure import new_figure
 
     t = result.embedding[:, result.space_dims]
-    fig = _figure((6.5, 3.8))
+    fig = new_figure((6.5, 3.8))
     ax = fig.add_subplot()
     jitter = np.exp(np.random.default_rng(0).uniform(-0.12, 0.12, degree.size))  # separate equal integer degrees
     ax.scatter(np.maximum(degree, 1) * jitter, t, s=4, alpha=0.35, linewidths=0, color="tab:blue")
     ax.set_xscale("log")
     edges = np.unique(np.round(np.geomspace(1, max(2, degree.max()) + 1, 16)).astype(int))
     centres, medians = [], []
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         members = (degree >= lo) & (degree < hi)
         if members.any():
             centres.append(np.sqrt(lo * max(lo, hi - 1)))
@@ -74,9 +75,8 @@ def _figures(data, labels: int):
         figures.append((f"map by {colour}" if colour != "none" else "map", captions[colour], _png_uri(fig)))
     figures.append(("KL(P‖Q) per iteration", f"final KL {result.kl:.4f}", _png_uri(_kl_figure(result))))
     if result.time_dims >= 1 and data.degree is not None:
-        figures.append(("time against degree", "each dot a node (degrees jittered); red: median |time 1| per degree "
-                        "bin (the sign of time is arbitrary)",
-                        _png_uri(_time_degree_figure(result, data.degree))))
+        caption = "each dot a node (degrees jittered); red: median |time 1| per degree bin (the sign is arbitrary)"
+        figures.append(("time against degree", caption, _png_uri(_time_degree_figure(result, data.degree))))
     return figures
 
 
@@ -154,28 +154,21 @@ def build_report(run, affinity=None, labels=None, *, n_labels: int = 12, sample=
     non-finite coordinates)."""
     from ..metrics import evaluate_run
     from ..metrics.evaluate import load_run, read_labels
-    from ..plot.figure import map_data
+    from ..plot.figure import map_data, run_affinity
 
     result, run_name = load_run(run)
     classes = None if labels is None else read_labels(labels, result.embedding.shape[0])
+    aff = run_affinity(result, "auto" if affinity is None else affinity)
     if affinity is not None:
-        aff = _aligned(result, affinity)
         input_name = str(affinity)
     else:
-        aff = _aligned(result, "auto")
         input_name = None if aff is None else _provenance_name(result.provenance)
     metrics = {}
     if aff is not None or classes is not None:
         metrics = evaluate_run(result, affinity=aff, labels=classes, sample=sample, seed=seed, n_threads=n_threads)
-    data = map_data(result, affinity=aff if aff is not None else None, classes=classes)
+    data = map_data(result, affinity=aff, classes=classes)
     page = report_html(result, metrics, _figures(data, n_labels), run_name, input_name, map_href)
     return page, metrics
-
-
-def _aligned(result, affinity):
-    from ..plot.figure import run_affinity
-
-    return run_affinity(result, affinity)
 
 
 def _provenance_name(provenance: dict) -> str:
