@@ -16,6 +16,8 @@ from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
 from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
+from . import metrics as metrics_command
+from . import report as report_command
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -219,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--quiet", action="store_true")
     export_cli.add_parser(commands)
     continue_cli.add_parser(commands)
+    metrics_command.add_parser(commands)
+    report_command.add_parser(commands)
     return parser
 
 
@@ -357,8 +361,8 @@ def main(argv=None) -> int:
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot, "serve": _serve, "export": export_cli.run,
-                "continue": continue_cli.run}[args.command](args)
+                "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
+                "metrics": metrics_command.run, "report": report_command.run}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -13,6 +13,9 @@ class Model:
     attraction: Callable = field(repr=False)
     repulsion: Callable = field(repr=False)
     curvature: Callable = field(repr=False)
+    # numba function (d2s, d2t) -> a strictly increasing function of the kernel w_ij: "more similar" in this
+    # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
+    similarity: Callable = field(default=None, repr=False)
 
     def check_dims(self, space_dims: int, time_dims: int) -> None:
         """Raise ValueError unless this model can embed in R^{space_dims, time_dims}."""

@@ -42,6 +42,13 @@ import numpy as np
 from numba import njit
 
 
+@njit(inline="always")
+def euclidean_similarity(d2s, d2t):
+    """``-|Δ|²`` (space and time alike): the order of every kernel decreasing in the Euclidean distance (a
+    model's ``similarity``, see ``base.Model``; ``scalemb.metrics`` ranks input features by it)."""
+    return -(d2s + d2t)
+
+
 def make_kernels(log_pair, pair):
     """Compile the attraction and repulsion row-block kernels for one model (see module docstring).
 

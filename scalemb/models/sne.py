@@ -5,8 +5,8 @@
 from numba import njit
 
 from .base import Model
+from .kernels import euclidean_similarity, make_kernels
 from .vecmath import fast_exp
-from .kernels import make_kernels
 
 
 @njit(inline="always", error_model="numpy")
@@ -20,4 +20,5 @@ def pair(d2s, d2t):
     return w, -2.0 * w, 0.0
 
 
-MODEL = Model("sne", "SNE, Gaussian kernel exp(-d^2)", False, *make_kernels(log_pair, pair))
+MODEL = Model("sne", "SNE, Gaussian kernel exp(-d^2)", False, *make_kernels(log_pair, pair),
+              similarity=euclidean_similarity)

@@ -5,6 +5,8 @@ Closer in space or farther in time means more similar.  ``d log w / d s_i = -2 (
 ``dKL/ds_i = 2 sum_j (p_ij - q_ij)(s_i - s_j)/(1 + |s_i - s_j|^2)``, ``dKL/dt_i = -2 sum_j (p_ij - q_ij)(t_i - t_j)``
 (unordered pairs).  The time factor saturates at exp(709) (see ``fast_exp``).
 """
+import math
+
 from numba import njit
 
 from .base import Model
@@ -25,4 +27,12 @@ def pair(d2s, d2t):
     return w, -2.0 * w * q, 2.0 * w
 
 
-MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair))
+@njit(inline="always")
+def similarity(d2s, d2t):
+    """``log w = |Δt|² - log(1 + |Δs|²)``: closer in space or farther in time is more similar (the neighbour
+    order of ``scalemb.metrics``)."""
+    return d2t - math.log1p(d2s)
+
+
+MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair),
+              similarity=similarity)

@@ -5,7 +5,7 @@
 from numba import njit
 
 from .base import Model
-from .kernels import make_kernels
+from .kernels import euclidean_similarity, make_kernels
 from .vecmath import fast_log
 
 
@@ -21,4 +21,5 @@ def pair(d2s, d2t):
     return q, -2.0 * q * q, 0.0
 
 
-MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair))
+MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair),
+              similarity=euclidean_similarity)

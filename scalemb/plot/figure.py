@@ -1,20 +1,34 @@
-"""Embedding figure: the layout panel and a KL-vs-iteration panel.
+"""Embedding figures: a readable map (layout panel, overview) and a KL-vs-iteration panel.
 
-Positions are the first two space coordinates.  With one space dimension the vertical axis is the first
-time coordinate (SNEST) or, without time, the row index.  With time (SNEST, the paper's Figures 3-4) each
-point is coloured by its first time coordinate on a diverging colormap centred at 0, its marker area grows
-with |t| (the Euclidean norm of the time coordinates), and the ``labels`` nodes of largest |t| are labelled
-with their node ids.  sne/tsne results get plain uniform markers.
+Positions are the first two space coordinates, displayed as ``scalemb.plot.layout`` arranges them: components
+packed by size, each keeping its own layout, the main panel framed on the largest component with robust limits,
+and an overview panel (the whole packed arrangement, the main frame outlined) whenever the frame leaves nodes
+out.  The stored embedding is never changed.  With one space dimension the vertical axis is the first time
+coordinate (SNEST) or, without time, the row index (no packing).
+
+Colour (``colour``): ``time`` (SNEST, the paper's Figures 3-4): time 1 on a diverging colormap centred at 0,
+marker area growing with |t| (the norm of the time coordinates), the nodes of largest |t| labelled with their ids;
+``label``: one colour per class of ``classes``; ``degree``: the graph degree (number of non-zeros of the node's
+row of P) on a log scale, the highest-degree nodes labelled; ``none``.  ``auto`` takes the first that applies in
+that order.  With the run's affinity (given, or found from its provenance) its edges are drawn thin and
+translucent under the points.  Labels are placed so that they do not overlap (a label with no free place is left
+out).  From ``DENSITY_MIN_POINTS`` points on, the main panel is a hexbin density (counts on a log scale, or the
+mean time / degree per hexagon) instead of individual markers.
 """
 import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ScalembError
+from .layout import components, pack_components, place_labels, robust_frame
 
 DIVERGING_CMAP = "RdBu_r"
 MIN_SIZE, MAX_SIZE, PLAIN_SIZE = 4.0, 120.0, 12.0
+DENSITY_MIN_POINTS = 100_000
+MAX_EDGES = 300_000  # more edges are subsampled (seed 0) for drawing
+COLOURS = ("auto", "time", "label", "degree", "none")
 
 
 def _matplotlib():
@@ -52,52 +66,336 @@ def layout_axes(result):
     return emb[:, 0], np.arange(emb.shape[0], dtype=float), "space 1", "row index"
 
 
-def plot_embedding(result, labels: int = 10, title: str | None = None, figsize=(12.0, 5.5)):
-    """A two-panel ``matplotlib.figure.Figure`` (layout, KL history) of a result or a result store path."""
-    Figure, FigureCanvasAgg, TwoSlopeNorm = _matplotlib()
+def run_affinity(result, affinity="auto", name: str = "the run"):
+    """The run's affinity aligned to its node order: ``affinity`` (an ``Affinity``, store, edge list or dataset
+    name; node ids checked) or, with ``"auto"``, the one found from its provenance (``None`` if not found)."""
+    from ..metrics.evaluate import _resolve_affinity, affinity_from_provenance, align_affinity
+
+    if affinity is None:
+        return None
+    if isinstance(affinity, str) and affinity == "auto":
+        try:
+            found, source, _ = affinity_from_provenance(dict(result.provenance))
+            return None if found is None else align_affinity(found, result.node_ids, source)
+        except ScalembError:  # the recorded input is gone or changed: draw without it
+            return None
+    found, source = _resolve_affinity(affinity, "coauthorship")
+    return align_affinity(found, result.node_ids, source)
+
+
+@dataclass
+class MapData:
+    """What a map draws, in display coordinates (``xy``, packed) with the per-node values used for colour."""
+
+    result: object
+    xy: np.ndarray
+    xlabel: str
+    ylabel: str
+    component: np.ndarray
+    sizes: np.ndarray
+    frame: tuple
+    edges: np.ndarray | None  # (m, 2) row indices, each undirected edge once
+    degree: np.ndarray | None
+    classes: np.ndarray | None
+
+    @property
+    def n_points(self) -> int:
+        return int(self.xy.shape[0])
+
+    @property
+    def needs_overview(self) -> bool:
+        x0, x1, y0, y1 = self.frame
+        inside = (self.xy[:, 0] >= x0) & (self.xy[:, 0] <= x1) & (self.xy[:, 1] >= y0) & (self.xy[:, 1] <= y1)
+        return not bool(inside.all())
+
+
+def map_data(result, affinity="auto", classes=None) -> MapData:
+    """The display data of ``result`` (a result or a result store path); see ``run_affinity`` for ``affinity``."""
     result = _load(result)
-    emb, ds, dt = result.embedding, result.space_dims, result.time_dims
     x, y, xlabel, ylabel = layout_axes(result)
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax, kl_ax = fig.subplots(1, 2, width_ratios=(1.35, 1))
-    if dt >= 1:
-        t = emb[:, ds]
-        magnitude = np.linalg.norm(emb[:, ds:], axis=1)
-        top = float(magnitude.max()) if magnitude.size else 0.0
-        bound = max(float(np.abs(t).max()) if t.size else 0.0, 1e-12)
-        sizes = MIN_SIZE + (MAX_SIZE - MIN_SIZE) * (magnitude / top if top > 0 else np.zeros_like(magnitude))
-        order = np.argsort(magnitude)  # large markers drawn last, on top
-        points = ax.scatter(x[order], y[order], c=t[order], s=sizes[order], cmap=DIVERGING_CMAP,
-                            norm=TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound),
-                            edgecolors="black", linewidths=0.3, alpha=0.9)
-        fig.colorbar(points, ax=ax, label="time 1" + (" (size: |time|)" if dt == 1 else " (size: ‖time‖)"))
-        for i in order[::-1][:max(0, int(labels))]:
-            ax.annotate(str(result.node_ids[i]), (x[i], y[i]), xytext=(3, 3), textcoords="offset points",
-                        fontsize=8, color="black")
+    xy = np.column_stack([x, y]).astype(np.float64)
+    if not np.isfinite(xy).all():
+        raise ScalembError("the embedding has non-finite coordinates; nothing to draw")
+    aff = run_affinity(result, affinity)
+    edges = degree = None
+    if aff is not None:
+        upper = aff.P.tocoo()
+        keep = upper.row < upper.col
+        edges = np.column_stack([upper.row[keep], upper.col[keep]]).astype(np.int64)
+        degree = np.diff(aff.P.indptr).astype(np.int64)
+    if classes is not None:
+        classes = np.asarray(classes)
+        if classes.shape != (xy.shape[0],):
+            raise ScalembError(f"classes have shape {classes.shape}; the run has {xy.shape[0]} points")
+    component = components(None if aff is None or result.space_dims < 2 else aff.P, xy.shape[0])
+    packing = pack_components(xy, component)
+    frame = robust_frame(packing.coords, component == 0)
+    return MapData(result, packing.coords, xlabel, ylabel, component, packing.sizes, frame, edges, degree, classes)
+
+
+def _resolve_colour(data: MapData, colour: str) -> str:
+    if colour not in COLOURS:
+        raise ScalembError(f"unknown colour {colour!r}; choose one of {', '.join(COLOURS)}")
+    available = {"time": data.result.time_dims >= 1, "label": data.classes is not None,
+                 "degree": data.degree is not None, "none": True}
+    if colour == "auto":
+        return next(name for name in ("time", "label", "degree", "none") if available[name])
+    if not available[colour]:
+        raise ScalembError({"time": "colour by time needs a model with time coordinates (snest)",
+                            "label": "colour by label needs labels", "degree": "colour by degree needs the run's "
+                            "affinity (--input)"}[colour])
+    return colour
+
+
+def _size_scale(n_points: int) -> float:
+    """Marker areas shrink with N so that a few thousand points do not cover each other (1 up to 250 points)."""
+    return float(np.clip(np.sqrt(250.0 / max(n_points, 1)), 0.08, 1.0))
+
+
+def _draw_edges(ax, data: MapData, zorder=1):
+    from matplotlib.collections import LineCollection
+
+    edges = data.edges
+    if edges is None or edges.shape[0] == 0:
+        return None
+    if edges.shape[0] > MAX_EDGES:
+        edges = edges[np.sort(np.random.default_rng(0).choice(edges.shape[0], MAX_EDGES, replace=False))]
+    alpha = float(np.clip(25.0 / np.sqrt(edges.shape[0]), 0.06, 0.5))
+    lines = LineCollection(data.xy[edges], colors="0.25", linewidths=0.35, alpha=alpha, zorder=zorder)
+    ax.add_collection(lines, autolim=False)
+    return lines
+
+
+def _label_candidates(data: MapData, colour: str, count: int) -> np.ndarray:
+    """Rows to label, in priority order: largest |time| (time colour) or largest degree."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    result = data.result
+    if colour == "time" or (result.time_dims >= 1 and data.degree is None):
+        key = np.linalg.norm(result.embedding[:, result.space_dims:], axis=1)
+    elif data.degree is not None:
+        key = data.degree.astype(np.float64)
     else:
-        ax.scatter(x, y, s=PLAIN_SIZE, color="tab:blue", alpha=0.8, linewidths=0)
-    if ds >= 2:
-        ax.set_aspect("equal", adjustable="datalim")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    dims = f"R^{ds}" + (f",{dt}" if dt else "")
-    ax.set_title(title or f"{result.model} in {dims}, N = {emb.shape[0]}")
+        return np.zeros(0, dtype=np.int64)
+    x0, x1, y0, y1 = data.frame
+    order = np.argsort(-key, kind="stable")
+    inside = (data.xy[order, 0] >= x0) & (data.xy[order, 0] <= x1) & (data.xy[order, 1] >= y0) & \
+             (data.xy[order, 1] <= y1)
+    return order[inside][:count]
+
+
+def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, density="auto", title=None,
+             colorbar: bool = True):
+    """Draw the main map panel of ``data`` on ``ax``; returns ``(colour used, label rows)`` (the labels are
+    placed by ``finish_map`` once the figure layout is fixed)."""
+    from matplotlib.colors import LogNorm, TwoSlopeNorm
+
+    result, xy = data.result, data.xy
+    colour = _resolve_colour(data, colour)
+    n = data.n_points
+    dense = n >= DENSITY_MIN_POINTS if density == "auto" else bool(density)
+    scale = _size_scale(n)
+    ds = result.space_dims
+    x0, x1, y0, y1 = data.frame
+    mappable = None
+    if colour == "time":
+        t = result.embedding[:, ds]
+        bound = max(float(np.abs(t).max()) if t.size else 0.0, 1e-12)
+        norm = TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound)
+        if dense:  # a mean of signed times is ~0 everywhere (the sign is arbitrary): mean |time| instead
+            mappable = ax.hexbin(xy[:, 0], xy[:, 1], C=np.abs(t), reduce_C_function=np.mean, gridsize=220,
+                                 extent=(x0, x1, y0, y1), cmap="viridis", vmin=0.0, vmax=bound, linewidths=0,
+                                 zorder=2)
+        else:
+            magnitude = np.linalg.norm(result.embedding[:, ds:], axis=1)
+            top = float(magnitude.max()) if magnitude.size else 0.0
+            sizes = scale * (MIN_SIZE + (MAX_SIZE - MIN_SIZE) * (magnitude / top if top > 0 else 0 * magnitude))
+            order = np.argsort(magnitude, kind="stable")  # large markers drawn last, on top
+            mappable = ax.scatter(xy[order, 0], xy[order, 1], c=t[order], s=sizes[order], cmap=DIVERGING_CMAP,
+                                  norm=norm, edgecolors="black", linewidths=0.3 * np.sqrt(scale), alpha=0.9,
+                                  zorder=2)
+        label = "time 1" + (" (size: |time|)" if result.time_dims == 1 else " (size: ‖time‖)")
+        if colorbar:
+            fig.colorbar(mappable, ax=ax, label=label if not dense else "mean |time 1| per hexagon")
+    elif colour == "degree":
+        norm = LogNorm(vmin=max(1, int(data.degree.min())), vmax=max(2, int(data.degree.max())))
+        if dense:
+            mappable = ax.hexbin(xy[:, 0], xy[:, 1], C=data.degree, reduce_C_function=np.mean, gridsize=220,
+                                 extent=(x0, x1, y0, y1), cmap="viridis", norm=norm, linewidths=0, zorder=2)
+        else:
+            order = np.argsort(data.degree, kind="stable")
+            mappable = ax.scatter(xy[order, 0], xy[order, 1], c=np.maximum(data.degree[order], 1),
+                                  s=PLAIN_SIZE * scale * 1.5, cmap="viridis", norm=norm, linewidths=0, alpha=0.9,
+                                  zorder=2)
+        if colorbar:
+            fig.colorbar(mappable, ax=ax, label="degree" + (" (mean per hexagon)" if dense else ""))
+    elif colour == "label":
+        names, codes = np.unique(data.classes, return_inverse=True)
+        cmap = _categorical(names.size)
+        if dense:
+            ax.hexbin(xy[:, 0], xy[:, 1], gridsize=220, extent=(x0, x1, y0, y1), bins="log", cmap="Greys",
+                      linewidths=0, zorder=1)
+            pick = np.random.default_rng(0).choice(n, min(n, 50_000), replace=False)
+            ax.scatter(xy[pick, 0], xy[pick, 1], c=cmap(codes[pick] % cmap.N), s=0.3, linewidths=0, zorder=2)
+        else:
+            ax.scatter(xy[:, 0], xy[:, 1], c=cmap(codes % cmap.N), s=PLAIN_SIZE * scale * 1.5, linewidths=0,
+                       alpha=0.9, zorder=2)
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], marker="o", linestyle="", color=cmap(k % cmap.N), label=str(name))
+                   for k, name in enumerate(names[:20])]
+        ax.legend(handles=handles, fontsize=7, loc="lower left", framealpha=0.8,
+                  title=None if names.size <= 20 else f"first 20 of {names.size} labels", title_fontsize=7)
+    else:
+        if dense:
+            mappable = ax.hexbin(xy[:, 0], xy[:, 1], gridsize=220, extent=(x0, x1, y0, y1), bins="log",
+                                 cmap="viridis", linewidths=0, zorder=2)
+            if colorbar:
+                fig.colorbar(mappable, ax=ax, label="points per hexagon")
+        else:
+            ax.scatter(xy[:, 0], xy[:, 1], s=PLAIN_SIZE * scale, color="tab:blue", alpha=0.8, linewidths=0,
+                       zorder=2)
+    if not dense:
+        _draw_edges(ax, data)  # added after the points (collections[0] stays the points), drawn under them
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)  # made equal-aspect by finish_map once the panel's size is known
+    ax.set_xlabel(data.xlabel)
+    ax.set_ylabel(data.ylabel)
+    dims = f"R^{ds}" + (f",{result.time_dims}" if result.time_dims else "")
+    heading = title or f"{result.model} in {dims}, N = {n}"
+    if data.sizes.size > 1:
+        heading += (f"\n{data.sizes.size} components packed for display; framed on the largest "
+                    f"({int(data.sizes[0])} nodes)")
+    ax.set_title(heading, fontsize=10)
+    return colour, _label_candidates(data, colour, labels)
+
+
+def _categorical(count: int):
+    from matplotlib import colormaps
+
+    return colormaps["tab10" if count <= 10 else "tab20"]
+
+
+def draw_overview(ax, data: MapData, main_ax=None):
+    """The whole packed arrangement (largest component dark, the others grey), the main frame outlined."""
+    from matplotlib.patches import Rectangle
+
+    xy, giant = data.xy, data.component == 0
+    pick = np.arange(data.n_points)
+    if pick.size > 50_000:
+        pick = np.sort(np.random.default_rng(0).choice(pick.size, 50_000, replace=False))
+    size = float(np.clip(2000.0 / data.n_points, 0.2, 4.0))
+    ax.scatter(xy[pick, 0], xy[pick, 1], s=size, linewidths=0,
+               c=np.where(giant[pick], "tab:blue", "0.45"), rasterized=True)
+    x0, x1, y0, y1 = main_ax.get_xlim() + main_ax.get_ylim() if main_ax is not None else data.frame
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="tab:red", linewidth=1.0))
+    ax.set_aspect("equal", adjustable="box")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(f"overview: all {data.n_points} nodes, {data.sizes.size} component"
+                 f"{'s' if data.sizes.size != 1 else ''}\nred: the main panel's frame", fontsize=8)
+
+
+def _equal_aspect(ax, frame):
+    """Widen the frame's shorter side so that one unit is as long on both axes of the panel as drawn."""
+    box = ax.get_window_extent()
+    x0, x1, y0, y1 = frame
+    per_pixel = max((x1 - x0) / box.width, (y1 - y0) / box.height)
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    ax.set_xlim(cx - per_pixel * box.width / 2, cx + per_pixel * box.width / 2)
+    ax.set_ylim(cy - per_pixel * box.height / 2, cy + per_pixel * box.height / 2)
+
+
+def finish_map(fig, ax, data: MapData, label_rows, overview_ax=None):
+    """Fix the figure's layout, then place the node-id labels without overlaps and draw the overview."""
+    fig.canvas.draw()
+    fig.set_layout_engine("none")  # positions are final from here: labels are placed in pixels
+    if data.result.space_dims >= 2:
+        _equal_aspect(ax, data.frame)
+    if overview_ax is not None:
+        draw_overview(overview_ax, data, ax)
+    if len(label_rows) == 0:
+        return []
+    renderer = fig.canvas.get_renderer()
+    from matplotlib import patheffects
+
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white", alpha=0.85)]  # readable over edges
+    texts = [ax.text(*data.xy[i], str(data.result.node_ids[i]), fontsize=8, color="black", ha="left",
+                     va="bottom", zorder=5, clip_on=True, path_effects=halo) for i in label_rows]
+    extents = [t.get_window_extent(renderer) for t in texts]
+    anchors = ax.transData.transform(data.xy[label_rows])
+    box = ax.get_window_extent(renderer)
+    placed = dict(place_labels(anchors, np.array([(e.width, e.height) for e in extents]),
+                               (box.x0, box.y0, box.x1, box.y1), offset=3.0 * fig.dpi / 72))
+    inverse = ax.transData.inverted()
+    kept = []
+    for k, text in enumerate(texts):
+        if k in placed:
+            text.set_position(inverse.transform(placed[k]))
+            kept.append(int(label_rows[k]))
+        else:
+            text.remove()
+    return kept
+
+
+def draw_kl(ax, result):
+    """KL(P‖Q) per computed iteration on ``ax``."""
     history = np.asarray(result.kl_history, dtype=float)
     computed = np.flatnonzero(~np.isnan(history))  # dbd with kl_every > 1 leaves NaN between computed entries
-    kl_ax.plot(computed, history[computed], color="tab:red", linewidth=1.2)
-    kl_ax.set_xlabel("iteration")
-    kl_ax.set_ylabel("KL(P‖Q)")
-    kl_ax.set_title(f"KL {result.kl:.4f} after {result.iterations} iterations")
-    kl_ax.grid(True, alpha=0.3)
+    ax.plot(computed, history[computed], color="tab:red", linewidth=1.2)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("KL(P‖Q)")
+    ax.set_title(f"KL {result.kl:.4f} after {result.iterations} iterations")
+    ax.grid(True, alpha=0.3)
+
+
+def new_figure(figsize):
+    """An Agg ``Figure`` with constrained layout (no pyplot state)."""
+    Figure, FigureCanvasAgg, _ = _matplotlib()
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
     return fig
+
+
+def plot_embedding(result, labels: int = 10, title: str | None = None, figsize=(12.0, 5.5), affinity="auto",
+                   colour: str = "auto", classes=None, density="auto"):
+    """A ``matplotlib.figure.Figure`` of a result or a result store path: the map (module docstring), the KL
+    history, and an overview panel when the map's frame leaves nodes out.  ``affinity``: see ``run_affinity``."""
+    data = map_data(result, affinity, classes)
+    return map_figure(data, labels=labels, title=title, figsize=figsize, colour=colour, density=density)
+
+
+def map_figure(data: MapData, labels: int = 10, title=None, figsize=(12.0, 5.5), colour="auto", density="auto",
+               kl_panel: bool = True):
+    """The figure of ``plot_embedding`` from ``MapData``; ``kl_panel=False`` draws the map and overview only."""
+    fig = new_figure(figsize)
+    overview = data.needs_overview
+    if kl_panel:
+        grid = fig.add_gridspec(2, 2, width_ratios=(1.35, 1))
+        ax = fig.add_subplot(grid[:, 0])
+        kl_ax = fig.add_subplot(grid[1, 1] if overview else grid[:, 1])
+        draw_kl(kl_ax, data.result)
+    else:
+        grid = fig.add_gridspec(1, 2, width_ratios=(2.6, 1)) if overview else fig.add_gridspec(1, 1)
+        ax = fig.add_subplot(grid[:, 0] if overview else grid[0, 0])
+    _, rows = draw_map(fig, ax, data, colour=colour, labels=labels, density=density, title=title)
+    overview_ax = None
+    if overview:
+        overview_ax = fig.add_subplot(grid[0, 1])
+    finish_map(fig, ax, data, rows, overview_ax)
+    return fig
+
+
+def figure_png(fig, dpi: int = 110) -> bytes:
+    """``fig`` as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def plot_png(result, dpi: int = 110, **kwargs) -> bytes:
     """The figure of ``plot_embedding`` as PNG bytes."""
-    buffer = io.BytesIO()
-    plot_embedding(result, **kwargs).savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
+    return figure_png(plot_embedding(result, **kwargs), dpi=dpi)
 
 
 def save_plot(result, out, dpi: int = 110, **kwargs) -> Path:

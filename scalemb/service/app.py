@@ -1,7 +1,8 @@
 """The FastAPI application: jobs, uploads, results and plots, behind a bearer token, confined to a data root.
 
-Routes (JSON; errors are ``{"detail": "..."}``): ``POST /jobs``, ``GET /jobs``, ``GET /jobs/{id}``,
-``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?format=csv|npy``, ``GET /jobs/{id}/plot.png``,
+Routes (JSON; errors are ``{"detail": "..."}``): ``POST /jobs``, ``GET /jobs``, ``GET /jobs/{id}`` (with the
+quality metrics once done), ``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?format=csv|npy``,
+``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map`` (HTML pages),
 ``PUT /uploads/{name}`` (raw body), ``GET /health`` and ``GET /openapi.json`` (both without a token).
 """
 import hmac
@@ -18,7 +19,7 @@ from typing import Literal
 import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .._version import __version__
@@ -253,7 +254,13 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.get("/jobs/{job_id}")
     def status(job_id: str):
-        return _public(_job(job_id))
+        """The job; once done also ``metrics`` (``scalemb.metrics.to_json`` of the run; ``null`` while they are
+        computed, in the background once the job is done)."""
+        record = _job(job_id)
+        out = _public(record)
+        if record["state"] == "done":
+            out["metrics"] = state["runner"].metrics(job_id)
+        return out
 
     @app.delete("/jobs/{job_id}")
     def cancel(job_id: str):
@@ -294,6 +301,34 @@ def create_app(config: ServiceConfig) -> FastAPI:
             tmp.write_bytes(plot_png(state["runner"].run_dir(job_id) / "run.zarr"))
             os.replace(tmp, cached)
         return Response(cached.read_bytes(), media_type="image/png")
+
+    def _page(job_id: str, name: str, build) -> HTMLResponse:
+        """A cached HTML page of a done job (built once, written atomically)."""
+        from ..errors import ScalembError
+        from ..report.page import write_text_atomic
+
+        _done(job_id)
+        cached = state["runner"].run_dir(job_id) / name
+        if not cached.exists():
+            try:
+                write_text_atomic(cached, build(state["runner"].run_dir(job_id) / "run.zarr"))
+            except ScalembError as exc:
+                raise HTTPException(422, str(exc).splitlines()[0]) from None
+        return HTMLResponse(cached.read_text(encoding="utf-8"))
+
+    @app.get("/jobs/{job_id}/report", response_class=HTMLResponse)
+    def report(job_id: str):
+        """The run report of ``scalemb report`` (self-contained HTML: metrics, maps, KL curve)."""
+        from ..report import build_report
+
+        return _page(job_id, "report.html", lambda run: build_report(run, map_href=f"/jobs/{job_id}/map")[0])
+
+    @app.get("/jobs/{job_id}/map", response_class=HTMLResponse)
+    def map_page(job_id: str):
+        """The interactive map page (self-contained HTML canvas: pan, zoom, hover, find a node)."""
+        from ..report.mappage import build_map_page
+
+        return _page(job_id, "map.html", build_map_page)
 
     @app.put("/uploads/{name}", status_code=201)
     async def upload(name: str, request: Request):

@@ -115,6 +115,7 @@ class JobRunner:
         self._queue = queue.Queue()
         self._active = {}  # job id -> Checkpointer of the running job
         self._cancelled = set()
+        self._evaluating = set()  # done jobs whose metrics are being computed (or failed)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         for record in store.list():  # jobs a previous service left unfinished
@@ -272,6 +273,34 @@ class JobRunner:
                 self._active.pop(job_id, None)
         self._finish(job_id, run)
 
+    def metrics(self, job_id: str):
+        """The done job's metrics (``metrics.json``), or ``None`` while they are computed: a background thread
+        started when the job finished (or here, for a job finished before a restart)."""
+        path = self.run_dir(job_id) / "metrics.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        self._start_evaluation(job_id)
+        return None
+
+    def _start_evaluation(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._evaluating:
+                return
+            self._evaluating.add(job_id)
+        threading.Thread(target=self._evaluate, args=(job_id,), name=f"scalemb-metrics-{job_id}", daemon=True).start()
+
+    def _evaluate(self, job_id: str) -> None:
+        """Write the run's quality metrics to ``metrics.json`` (a failure is logged and left at that: the job
+        stays done, its metrics ``None``)."""
+        from ..metrics import evaluate_run, to_json
+        from ..report.page import write_text_atomic
+
+        try:
+            metrics = to_json(evaluate_run(self.run_dir(job_id) / "run.zarr", n_threads=self.n_threads))
+            write_text_atomic(self.run_dir(job_id) / "metrics.json", json.dumps(metrics))
+        except Exception as exc:  # noqa: BLE001 - metrics are an extra: never fail a finished job
+            logger.warning("job %s: no metrics (%s: %s)", job_id, type(exc).__name__, exc)
+
     def _finish(self, job_id: str, run: Path):
         from ..embedding import EmbeddingResult
 
@@ -279,3 +308,4 @@ class JobRunner:
         self.store.update(job_id, state="done", finished=time.time(), iteration=int(result.iterations),
                           kl=float(result.kl), kl_history=[float(v) for v in result.kl_history],
                           n_points=int(result.embedding.shape[0]))
+        self._start_evaluation(job_id)

@@ -1,0 +1,53 @@
+"""``scalemb report RUN.zarr [--input P.zarr|EDGES] [--labels y.npy] --out report.html [--json m.json]
+[--map map.html]``: a self-contained HTML report of a finished run (metrics, maps, KL curve) and, with ``--map``,
+the interactive map page.  Nothing is written when an input is bad."""
+
+
+def add_parser(commands):
+    rep = commands.add_parser("report", help="write an HTML report of a finished run (metrics, maps, KL curve)",
+                              description="A self-contained HTML page (PNG figures embedded): the run, its quality "
+                                          "metrics, the map coloured by time (snest), label and degree, the KL "
+                                          "curve and, for snest, time against degree.  The run's affinity is "
+                                          "found from its provenance unless --input is given.")
+    rep.add_argument("run", help="a finished result store (scalemb embed --out)")
+    rep.add_argument("--input", default=None,
+                     help="the run's affinity store, edge list or dataset name (default: from the run's provenance)")
+    rep.add_argument("--labels", default=None, help="labels (.npy, or text with one per line): colour and 1-NN error")
+    rep.add_argument("--out", required=True, help="the HTML report")
+    rep.add_argument("--json", default=None, metavar="PATH", help="also write the metrics as JSON")
+    rep.add_argument("--map", default=None, metavar="PATH",
+                     help="also write the interactive map page (pan, zoom, hover, find a node; linked from the report)")
+    rep.add_argument("--node-labels", type=int, default=12, help="node ids labelled on each map (default 12)")
+    rep.add_argument("--sample", type=int, default=None,
+                     help="rows per metric (default: all up to 100000 points, else 10000)")
+    rep.add_argument("--threads", type=int, default=None)
+    rep.add_argument("--overwrite", action="store_true")
+    rep.add_argument("--quiet", action="store_true")
+    return rep
+
+
+def run(args) -> int:
+    import os
+
+    from ..io.atomic import check_output_path
+    from ..report import write_report
+
+    map_page = None
+    if args.map is not None:
+        from ..report.mappage import build_map_page
+
+        check_output_path(args.map, args.overwrite)
+        map_page = build_map_page(args.run, affinity=args.input, labels=args.labels)
+    href = None if args.map is None else os.path.relpath(os.path.abspath(args.map),
+                                                         os.path.dirname(os.path.abspath(args.out)))
+    metrics = write_report(args.run, args.out, args.json, overwrite=args.overwrite, affinity=args.input,
+                           labels=args.labels, n_labels=args.node_labels, sample=args.sample, n_threads=args.threads,
+                           map_href=href)
+    if map_page is not None:
+        from ..report.page import write_text_atomic
+
+        write_text_atomic(args.map, map_page)
+    if not args.quiet:
+        print(f"wrote {args.out}" + (f", {args.json}" if args.json else "") + (f", {args.map}" if args.map else "")
+              + f" ({len(metrics)} metrics)")
+    return 0
