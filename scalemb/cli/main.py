@@ -13,6 +13,7 @@ from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
+from . import transform as transform_cli
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -118,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--iterations", type=_positive_int, default=None,
                      help="new maximum iterations per restart (default: the run's)")
     res.add_argument("--quiet", action="store_true", help="no progress output")
+
+    transform_cli.add_parser(commands)
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
                               description="Graph mode streams an edge list (SNAP text or CSV, optionally .gz) "
@@ -293,7 +296,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot, "serve": _serve}[args.command](args)
+                "plot": _plot, "serve": _serve, "transform": transform_cli.run_transform}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -13,6 +13,7 @@ class Model:
     attraction: Callable = field(repr=False)
     repulsion: Callable = field(repr=False)
     curvature: Callable = field(repr=False)
+    cross_repulsion: Callable = field(repr=False)
 
     def check_dims(self, space_dims: int, time_dims: int) -> None:
         """Raise ValueError unless this model can embed in R^{space_dims, time_dims}."""
