@@ -208,3 +208,49 @@ def test_bad_feature_inputs_exit_2(knn_run):
         moved.rename(tmp_path / "store.zarr")
     assert proc.returncode == 2 and "affinity store" in proc.stderr and "is gone" in proc.stderr
     assert not out.exists()
+
+
+def test_embedder_transform_in_memory_knn_and_graph_dataset(tmp_path):
+    from scalemb import Embedder
+    from scalemb.affinity import knn_affinity
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.standard_normal((50, 3)), 10 + rng.standard_normal((50, 3))])
+    embedder = Embedder(model="tsne", iterations=150).fit(knn_affinity(X, perplexity=5, n_neighbors=15))
+    placed = embedder.transform(np.array([[0.0, 0, 0], [10.0, 10, 10]]), reference=X)
+    assert placed.shape == (2, 2)
+    Y = embedder.embedding_
+    for row, cluster in zip(placed, (slice(0, 50), slice(50, 100))):
+        nearest = np.argmin(np.linalg.norm(Y - row, axis=1))
+        assert nearest in range(100)[cluster]
+    assert embedder.transform_result_.embedding.shape == (102, 2)
+    edges = tmp_path / "new.txt"
+    edges.write_text("100 0\n100 1\n100 2\n")
+    school = Embedder(model="snest", iterations=100).fit("school")
+    assert school.transform(str(edges)).shape == (1, 3)
+    assert list(school.transform_result_.node_ids[-1:]) == [100]
+
+
+def test_service_transform_job(tmp_path):
+    from tests.test_service import Service
+
+    service = Service(tmp_path)
+    try:
+        status, created = service.json("POST", "/jobs", {"input": "school", "model": "tsne", "iterations": 100})
+        assert status == 201 and service.wait(created["id"])["state"] == "done"
+        status, _ = service.json("PUT", "/uploads/new.txt", raw=b"100 0\n100 1\n101 100\n")
+        assert status == 201
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/new.txt"})
+        assert status == 201, job
+        record = service.wait(job["id"])
+        assert record["state"] == "done" and record["n_points"] == 44, record
+        csv = service.request("GET", f"/jobs/{job['id']}/embedding")[1].decode().splitlines()
+        assert [line.split(",")[0] for line in csv[-2:]] == ["100", "101"]
+        status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 is a stored node
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/bad.txt"})
+        record = service.wait(job["id"])
+        assert record["state"] == "failed" and "already in the stored map" in record["error"]
+        assert service.json("POST", "/jobs/nope/transform", {"new": "uploads/new.txt"})[0] == 404
+        assert service.json("POST", f"/jobs/{created['id']}/transform", {"new": "../x"})[0] == 400
+    finally:
+        service.stop()

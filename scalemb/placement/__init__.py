@@ -25,8 +25,8 @@ from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_e
 from .objective import PlacementObjective
 from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
 
-__all__ = ["Reference", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE", "place", "reference_of",
-           "transform_run"]
+__all__ = ["Reference", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE", "place", "place_into",
+           "reference_of", "transform_run"]
 
 
 @dataclass
@@ -131,6 +131,21 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            optimizer=run.settings, repulsion={"method": "exact"})
 
 
+def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
+               n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map"):
+    """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
+    ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
+    ``EmbeddingResult`` (old rows first, unchanged)."""
+    reference = reference or reference_of(run_name, result.provenance, result.node_ids)
+    P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
+    placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
+                               optimizer, seed, n_threads, refuse_unattached)
+    provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
+                  "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
+                  "run_provenance": result.provenance, "start_kl": float(placed.kl_history[0])}
+    return placed_result(result, placed, new_ids, provenance)
+
+
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
                   n_threads: int | None = None, refuse_unattached: bool = False):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
@@ -144,13 +159,6 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
         raise
     except Exception as exc:  # noqa: BLE001 - zarr raises many types for what is not a result group
         raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
-    reference = reference_of(run, result.provenance, result.node_ids)
-    P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
-    placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
-                               optimizer, seed, n_threads, refuse_unattached)
-    provenance = {"transform_of": str(run), "new": str(new) if isinstance(new, (str, Path)) else "array",
-                  "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
-                  "run_provenance": result.provenance, "start_kl": float(placed.kl_history[0])}
-    combined = placed_result(result, placed, new_ids, provenance)
+    combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run)
     combined.save(out, overwrite=overwrite)
     return combined
