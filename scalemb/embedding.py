@@ -1,0 +1,261 @@
+"""The user-facing estimator: ``Embedder`` (scikit-learn style) and the ``embed`` function.
+
+Pipeline: input -> ``Affinity`` P -> executor evaluating KL(P||Q) and its gradient by row blocks ->
+optimiser -> best of ``restarts`` runs.  Initialisation follows the SNEST paper's code:
+``s ~ 1e-4 N(0, 1)``, ``t ~ 1e-5 N(0, 1)``; restart k uses the random stream ``(seed, k)``.
+"""
+import time
+from functools import partial
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ._version import __version__
+from .affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinity_store, normalized_affinity
+from .datasets import DATASETS, load_dataset
+from .engine import LocalExecutor
+from .engine.cluster import affinity_store_for, dask_client
+from .engine.distributed import DaskExecutor
+from .io.edgelist import read_edge_list
+from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
+from .io.results import read_result, write_result
+from .models import get_model
+from .optim import make_optimizer
+from .progress import Progress
+from .repulsion import REPULSION_METHODS, FFTParams, check_supported
+
+GRAPH_AFFINITIES = ("coauthorship", "normalized")
+DASK_PARTITIONS = 8  # row partitions of the temporary store a non-store input gets on Dask
+
+
+@dataclass
+class EmbeddingResult:
+    """A finished embedding: ``embedding`` is N x (ds + dt), space columns first, rows in ``node_ids`` order."""
+
+    embedding: np.ndarray
+    node_ids: np.ndarray
+    kl: float
+    kl_history: np.ndarray
+    model: str
+    space_dims: int
+    time_dims: int
+    iterations: int
+    seed: int
+    restart_kls: list = field(default_factory=list)
+    wall_time: float = 0.0
+    provenance: dict = field(default_factory=dict)
+    optimizer: dict = field(default_factory=dict)
+    repulsion: dict = field(default_factory=dict)  # {"method": "exact"} or {"method": "fft", **FFTParams}
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
+
+    def attrs(self) -> dict:
+        return {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
+                "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
+                "wall_time_s": self.wall_time, "scalemb_version": __version__,
+                "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the result as a Zarr v3 group (see ``scalemb.io.results``)."""
+        return write_result(path, {"embedding": self.embedding, "node_ids": self.node_ids,
+                                   "kl_history": self.kl_history}, self.attrs(), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path) -> "EmbeddingResult":
+        arrays, attrs = read_result(path)
+        return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
+                   attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
+                   attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
+                   attrs.get("optimizer", {}), attrs.get("repulsion", {}))
+
+
+def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
+    """Resolve an input: ``None`` (bundled GrQc), a built-in dataset name, an affinity store (Zarr), an
+    edge-list path or an ``Affinity``."""
+    if data is None:
+        return load_dataset("grqc")
+    if isinstance(data, Affinity):
+        return data
+    if isinstance(data, str) and data in DATASETS and not Path(data).exists():
+        return load_dataset(data)
+    if is_affinity_store(data):
+        return AffinityStore(data).to_affinity()
+    if graph_affinity not in GRAPH_AFFINITIES:
+        raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
+    graph = read_edge_list(data)
+    return coauthorship_affinity(graph) if graph_affinity == "coauthorship" else normalized_affinity(graph)
+
+
+def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
+    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (SNEST reference code)."""
+    space = rng.standard_normal((space_dims, n_points)) * 1e-4
+    time_ = rng.standard_normal((time_dims, n_points)) * 1e-5
+    return np.ascontiguousarray(np.concatenate([space, time_]))
+
+
+class Embedder:
+    """SNE-family embedding estimator.
+
+    Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
+    0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
+    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``,
+    ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
+    ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
+    Where it runs: in-process threads (default); ``scheduler`` (``'tcp://host:8786'``) an existing Dask
+    cluster; ``workers`` a LocalCluster of that many processes started for the run.  On Dask the workers read
+    their row partitions from an affinity store: a store input is used as is (it must be on storage the
+    workers see), other inputs are written to a temporary store with ``DASK_PARTITIONS`` partitions.
+    With the same store partitions the local and the Dask runs give identical results.
+    After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
+    ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
+    """
+
+    on_iteration = None
+
+    def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
+                 iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
+                 n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
+                 fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None):
+        self.model = model
+        self.space_dims = space_dims
+        self.time_dims = time_dims
+        self.iterations = iterations
+        self.seed = seed
+        self.restarts = restarts
+        self.optimizer = optimizer
+        self.n_threads = n_threads
+        self.quiet = quiet
+        self.repulsion = repulsion
+        self.fft_params = fft_params
+        self.scheduler = scheduler
+        self.workers = workers
+
+    def _check(self):
+        model = get_model(self.model)
+        time_dims = self.time_dims if self.time_dims is not None else (1 if model.has_time else 0)
+        model.check_dims(self.space_dims, time_dims)
+        if int(self.iterations) < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if int(self.restarts) < 1:
+            raise ValueError(f"restarts must be >= 1, got {self.restarts}")
+        if self.repulsion not in REPULSION_METHODS:
+            raise ValueError(f"unknown repulsion {self.repulsion!r}; choose one of {', '.join(REPULSION_METHODS)}")
+        if self.repulsion == "fft":
+            check_supported(model.name, self.space_dims, time_dims)
+        return model, time_dims
+
+    @contextmanager
+    def _executor(self, data, graph_affinity: str, model, time_dims: int):
+        """``(executor, node_ids, provenance)`` for ``data``: Dask workers or in-process threads."""
+        options = {"repulsion": self.repulsion, "fft_params": self.fft_params}
+        is_store = isinstance(data, (str, Path)) and is_affinity_store(data)
+        if self.scheduler is None and self.workers is None:
+            if is_store:
+                store = AffinityStore(data)
+                affinity, partitions = store.to_affinity(), store.partitions
+            else:
+                affinity, partitions = load_affinity(data, graph_affinity), None
+            with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads,
+                               partitions=partitions, **options) as executor:
+                yield executor, affinity.node_ids, dict(affinity.provenance)
+            return
+        with dask_client(self.scheduler, self.workers) as client, \
+                affinity_store_for(data, graph_affinity, DASK_PARTITIONS, load_affinity) as path, \
+                DaskExecutor(path, model, self.space_dims, time_dims, client, **options) as executor:
+            store = executor.store  # the metadata the executor opened; P stays on the workers
+            provenance = dict(store.provenance, content_hash=store.content_hash,
+                              executor="dask", scheduler=client.scheduler.address)
+            if is_store:
+                provenance["store"] = str(path)
+            yield executor, store.node_ids, provenance
+
+    def fit(self, data=None, graph_affinity: str = "coauthorship", checkpoint=None) -> "Embedder":
+        """Embed ``data``.  ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints
+        into the output store (or continues the run stored there) and saves the result there at the end."""
+        model, time_dims = self._check()
+        if graph_affinity not in GRAPH_AFFINITIES:
+            raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
+        optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
+                     else self.optimizer)
+        start = time.perf_counter()
+        best = None
+        restart_kls = []
+        with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
+            repulsion = ({"method": "fft", **executor.fft_params.as_dict()} if executor.repulsion == "fft"
+                         else {"method": "exact"})
+            resumed = None if checkpoint is None else checkpoint.start(
+                embedder=self, data=data, graph_affinity=graph_affinity, time_dims=time_dims, executor=executor,
+                node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)
+            if resumed is not None:
+                restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
+            for k in range(0 if resumed is None else resumed.restart, self.restarts):
+                rng = np.random.default_rng([self.seed, k])
+                coords = initial_coords(executor.n_points, self.space_dims, time_dims, rng)
+                label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
+                progress = Progress(self.iterations, label, quiet=self.quiet,
+                                    listener=None if self.on_iteration is None else partial(self.on_iteration, k))
+                try:
+                    if checkpoint is None:
+                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress)
+                    else:
+                        state = resumed.state if resumed is not None and k == resumed.restart else None
+                        run = optimizer.optimize(executor, coords, self.iterations, callback=progress, state=state,
+                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start))
+                finally:
+                    progress.close()
+                restart_kls.append(run.kl)
+                if best is None or run.kl < best.kl:
+                    best = run
+        self.result_ = EmbeddingResult(
+            embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
+            kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
+            iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
+            wall_time=time.perf_counter() - start, provenance=provenance,
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
+        self.embedding_ = self.result_.embedding
+        self.kl_ = self.result_.kl
+        self._fit_data = data  # what transform places new points against
+        if checkpoint is not None:
+            checkpoint.finish(self.result_)
+        return self
+
+    def fit_transform(self, data=None, graph_affinity: str = "coauthorship") -> np.ndarray:
+        return self.fit(data, graph_affinity).embedding_
+
+    def transform(self, new, reference=None, iterations: int = 300) -> np.ndarray:
+        """Place new nodes or points into the fitted map, which stays fixed (``scalemb.placement``); returns
+        their coordinates, ``M x (ds + dt)``.  ``new``: an edge-list path (``NEW_ID OTHER_ID [weight]``) for
+        graph inputs, feature rows (array or path) for kNN inputs.  ``reference``: the reference feature rows
+        when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
+        map, old rows first: ``transform_result_``."""
+        from .placement import PlacementOptimizer, Reference, place_into
+
+        if not hasattr(self, "result_"):
+            raise ValueError("fit the Embedder before transform")
+        placement = None
+        if reference is not None:
+            data = getattr(self, "_fit_data", None)
+            affinity = data if isinstance(data, Affinity) else load_affinity(data)
+            placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
+                                  knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
+                                                                                   "perplexity")})
+        self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
+                                            seed=self.seed, n_threads=self.n_threads)
+        return self.transform_result_.embedding[self.result_.node_ids.size:]
+
+
+def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,
+          **kwargs) -> EmbeddingResult:
+    """Embed ``data`` (see ``load_affinity``) and return an ``EmbeddingResult`` (``.embedding``, ``.kl``).
+
+    Keyword arguments are ``Embedder``'s, plus ``graph_affinity`` for edge-list inputs.  With ``out`` the run
+    keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
+    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
+    """
+    graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
+    if out is None:
+        return Embedder(**kwargs).fit(data, graph_affinity).result_
+    with Checkpointer(out, every=checkpoint_every, overwrite=overwrite) as checkpoint:
+        return Embedder(**kwargs).fit(data, graph_affinity, checkpoint=checkpoint).result_
