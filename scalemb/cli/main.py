@@ -8,6 +8,7 @@ from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
+from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("input", nargs="?", default=None,
                      help="edge list path, affinity store (scalemb affinity ...), or a built-in dataset name "
                           f"({', '.join(DATASETS)}); default grqc")
-    emb.add_argument("--model", choices=MODEL_NAMES, default="snest")
+    emb.add_argument("--model", choices=MODEL_NAMES + EIGENMAP_MODELS, default="snest")
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
                      help="time dimensions (default 1 for snest, 0 otherwise)")
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
+    add_eigenmap_arguments(emb)
 
     res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
                               description="Continue the run checkpointed in RUN (an embed --out store) with its "
@@ -260,6 +262,8 @@ def _serve(args) -> int:
 
 
 def _embed(args) -> int:
+    if args.model in EIGENMAP_MODELS:
+        return run_eigenmap(args)
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
@@ -268,7 +272,7 @@ def _embed(args) -> int:
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
-                        scheduler=args.scheduler, workers=args.workers,
+                        scheduler=args.scheduler, workers=args.workers, init=args.init,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite)
