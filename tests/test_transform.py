@@ -254,3 +254,25 @@ def test_service_transform_job(tmp_path):
         assert service.json("POST", f"/jobs/{created['id']}/transform", {"new": "../x"})[0] == 400
     finally:
         service.stop()
+
+
+def test_eigenmap_runs_place_through_nystrom(tmp_path):
+    eigenmaps = pytest.importorskip("scalemb.eigenmaps")  # issue 20's eigenmaps, merged with this branch
+    from scalemb.datasets import school
+    from scalemb.eigenmaps.graph import nystrom_extend
+    from scalemb.placement import place_into
+
+    fitted = eigenmaps.Eigenmap(n_components=2).fit("school")
+    edges = tmp_path / "new.txt"
+    edges.write_text("100 0\n100 1\n100 20 2\n101 100\n101 30\n")
+    whole = place_into(fitted.result_, str(edges))
+    assert np.array_equal(whole.embedding[:42], fitted.result_.embedding)
+    assert list(whole.node_ids[42:]) == [100, 101]
+    P = school().P
+    assert np.all(np.isfinite(whole.embedding[42:])) and P.shape == (42, 42)
+    # the same as the extension applied to the new rows' affinities to the stored nodes
+    from scalemb.placement import grown_affinity, reference_of
+    grown, _ = grown_affinity(reference_of("run", fitted.result_.provenance, fitted.result_.node_ids),
+                              fitted.result_.node_ids, str(edges))
+    expected = nystrom_extend(grown[42:, :42], fitted.result_.embedding, fitted.result_.optimizer["eigenvalues"])
+    np.testing.assert_allclose(whole.embedding[42:], expected)

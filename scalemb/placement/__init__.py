@@ -4,6 +4,8 @@ The old rows stay fixed.  The new rows of the grown affinity ``P'`` (``placement
 the union graph, or kNN of new feature rows against the reference) start at the weighted median of their old
 neighbours and are optimised against the fixed map: the whole map's ``KL(P'||Q)`` as a function of the new
 coordinates (``placement.objective``, the same row kernels as the embedding), by ``placement.optimize``.
+Eigenmap runs (``model == "eigenmap"``) place new nodes through the map's Nyström extension instead, with no
+optimisation (``scalemb.eigenmaps.nystrom_extend``).
 
 Where the run's P came from is read from its provenance: ``store`` (an affinity store, which must still
 exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the feature file).  Bad input
@@ -118,6 +120,28 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     return run, unattached
 
 
+def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
+    """Eigenmap runs: the new points through the map's continuous (Nyström) extension, no optimisation
+    (``scalemb.eigenmaps.nystrom_extend``, weights: the new rows of ``P'`` on the stored columns)."""
+    import time
+
+    from ..eigenmaps.graph import nystrom_extend
+
+    eigenvalues = result.optimizer.get("eigenvalues")
+    if eigenvalues is None:
+        raise InputError(run_name, "an eigenmap run without its eigenvalues")
+    n = result.node_ids.size
+    weights = sp.csr_matrix(P)[n:, :n]
+    lonely = int(np.count_nonzero(np.asarray(weights.sum(axis=1)).ravel() <= 0))
+    if lonely:
+        raise ScalembError(f"{lonely} new nodes have no edge to the stored map: the Nyström extension of an "
+                           "eigenmap cannot place them")
+    start = time.perf_counter()
+    coords = nystrom_extend(weights, result.embedding, np.asarray(eigenvalues))
+    return PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
+                        time.perf_counter() - start, 0, {"method": "nystrom"})
+
+
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
     """An ``EmbeddingResult`` of the whole map: the old rows unchanged, the placed rows after them."""
     from ..embedding import EmbeddingResult  # the estimator module imports this package
@@ -128,7 +152,7 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            kl_history=run.kl_history, model=result.model, space_dims=result.space_dims,
                            time_dims=result.time_dims, iterations=run.iterations, seed=result.seed,
                            restart_kls=[run.kl], wall_time=run.seconds, provenance=provenance,
-                           optimizer=run.settings, repulsion={"method": "exact"})
+                           optimizer=run.settings, repulsion={} if result.model == "eigenmap" else {"method": "exact"})
 
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
@@ -138,6 +162,11 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
     ``EmbeddingResult`` (old rows first, unchanged)."""
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
+    if result.model == "eigenmap":
+        return placed_result(result, _nystrom(result, P, run_name), new_ids,
+                             {"transform_of": str(run_name), "method": "nystrom", "n_old": int(result.node_ids.size),
+                              "n_new": int(new_ids.size), "n_unattached": 0, "run_provenance": result.provenance,
+                              "start_kl": float("nan")})
     placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
                                optimizer, seed, n_threads, refuse_unattached)
     provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",

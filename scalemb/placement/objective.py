@@ -130,8 +130,10 @@ class PlacementObjective:
         z_nn = self.model.cross_repulsion(X, rows.r0, rows.r1, X, ds, True, R)
         return rows, A, R, float(s_on), float(s_nn), float(z_on), float(z_nn)
 
-    def evaluate(self, X: np.ndarray, with_kl: bool = True) -> Evaluation:
-        """KL of the whole map and its gradient with respect to the new coordinates ``X`` (``(ds + dt, M)``)."""
+    def evaluate(self, X: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
+        """KL of the whole map and its gradient with respect to the new coordinates ``X`` (``(ds + dt, M)``);
+        with ``exaggeration`` alpha the gradient and ``objective`` are those of ``H - alpha sum p log w + log Z``
+        (the new rows' attraction exaggerated; the old-old part is a constant either way)."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         if X.shape != (self.old.shape[0], self.n_new):
             raise ValueError(f"new coordinates must have shape {(self.old.shape[0], self.n_new)}, got {X.shape}")
@@ -148,8 +150,9 @@ class PlacementObjective:
         z = self.z_old + 2.0 * z_on + z_nn
         with np.errstate(divide="ignore", invalid="ignore"):
             kl = self.entropy - (self.plogw_old + 2.0 * s_on + s_nn) + np.log(z) if with_kl else np.nan
-            gradient = 2.0 * (repulsion / z - attraction)
-        return Evaluation(float(kl), float(kl), gradient, float(z))
+            objective = kl - (exaggeration - 1.0) * (2.0 * s_on + s_nn) if with_kl else np.nan
+            gradient = 2.0 * (repulsion / z - exaggeration * attraction)
+        return Evaluation(float(kl), float(objective), gradient, float(z))
 
     def curvature_diagonal(self, X: np.ndarray) -> np.ndarray:
         """``h_i = sum_j c_ij`` over new row i (``c_ij = -2 a_ij p_ij``, ``models.kernels.curvature``): the

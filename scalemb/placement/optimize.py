@@ -138,28 +138,42 @@ class PlacementOptimizer:
     max_step: float = 4.0
     c: float = 1e-4
     rho: float = 0.5
+    exaggeration: float = 1.0
+    exaggeration_iterations: int = 0
 
     def params(self) -> dict:
         return {"optimizer": "placement-jacobi", "iterations": self.iterations, "tol": self.tol,
                 "window": self.window, "mu": self.mu, "time_ratio": self.time_ratio, "growth": self.growth,
-                "max_step": self.max_step}
+                "max_step": self.max_step, "exaggeration": self.exaggeration,
+                "exaggeration_iterations": self.exaggeration_iterations}
 
     def optimize(self, objective, X0: np.ndarray, space_dims: int, callback=None) -> PlacementRun:
         start = time.perf_counter()
         X = np.array(X0, dtype=np.float64, order="C")
-        ev = objective.evaluate(X)
+        alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
+        ev = objective.evaluate(X, alpha)
         evaluations = 1
         history = [ev.kl]
         step = 1.0
         converged = False
         it = 0
         for it in range(1, self.iterations + 1):
-            h = objective.curvature_diagonal(X)
+            if alpha != 1.0 and it > self.exaggeration_iterations:
+                alpha, step = 1.0, 1.0
+                ev = objective.evaluate(X, alpha)
+                evaluations += 1
+            h = alpha * objective.curvature_diagonal(X)
             scale = 1.0 / (h + self.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
             direction = -ev.gradient * scale[None, :]
             direction[space_dims:] *= self.time_ratio
-            result = armijo(objective.evaluate, X, direction, ev, step, self.c, self.rho)
+            result = armijo(lambda x: objective.evaluate(x, alpha), X, direction, ev, step, self.c, self.rho)
             evaluations += result.trials
+            if not result.accepted and alpha != 1.0:  # the exaggerated phase is over early
+                alpha, step = 1.0, 1.0
+                ev = objective.evaluate(X, alpha)
+                evaluations += 1
+                history.append(ev.kl)
+                continue
             if not result.accepted:
                 converged = True  # no descent along the scaled gradient: a stationary point to the tolerance
                 it -= 1
@@ -171,7 +185,7 @@ class PlacementOptimizer:
                 callback(it, ev.kl)
             if not np.isfinite(ev.kl):
                 raise FloatingPointError(f"KL became {ev.kl} at placement iteration {it}")
-            if it >= self.window and \
+            if it >= self.exaggeration_iterations + self.window and \
                     history[-1 - self.window] - history[-1] < self.tol * self.window * abs(history[-1]):
                 converged = True
                 break
