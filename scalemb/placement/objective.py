@@ -119,7 +119,7 @@ class PlacementObjective:
         """``[old, X]``: the ``(ds + dt, N + M)`` coordinates of the whole map."""
         return np.ascontiguousarray(np.concatenate([self.old, X], axis=1))
 
-    def _block(self, rows: _Rows, Yall: np.ndarray, Yt: np.ndarray, X: np.ndarray, with_kl: bool):
+    def _block(self, rows: _Rows, Yt: np.ndarray, X: np.ndarray, with_kl: bool):
         d, ds = X.shape[0], self.space_dims
         A = np.zeros((rows.r1 - rows.r0, d))
         r0 = self.n_old + rows.r0
@@ -137,9 +137,8 @@ class PlacementObjective:
         X = np.ascontiguousarray(X, dtype=np.float64)
         if X.shape != (self.old.shape[0], self.n_new):
             raise ValueError(f"new coordinates must have shape {(self.old.shape[0], self.n_new)}, got {X.shape}")
-        Yall = self.combined(X)
-        Yt = point_major(Yall)
-        results = self._map(lambda rows: self._block(rows, Yall, Yt, X, with_kl), self.rows)
+        Yt = point_major(self.combined(X))
+        results = self._map(lambda rows: self._block(rows, Yt, X, with_kl), self.rows)
         attraction = np.zeros_like(X)
         repulsion = np.zeros_like(X)
         s_on = s_nn = z_on = z_nn = 0.0
