@@ -42,6 +42,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=300, help="t-SNE / SNEST (spectral direction)")
     parser.add_argument("--sne-iterations", type=int, default=1000, help="SNE (delta-bar-delta)")
     parser.add_argument("--datasets", default="grqc,digits")
+    parser.add_argument("--models", default="tsne,snest,sne")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = Report()
@@ -54,6 +55,8 @@ def main():
     for name in args.datasets.split(","):
         data = datasets[name]()
         for model, space, time_dims, iterations in configs:
+            if model not in args.models.split(","):
+                continue
             runs = {init: [run(data, model, space, time_dims, init, seed, iterations) for seed in range(args.seeds)]
                     for init in ("random", "spectral")}
             target = float(np.median([r[0] for r in runs["random"]])) * 1.001

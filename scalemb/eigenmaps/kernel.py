@@ -89,14 +89,16 @@ class KernelEigenmap:
     Parameters: ``n_components``, ``n_centres`` (landmark kernels, drawn from the data with ``seed``),
     ``n_neighbors`` (of the graph W), ``bandwidth`` (kernel sigma; default: the median distance from a centre to
     its nearest other centre), ``correction`` (one of ``CORRECTIONS``), ``regularize`` (mass on W's diagonal),
-    ``seed``, ``n_jobs`` (NN-descent threads).
+    ``seed``, ``n_jobs`` (NN-descent threads), ``centres`` (given kernel centres, ``K x D``: overrides
+    ``n_centres`` and the draw).
     After ``fit(X)``: ``embedding_`` (the map at the training points), ``centres_``, ``bandwidth_``,
     ``eigenvalues_``, ``vectors_`` (the map's coefficients), ``first_`` (``v_1`` of the reweighting);
     ``transform(X_new)`` applies the stored map.
     """
 
     def __init__(self, n_components: int = 2, n_centres: int = 64, n_neighbors: int = 12, bandwidth=None,
-                 correction: str = "reweighted", regularize: float = 0.0, seed: int = 0, n_jobs: int | None = None):
+                 correction: str = "reweighted", regularize: float = 0.0, seed: int = 0, n_jobs: int | None = None,
+                 centres=None):
         self.n_components = n_components
         self.n_centres = n_centres
         self.n_neighbors = n_neighbors
@@ -105,6 +107,7 @@ class KernelEigenmap:
         self.regularize = regularize
         self.seed = seed
         self.n_jobs = n_jobs
+        self.centres = centres
 
     def _check(self, X):
         X = np.ascontiguousarray(X, dtype=np.float64)
@@ -114,10 +117,11 @@ class KernelEigenmap:
             raise ValueError("X contains NaN or infinite values")
         if self.correction not in CORRECTIONS:
             raise ValueError(f"unknown correction {self.correction!r}; choose one of {', '.join(CORRECTIONS)}")
-        if not 1 <= int(self.n_centres) <= X.shape[0]:
+        if self.centres is None and not 1 <= int(self.n_centres) <= X.shape[0]:
             raise ValueError(f"n_centres must be in 1..{X.shape[0]}, got {self.n_centres}")
-        if int(self.n_components) < 1 or int(self.n_components) >= int(self.n_centres) * (X.shape[1] + 1):
-            raise ValueError(f"n_components must be in 1..{int(self.n_centres) * (X.shape[1] + 1) - 1}")
+        n_centres = int(self.n_centres) if self.centres is None else len(self.centres)
+        if int(self.n_components) < 1 or int(self.n_components) >= n_centres * (X.shape[1] + 1):
+            raise ValueError(f"n_components must be in 1..{n_centres * (X.shape[1] + 1) - 1}")
         if self.regularize < 0:
             raise ValueError(f"regularize must be >= 0, got {self.regularize}")
         return X
@@ -128,7 +132,12 @@ class KernelEigenmap:
         start = time.perf_counter()
         n, k = X.shape[0], int(self.n_components)
         rng = np.random.default_rng(self.seed)
-        self.centres_ = X[np.sort(rng.choice(n, int(self.n_centres), replace=False))]
+        if self.centres is None:
+            self.centres_ = X[np.sort(rng.choice(n, int(self.n_centres), replace=False))]
+        else:
+            self.centres_ = np.asarray(self.centres, dtype=np.float64)
+            if self.centres_.ndim != 2 or self.centres_.shape[1] != X.shape[1] or not len(self.centres_):
+                raise ValueError(f"centres must be (K, {X.shape[1]}), got shape {self.centres_.shape}")
         if self.bandwidth is None:
             if self.centres_.shape[0] > 1:
                 d2 = np.sum((self.centres_[:, None, :] - self.centres_[None, :, :]) ** 2, axis=2)
