@@ -276,3 +276,22 @@ def test_eigenmap_runs_place_through_nystrom(tmp_path):
                               fitted.result_.node_ids, str(edges))
     expected = nystrom_extend(grown[42:, :42], fitted.result_.embedding, fitted.result_.optimizer["eigenvalues"])
     np.testing.assert_allclose(whole.embedding[42:], expected)
+
+
+def test_kernel_eigenmap_runs_apply_their_stored_map(tmp_path):
+    kernel = pytest.importorskip("scalemb.eigenmaps.kernel")
+    from scalemb.errors import InputError
+    from scalemb.placement import place_into
+
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3, 300)
+    X = np.column_stack([t * np.cos(3 * t), rng.uniform(0, 1, 300), t * np.sin(3 * t)])
+    fitted = kernel.KernelEigenmap(n_components=2, n_centres=20).fit(X)
+    result = fitted.to_result()
+    X_new = X[:5] + 0.01
+    whole = place_into(result, X_new)
+    assert np.array_equal(whole.embedding[:300], result.embedding)
+    np.testing.assert_allclose(whole.embedding[300:], fitted.transform(X_new))
+    assert list(whole.node_ids[300:]) == list(range(300, 305))
+    with pytest.raises(InputError, match="takes 3 columns"):
+        place_into(result, np.zeros((2, 4)))

@@ -5,7 +5,8 @@ the union graph, or kNN of new feature rows against the reference) start at the 
 neighbours and are optimised against the fixed map: the whole map's ``KL(P'||Q)`` as a function of the new
 coordinates (``placement.objective``, the same row kernels as the embedding), by ``placement.optimize``.
 Eigenmap runs (``model == "eigenmap"``) place new nodes through the map's Nyström extension instead, with no
-optimisation (``scalemb.eigenmaps.nystrom_extend``).
+optimisation (``scalemb.eigenmaps.nystrom_extend``); kernel-eigenmap runs apply their stored continuous map to
+the new feature rows (``KernelEigenmap.transform``).
 
 Where the run's P came from is read from its provenance: ``store`` (an affinity store, which must still
 exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the feature file).  Bad input
@@ -142,6 +143,32 @@ def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
                         time.perf_counter() - start, 0, {"method": "nystrom"})
 
 
+def _kernel_map(result, new, run_name):
+    """Kernel-eigenmap runs: the stored continuous map ``y(x) = V^T z(x)`` applied to new feature rows, no
+    optimisation (``scalemb.eigenmaps.KernelEigenmap.transform``)."""
+    import time
+
+    from ..eigenmaps.kernel import KernelEigenmap
+
+    fitted = KernelEigenmap.from_result(result)
+    where = new if isinstance(new, (str, Path)) else "new feature rows"
+    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
+    width = fitted.centres_.shape[1]
+    if X_new.ndim != 2 or X_new.shape[1] != width:
+        raise InputError(where, f"new rows have shape {X_new.shape}; the stored map takes {width} columns")
+    if not np.all(np.isfinite(X_new)):
+        raise InputError(where, "non-finite values in the new rows")
+    start = time.perf_counter()
+    coords = fitted.transform(X_new)
+    run = PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
+                       time.perf_counter() - start, 0, {"method": "kernel map"})
+    n = result.node_ids.size
+    new_ids = np.arange(X_new.shape[0], dtype=np.int64) + (int(np.max(result.node_ids)) + 1 if n else 0)
+    return placed_result(result, run, new_ids, {"transform_of": str(run_name), "method": "kernel map", "n_old": n,
+                                                "n_new": int(X_new.shape[0]), "n_unattached": 0,
+                                                "run_provenance": result.provenance, "start_kl": float("nan")})
+
+
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
     """An ``EmbeddingResult`` of the whole map: the old rows unchanged, the placed rows after them."""
     from ..embedding import EmbeddingResult  # the estimator module imports this package
@@ -152,7 +179,8 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            kl_history=run.kl_history, model=result.model, space_dims=result.space_dims,
                            time_dims=result.time_dims, iterations=run.iterations, seed=result.seed,
                            restart_kls=[run.kl], wall_time=run.seconds, provenance=provenance,
-                           optimizer=run.settings, repulsion={} if result.model == "eigenmap" else {"method": "exact"})
+                           optimizer=run.settings,
+                           repulsion={} if "eigenmap" in result.model else {"method": "exact"})
 
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
@@ -160,6 +188,8 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
     ``EmbeddingResult`` (old rows first, unchanged)."""
+    if result.model == "kernel-eigenmap":
+        return _kernel_map(result, new, run_name)
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
     if result.model == "eigenmap":
