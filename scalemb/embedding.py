@@ -18,6 +18,7 @@ from .datasets import DATASETS, load_dataset
 from .engine import LocalExecutor
 from .engine.cluster import affinity_store_for, dask_client
 from .engine.distributed import DaskExecutor
+from .init import Initializer, check_init
 from .io.edgelist import read_edge_list
 from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
 from .io.results import read_result, write_result
@@ -88,10 +89,10 @@ def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
 
 
 def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
-    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (SNEST reference code)."""
-    space = rng.standard_normal((space_dims, n_points)) * 1e-4
-    time_ = rng.standard_normal((time_dims, n_points)) * 1e-5
-    return np.ascontiguousarray(np.concatenate([space, time_]))
+    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (``scalemb.init``)."""
+    from .init import random_coords
+
+    return random_coords(n_points, space_dims, time_dims, rng)
 
 
 class Embedder:
@@ -110,6 +111,8 @@ class Embedder:
     workers, an edge list or a store written with the default partitions give the bit-identical embedding.
     After ``fit``: ``embedding_`` (N x (ds + dt)), ``kl_``, ``result_`` (an ``EmbeddingResult``).
     ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
+    ``init``: the start (``scalemb.init``): 'random', 'spectral' (graph eigenmap of P, openTSNE's scaling), 'pca'
+    (kNN inputs built from a feature file) or a ``.npy`` path / array of shape (N, ds) or (N, ds + dt).
     """
 
     on_iteration = None
@@ -118,7 +121,8 @@ class Embedder:
     def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
-                 fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None):
+                 fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None,
+                 init="random"):
         self.model = model
         self.space_dims = space_dims
         self.time_dims = time_dims
@@ -132,6 +136,7 @@ class Embedder:
         self.fft_params = fft_params
         self.scheduler = scheduler
         self.workers = workers
+        self.init = init
 
     def _check(self):
         model = get_model(self.model)
@@ -147,6 +152,7 @@ class Embedder:
             raise ValueError(f"unknown repulsion {self.repulsion!r}; choose one of {', '.join(REPULSION_METHODS)}")
         if self.repulsion == "fft":
             check_supported(model.name, self.space_dims, time_dims)
+        check_init(self.init)
         return model, time_dims
 
     @contextmanager
@@ -182,12 +188,16 @@ class Embedder:
             raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
         optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
                      else self.optimizer)
+        if checkpoint is not None and isinstance(self.init, np.ndarray):
+            raise ValueError("a checkpointed run records its init: pass the init array as a .npy path")
         start = time.perf_counter()
         best = None
         restart_kls = []
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
             repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
                          if executor.repulsion in ("fft", "auto") else {"method": "exact"})
+            initializer = Initializer(self.init, executor, self.space_dims, time_dims, provenance, self.seed)
+            initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
             resumed = None if checkpoint is None else checkpoint.start(
                 embedder=self, data=data, graph_affinity=graph_affinity, time_dims=time_dims, executor=executor,
                 node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)
@@ -195,7 +205,7 @@ class Embedder:
                 restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
             for k in range(0 if resumed is None else resumed.restart, self.restarts):
                 rng = np.random.default_rng([self.seed, k])
-                coords = initial_coords(executor.n_points, self.space_dims, time_dims, rng)
+                coords = initializer.coords(rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
                 progress = Progress(self.iterations, label, quiet=self.quiet,
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
@@ -221,6 +231,7 @@ class Embedder:
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
+        self._fit_data = data  # what transform places new points against
         if checkpoint is not None:
             checkpoint.finish(self.result_, best)
         return self
@@ -256,6 +267,27 @@ class Embedder:
 
     def fit_transform(self, data=None, graph_affinity: str = "coauthorship") -> np.ndarray:
         return self.fit(data, graph_affinity).embedding_
+
+    def transform(self, new, reference=None, iterations: int = 300) -> np.ndarray:
+        """Place new nodes or points into the fitted map, which stays fixed (``scalemb.placement``); returns
+        their coordinates, ``M x (ds + dt)``.  ``new``: an edge-list path (``NEW_ID OTHER_ID [weight]``) for
+        graph inputs, feature rows (array or path) for kNN inputs.  ``reference``: the reference feature rows
+        when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
+        map, old rows first: ``transform_result_``."""
+        from .placement import PlacementOptimizer, Reference, place_into
+
+        if not hasattr(self, "result_"):
+            raise ValueError("fit the Embedder before transform")
+        placement = None
+        if reference is not None:
+            data = getattr(self, "_fit_data", None)
+            affinity = data if isinstance(data, Affinity) else load_affinity(data)
+            placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
+                                  knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
+                                                                                   "perplexity")})
+        self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
+                                            seed=self.seed, n_threads=self.n_threads)
+        return self.transform_result_.embedding[self.result_.node_ids.size:]
 
 
 def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,

@@ -9,6 +9,7 @@ from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
+from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import MODEL_NAMES
 from ..optim import OPTIMIZER_NAMES, make_optimizer
@@ -18,6 +19,7 @@ from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
 from . import metrics as metrics_command
 from . import report as report_command
+from . import transform as transform_cli
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("input", nargs="?", default=None,
                      help="edge list path, affinity store (scalemb affinity ...), or a built-in dataset name "
                           f"({', '.join(DATASETS)}); default grqc")
-    emb.add_argument("--model", choices=MODEL_NAMES, default="snest")
+    emb.add_argument("--model", choices=MODEL_NAMES + EIGENMAP_MODELS, default="snest")
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
                      help="time dimensions (default 1 for snest, 0 otherwise)")
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
     emb.add_argument("--quiet", action="store_true", help="no progress output")
+    add_eigenmap_arguments(emb)
 
     res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
                               description="Continue the run checkpointed in RUN (an embed --out store) with its "
@@ -149,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the Dask scheduler to resume on (required for a run that used one: the address stored "
                           "in the checkpoint is never connected to unconfirmed)")
     res.add_argument("--quiet", action="store_true", help="no progress output")
+
+    transform_cli.add_parser(commands)
 
     aff = commands.add_parser("affinity", help="build an affinity store (Zarr) from an edge list or features",
                               description="Graph mode streams an edge list (SNAP text or CSV, optionally .gz) "
@@ -317,6 +322,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def _embed(args) -> int:
+    if args.model in EIGENMAP_MODELS:
+        return run_eigenmap(args)
     optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, preconditioner=args.preconditioner,
                                curvature=args.curvature,
                                learning_rate=args.learning_rate, time_ratio=args.time_ratio,
@@ -326,7 +333,7 @@ def _embed(args) -> int:
     embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
-                        scheduler=args.scheduler, workers=args.workers,
+                        scheduler=args.scheduler, workers=args.workers, init=args.init,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite, (args.input,))
@@ -362,7 +369,8 @@ def main(argv=None) -> int:
     try:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
                 "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
-                "metrics": metrics_command.run, "report": report_command.run}[args.command](args)
+                "metrics": metrics_command.run, "report": report_command.run,
+                "transform": transform_cli.run_transform}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -13,6 +13,7 @@ class Model:
     attraction: Callable = field(repr=False)
     repulsion: Callable = field(repr=False)
     curvature: Callable = field(repr=False)
+    cross_repulsion: Callable = field(repr=False)
     # numba function (d2s, d2t) -> a strictly increasing function of the kernel w_ij: "more similar" in this
     # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
     similarity: Callable = field(default=None, repr=False)

@@ -28,6 +28,12 @@ With ``q_ij = w_ij / Z``, ``Z = sum_{k != l} w_kl`` and a symmetric P summing to
   non-zeros, the weights of the attractive term's Laplacian in space: its gradient is ``L(C) S``
   (``C = 4 P o K`` for t-SNE, ``4 P`` for SNE; Vladymyrov & Carreira-Perpinan's partial Hessian).
 
+* ``cross_repulsion(Yq, r0, r1, Ys, ds, skip_self, R)``: query columns ``[r0, r1)`` of ``Yq`` against every
+  column of the sources ``Ys`` (both ``(ds + dt, .)``): adds ``sum_j w_ij d log w_ij / d y_i`` to ``R``
+  (``(ds + dt, r1 - r0)``) and returns ``sum_i sum_j w_ij``; ``skip_self`` (``Yq`` is ``Ys``) leaves out the
+  pairs ``(i, i)``.  Placing new points into a fixed map (``scalemb.placement``) calls it for the new rows
+  against the fixed points and against each other, O(rows x sources).
+
 The all-pairs repulsion takes ``Y`` as ``(ds + dt, N)``, C-contiguous, space rows first: its pair loops run
 over contiguous slices so that LLVM vectorises them (``error_model='numpy'`` removes the division-by-zero
 branch that otherwise blocks it).  The sparse loops take the point-major copy ``Yt = Y.T`` (``(N, ds + dt)``,
@@ -180,4 +186,42 @@ def make_kernels(log_pair, pair):
                     R[k, i] += acc
         return 2.0 * z
 
-    return attraction, repulsion, curvature
+    @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
+    def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
+        dims, n_sources = Ys.shape
+        d2s = np.empty(n_sources)
+        d2t = np.empty(n_sources)
+        cs = np.empty(n_sources)
+        ct = np.empty(n_sources)
+        self_w = pair(0.0, 0.0)[0]
+        z = 0.0
+        for i in range(r0, r1):
+            d2s[:] = 0.0
+            d2t[:] = 0.0
+            for k in range(dims):
+                d2 = d2s if k < space_dims else d2t
+                yk = Ys[k]
+                yik = Yq[k, i]
+                for j in range(n_sources):
+                    x = yik - yk[j]
+                    d2[j] += x * x
+            zi = 0.0
+            for j in range(n_sources):
+                w, ca, cb = pair(d2s[j], d2t[j])
+                zi += w
+                cs[j] = ca
+                ct[j] = cb
+            if skip_self:  # the pair (i, i): weight w(0, 0), zero force
+                zi -= self_w
+            z += zi
+            for k in range(dims):
+                c = cs if k < space_dims else ct
+                yk = Ys[k]
+                yik = Yq[k, i]
+                acc = 0.0
+                for j in range(n_sources):
+                    acc += c[j] * (yik - yk[j])
+                R[k, i - r0] += acc
+        return z
+
+    return attraction, repulsion, curvature, cross_repulsion

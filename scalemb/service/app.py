@@ -3,6 +3,7 @@
 Routes (JSON; errors are ``{"detail": "..."}``): ``POST /jobs``, ``GET /jobs``, ``GET /jobs/{id}`` (with the
 quality metrics once done), ``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?format=csv|npy``,
 ``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map`` (HTML pages),
+``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
 ``PUT /uploads/{name}`` (raw body), ``GET /health`` and ``GET /openapi.json`` (both without a token).
 """
 import hmac
@@ -118,6 +119,15 @@ class BodyLimit:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+
+class TransformRequest(BaseModel):
+    """New nodes or points to place into a done job's map (``scalemb transform``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    new: str = Field(description="path relative to the data root (e.g. uploads/NAME): the new nodes' edge list "
+                                 "'NEW_ID OTHER_ID [weight]' (graph jobs) or feature rows (kNN jobs)")
+    iterations: int = Field(300, ge=1, le=100_000)
 
 
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
@@ -241,6 +251,21 @@ def create_app(config: ServiceConfig) -> FastAPI:
             params["input_path"] = job.input
         else:
             params["input_path"] = str(confine(root, job.input))
+        try:
+            record = state["runner"].submit(params)
+        except QueueFull as exc:
+            return _error(429, f"queue full: {exc.args[0]} jobs are waiting (limit {config.max_queue}); retry "
+                               "later", {"Retry-After": "5"})
+        return {"id": record["id"], "state": record["state"]}
+
+    @app.post("/jobs/{job_id}/transform", status_code=201)
+    def transform(job_id: str, request: TransformRequest):
+        """Place new nodes into done job ``job_id``'s map, which stays fixed: a new job whose result is the
+        whole map (old rows first); 409 unless that job is done, 429 when the queue is full."""
+        source = _done(job_id)
+        params = {"kind": "transform", "source_job": job_id, "input": request.new,
+                  "input_path": str(confine(root, request.new)), "iterations": request.iterations,
+                  "model": source["params"].get("model")}
         try:
             record = state["runner"].submit(params)
         except QueueFull as exc:

@@ -213,6 +213,8 @@ class JobRunner:
 
     def _run(self, job_id: str):
         params = self.store.get(job_id)["params"]
+        if params.get("kind") == "transform":
+            return self._run_transform(job_id, params)
         out_dir = self.run_dir(job_id)
         out_dir.mkdir(parents=True, exist_ok=True)
         run = out_dir / "run.zarr"
@@ -300,6 +302,25 @@ class JobRunner:
             write_text_atomic(self.run_dir(job_id) / "metrics.json", json.dumps(metrics))
         except Exception as exc:  # noqa: BLE001 - metrics are an extra: never fail a finished job
             logger.warning("job %s: no metrics (%s: %s)", job_id, type(exc).__name__, exc)
+
+    def _run_transform(self, job_id: str, params: dict):
+        """A ``POST /jobs/{id}/transform`` job: place new nodes into a done job's map (``scalemb.placement``).
+        No checkpoints (placing is short): a restarted service runs it again unless its result was written."""
+        from ..placement import PlacementOptimizer, transform_run
+
+        run = self.run_dir(job_id) / "run.zarr"
+        if not run.exists():
+            self.run_dir(job_id).mkdir(parents=True, exist_ok=True)
+            try:
+                transform_run(self.run_dir(params["source_job"]) / "run.zarr", params["input_path"], run,
+                              optimizer=PlacementOptimizer(iterations=params["iterations"]),
+                              n_threads=self.n_threads)
+            except Exception as exc:  # bad input included: the job fails with the message
+                message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                logger.warning("job %s failed: %s", job_id, message)
+                self.store.update(job_id, state="failed", error=message, finished=time.time())
+                return
+        self._finish(job_id, run)
 
     def _finish(self, job_id: str, run: Path):
         from ..embedding import EmbeddingResult

@@ -1,0 +1,240 @@
+"""Placing held-out nodes into a stored map vs re-embedding everything (issue 20, deliverable 4).
+
+GrQc: hold out 10 % of the nodes (at random, and separately the 10 % of highest id, "the newest authors");
+nodes of the remaining graph left without an edge join the new ones.  Embed the rest, place the new nodes
+(``scalemb.placement``), and compare with embedding all nodes at once: KL of the whole map (the full graph's
+P), neighbourhood preservation (NP) of the placed nodes (fraction of each one's graph neighbours among its
+deg nearest in the map, space coordinates), time to place (P' + start + optimisation) vs time to re-embed.
+
+kNN: a Gaussian mixture in 50-D, 10 % held out at random; scalemb's placement and openTSNE's
+``TSNEEmbedding.transform`` of the held-out rows into the SAME reference map (scalemb's t-SNE of the rest),
+in one run, against a full re-embedding; NP there: each placed point's 15 nearest neighbours in feature space
+(among all points) found among its 15 nearest in the map.
+
+    python benchmarks/transform.py --out benchmarks/results/transform.md [--sections grqc,knn] [--knn-points N]
+"""
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from common import Report, machine_description, markdown_table
+
+from scalemb.affinity import coauthorship_affinity, knn_affinity
+from scalemb.datasets import grqc_path
+from scalemb.embedding import Embedder
+from scalemb.engine import LocalExecutor
+from scalemb.io.edgelist import graph_from_edges, read_edge_list
+from scalemb.models import get_model
+from scalemb.placement import PlacementObjective, PlacementOptimizer, place
+from scalemb.placement.affinity import _knn_against, extended_graph_affinity, extended_knn_affinity
+
+DIMS = {"tsne": (2, 0), "sne": (2, 0), "snest": (2, 1)}
+# placement settings compared: the default, and 50 iterations with the new rows' attraction exaggerated x4 first
+VARIANTS = {"default": lambda its: PlacementOptimizer(iterations=its),
+            "exag. 4 x 50 it.": lambda its: PlacementOptimizer(iterations=its, exaggeration=4.0,
+                                                               exaggeration_iterations=50)}
+
+
+def neighbourhood_preservation(Y_space: np.ndarray, neighbours: list, rows: np.ndarray) -> float:
+    """Mean over ``rows`` of |graph neighbours among the deg nearest map points| / deg."""
+    tree = cKDTree(Y_space)
+    scores = []
+    for i in rows:
+        nb = neighbours[i]
+        if len(nb) == 0:
+            continue
+        _, idx = tree.query(Y_space[i], k=len(nb) + 1)
+        idx = [j for j in np.atleast_1d(idx) if j != i][:len(nb)]
+        scores.append(len(set(idx) & set(nb)) / len(nb))
+    return float(np.mean(scores))
+
+
+def whole_map_kl(affinity, model, ds, dt, Y) -> float:
+    with LocalExecutor(affinity, get_model(model), ds, dt, repulsion="exact") as executor:
+        return executor.evaluate(np.ascontiguousarray(Y)).kl
+
+
+def split_graph(graph, held_ids):
+    """Old graph without ``held_ids`` (its nodes left edgeless join the new ones) and the new edges, new id
+    first."""
+    ids = graph.node_ids
+    held = np.isin(ids, held_ids)
+    keep = ~held[graph.src] & ~held[graph.dst]
+    old = graph_from_edges(ids[graph.src[keep]], ids[graph.dst[keep]], graph.weight[keep], "old")
+    new_ids = np.setdiff1d(ids, old.node_ids)
+    is_new = np.isin(ids, new_ids)
+    a, b = graph.src[~keep], graph.dst[~keep]
+    first_new = is_new[a]
+    src = np.where(first_new, ids[a], ids[b])
+    dst = np.where(first_new, ids[b], ids[a])
+    both = is_new[a] & is_new[b]  # new-new edges: list both directions (either end may be first)
+    src, dst = np.concatenate([src, ids[b[both]]]), np.concatenate([dst, ids[a[both]]])
+    return old, new_ids, src, dst
+
+
+def grqc_section(report, models, optimizer_iterations):
+    graph = read_edge_list(grqc_path())
+    full = coauthorship_affinity(graph)
+    n = graph.n_nodes
+    adjacency = [[] for _ in range(n)]
+    for a, b in zip(graph.src, graph.dst):
+        adjacency[a].append(b)
+        adjacency[b].append(a)
+    rng = np.random.default_rng(0)
+    splits = {"random 10 %": np.sort(rng.choice(graph.node_ids, n // 10, replace=False)),
+              "highest-id 10 %": np.sort(graph.node_ids)[-(n // 10):]}
+    rows = []
+    for model in models:
+        ds, dt = DIMS[model]
+        t0 = time.perf_counter()
+        everything = Embedder(model=model, space_dims=ds, time_dims=dt, seed=0).fit(full)
+        t_full = time.perf_counter() - t0
+        Y_full = everything.embedding_
+        for name, held in splits.items():
+            old, new_ids, src, dst = split_graph(graph, held)
+            stored = Embedder(model=model, space_dims=ds, time_dims=dt, seed=0).fit(coauthorship_affinity(old))
+            old_coords = np.ascontiguousarray(stored.embedding_.T)
+            for label, optimizer in VARIANTS.items():
+                P = extended_graph_affinity(old, "coauthorship", stored.result_.node_ids, new_ids, src, dst,
+                                            np.ones(src.size))
+                place(model, ds, old_coords, P, PlacementOptimizer(iterations=1))  # compile the kernels first
+                t0 = time.perf_counter()
+                P = extended_graph_affinity(old, "coauthorship", stored.result_.node_ids, new_ids, src, dst,
+                                            np.ones(src.size))
+                run, unattached = place(model, ds, old_coords, P, optimizer(optimizer_iterations))
+                t_place = time.perf_counter() - t0
+                combined_ids = np.concatenate([stored.result_.node_ids, new_ids])
+                Y = np.empty((n, ds + dt))
+                Y[np.searchsorted(full.node_ids, combined_ids)] = np.concatenate([stored.embedding_, run.coords.T])
+                placed_rows = np.searchsorted(full.node_ids, new_ids)
+                kl_placed = whole_map_kl(full, model, ds, dt, Y.T)
+                np_placed = neighbourhood_preservation(Y[:, :ds], adjacency, placed_rows)
+                np_full = neighbourhood_preservation(Y_full[:, :ds], adjacency, placed_rows)
+                rows.append([model, name, label, len(new_ids), unattached, f"{everything.kl_:.4f}",
+                             f"{kl_placed:.4f}", f"{run.kl_history[0]:.4f}", f"{np_full:.3f}", f"{np_placed:.3f}",
+                             f"{(np_placed / np_full - 1) * 100:+.1f} %", f"{t_full:.1f}", f"{t_place:.2f}",
+                             f"{t_full / t_place:.0f}x", run.iterations])
+                print(rows[-1], flush=True)
+    report("## GrQc: place the held-out 10 % vs re-embed all 5241 nodes")
+    report()
+    report("Stored map: the same model and defaults on the graph without the held-out nodes (nodes left edgeless "
+           "are new too). KL: of the whole map under the full graph's P. NP: neighbourhood preservation of the "
+           "placed nodes (same nodes in both maps). Place time: P' of the grown graph + start + optimisation.")
+    report()
+    report(markdown_table(["model", "held out", "placement", "new nodes", "unattached", "KL re-embed", "KL placed",
+                           "KL at start", "NP re-embed", "NP placed", "NP diff", "re-embed s", "place s",
+                           "speed-up", "place iters"], rows))
+    report()
+
+
+def gaussian_mixture(n: int, dims: int = 50, clusters: int = 20, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = 3.0 * rng.standard_normal((clusters, dims))
+    labels = rng.integers(clusters, size=n)
+    return centres[labels] + rng.standard_normal((n, dims))
+
+
+def knn_section(report, n_points: int, k_np: int = 15):
+    import openTSNE
+
+    X = gaussian_mixture(n_points)
+    rng = np.random.default_rng(1)
+    held = np.zeros(n_points, dtype=bool)
+    held[rng.choice(n_points, n_points // 10, replace=False)] = True
+    X_ref, X_new = X[~held], X[held]
+    n, m = X_ref.shape[0], X_new.shape[0]
+    reference = knn_affinity(X_ref, perplexity=30)
+    stored = Embedder(model="tsne", seed=0).fit(reference)
+    Y_ref = stored.embedding_
+    t0 = time.perf_counter()
+    everything = Embedder(model="tsne", seed=0).fit(knn_affinity(np.concatenate([X_ref, X_new]), perplexity=30))
+    t_full = time.perf_counter() - t0
+    # ground truth neighbours of each new point among all points (feature space), in [ref, new] numbering
+    X_all = np.concatenate([X_ref, X_new])
+    truth, _ = _knn_against(X_new, X_all, k_np + 1, "euclidean")
+    truth = [[j for j in row if j != n + i][:k_np] for i, row in enumerate(truth)]
+
+    def np_of(Y_all):
+        tree = cKDTree(Y_all)
+        _, idx = tree.query(Y_all[n:], k=k_np + 1)
+        return float(np.mean([len(set(r) - {n + i} & set(t)) / k_np for i, (r, t) in enumerate(zip(idx, truth))]))
+
+    P = extended_knn_affinity(reference, X_ref, X_new, reference.provenance["n_neighbors"], "euclidean", 30.0)
+    place("tsne", 2, np.ascontiguousarray(Y_ref.T), P, PlacementOptimizer(iterations=1))  # compile first
+    ot_affinity = openTSNE.affinity.PerplexityBasedNN(X_ref, perplexity=30, n_jobs=-1, random_state=0)
+    t0 = time.perf_counter()
+    ot_reference = openTSNE.TSNE(n_jobs=-1, random_state=0).fit(X_ref)
+    t_ot_fit = time.perf_counter() - t0
+    maps = {"scalemb t-SNE": (Y_ref, openTSNE.TSNEEmbedding(np.ascontiguousarray(Y_ref), ot_affinity, n_jobs=-1,
+                                                               random_state=0)),
+            "openTSNE": (np.asarray(ot_reference), ot_reference)}
+    rows = [["-", "re-embed all (scalemb t-SNE)", f"{everything.kl_:.4f}", f"{np_of(everything.embedding_):.3f}",
+             f"{t_full:.1f}", "-"]]
+    times = {}
+    for map_name, (Y_map, ot_embedding) in maps.items():
+        old_coords = np.ascontiguousarray(Y_map.T)
+        for label, optimizer in VARIANTS.items():
+            t0 = time.perf_counter()
+            P = extended_knn_affinity(reference, X_ref, X_new, reference.provenance["n_neighbors"], "euclidean",
+                                      30.0)
+            run, _ = place("tsne", 2, old_coords, P, optimizer(300))
+            times[map_name, label] = time.perf_counter() - t0
+            rows.append([map_name, f"scalemb transform ({label})", f"{run.kl:.4f}",
+                         f"{np_of(np.concatenate([Y_map, run.coords.T])):.3f}", f"{times[map_name, label]:.2f}",
+                         f"{run.iterations} (start KL {run.kl_history[0]:.4f})"])
+            print(rows[-1], flush=True)
+        t0 = time.perf_counter()
+        Y_ot = np.asarray(ot_embedding.transform(X_new))
+        times[map_name, "openTSNE"] = time.perf_counter() - t0
+        with PlacementObjective(get_model("tsne"), 2, P, old_coords) as objective:
+            kl_ot = objective.evaluate(np.ascontiguousarray(Y_ot.T)).kl
+        rows.append([map_name, "openTSNE transform", f"{kl_ot:.4f}", f"{np_of(np.concatenate([Y_map, Y_ot])):.3f}",
+                     f"{times[map_name, 'openTSNE']:.2f}", 250])
+        print(rows[-1], flush=True)
+    report(f"## kNN: Gaussian mixture, {n_points} points in 50-D (20 clusters), 10 % held out at random")
+    report()
+    report(f"Reference maps of the other {n} points: scalemb t-SNE (defaults, KL {stored.kl_:.4f}) and openTSNE's "
+           f"TSNE().fit ({t_ot_fit:.1f} s). Both placements go into the same reference map, row by row. KL: of the "
+           f"whole map of {n + m} points under P' (the reference's P plus the new rows' kNN affinities, perplexity "
+           "30; the re-embedding's under its own kNN P of all points). NP: each placed point's 15 nearest points "
+           "in feature space found among its 15 nearest in the map. Times: scalemb = the new rows' exact kNN + "
+           "calibration + start + optimisation; openTSNE = its transform (its reference kNN index built "
+           "beforehand, 250 iterations, its defaults).")
+    report()
+    report(markdown_table(["reference map", "method", "KL", f"NP@{k_np}", "seconds", "iterations"], rows))
+    report()
+    report(f"Speed-up of scalemb's placement (default) over re-embedding: "
+           f"{t_full / times['scalemb t-SNE', 'default']:.0f}x; over openTSNE's transform into the same map: "
+           f"{times['scalemb t-SNE', 'openTSNE'] / times['scalemb t-SNE', 'default']:.1f}x (scalemb's map), "
+           f"{times['openTSNE', 'openTSNE'] / times['openTSNE', 'default']:.1f}x (openTSNE's map).")
+    report()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--sections", default="grqc,knn")
+    parser.add_argument("--models", default="tsne,snest,sne")
+    parser.add_argument("--iterations", type=int, default=300, help="placement iterations at most")
+    parser.add_argument("--knn-points", type=int, default=20_000)
+    args = parser.parse_args()
+    report = Report()
+    report("# Placing new nodes into a stored map (scalemb transform)")
+    report()
+    report(machine_description())
+    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report()
+    sections = args.sections.split(",")
+    if "grqc" in sections:
+        grqc_section(report, args.models.split(","), args.iterations)
+    if "knn" in sections:
+        knn_section(report, args.knn_points)
+    if args.out:
+        Path(args.out).write_text(report.text())
+
+
+if __name__ == "__main__":
+    main()

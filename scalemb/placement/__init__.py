@@ -1,0 +1,223 @@
+"""Placing new nodes or points into a stored map: ``scalemb transform RUN.zarr NEW --out placed.zarr``.
+
+The old rows stay fixed.  The new rows of the grown affinity ``P'`` (``placement.affinity``: the run's rule on
+the union graph, or kNN of new feature rows against the reference) start at the weighted median of their old
+neighbours and are optimised against the fixed map: the whole map's ``KL(P'||Q)`` as a function of the new
+coordinates (``placement.objective``, the same row kernels as the embedding), by ``placement.optimize``.
+Eigenmap runs (``model == "eigenmap"``) place new nodes through the map's Nyström extension instead, with no
+optimisation (``scalemb.eigenmaps.nystrom_extend``); kernel-eigenmap runs apply their stored continuous map to
+the new feature rows (``KernelEigenmap.transform``).
+
+Where the run's P came from is read from its provenance: ``store`` (an affinity store, which must still
+exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the feature file).  Bad input
+raises ``InputError`` / ``ScalembError`` before anything is written; the output is written atomically.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..affinity import Affinity, AffinityStore, read_features
+from ..datasets import DATASETS, grqc_path, school_edges
+from ..errors import InputError, ScalembError
+from ..io.atomic import check_output_path
+from ..io.edgelist import Graph, graph_from_edges, read_edge_list
+from ..models import get_model
+from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_edges
+from .objective import PlacementObjective
+from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
+
+__all__ = ["Reference", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE", "place", "place_into",
+           "reference_of", "transform_run"]
+
+
+@dataclass
+class Reference:
+    """What placing needs besides the map: for graph runs the run's graph and rule; for kNN runs the run's P
+    and the reference features with the kNN settings."""
+
+    kind: str  # "graph" or "knn"
+    graph: Graph | None = None
+    rule: str = "coauthorship"
+    affinity: Affinity | None = None
+    features: np.ndarray | None = None
+    knn: dict = field(default_factory=dict)
+
+
+def _dataset_graph(name: str) -> Graph:
+    if name == "grqc":
+        return read_edge_list(grqc_path())
+    src, dst = school_edges()
+    return graph_from_edges(src, dst, np.ones(src.size), source="builtin:school")
+
+
+def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
+    """The ``Reference`` of a stored run from its provenance (``run`` names it in errors)."""
+    store = provenance.get("store")
+    if store is not None and not Path(store).exists():
+        raise InputError(run, f"the run's affinity store {store} is gone; cannot place new points against it")
+    if provenance.get("method") == "knn":
+        if store is None:
+            raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")
+        affinity = AffinityStore(store).to_affinity()
+        source = provenance.get("source")
+        if source is None or not Path(source).exists():
+            raise InputError(run, f"the reference features {source} the affinity was built from are gone")
+        features = read_features(source)
+        if features.shape[0] != affinity.n_points:
+            raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
+        return Reference("knn", affinity=affinity, features=features,
+                         knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")})
+    if provenance.get("method") is not None:
+        raise InputError(run, f"placing needs a graph or kNN run, this affinity is {provenance.get('method')!r}")
+    if provenance.get("dataset") in DATASETS:
+        graph = _dataset_graph(provenance["dataset"])
+    else:
+        source = provenance.get("source")
+        if source is None or not Path(source).exists():
+            raise InputError(run, f"the edge list {source} the run's affinity was built from is gone")
+        graph = read_edge_list(source)
+    if graph.n_nodes != len(node_ids) or not np.array_equal(np.sort(graph.node_ids), np.sort(node_ids)):
+        raise InputError(run, f"the edge list {graph.source} no longer has the run's {len(node_ids)} nodes")
+    return Reference("graph", graph=graph, rule=provenance.get("affinity", "coauthorship"))
+
+
+def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int | None = None):
+    """``(P', new_ids)`` for ``new``: an edge-list path (graph runs) or features (path or array, kNN runs)."""
+    if reference.kind == "graph":
+        if not isinstance(new, (str, Path)):
+            raise ScalembError("a graph run places new nodes from an edge list file (NEW_ID OTHER_ID [weight])")
+        new_ids, src, dst, weight = read_new_edges(new, node_ids)
+        return extended_graph_affinity(reference.graph, reference.rule, node_ids, new_ids, src, dst, weight), new_ids
+    where = new if isinstance(new, (str, Path)) else "new feature rows"
+    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
+    width = reference.features.shape[1]
+    if X_new.ndim != 2 or X_new.shape[1] != width:
+        raise InputError(where, f"new rows have shape {X_new.shape}; the reference has {width} columns")
+    if not np.all(np.isfinite(X_new)):
+        raise InputError(where, "non-finite values in the new rows")
+    knn = reference.knn
+    P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
+                              knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs)
+    n = len(node_ids)
+    return P, np.arange(n, n + X_new.shape[0], dtype=np.int64) + (int(np.max(node_ids)) + 1 - n if n else 0)
+
+
+def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
+          n_threads: int | None = None, refuse_unattached: bool = False, callback=None):
+    """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
+    ``old`` (``(ds + dt, N)``).  Returns ``(PlacementRun, n_unattached)``."""
+    model = get_model(model_name)
+    n = old.shape[1]
+    P = sp.csr_matrix(P)
+    X0, unattached = initial_positions(P[n:], old, space_dims, seed)
+    if unattached and refuse_unattached:
+        raise ScalembError(f"{unattached} new nodes share no edge path with the stored map (placing them is "
+                           "refused; without the refusal: " + UNATTACHED_RULE + ")")
+    optimizer = optimizer or PlacementOptimizer()
+    with PlacementObjective(model, space_dims, P, old, n_threads=n_threads) as objective:
+        run = optimizer.optimize(objective, X0, space_dims, callback=callback)
+    return run, unattached
+
+
+def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
+    """Eigenmap runs: the new points through the map's continuous (Nyström) extension, no optimisation
+    (``scalemb.eigenmaps.nystrom_extend``, weights: the new rows of ``P'`` on the stored columns)."""
+    import time
+
+    from ..eigenmaps.graph import nystrom_extend
+
+    eigenvalues = result.optimizer.get("eigenvalues")
+    if eigenvalues is None:
+        raise InputError(run_name, "an eigenmap run without its eigenvalues")
+    n = result.node_ids.size
+    weights = sp.csr_matrix(P)[n:, :n]
+    lonely = int(np.count_nonzero(np.asarray(weights.sum(axis=1)).ravel() <= 0))
+    if lonely:
+        raise ScalembError(f"{lonely} new nodes have no edge to the stored map: the Nyström extension of an "
+                           "eigenmap cannot place them")
+    start = time.perf_counter()
+    coords = nystrom_extend(weights, result.embedding, np.asarray(eigenvalues))
+    return PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
+                        time.perf_counter() - start, 0, {"method": "nystrom"})
+
+
+def _kernel_map(result, new, run_name):
+    """Kernel-eigenmap runs: the stored continuous map ``y(x) = V^T z(x)`` applied to new feature rows, no
+    optimisation (``scalemb.eigenmaps.KernelEigenmap.transform``)."""
+    import time
+
+    from ..eigenmaps.kernel import KernelEigenmap
+
+    fitted = KernelEigenmap.from_result(result)
+    where = new if isinstance(new, (str, Path)) else "new feature rows"
+    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
+    width = fitted.centres_.shape[1]
+    if X_new.ndim != 2 or X_new.shape[1] != width:
+        raise InputError(where, f"new rows have shape {X_new.shape}; the stored map takes {width} columns")
+    if not np.all(np.isfinite(X_new)):
+        raise InputError(where, "non-finite values in the new rows")
+    start = time.perf_counter()
+    coords = fitted.transform(X_new)
+    run = PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
+                       time.perf_counter() - start, 0, {"method": "kernel map"})
+    n = result.node_ids.size
+    new_ids = np.arange(X_new.shape[0], dtype=np.int64) + (int(np.max(result.node_ids)) + 1 if n else 0)
+    return placed_result(result, run, new_ids, {"transform_of": str(run_name), "method": "kernel map", "n_old": n,
+                                                "n_new": int(X_new.shape[0]), "n_unattached": 0,
+                                                "run_provenance": result.provenance, "start_kl": float("nan")})
+
+
+def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
+    """An ``EmbeddingResult`` of the whole map: the old rows unchanged, the placed rows after them."""
+    from ..embedding import EmbeddingResult  # the estimator module imports this package
+
+    embedding = np.concatenate([result.embedding, run.coords.T])
+    return EmbeddingResult(embedding=np.ascontiguousarray(embedding),
+                           node_ids=np.concatenate([result.node_ids, new_ids]), kl=run.kl,
+                           kl_history=run.kl_history, model=result.model, space_dims=result.space_dims,
+                           time_dims=result.time_dims, iterations=run.iterations, seed=result.seed,
+                           restart_kls=[run.kl], wall_time=run.seconds, provenance=provenance,
+                           optimizer=run.settings,
+                           repulsion={} if "eigenmap" in result.model else {"method": "exact"})
+
+
+def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
+               n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map"):
+    """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
+    ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
+    ``EmbeddingResult`` (old rows first, unchanged)."""
+    if result.model == "kernel-eigenmap":
+        return _kernel_map(result, new, run_name)
+    reference = reference or reference_of(run_name, result.provenance, result.node_ids)
+    P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
+    if result.model == "eigenmap":
+        return placed_result(result, _nystrom(result, P, run_name), new_ids,
+                             {"transform_of": str(run_name), "method": "nystrom", "n_old": int(result.node_ids.size),
+                              "n_new": int(new_ids.size), "n_unattached": 0, "run_provenance": result.provenance,
+                              "start_kl": float("nan")})
+    placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
+                               optimizer, seed, n_threads, refuse_unattached)
+    provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
+                  "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
+                  "run_provenance": result.provenance, "start_kl": float(placed.kl_history[0])}
+    return placed_result(result, placed, new_ids, provenance)
+
+
+def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
+                  n_threads: int | None = None, refuse_unattached: bool = False):
+    """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
+    (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
+    from ..embedding import EmbeddingResult
+
+    out = check_output_path(out, overwrite)
+    try:
+        result = EmbeddingResult.load(run)
+    except ScalembError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zarr raises many types for what is not a result group
+        raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
+    combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run)
+    combined.save(out, overwrite=overwrite)
+    return combined

@@ -1,0 +1,126 @@
+"""The joint affinity ``P'`` of a stored map's points and new ones, built the way the run's P was built.
+
+Graph runs (``coauthorship`` or ``normalized`` P from edge weights C): ``P'`` is that rule applied to the union
+of the run's graph and the new edges, so it is exactly the affinity a full re-embedding of the grown graph
+would use (old-old entries change too: the old nodes' degrees grow).  The new edges come as an edge list
+whose FIRST column is a new node and whose second column is an old node or another new node
+(``read_new_edges``).
+
+kNN runs (``scalemb affinity --knn``): each new row's ``k`` nearest reference rows (exact search; same ``k``,
+metric and perplexity or uniform weights as the run's provenance), conditional affinities ``p_j|i``
+calibrated as ``affinity.knn.conditional_affinities`` does, and, the reference's own neighbour lists being
+unchanged, ``P' = [[N P / (N + M), C^T / (2(N + M))], [C / (2(N + M)), 0]]`` with ``C`` the ``M x N``
+conditional rows: the joint ``(P_cond + P_cond^T) / (2 N')`` of all ``N' = N + M`` points.
+"""
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.spatial.distance import cdist
+
+from ..affinity.affinity import Affinity, row_partition
+from ..affinity.graph import coauthorship_affinity, normalized_affinity
+from ..affinity.knn import METRICS, conditional_affinities
+from ..errors import InputError
+from ..io.edgelist import Graph, _open_text, _parse_id, _parse_weight, graph_from_edges
+
+_BLOCK_ENTRIES = 1 << 22  # distances held at once by the exact search (32 MB)
+
+
+def read_new_edges(path, old_ids: np.ndarray):
+    """Parse the new nodes' edge list: ``NEW OTHER [weight]`` per line (``#`` comments), ``NEW`` not an id of
+    the stored map, ``OTHER`` an old id or a ``NEW`` of some line.  Returns ``(new_ids (sorted), src, dst,
+    weight)`` with ids as int64; self-loops are dropped.  ``InputError`` (file, line) on any violation."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "no such file" if not path.exists() else "not a regular file")
+    src, dst, weight, lines = [], [], [], []
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, start=1):
+                fields = line.split()
+                if not fields or fields[0].startswith("#"):
+                    continue
+                if len(fields) not in (2, 3):
+                    raise InputError(path, f"expected 'new_id other_id [weight]', got {len(fields)} fields", line_no)
+                src.append(_parse_id(fields[0], path, line_no))
+                dst.append(_parse_id(fields[1], path, line_no))
+                weight.append(_parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0)
+                lines.append(line_no)
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
+    if not src:
+        raise InputError(path, "no edges (file is empty or only comments)")
+    src, dst = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+    weight, lines = np.array(weight), np.array(lines)
+    old_sorted = np.sort(np.asarray(old_ids, dtype=np.int64))
+    collide = np.isin(src, old_sorted)
+    if collide.any():
+        k = int(np.flatnonzero(collide)[0])
+        raise InputError(path, f"new node id {src[k]} is already in the stored map ({int(collide.sum())} lines "
+                               "have a stored id in the first column, which must be a new node)", int(lines[k]))
+    new_ids = np.unique(src)
+    known = np.isin(dst, old_sorted) | np.isin(dst, new_ids)
+    if not known.all():
+        k = int(np.flatnonzero(~known)[0])
+        raise InputError(path, f"node id {dst[k]} is neither in the stored map nor a new node (a first-column id)",
+                         int(lines[k]))
+    keep = src != dst
+    return new_ids, src[keep], dst[keep], weight[keep]
+
+
+def extended_graph_affinity(old: Graph, rule: str, old_ids: np.ndarray, new_ids, src, dst, weight) -> sp.csr_matrix:
+    """``P'`` over ``[old_ids, new_ids]`` (that order) from the union of graph ``old`` and the new edges,
+    with the run's ``rule`` (``coauthorship`` or ``normalized``)."""
+    ids = np.concatenate([old.node_ids[old.src], src])
+    others = np.concatenate([old.node_ids[old.dst], dst])
+    union = graph_from_edges(ids.astype(np.uint64), others.astype(np.uint64), np.concatenate([old.weight, weight]),
+                             source=old.source)
+    affinity = coauthorship_affinity(union) if rule == "coauthorship" else normalized_affinity(union)
+    wanted = np.concatenate([np.asarray(old_ids, dtype=np.int64), np.asarray(new_ids, dtype=np.int64)])
+    if wanted.size != union.n_nodes:  # a new node whose only edges were self-loops
+        raise ValueError(f"{wanted.size - union.n_nodes} new nodes have no edge besides self-loops")
+    order = np.searchsorted(union.node_ids, wanted)
+    return affinity.permuted(order).P
+
+
+def _knn_against(X_new: np.ndarray, X_ref: np.ndarray, k: int, metric: str):
+    """Exact ``k`` nearest reference rows of each new row: ``(indices, distances)``, ``(M, k)``, by
+    increasing distance (ties: lower index).  Euclidean by matrix products (BLAS), other metrics by cdist."""
+    m = X_new.shape[0]
+    indices = np.empty((m, k), dtype=np.int64)
+    distances = np.empty((m, k))
+    ref_sq = np.einsum("ij,ij->i", X_ref, X_ref) if metric == "euclidean" else None
+    for r0, r1 in row_partition(m, -(-m * X_ref.shape[0] // _BLOCK_ENTRIES)):
+        block = X_new[r0:r1]
+        if metric == "euclidean":
+            D = np.einsum("ij,ij->i", block, block)[:, None] + ref_sq[None, :] - 2.0 * (block @ X_ref.T)
+            np.maximum(D, 0.0, out=D)
+        else:
+            D = cdist(block, X_ref, metric=METRICS[metric][0])
+        candidates = np.argpartition(D, k - 1, axis=1)[:, :k]
+        values = np.take_along_axis(D, candidates, axis=1)
+        order = np.lexsort((candidates, values), axis=-1)
+        indices[r0:r1] = np.take_along_axis(candidates, order, axis=1)
+        distances[r0:r1] = np.take_along_axis(values, order, axis=1)
+    if metric == "euclidean":
+        np.sqrt(distances, out=distances)
+    return indices, distances
+
+
+def extended_knn_affinity(old: Affinity, X_ref: np.ndarray, X_new: np.ndarray, n_neighbors: int, metric: str,
+                          perplexity, n_jobs: int | None = None) -> sp.csr_matrix:
+    """``P'`` over ``[old, new]`` for new feature rows (module docstring); ``perplexity`` a number or
+    ``"uniform"``.  The caller has checked the widths."""
+    n, m = old.n_points, X_new.shape[0]
+    k = min(int(n_neighbors), n)
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} in the run's provenance")
+    indices, distances = _knn_against(np.ascontiguousarray(X_new, dtype=np.float64),
+                                      np.ascontiguousarray(X_ref, dtype=np.float64), k, metric)
+    D = sp.csr_matrix((distances.ravel(), indices.ravel(), np.arange(0, m * k + 1, k)), shape=(m, n))
+    method = "uniform" if perplexity == "uniform" else "gaussian"
+    C = conditional_affinities(D, 30.0 if method == "uniform" else float(perplexity), method, n_jobs)
+    total = n + m
+    cross = (C / (2.0 * total)).tocsr()
+    return sp.bmat([[old.P * (n / total), cross.T], [cross, None]], format="csr")

@@ -1,0 +1,177 @@
+"""The objective of placing M new points into a fixed map of N points, and its gradient, by row blocks.
+
+Let ``P'`` be the joint affinity of all ``N + M`` points (symmetric, summing to 1 over ordered pairs, rows
+ordered old then new; ``scalemb.placement.affinity`` builds it the way the run's P was built), ``Y`` the
+old coordinates (fixed) and ``X`` the new ones.  Placement minimises the KL of the whole map,
+
+    ``KL(P'||Q) = sum p log p - sum_{ij} p_ij log w_ij + log Z``,  ``Z = sum_{i != j} w_ij``,
+
+over ``X`` only.  Splitting the ordered pairs into old-old (oo), old-new and new-old (on, twice) and new-new
+(nn):
+
+    ``sum p log w = S_oo + 2 S_on + S_nn``,  ``Z = Z_oo + 2 Z_on + Z_nn``,
+
+where ``S_oo`` and ``Z_oo`` do not depend on ``X``: they are computed once (the attraction kernel on the old
+rows' old columns; the exact all-pairs repulsion or one FFT pass).  ``S_on + S_nn`` is the attraction
+kernel's ``sum p log w`` over the new rows of ``P'`` (columns split into old ``B`` and new ``E`` so that
+``S_nn`` is known), ``Z_on`` and ``Z_nn`` come from ``cross_repulsion`` of the new rows against the old
+points and against each other (``scalemb.models.kernels``).  The gradient of a new point is the full map's
+gradient row (each pair involving ``x_i`` appears twice in the ordered sums):
+
+    ``dKL/dx_i = 2 (-sum_j p_ij d log w_ij/dx_i + sum_{j != i} w_ij d log w_ij/dx_i / Z)``,
+
+j over old and new points: the new rows of the same ``A`` and ``R`` the embedding uses (``engine.blocks``).
+
+Relation to openTSNE's ``prepare_partial`` / ``transform``: there each new point has its own conditional
+affinities ``p_j|i`` to the reference (summing to 1) and its own normaliser ``Z_i = sum_{j old} w_ij``, and
+``sum_i KL(P_i||Q_i)`` is minimised: the points do not interact.  Here the normaliser is the whole map's Z
+(dominated by the fixed ``Z_oo``), new points attract and repel each other, and the value minimised is the
+KL that a full re-embedding minimises, so the two can be compared directly.  For kNN affinities the new
+rows of ``P'`` are openTSNE's ``p_j|i / (2 (N + M))`` (the reference's neighbour lists do not change).
+
+Work is split into blocks of ``BLOCK_ROWS`` new rows (a layout fixed by the data, not by the thread count),
+evaluated on a thread pool; each block costs O(rows x (N + M)) for the repulsion.
+"""
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..affinity.affinity import row_partition
+from ..engine.blocks import Evaluation, point_major
+from ..engine.laplacian import row_sums
+from ..engine.local import default_threads
+from ..models.base import Model
+
+BLOCK_ROWS = 256
+
+
+@dataclass
+class _Rows:
+    """New rows ``[r0, r1)`` (0-based among the new points) of ``P'``: ``B`` (old columns) and ``E`` (new
+    columns, indices into the combined ``[old, new]`` numbering), CSR parts with ``indptr`` from 0."""
+
+    r0: int
+    r1: int
+    b: tuple
+    e: tuple
+
+
+def _csr_parts(M: sp.csr_matrix, r0: int, r1: int, shift: int) -> tuple:
+    lo, hi = M.indptr[r0], M.indptr[r1]
+    return ((M.indptr[r0:r1 + 1] - lo).astype(np.int64), M.indices[lo:hi].astype(np.int64) + shift,
+            np.ascontiguousarray(M.data[lo:hi], dtype=np.float64))
+
+
+class PlacementObjective:
+    """``KL(P'||Q)`` of the whole map as a function of the new points' coordinates (module docstring).
+
+    ``P``: the ``(N + M) x (N + M)`` joint affinity, old rows first; ``old``: the fixed ``(ds + dt, N)``
+    coordinates.  ``evaluate(X)`` takes the new coordinates ``(ds + dt, M)`` and returns an ``Evaluation``
+    whose gradient is ``(ds + dt, M)``; ``curvature_diagonal(X)`` the per-point diagonal of the attractive
+    partial Hessian (``engine.blocks.curvature_block``'s weights summed over each new row).
+    """
+
+    def __init__(self, model: Model, space_dims: int, P: sp.csr_matrix, old: np.ndarray, n_threads: int | None = None,
+                 z_old: float | None = None):
+        self.model = model
+        self.space_dims = space_dims
+        self.old = np.ascontiguousarray(old, dtype=np.float64)
+        n = self.old.shape[1]
+        P = sp.csr_matrix(P)
+        if P.shape[0] != P.shape[1] or P.shape[0] <= n:
+            raise ValueError(f"P must be square with more than the {n} old rows, got shape {P.shape}")
+        self.n_old, self.n_new = n, P.shape[0] - n
+        self.entropy = float(np.sum(P.data * np.log(P.data)))
+        old_block = P[:n, :n].tocsr()
+        new_rows = P[n:].tocsr()
+        B, E = new_rows[:, :n].tocsr(), new_rows[:, n:].tocsr()
+        for part in (old_block, B, E):
+            part.sort_indices()
+        self.rows = [_Rows(r0, r1, _csr_parts(B, r0, r1, 0), _csr_parts(E, r0, r1, n))
+                     for r0, r1 in row_partition(self.n_new, -(-self.n_new // BLOCK_ROWS))]
+        self.n_threads = n_threads or default_threads()
+        self._pool = ThreadPoolExecutor(self.n_threads) if len(self.rows) > 1 and self.n_threads > 1 else None
+        A = np.zeros((n, self.old.shape[0]))
+        indptr = old_block.indptr.astype(np.int64)
+        self.plogw_old = float(model.attraction(indptr, old_block.indices.astype(np.int64), old_block.data, 0,
+                                                point_major(self.old), space_dims, A, True))
+        self.z_old = self._z_old() if z_old is None else float(z_old)
+
+    def _z_old(self) -> float:
+        """``Z_oo``: the exact all-pairs kernel over the old points, in blocks of rows."""
+        n = self.n_old
+        blocks = row_partition(n, -(-n // BLOCK_ROWS))
+
+        def part(bounds):
+            R = np.zeros_like(self.old)
+            return self.model.repulsion(self.old, self.space_dims, bounds[0], bounds[1], R)
+
+        return float(sum(self._map(part, blocks)))
+
+    def _map(self, fn, items):
+        if self._pool is None:
+            return [fn(item) for item in items]
+        return list(self._pool.map(fn, items))
+
+    def combined(self, X: np.ndarray) -> np.ndarray:
+        """``[old, X]``: the ``(ds + dt, N + M)`` coordinates of the whole map."""
+        return np.ascontiguousarray(np.concatenate([self.old, X], axis=1))
+
+    def _block(self, rows: _Rows, Yt: np.ndarray, X: np.ndarray, with_kl: bool):
+        d, ds = X.shape[0], self.space_dims
+        A = np.zeros((rows.r1 - rows.r0, d))
+        r0 = self.n_old + rows.r0
+        s_on = self.model.attraction(*rows.b, r0, Yt, ds, A, with_kl)
+        s_nn = self.model.attraction(*rows.e, r0, Yt, ds, A, with_kl)
+        R = np.zeros((d, rows.r1 - rows.r0))
+        z_on = self.model.cross_repulsion(X, rows.r0, rows.r1, self.old, ds, False, R)
+        z_nn = self.model.cross_repulsion(X, rows.r0, rows.r1, X, ds, True, R)
+        return rows, A, R, float(s_on), float(s_nn), float(z_on), float(z_nn)
+
+    def evaluate(self, X: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
+        """KL of the whole map and its gradient with respect to the new coordinates ``X`` (``(ds + dt, M)``);
+        with ``exaggeration`` alpha the gradient and ``objective`` are those of ``H - alpha sum p log w + log Z``
+        (the new rows' attraction exaggerated; the old-old part is a constant either way)."""
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        if X.shape != (self.old.shape[0], self.n_new):
+            raise ValueError(f"new coordinates must have shape {(self.old.shape[0], self.n_new)}, got {X.shape}")
+        Yt = point_major(self.combined(X))
+        results = self._map(lambda rows: self._block(rows, Yt, X, with_kl), self.rows)
+        attraction = np.zeros_like(X)
+        repulsion = np.zeros_like(X)
+        s_on = s_nn = z_on = z_nn = 0.0
+        for rows, A, R, a, b, c, e in results:
+            attraction[:, rows.r0:rows.r1] = A.T
+            repulsion[:, rows.r0:rows.r1] = R
+            s_on, s_nn, z_on, z_nn = s_on + a, s_nn + b, z_on + c, z_nn + e
+        z = self.z_old + 2.0 * z_on + z_nn
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl = self.entropy - (self.plogw_old + 2.0 * s_on + s_nn) + np.log(z) if with_kl else np.nan
+            objective = kl - (exaggeration - 1.0) * (2.0 * s_on + s_nn) if with_kl else np.nan
+            gradient = 2.0 * (repulsion / z - exaggeration * attraction)
+        return Evaluation(float(kl), float(objective), gradient, float(z))
+
+    def curvature_diagonal(self, X: np.ndarray) -> np.ndarray:
+        """``h_i = sum_j c_ij`` over new row i (``c_ij = -2 a_ij p_ij``, ``models.kernels.curvature``): the
+        diagonal of the attractive partial Hessian in space at ``X``, ``(M,)``."""
+        Yt = point_major(self.combined(np.ascontiguousarray(X, dtype=np.float64)))
+        h = np.zeros(self.n_new)
+        for rows in self.rows:
+            for indptr, indices, data in (rows.b, rows.e):
+                weights = np.empty_like(data)
+                self.model.curvature(indptr, indices, data, self.n_old + rows.r0, Yt, self.space_dims, weights)
+                h[rows.r0:rows.r1] += row_sums(indptr, weights)
+        return h
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

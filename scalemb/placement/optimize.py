@@ -1,0 +1,193 @@
+"""Start and optimisation of the new points (the old ones never move).
+
+Start: each new point at the weighted median (per coordinate, weights ``p_ij``) of its old neighbours
+(openTSNE's ``initialization="median"``, robust to a neighbour far away in the map); new points with only new
+neighbours take, round by round, the weighted median of their already placed neighbours; points whose
+component of the new edges reaches no old point ("unattached") are placed by ``UNATTACHED_RULE``.  A jitter
+of ``1e-3`` times the old map's spread separates points that start at the same place (their mutual force is
+zero there).
+
+Optimisation: descent along ``-G_i / (h_i + mu)`` per point, ``h_i`` the diagonal of the attractive partial
+Hessian (the Jacobi form of the spectral direction of Vladymyrov & Carreira-Perpinan 2012: with old
+neighbours only, each new point's block of L(C) is that diagonal), with a backtracking Armijo line search on
+the whole map's KL (``optim.linesearch.armijo``), so the KL never increases.  Time coordinates (SNEST) have a
+concave attractive term: their direction is the same scaled gradient times ``time_ratio`` (the SNEST paper's
+smaller time rate).  Stops after ``iterations`` or when the KL fell by less than ``tol`` (relative to the
+KL, per iteration, averaged over the last ``window`` iterations).
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from numba import njit
+
+from ..optim.linesearch import armijo
+
+UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
+                   "of the circle (sphere) of 1.1 times the map's largest radius around its centre, time "
+                   "coordinates at the map's mean, and is then optimised like the others")
+
+
+@njit(cache=True)
+def _weighted_median(values, weights):
+    order = np.argsort(values)
+    half = 0.5 * weights.sum()
+    acc = 0.0
+    for k in order:
+        acc += weights[k]
+        if acc >= half:
+            return values[k]
+    return values[order[-1]]
+
+
+@njit(cache=True)
+def _median_rows(indptr, indices, data, coords, known, out, done):
+    """For each row not ``done`` with at least one ``known`` neighbour: per coordinate weighted median of the
+    known neighbours' ``coords`` (``(d, n)``) into ``out[:, row]``; returns the rows placed."""
+    placed = 0
+    for row in range(indptr.shape[0] - 1):
+        if done[row]:
+            continue
+        lo, hi = indptr[row], indptr[row + 1]
+        count = 0
+        for idx in range(lo, hi):
+            if known[indices[idx]]:
+                count += 1
+        if count == 0:
+            continue
+        values = np.empty(count)
+        weights = np.empty(count)
+        for k in range(coords.shape[0]):
+            c = 0
+            for idx in range(lo, hi):
+                j = indices[idx]
+                if known[j]:
+                    values[c] = coords[k, j]
+                    weights[c] = data[idx]
+                    c += 1
+            out[k, row] = _weighted_median(values, weights)
+        done[row] = True
+        placed += 1
+    return placed
+
+
+def initial_positions(new_rows: sp.csr_matrix, old: np.ndarray, space_dims: int, seed: int = 0):
+    """Start of the new points, ``(d, M)``, and the number of unattached ones (module docstring).
+    ``new_rows``: the new rows of ``P'`` (``M x (N + M)``, old columns first); ``old``: ``(d, N)``."""
+    n = old.shape[1]
+    m = new_rows.shape[0]
+    d = old.shape[0]
+    rng = np.random.default_rng([seed, 7])
+    rows = sp.csr_matrix(new_rows)
+    indptr, indices, data = rows.indptr.astype(np.int64), rows.indices.astype(np.int64), rows.data
+    coords = np.concatenate([old, np.zeros((d, m))], axis=1)
+    known = np.concatenate([np.ones(n, dtype=np.bool_), np.zeros(m, dtype=np.bool_)])
+    done = np.zeros(m, dtype=np.bool_)
+    out = np.zeros((d, m))
+    while True:  # round by round: old neighbours first, then placed new ones
+        before = done.copy()
+        if _median_rows(indptr, indices, data, coords, known, out, done) == 0:
+            break
+        fresh = done & ~before
+        coords[:, n:][:, fresh] = out[:, fresh]
+        known[n:] = done
+    unattached = np.flatnonzero(~done)
+    if unattached.size:
+        # one start per connected component of the new-new edges
+        E = rows[:, n:][unattached][:, unattached]
+        _, labels = sp.csgraph.connected_components(E, directed=False)
+        ds = space_dims
+        centre = old.mean(axis=1)
+        radius = 1.1 * float(np.sqrt(((old[:ds] - centre[:ds, None]) ** 2).sum(axis=0)).max()) + 1.0
+        for label in range(labels.max() + 1):
+            direction = rng.standard_normal(ds)
+            direction /= np.linalg.norm(direction)
+            start = centre.copy()
+            start[:ds] += radius * direction
+            out[:, unattached[labels == label]] = start[:, None]
+    spread = float(old.std(axis=1).mean()) or 1.0
+    out += 1e-3 * spread * rng.standard_normal(out.shape)
+    return out, int(unattached.size)
+
+
+@dataclass
+class PlacementRun:
+    """The placed coordinates ``(d, M)``, the whole map's KL after each iteration (entry 0: the start)."""
+
+    coords: np.ndarray
+    kl: float
+    kl_history: np.ndarray
+    iterations: int
+    converged: bool
+    seconds: float
+    evaluations: int = 0
+    settings: dict = field(default_factory=dict)
+
+
+@dataclass
+class PlacementOptimizer:
+    """Preconditioned descent of the new points (module docstring)."""
+
+    iterations: int = 300
+    tol: float = 1e-5
+    window: int = 10
+    mu: float = 1e-3
+    time_ratio: float = 0.01
+    growth: float = 1.2
+    max_step: float = 4.0
+    c: float = 1e-4
+    rho: float = 0.5
+    exaggeration: float = 1.0
+    exaggeration_iterations: int = 0
+
+    def params(self) -> dict:
+        return {"optimizer": "placement-jacobi", "iterations": self.iterations, "tol": self.tol,
+                "window": self.window, "mu": self.mu, "time_ratio": self.time_ratio, "growth": self.growth,
+                "max_step": self.max_step, "exaggeration": self.exaggeration,
+                "exaggeration_iterations": self.exaggeration_iterations}
+
+    def optimize(self, objective, X0: np.ndarray, space_dims: int, callback=None) -> PlacementRun:
+        start = time.perf_counter()
+        X = np.array(X0, dtype=np.float64, order="C")
+        alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
+        ev = objective.evaluate(X, alpha)
+        evaluations = 1
+        history = [ev.kl]
+        step = 1.0
+        converged = False
+        it = 0
+        for it in range(1, self.iterations + 1):
+            if alpha != 1.0 and it > self.exaggeration_iterations:
+                alpha, step = 1.0, 1.0
+                ev = objective.evaluate(X, alpha)
+                evaluations += 1
+            h = alpha * objective.curvature_diagonal(X)
+            scale = 1.0 / (h + self.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
+            direction = -ev.gradient * scale[None, :]
+            direction[space_dims:] *= self.time_ratio
+            result = armijo(lambda x: objective.evaluate(x, alpha), X, direction, ev, step, self.c, self.rho)
+            evaluations += result.trials
+            if not result.accepted and alpha != 1.0:  # the exaggerated phase is over early
+                alpha, step = 1.0, 1.0
+                ev = objective.evaluate(X, alpha)
+                evaluations += 1
+                history.append(ev.kl)
+                continue
+            if not result.accepted:
+                converged = True  # no descent along the scaled gradient: a stationary point to the tolerance
+                it -= 1
+                break
+            step = min(result.step * (self.growth if result.trials == 1 else 1.0), self.max_step)
+            X, ev = result.coords, result.evaluation
+            history.append(ev.kl)
+            if callback is not None:
+                callback(it, ev.kl)
+            if not np.isfinite(ev.kl):
+                raise FloatingPointError(f"KL became {ev.kl} at placement iteration {it}")
+            if it >= self.exaggeration_iterations + self.window and \
+                    history[-1 - self.window] - history[-1] < self.tol * self.window * abs(history[-1]):
+                converged = True
+                break
+        return PlacementRun(X, float(ev.kl), np.asarray(history), it, converged, time.perf_counter() - start,
+                            evaluations, self.params())

@@ -1,0 +1,297 @@
+"""Placing new nodes and points into a stored map: the objective against the full executor, its gradient by
+finite differences, the CLI on graph and kNN runs, and the bad inputs (exit 2, nothing written)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scalemb.affinity import Affinity
+from scalemb.datasets import school_edges
+from scalemb.embedding import EmbeddingResult
+from scalemb.engine import LocalExecutor
+from scalemb.models import get_model
+from scalemb.placement import PlacementObjective, place
+from scalemb.placement.optimize import initial_positions
+
+DIMS = {"tsne": (2, 0), "sne": (2, 0), "snest": (2, 1)}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300)
+
+
+def random_affinity(n_total, seed=1):
+    A = sp.random(n_total, n_total, density=0.15, random_state=seed)
+    A = (A + A.T).tolil()
+    A.setdiag(0)
+    return Affinity(A.tocsr(), np.arange(n_total))
+
+
+@pytest.mark.parametrize("name", sorted(DIMS))
+def test_objective_is_the_full_kl_and_its_gradient_rows(name):
+    """KL, Z and gradient of the new points equal the whole-map executor's at the same layout."""
+    n, m = 40, 9
+    affinity = random_affinity(n + m)
+    ds, dt = DIMS[name]
+    model = get_model(name)
+    Y = np.random.default_rng(0).standard_normal((ds + dt, n + m))
+    Y[ds:] *= 0.3
+    with LocalExecutor(affinity, model, ds, dt) as executor:
+        full = executor.evaluate(Y)
+    with PlacementObjective(model, ds, affinity.P, Y[:, :n]) as objective:
+        part = objective.evaluate(Y[:, n:])
+    assert part.kl == pytest.approx(full.kl, rel=1e-12)
+    assert part.z == pytest.approx(full.z, rel=1e-12)
+    np.testing.assert_allclose(part.gradient, full.gradient[:, n:], rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", sorted(DIMS))
+def test_gradient_matches_finite_differences(name):
+    n, m = 30, 12
+    affinity = random_affinity(n + m, seed=4)
+    ds, dt = DIMS[name]
+    rng = np.random.default_rng(2)
+    Y = rng.standard_normal((ds + dt, n + m))
+    Y[ds:] *= 0.3
+    with PlacementObjective(get_model(name), ds, affinity.P, Y[:, :n]) as objective:
+        X = Y[:, n:].copy()
+        gradient = objective.evaluate(X).gradient
+        h = 1e-6
+        for k in range(ds + dt):
+            for i in range(0, m, 3):
+                up, down = X.copy(), X.copy()
+                up[k, i] += h
+                down[k, i] -= h
+                fd = (objective.evaluate(up).kl - objective.evaluate(down).kl) / (2 * h)
+                assert fd == pytest.approx(gradient[k, i], rel=1e-5, abs=1e-9)
+
+
+def test_start_is_weighted_median_and_placement_lowers_kl():
+    n, m = 30, 6
+    affinity = random_affinity(n + m, seed=5)
+    P = affinity.P.tolil()
+    P[n:, n:] = 0  # new points attached to old ones only
+    P[n + 5, :] = 0  # ... except one, attached to new point n + 4 only
+    P[:, n + 5] = 0
+    P[n + 5, n + 4] = P[n + 4, n + 5] = 0.05
+    P = sp.csr_matrix(P)
+    P.eliminate_zeros()
+    old = np.random.default_rng(0).standard_normal((2, n))
+    X0, unattached = initial_positions(P[n:], old, 2, seed=0)
+    assert unattached == 0
+    row = P[n].tocoo()
+    values, weights = old[0, row.col], row.data
+    order = np.argsort(values)
+    median = values[order][np.searchsorted(np.cumsum(weights[order]), 0.5 * weights.sum())]
+    assert X0[0, 0] == pytest.approx(median, abs=5e-2)  # up to the start's jitter
+    assert np.abs(X0[:, 5] - X0[:, 4]).max() < 5e-2  # placed from its placed new neighbour
+    run, _ = place("tsne", 2, old, Affinity(P, np.arange(n + m)).P)
+    assert run.kl < run.kl_history[0]
+    assert np.all(np.diff(run.kl_history) <= 1e-12)  # Armijo: never up
+
+
+def _school_split(tmp_path, new_nodes=(3, 4, 30)):
+    """SCHOOL with ``new_nodes`` held out: the old edge list and the new nodes' edges (new id first)."""
+    src, dst = school_edges()
+    new = set(new_nodes)
+    old_lines, new_lines = [], []
+    for a, b in zip(src, dst):
+        if a in new:
+            new_lines.append(f"{a} {b}")
+        elif b in new:
+            new_lines.append(f"{b} {a}")
+        else:
+            old_lines.append(f"{a} {b}")
+    old_path, new_path = tmp_path / "old.txt", tmp_path / "new.txt"
+    old_path.write_text("\n".join(old_lines) + "\n")
+    new_path.write_text("\n".join(new_lines) + "\n")
+    return old_path, new_path
+
+
+@pytest.fixture(scope="module")
+def school_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("school")
+    old_path, new_path = _school_split(tmp_path)
+    run = tmp_path / "run.zarr"
+    proc = run_cli("embed", str(old_path), "--model", "tsne", "--iterations", "300", "--out", str(run), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path, run, new_path
+
+
+def test_cli_places_new_graph_nodes(school_run):
+    tmp_path, run, new_path = school_run
+    out = tmp_path / "placed.zarr"
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    before, after = EmbeddingResult.load(run), EmbeddingResult.load(out)
+    assert np.array_equal(after.embedding[:39], before.embedding)  # old rows fixed
+    assert list(after.node_ids[39:]) == [3, 4, 30]
+    assert after.kl < after.provenance["start_kl"]
+    # each new student lands among its own class (students 0-19 + teacher 20 vs 21-40 + 41)
+    Y, ids = after.embedding, after.node_ids
+    for k, node in enumerate((3, 4, 30)):
+        d = np.linalg.norm(Y[:39] - Y[39 + k], axis=1)
+        nearest = ids[:39][np.argsort(d)[:3]]
+        assert np.all((nearest <= 20) == (node <= 20)), (node, nearest)
+
+
+def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
+    _, run, new_path = school_run
+    out = tmp_path / "placed.zarr"
+    cases = {
+        "collide.txt": ("5 3\n", "new node id 5 is already in the stored map"),  # 5 is old
+        "unknown.txt": ("3 999\n", "node id 999 is neither"),
+        "bad.txt": ("3 x\n", ":1: node id 'x' is not an integer"),
+    }
+    for name, (text, fragment) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        proc = run_cli("transform", str(run), str(path), "--out", str(out))
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert fragment in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert not out.exists()
+    lonely = tmp_path / "lonely.txt"
+    lonely.write_text("3 0\n500 501\n501 500\n")  # 500 and 501 reach no stored node
+    proc = run_cli("transform", str(run), str(lonely), "--out", str(out), "--refuse-unattached")
+    assert proc.returncode == 2 and "2 new nodes share no edge path" in proc.stderr
+    assert not out.exists()
+    proc = run_cli("transform", str(run), str(lonely), "--out", str(out), "--quiet")
+    assert proc.returncode == 0 and "(2 unattached)" in proc.stdout
+    assert list(sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))) == []
+
+
+@pytest.fixture(scope="module")
+def knn_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("knn")
+    rng = np.random.default_rng(0)
+    centres = 8.0 * rng.standard_normal((3, 5))
+    labels = np.repeat(np.arange(3), 60)
+    X = centres[labels] + rng.standard_normal((180, 5))
+    np.save(tmp_path / "ref.npy", X)
+    new_labels = np.array([0, 1, 2, 0, 1, 2])
+    np.save(tmp_path / "new.npy", centres[new_labels] + rng.standard_normal((6, 5)))
+    store, run = tmp_path / "store.zarr", tmp_path / "run.zarr"
+    proc = run_cli("affinity", str(tmp_path / "ref.npy"), "--knn", "15", "--perplexity", "5", "--out", str(store),
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("embed", str(store), "--model", "tsne", "--iterations", "200", "--out", str(run), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path, run, labels, new_labels
+
+
+def test_cli_places_feature_rows_in_their_cluster(knn_run):
+    tmp_path, run, labels, new_labels = knn_run
+    out = tmp_path / "placed.zarr"
+    proc = run_cli("transform", str(run), str(tmp_path / "new.npy"), "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    result = EmbeddingResult.load(out)
+    assert list(result.node_ids[180:]) == list(range(180, 186))
+    Y = result.embedding
+    for k, label in enumerate(new_labels):
+        nearest = np.argsort(np.linalg.norm(Y[:180] - Y[180 + k], axis=1))[:5]
+        assert np.all(labels[nearest] == label)
+
+
+def test_bad_feature_inputs_exit_2(knn_run):
+    tmp_path, run, _, _ = knn_run
+    out = tmp_path / "never.zarr"
+    np.save(tmp_path / "wide.npy", np.zeros((3, 7)))
+    proc = run_cli("transform", str(run), str(tmp_path / "wide.npy"), "--out", str(out))
+    assert proc.returncode == 2 and "the reference has 5 columns" in proc.stderr
+    moved = tmp_path / "moved.zarr"
+    (tmp_path / "store.zarr").rename(moved)
+    try:
+        proc = run_cli("transform", str(run), str(tmp_path / "new.npy"), "--out", str(out))
+    finally:
+        moved.rename(tmp_path / "store.zarr")
+    assert proc.returncode == 2 and "affinity store" in proc.stderr and "is gone" in proc.stderr
+    assert not out.exists()
+
+
+def test_embedder_transform_in_memory_knn_and_graph_dataset(tmp_path):
+    from scalemb import Embedder
+    from scalemb.affinity import knn_affinity
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.standard_normal((50, 3)), 10 + rng.standard_normal((50, 3))])
+    embedder = Embedder(model="tsne", iterations=150).fit(knn_affinity(X, perplexity=5, n_neighbors=15))
+    placed = embedder.transform(np.array([[0.0, 0, 0], [10.0, 10, 10]]), reference=X)
+    assert placed.shape == (2, 2)
+    Y = embedder.embedding_
+    for row, cluster in zip(placed, (slice(0, 50), slice(50, 100))):
+        nearest = np.argmin(np.linalg.norm(Y - row, axis=1))
+        assert nearest in range(100)[cluster]
+    assert embedder.transform_result_.embedding.shape == (102, 2)
+    edges = tmp_path / "new.txt"
+    edges.write_text("100 0\n100 1\n100 2\n")
+    school = Embedder(model="snest", iterations=100).fit("school")
+    assert school.transform(str(edges)).shape == (1, 3)
+    assert list(school.transform_result_.node_ids[-1:]) == [100]
+
+
+def test_service_transform_job(tmp_path):
+    from tests.test_service import Service
+
+    service = Service(tmp_path)
+    try:
+        status, created = service.json("POST", "/jobs", {"input": "school", "model": "tsne", "iterations": 100})
+        assert status == 201 and service.wait(created["id"])["state"] == "done"
+        status, _ = service.json("PUT", "/uploads/new.txt", raw=b"100 0\n100 1\n101 100\n")
+        assert status == 201
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/new.txt"})
+        assert status == 201, job
+        record = service.wait(job["id"])
+        assert record["state"] == "done" and record["n_points"] == 44, record
+        csv = service.request("GET", f"/jobs/{job['id']}/embedding")[1].decode().splitlines()
+        assert [line.split(",")[0] for line in csv[-2:]] == ["100", "101"]
+        status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 is a stored node
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/bad.txt"})
+        record = service.wait(job["id"])
+        assert record["state"] == "failed" and "already in the stored map" in record["error"]
+        assert service.json("POST", "/jobs/nope/transform", {"new": "uploads/new.txt"})[0] == 404
+        assert service.json("POST", f"/jobs/{created['id']}/transform", {"new": "../x"})[0] == 400
+    finally:
+        service.stop()
+
+
+def test_eigenmap_runs_place_through_nystrom(tmp_path):
+    eigenmaps = pytest.importorskip("scalemb.eigenmaps")  # issue 20's eigenmaps, merged with this branch
+    from scalemb.datasets import school
+    from scalemb.eigenmaps.graph import nystrom_extend
+    from scalemb.placement import place_into
+
+    fitted = eigenmaps.Eigenmap(n_components=2).fit("school")
+    edges = tmp_path / "new.txt"
+    edges.write_text("100 0\n100 1\n100 20 2\n101 100\n101 30\n")
+    whole = place_into(fitted.result_, str(edges))
+    assert np.array_equal(whole.embedding[:42], fitted.result_.embedding)
+    assert list(whole.node_ids[42:]) == [100, 101]
+    P = school().P
+    assert np.all(np.isfinite(whole.embedding[42:])) and P.shape == (42, 42)
+    # the same as the extension applied to the new rows' affinities to the stored nodes
+    from scalemb.placement import grown_affinity, reference_of
+    grown, _ = grown_affinity(reference_of("run", fitted.result_.provenance, fitted.result_.node_ids),
+                              fitted.result_.node_ids, str(edges))
+    expected = nystrom_extend(grown[42:, :42], fitted.result_.embedding, fitted.result_.optimizer["eigenvalues"])
+    np.testing.assert_allclose(whole.embedding[42:], expected)
+
+
+def test_kernel_eigenmap_runs_apply_their_stored_map(tmp_path):
+    kernel = pytest.importorskip("scalemb.eigenmaps.kernel")
+    from scalemb.errors import InputError
+    from scalemb.placement import place_into
+
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3, 300)
+    X = np.column_stack([t * np.cos(3 * t), rng.uniform(0, 1, 300), t * np.sin(3 * t)])
+    fitted = kernel.KernelEigenmap(n_components=2, n_centres=20).fit(X)
+    result = fitted.to_result()
+    X_new = X[:5] + 0.01
+    whole = place_into(result, X_new)
+    assert np.array_equal(whole.embedding[:300], result.embedding)
+    np.testing.assert_allclose(whole.embedding[300:], fitted.transform(X_new))
+    assert list(whole.node_ids[300:]) == list(range(300, 305))
+    with pytest.raises(InputError, match="takes 3 columns"):
+        place_into(result, np.zeros((2, 4)))
