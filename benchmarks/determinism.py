@@ -72,7 +72,7 @@ def main():
         print(json.dumps(child(edges, model, int(space), int(time_dims), int(evals))))
         return
     report = Report()
-    report(f"# Fixed row-block layout: cost per evaluation (paired A/B, old vs new, same run)\n")
+    report("# Fixed row-block layout: cost per evaluation (paired A/B, old vs new, same run)\n")
     report(machine_description() + "  ")
     report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old tree: {args.old}\n")
     rows = []

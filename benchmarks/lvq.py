@@ -16,7 +16,8 @@ Two protocols, each repeated over seeds (mean +- std):
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
 partitions) and the end-to-end time to a supervised t-SNE+ map.
 
-Run from the repository root: ``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
+Run from the repository root:
+``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
 """
 import argparse
 import os
@@ -77,7 +78,7 @@ def sklvq_projection(X_fit, y_fit, X, ppc, seed):
     _sklvq_for_current_sklearn()
 
     model = LGMLVQ(prototype_n_per_class=ppc, relevance_n_components=2, random_state=seed).fit(X_fit, y_fit)
-    W, O = model.prototypes_, model.omega_
+    W, O = model.prototypes_, model.omega_  # noqa: E741 - the paper's Omega
     d = np.stack([(((X - W[j]) @ O[j].T) ** 2).sum(axis=1) for j in range(W.shape[0])], axis=1)
     win = d.argmin(axis=1)
     return np.einsum("nd,nmd->nm", X, O[win])

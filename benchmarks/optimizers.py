@@ -1,13 +1,14 @@
 """Delta-bar-delta vs spectral direction vs gradient descent on GrQc (t-SNE R^2, SNEST R^{2,1}).
 
-Usage: python benchmarks/optimizers.py [--out benchmarks/results/optimizers.md] [--png benchmarks/results/optimizers.png]
+Usage: python benchmarks/optimizers.py [--out benchmarks/results/optimizers.md]
+       [--png benchmarks/results/optimizers.png]
        [--dbd-iterations 5000] [--sd-iterations 1000] [--skip-tuning]
 
 For each embedding: dbd runs ``--dbd-iterations``; its final KL is the target.  sd and gd run from the same
 start; the table gives the iteration and wall time at which each first reaches the target and the ratios
 to dbd.  The overhead of the spectral direction (solve + extra line-search trials) is measured against the
-mean time of one KL + gradient evaluation within the same run.  A tuning section records the settings behind sd's defaults
-(solver, curvature, mu, line-search constants, early exaggeration).
+mean time of one KL + gradient evaluation within the same run.  A tuning section records the settings behind
+sd's defaults (solver, curvature, mu, line-search constants, early exaggeration).
 """
 import argparse
 import sys

@@ -366,7 +366,8 @@ def main():
         f"{os.cpu_count()} CPUs; `scalemb serve` subprocess on loopback, `--max-running {args.max_running}`, "
         "in-process jobs, bearer token, client over keep-alive HTTP.",
         "",
-        f"## {jobs['jobs']} concurrent SCHOOL jobs (snest R^2,1, {args.school_iterations} iterations, seeds 0..{jobs['jobs'] - 1})",
+        f"## {jobs['jobs']} concurrent SCHOOL jobs (snest R^2,1, {args.school_iterations} iterations, "
+        f"seeds 0..{jobs['jobs'] - 1})",
         "",
         "| submitted | done | identical to the in-process run (embedding and KL) | wall time, submit to last done |",
         "|---|---|---|---|",

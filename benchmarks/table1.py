@@ -76,7 +76,8 @@ def table_column(report, name, affinity, restarts, optimizer):
                      " ".join(f"{k:.3f}" for k in res.restart_kls)))
     report(f"## {name.upper()} (N = {affinity.n_points}), optimizer={optimizer} with its defaults, "
            f"best of {restarts} restart(s), seed 0")
-    report(markdown_table(["embedding", "optimizer", "paper KL", "scalemb KL", "diff", "iterations", "iter. to reach paper",
+    report(markdown_table(["embedding", "optimizer", "paper KL", "scalemb KL", "diff", "iterations",
+                           "iter. to reach paper",
                            "wall s", "KL per restart"], rows))
     report()
     return results

@@ -100,7 +100,8 @@ class Embedder:
 
     Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
     0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
-    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE), ``n_threads``, ``quiet``,
+    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE),
+    ``n_threads``, ``quiet``,
     ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
     ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
     Where it runs: in-process threads (default); ``scheduler`` (``'tcp://host:8786'``) an existing Dask

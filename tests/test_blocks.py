@@ -97,7 +97,8 @@ def test_locality_order_renumbers_neighbours_close_together():
     assert np.array_equal(np.sort(order), np.arange(400))
     rank = inverse_permutation(order)
     assert np.array_equal(rank[order], np.arange(400))
-    bandwidth = lambda P: int(np.abs(P.tocoo().row - P.tocoo().col).max())
+    def bandwidth(P):
+        return int(np.abs(P.tocoo().row - P.tocoo().col).max())
     permuted = affinity.permuted(order)
     assert bandwidth(affinity.P) > 300 and bandwidth(permuted.P) < 20
     assert np.array_equal(permuted.node_ids, affinity.node_ids[order])

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 yaml = pytest.importorskip("yaml")
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[test]' (kubernetes-validate)")
+kubernetes_validate = pytest.importorskip("kubernetes_validate",
+                                          reason="pip install -e '.[test]' (kubernetes-validate)")
 pytest.importorskip("dask_kubernetes", reason="pip install -e '.[test]' (dask-kubernetes ships the operator CRDs)")
 import jsonschema  # noqa: E402  (a kubernetes-validate dependency)
 
@@ -151,7 +152,8 @@ def test_volumes_and_service_wiring():
         text = yaml.safe_dump(docs[kind])
         assert f"claimName: {claim}" in text, kind
     deployment, service = docs["Deployment"], docs["Service"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     cluster = docs["DaskCluster"]
@@ -259,7 +261,8 @@ def test_network_policies_admit_only_the_service_and_cluster_pods_to_schedulers(
         for source in rule["from"]:
             labels = source["podSelector"]["matchLabels"]
             cluster = policy["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"]
-            assert labels.get("app.kubernetes.io/component") == "service" or labels == {"dask.org/cluster-name": cluster}
+            assert (labels.get("app.kubernetes.io/component") == "service"
+                    or labels == {"dask.org/cluster-name": cluster})
 
 
 def test_image_dependencies_are_pinned():

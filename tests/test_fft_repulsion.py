@@ -116,7 +116,8 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
     potentials, grid_z = convolve(grid, sum(spread(grid, Y, r0, r1) for r0, r1 in bounds))
     parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
     R, z = fft_repulsion("snest", Y, 2)
-    np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10, atol=1e-10 * np.abs(R).max())
+    np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10,
+                               atol=1e-10 * np.abs(R).max())
     assert grid_z + sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
 
 

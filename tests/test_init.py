@@ -65,7 +65,8 @@ def test_pca_from_a_knn_store_and_file_init(tmp_path):
     X = rng.standard_normal((120, 5)) * [5, 2, 1, 1, 1]
     np.save(tmp_path / "X.npy", X)
     store = tmp_path / "P.zarr"
-    assert main(["affinity", str(tmp_path / "X.npy"), "--knn", "10", "--perplexity", "3", "--out", str(store), "--quiet"]) == 0
+    assert main(["affinity", str(tmp_path / "X.npy"), "--knn", "10", "--perplexity", "3", "--out", str(store),
+                 "--quiet"]) == 0
     result = scalemb.embed(str(store), model="tsne", iterations=5, init="pca")
     assert result.embedding.shape == (120, 2)
     with LocalExecutor(knn_affinity(X, perplexity=3, n_neighbors=10), get_model("tsne"), 2, 0) as ex:

@@ -157,8 +157,8 @@ def knn_graph(X, n_neighbors: int = 15, metric: str = "euclidean", random_state:
 
     Returns ``(indices, distances)``, both ``(N, n_neighbors)``, each row sorted by increasing distance.
     ``algorithm``: ``"nndescent"`` (``pynndescent.NNDescent``, approximate, in float32, seeded by
-    ``random_state``, ``n_jobs`` threads, None or -1 = all cores), ``"exact"`` (brute force with ``cdist``, ties broken by the
-    lower index) or ``"auto"`` (exact for at most ``EXACT_MAX_POINTS`` points, NN-descent above).
+    ``random_state``, ``n_jobs`` threads, None or -1 = all cores), ``"exact"`` (brute force with ``cdist``, ties
+    broken by the lower index) or ``"auto"`` (exact for at most ``EXACT_MAX_POINTS`` points, NN-descent above).
     """
     X = _as_features(X)
     n = X.shape[0]

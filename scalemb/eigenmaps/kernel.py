@@ -202,7 +202,8 @@ class KernelEigenmap:
         if result.model != "kernel-eigenmap" or "map" not in result.optimizer:
             raise ValueError(f"not a kernel-eigenmap result (model {result.model!r})")
         stored, options = result.optimizer["map"], result.optimizer
-        model = cls(result.space_dims, n_centres=options.get("n_centres", 64), n_neighbors=options.get("n_neighbors", 12),
+        model = cls(result.space_dims, n_centres=options.get("n_centres", 64),
+                    n_neighbors=options.get("n_neighbors", 12),
                     bandwidth=options.get("bandwidth"), correction=stored["correction"],
                     regularize=options.get("regularize", 0.0), seed=result.seed)
         model.centres_ = np.asarray(stored["centres"], dtype=np.float64)

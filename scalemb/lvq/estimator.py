@@ -249,7 +249,7 @@ class LiRaMLVQ(ClassifierMixin, TransformerMixin, BaseEstimator):
     def lambdas_(self) -> np.ndarray:
         """``Lambda_j = Omega_j^T Omega_j`` per prototype (``m x D x D``)."""
         self._fitted()
-        O = self.omegas_[self.omega_of_]
+        O = self.omegas_[self.omega_of_]  # noqa: E741 - the paper's Omega
         return np.einsum("jai,jak->jik", O, O)
 
     def prototype_distances(self, X) -> np.ndarray:

@@ -82,7 +82,7 @@ def rank_of(s, i, j):
     """Rank of ``j`` in row ``i`` (1 = most similar), counted over all points."""
     sj = s[j]
     r = 1
-    for l in range(s.shape[0]):
+    for l in range(s.shape[0]):  # noqa: E741
         if l != i and l != j and (s[l] > sj or (s[l] == sj and l < j)):
             r += 1
     return r

@@ -22,9 +22,10 @@ iteration) over the last 50 iterations: on GrQc that is after ~1000 iterations, 
 what another 4000 iterations give.
 
 Defaults (measured on GrQc, benchmarks/optimizers.py): sparse LU of the current-iterate L(C) refreshed every
-10 iterations (every iteration below 1024 points, where it is cheap; SCHOOL R^{1,1} needs it) (in between the lagged factorisation is reused: a factorisation costs ~1.5 evaluations, a
-solve ~0.1), unit step cap with growth 1.2 (1.25 evaluations per iteration instead of 1.5 with the
-reference code's growth 1.5 and no cap), no early exaggeration.  ``solver='cg'`` is the matrix-free form
+10 iterations (every iteration below 1024 points, where it is cheap; SCHOOL R^{1,1} needs it) (in between the
+lagged factorisation is reused: a factorisation costs ~1.5 evaluations, a solve ~0.1), unit step cap with growth
+1.2 (1.25 evaluations per iteration instead of 1.5 with the reference code's growth 1.5 and no cap), no early
+exaggeration.  ``solver='cg'`` is the matrix-free form
 (row-block Laplacian products) that a distributed executor runs.
 """
 import logging
@@ -140,8 +141,10 @@ class LineSearchDescent:
         return {"optimizer": self.name, "direction": self.direction, "solver": self.solver,
                 "curvature": self.curvature, "preconditioner": self.preconditioner,
                 "refresh_after": self.refresh_after,
-                "refactor_every": self.refactor_every, "mu": self.mu, "cg_tol": self.cg_tol, "cg_maxiter": self.cg_maxiter,
-                "c": self.c, "rho": self.rho, "growth": self.growth, "max_step": self.max_step, "time_rate": self.time_rate,
+                "refactor_every": self.refactor_every, "mu": self.mu, "cg_tol": self.cg_tol,
+                "cg_maxiter": self.cg_maxiter,
+                "c": self.c, "rho": self.rho, "growth": self.growth, "max_step": self.max_step,
+                "time_rate": self.time_rate,
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "tol": self.tol, "window": self.window}
 
