@@ -10,6 +10,14 @@ def _positive_int(text):
     return value
 
 
+def add_run_arguments(parser) -> None:
+    """The finished run and its input, as ``scalemb metrics`` and ``scalemb report`` take them."""
+    parser.add_argument("run", help="a finished result store (scalemb embed --out)")
+    parser.add_argument("--input", default=None,
+                        help="the run's affinity store, edge list or dataset name (default: from the run's "
+                             "provenance)")
+
+
 def add_parser(commands):
     from ..embedding import GRAPH_AFFINITIES
 
@@ -18,9 +26,7 @@ def add_parser(commands):
                                           "Jaccard) for its affinity; trustworthiness, continuity, kNN precision "
                                           "and the co-ranking AUC for features; 1-NN error for labels.  Exact up "
                                           "to 1e5 points, sampled rows (with standard errors) above.")
-    met.add_argument("run", help="a finished result store (scalemb embed --out)")
-    met.add_argument("--input", default=None,
-                     help="the run's affinity store, edge list or dataset name (default: from the run's provenance)")
+    add_run_arguments(met)
     met.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
                      help="how an edge list --input becomes P (default coauthorship)")
     met.add_argument("--features", default=None, help="input features (.npy, .csv, Zarr array): trustworthiness etc.")

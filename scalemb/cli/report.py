@@ -1,6 +1,7 @@
 """``scalemb report RUN.zarr [--input P.zarr|EDGES] [--labels y.npy] --out report.html [--json m.json]
 [--map map.html]``: a self-contained HTML report of a finished run (metrics, maps, KL curve) and, with ``--map``,
 the interactive map page.  Nothing is written when an input is bad."""
+from .metrics import add_run_arguments
 
 
 def add_parser(commands):
@@ -9,9 +10,7 @@ def add_parser(commands):
                                           "metrics, the map coloured by time (snest), label and degree, the KL "
                                           "curve and, for snest, time against degree.  The run's affinity is "
                                           "found from its provenance unless --input is given.")
-    rep.add_argument("run", help="a finished result store (scalemb embed --out)")
-    rep.add_argument("--input", default=None,
-                     help="the run's affinity store, edge list or dataset name (default: from the run's provenance)")
+    add_run_arguments(rep)
     rep.add_argument("--labels", default=None, help="labels (.npy, or text with one per line): colour and 1-NN error")
     rep.add_argument("--out", required=True, help="the HTML report")
     rep.add_argument("--json", default=None, metavar="PATH", help="also write the metrics as JSON")
