@@ -109,7 +109,7 @@ def test_max_step_norm_and_kl_every_flags(tmp_path):
     assert group.attrs["optimizer"]["max_step_norm"] == 5.0 and group.attrs["optimizer"]["kl_every"] == 10
     assert np.isnan(group["kl_history"][:]).sum() == 27 and "KL" in proc.stdout + proc.stderr
     proc = run_cli("embed", "school", "--optimizer", "dbd", "--max-step-norm", "0", "--out", str(tmp_path / "b"))
-    assert proc.returncode == 2 and "max_step_norm" in proc.stderr and not (tmp_path / "b").exists()
+    assert proc.returncode == 2 and "max-step-norm" in proc.stderr and not (tmp_path / "b").exists()
 
 
 def test_generate_affinity_embed_pipeline(tmp_path):
