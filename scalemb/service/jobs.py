@@ -153,9 +153,7 @@ class JobRunner:
         source = params["input_path"]
         if self.scheduler is None or is_affinity_store(source):
             return source
-        from ..embedding import DASK_PARTITIONS
-
-        path = str(ensure_store(self.data_root, source, params["graph_affinity"], DASK_PARTITIONS))
+        path = str(ensure_store(self.data_root, source, params["graph_affinity"]))
         self.store.update(job_id, params={**params, "store_path": path})
         return path
 

@@ -27,7 +27,7 @@ DIRECTORY = "stores"
 _READ = 1 << 20
 
 
-def input_key(source: str, graph_affinity: str, n_partitions: int) -> str:
+def input_key(source: str, graph_affinity: str, n_partitions: int | None) -> str:
     """The store key of ``source`` (a file path or a built-in dataset name)."""
     digest = hashlib.sha256(f"scalemb-store-1\0{graph_affinity}\0{n_partitions}\0".encode())
     path = Path(source)
@@ -40,8 +40,9 @@ def input_key(source: str, graph_affinity: str, n_partitions: int) -> str:
     return digest.hexdigest()
 
 
-def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int) -> Path:
-    """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there."""
+def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int | None = None) -> Path:
+    """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there; ``n_partitions``
+    None: the data-determined row-block layout every run uses, so cluster jobs equal in-process ones bit for bit."""
     from ..embedding import load_affinity
 
     folder = Path(root) / DIRECTORY
