@@ -58,7 +58,7 @@ def test_export_formats(run, tmp_path, fmt):
 def test_export_of_something_else_fails_cleanly(tmp_path, capsys):
     (tmp_path / "notarun").mkdir()
     assert main(["export", str(tmp_path / "notarun"), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 2
-    assert "not a finished scalemb run" in capsys.readouterr().err
+    assert "not a finished scalemb result" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notarun"]
 
 

@@ -67,7 +67,7 @@ def read_result(path) -> tuple[dict, dict]:
         group = zarr.open_group(store=str(path), mode="r")
         arrays, attrs = {name: group[name][:] for name in _ARRAYS}, dict(group.attrs)
     except Exception as exc:  # noqa: BLE001 - anything unreadable is reported as such, in one line
-        raise ScalembError(f"{path}: not a readable scalemb result ({type(exc).__name__})") from None
+        raise ScalembError(f"{path}: not a finished scalemb result ({type(exc).__name__})") from None
     recorded = attrs.get("content_hash")
     if recorded is not None and arrays_hash(arrays) != recorded:
         raise ScalembError(f"{path}: content hash mismatch: the result is corrupt or was modified")
