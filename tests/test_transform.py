@@ -211,7 +211,7 @@ def test_bad_feature_inputs_exit_2(knn_run):
 
 
 def test_embedder_transform_in_memory_knn_and_graph_dataset(tmp_path):
-    from scalemb import Embedder
+    from scalemb.embedding import Embedder  # the engine-level runner: the estimator has no transform yet
     from scalemb.affinity import knn_affinity
 
     rng = np.random.default_rng(1)
