@@ -36,6 +36,7 @@ from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
 from ..repulsion.fft import FFTParams
 from .base import Executor
+from .laplacian import laplacian_matrix
 
 logger = logging.getLogger("scalemb")
 
@@ -72,8 +73,7 @@ def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_w
     row_ptr = np.concatenate([b.indptr[:-1] + indptr[k] for k, b in enumerate(blocks)] + [[indptr[-1]]])
     C = sp.csr_matrix((np.concatenate(weights), np.concatenate([b.indices for b in blocks]), row_ptr),
                       shape=(n_points, n_points))
-    laplacian = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
-    return factorize(kind, laplacian, mu, ordering)
+    return factorize(kind, laplacian_matrix(C), mu, ordering)
 
 
 def solve_factorized(factor, G: np.ndarray) -> np.ndarray:

@@ -24,3 +24,10 @@ def row_sums(indptr, weights):
     n_rows = indptr.size - 1
     rows = np.repeat(np.arange(n_rows), np.diff(indptr))
     return np.bincount(rows, weights=weights, minlength=n_rows)
+
+
+def laplacian_matrix(C):
+    """``L(C) = diag(C 1) - C`` as a CSR matrix, for a sparse symmetric ``C`` (solvers that factorise it)."""
+    import scipy.sparse as sp
+
+    return (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()

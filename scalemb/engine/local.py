@@ -12,6 +12,7 @@ from ..models.base import Model
 from ..optim.solvers import factorize
 from ..repulsion.fft import FFTParams
 from .base import Executor
+from .laplacian import laplacian_matrix
 
 
 POINT_ORDERS = ("auto", "given", "locality")
@@ -127,7 +128,7 @@ class LocalExecutor(Executor):
         weights = np.concatenate(self._weights)
         P = self._internal.P
         C = sp.csr_matrix((weights, P.indices, P.indptr), shape=P.shape)
-        L = (sp.diags(np.asarray(C.sum(axis=1)).ravel()) - C).tocsr()
+        L = laplacian_matrix(C)
         return L if self._rank is None else L[self._rank][:, self._rank].tocsr()
 
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu"):
