@@ -92,22 +92,25 @@ def main(argv=None):
     parser.add_argument("--evals", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--scale", type=float, default=3.0)
+    parser.add_argument("--configs", default=None,
+                        help="comma-separated subset, e.g. 'tsne-exact,snest-fft' (default: all four)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    configs = CONFIGS if args.configs is None else [c for c in CONFIGS if f"{c[0]}-{c[3]}" in args.configs.split(",")]
     report = Report()
     trees = {"main": Tree(args.main, args.threads, args.scale), "branch": Tree(args.branch, args.threads, args.scale)}
-    results = {(c, t): [] for c in CONFIGS for t in trees}
-    minima = {(c, t): [] for c in CONFIGS for t in trees}
+    results = {(c, t): [] for c in configs for t in trees}
+    minima = {(c, t): [] for c in configs for t in trees}
     start = time.perf_counter()
     try:
-        for c in CONFIGS:  # warm-up: compile, and check both trees compute the same KL
+        for c in configs:  # warm-up: compile, and check both trees compute the same KL
             kls = {t: trees[t].time(c, 1) for t in trees}
             if kls["main"]["kl"] != kls["branch"]["kl"]:
                 report(f"warning: {c}: KL differs, main {kls['main']['kl']!r} branch {kls['branch']['kl']!r}")
-        files = {t: trees[t].time(CONFIGS[0], 1)["file"] for t in trees}
+        files = {t: trees[t].time(configs[0], 1)["file"] for t in trees}
         for r in range(args.rounds):
             order = ("main", "branch") if r % 2 == 0 else ("branch", "main")
-            for c in CONFIGS:
+            for c in configs:
                 for t in order:
                     timing = trees[t].time(c, args.evals)
                     results[c, t].append(timing["median"])
@@ -116,7 +119,7 @@ def main(argv=None):
         for tree in trees.values():
             tree.close()
     rows = []
-    for c in CONFIGS:
+    for c in configs:
         m, b = np.array(results[c, "main"]), np.array(results[c, "branch"])
         ratios = b / m
         best_m, best_b = min(minima[c, "main"]), min(minima[c, "branch"])
