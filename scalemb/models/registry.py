@@ -2,7 +2,9 @@
 
 A module ``scalemb/models/<name>.py`` that exports ``MODEL`` (a ``Model``, no parameters) or
 ``make_model(**params) -> Model`` is a model called ``<name>``: ``MODEL_NAMES`` lists them (found by
-``pkgutil``, not written down), ``get_model(name, **params)`` builds one.  ``register_model(model_or_factory)``
+``pkgutil``, not written down; every module of the package is imported once to be looked at, so a model
+module's import must stay cheap: numba compiles on first call, not at import), ``get_model(name, **params)``
+builds one.  ``register_model(model_or_factory)``
 adds a model defined elsewhere (a test file, a user's script).
 
 Dask workers rebuild a model from a ``ModelRef`` (``Model.ref()``): its name, its parameters and, for a
