@@ -12,6 +12,7 @@ the same way, a step rule owns only how it evaluates and how it moves.  Per iter
 4. ``run.advance(it)`` moves the coordinates through the geometry (``MOVED``), keeps them (``KEPT``: a failed
    line search) or ends the run (``HALT``); after a move the loop re-centres them (``geometry.recentre``).
 
+A fresh run first checks its start (``geometry.validate``: finite, inside the domain).
 After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
 the final state is exported.  The geometry comes from ``executor.model.geometry`` (``EUCLIDEAN`` for a
 model without one): the rules call only ``riemannian_gradient``, ``retract`` and the loop ``recentre``, so
@@ -21,16 +22,10 @@ import time
 
 import numpy as np
 
-from ..geometry import EUCLIDEAN, Geometry
+from ..geometry import geometry_of
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
 MOVED, KEPT, HALT = "moved", "kept", "halt"
-
-
-def geometry_of(executor) -> Geometry:
-    """The geometry of ``executor.model`` (``EUCLIDEAN`` when the model, or the executor, has none)."""
-    geometry = getattr(getattr(executor, "model", None), "geometry", None)
-    return EUCLIDEAN if geometry is None else geometry
 
 
 class StepRun:
@@ -75,6 +70,8 @@ def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, c
     """Iterations ``resumed.iteration`` (0 for a fresh run) to at most ``n_iter`` of ``run`` (module
     docstring); ``resumed`` is the state the run was built from, whose history entries are copied in."""
     s = run.state
+    if resumed is None:
+        run.geometry.validate(s.coords, "the optimiser's start coordinates")
     history, seconds, first = history_buffers(resumed, n_iter)
     start = time.perf_counter() - s.elapsed
     converged = stopped = False
