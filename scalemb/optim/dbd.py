@@ -148,7 +148,7 @@ class _DBDRun(StepRun):
         r, s = self.rule, self.state
         alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
         self.with_kl = with_kl = it % r.kl_every == 0
-        ev = self.evaluate(s.coords, alpha, with_kl)
+        ev = self.evaluate(s.coords, alpha, it, with_kl)
         s.evaluations += 1
         if r._blew_up(ev, with_kl, s.best_kl):
             s.backoffs += 1
@@ -163,7 +163,7 @@ class _DBDRun(StepRun):
             s.update[:] = 0.0
             s.gains[:] = 1.0
             s.time_gain = 1.0
-            ev = self.evaluate(s.coords, alpha, with_kl)
+            ev = self.evaluate(s.coords, alpha, it, with_kl)
             s.evaluations += 1
         if ev.kl < s.best_kl:
             s.best_kl = ev.kl
@@ -198,7 +198,7 @@ class _DBDRun(StepRun):
         if converged or (stopped and self.with_kl):
             return None
         self.state.evaluations += 1
-        return self.evaluate(self.state.coords).kl
+        return self.evaluate(self.state.coords, 1.0, it).kl
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:
