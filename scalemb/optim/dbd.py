@@ -7,7 +7,13 @@ sign (the descent keeps going the same way), ``g <- 0.8 g`` otherwise, floored a
 sec. 4: "gamma_t / gamma_s should be very small, e.g. 1/100"; its GrQc runs used 1/500, which we measured to be
 needed on GrQc: 1/100 diverges there), because Q reacts exponentially to time.
 Early exaggeration multiplies P by ``exaggeration`` in the gradient for the first iterations; coordinates are
-re-centred after every step.  ``max_step_norm`` (off by default) clips each point's space step to that
+re-centred after every step (``geometry.recentre``).  On a manifold (the model's ``geometry``, e.g. the Poincaré
+ball) this is Riemannian delta-bar-delta: ``grad`` above is the Riemannian gradient
+``geometry.riemannian_gradient`` (in the ball the Euclidean one times ``(1 - |y|^2)^2 / 4``; a positive factor, so
+the gains' sign test is unchanged), the increment is applied by ``geometry.retract`` and the momentum buffer is
+reused at the new point without parallel transport (as Riemannian SGD with momentum commonly does; in a
+conformal model the transport of a small step is a rescaling and rotation of order the step); Euclidean runs
+are the classic update bit for bit.  ``max_step_norm`` (off by default) clips each point's space step to that
 Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
 cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  ``kl_every = k > 1`` computes
 the KL only every k-th iteration, as openTSNE does (its iterations compute the gradient alone), saving the

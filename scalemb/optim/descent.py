@@ -14,6 +14,10 @@ curvature model there.  We keep the SNEST paper's choice, one global adaptive le
 step ``-eta_t G_t`` into the same search direction; ``eta_t`` grows by ``x1.2`` while successive time
 gradients keep the descent direction and halves otherwise.
 
+On a manifold (the model's ``geometry``) the descent is Riemannian: the gradient direction is the Riemannian
+gradient, trial points are ``geometry.retract(x, a p)`` and accepted points are re-centred by
+``geometry.recentre`` (see ``_DescentRun``); Euclidean runs are bit for bit what they were.
+
 Line search: start from the last accepted step (``x growth`` after a first-trial acceptance, at most
 ``max_step``), shrink by ``rho``, accept when ``f(x + a p) <= f(x) + c a g.p``; f is the (exaggerated)
 objective, so KL never increases once exaggeration is off.  Gradient descent (``direction='gradient'``)
