@@ -147,3 +147,20 @@ def test_optimisers_step_through_the_geometry(school_affinity, name):
         assert (np.diff(run.kl_history) <= 1e-12).all()
     with pytest.raises(ValueError, match="start coordinates: 1 point.*outside the unit ball"):
         make_optimizer(name, "tsne").optimize(ex, np.hstack([x0[:, :-1], [[0.6], [0.8]]]), 3)
+
+
+def test_starts_come_from_the_models_geometry(school_affinity):
+    from scalemb.engine import LocalExecutor
+    from scalemb.init import Initializer
+    from scalemb.models import get_model
+
+    ex = LocalExecutor(school_affinity, ball_model(), 2, 0)
+    n = school_affinity.n_points
+    start = Initializer("random", ex, 2, 0).coords(np.random.default_rng(3))
+    assert np.array_equal(start, POINCARE.initial(n, 2, np.random.default_rng(3)))
+    outside = ball_start(n).T.copy()
+    outside[4] = [0.6, 0.8]
+    with pytest.raises(ValueError, match=r"^init array: 1 point\(s\) on or outside the unit ball \(first: point 4"):
+        Initializer(outside, ex, 2, 0).coords(np.random.default_rng(0))
+    euclidean = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)  # no bound: the same start is fine
+    assert np.array_equal(Initializer(outside, euclidean, 2, 0).coords(np.random.default_rng(0)), outside.T)
