@@ -143,7 +143,7 @@ class Initializer:
         """The deterministic ``(N, ds)`` or ``(N, ds + dt)`` part (``None`` for the random start)."""
         init, n = self.init, self.executor.n_points
         if isinstance(init, np.ndarray):
-            return checked_init(init, n, self.space_dims, self.time_dims)
+            return self._in_domain(checked_init(init, n, self.space_dims, self.time_dims), "init array")
         if str(init) == "random":
             return None
         if self._layout is None:
@@ -155,12 +155,19 @@ class Initializer:
                     raise ScalembError(f"pca init: {features.shape[0]} feature rows for {n} points")
                 self._layout = pca_layout(features, self.space_dims)
             else:
-                self._layout = read_init_file(init, n, self.space_dims, self.time_dims)
+                self._layout = self._in_domain(read_init_file(init, n, self.space_dims, self.time_dims), str(init))
         return self._layout
 
+    def _in_domain(self, layout: np.ndarray, name: str) -> np.ndarray:
+        """``layout`` (a given start, ``(N, ds [+ dt])``) if its space columns lie in the model's geometry
+        (``geometry.validate``: a Poincaré-ball point with ``|y| >= 1`` is a ``ValueError`` naming ``name``),
+        checked here so that a bad start fails before a checkpoint store is written."""
+        geometry_of(self.executor).validate(layout[:, :self.space_dims].T, name)
+        return layout
+
     def coords(self, rng: np.random.Generator) -> np.ndarray:
-        """The start of the restart drawing from ``rng``, inside the model's geometry (``validate``: a given
-        start outside it, a Poincaré-ball point with ``|y| >= 1`` say, is a ``ValueError`` naming the init)."""
+        """The start of the restart drawing from ``rng``: random parts from the model's geometry
+        (``geometry.initial``), given parts checked against it by ``layout``."""
         n, ds, dt = self.executor.n_points, self.space_dims, self.time_dims
         geometry = geometry_of(self.executor)
         start = random_coords(n, ds, dt, rng, geometry)
@@ -169,7 +176,6 @@ class Initializer:
             return start
         if isinstance(self.init, np.ndarray) or str(self.init).endswith(".npy"):
             start[:layout.shape[1]] = layout.T  # as given; missing time columns stay random
-            geometry.validate(start[:ds], "init array" if isinstance(self.init, np.ndarray) else str(self.init))
             return np.ascontiguousarray(start)
         space = layout.copy()
         missing = np.isnan(space).any(axis=1)

@@ -161,6 +161,6 @@ def test_starts_come_from_the_models_geometry(school_affinity):
     outside = ball_start(n).T.copy()
     outside[4] = [0.6, 0.8]
     with pytest.raises(ValueError, match=r"^init array: 1 point\(s\) on or outside the unit ball \(first: point 4"):
-        Initializer(outside, ex, 2, 0).coords(np.random.default_rng(0))
+        Initializer(outside, ex, 2, 0).layout()  # before any store is written (Embedder.fit)
     euclidean = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)  # no bound: the same start is fine
     assert np.array_equal(Initializer(outside, euclidean, 2, 0).coords(np.random.default_rng(0)), outside.T)
