@@ -10,7 +10,9 @@ the same way, a step rule owns only how it evaluates and how it moves.  Per iter
    and ``stop(it, kl, coords)`` see (the last computed KL);
 3. ``FloatingPointError`` if that KL is not finite; the stall test (``stalled``) from ``run.stall_start``;
 4. ``run.advance(it)`` moves the coordinates through the geometry (``MOVED``), keeps them (``KEPT``: a failed
-   line search) or ends the run (``HALT``); after a move the loop re-centres them (``geometry.recentre``).
+   line search) or ends the run (``HALT``; ``CONVERGED``: at a stationary point); after a move the loop
+   re-centres them (``geometry.recentre``) unless the rule's objective is anchored (``recentres = False``:
+   new points placed into a fixed map).
 
 A fresh run first checks its start (``geometry.validate``: finite, inside the domain).
 After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
@@ -25,7 +27,7 @@ import numpy as np
 from ..geometry import geometry_of
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
-MOVED, KEPT, HALT = "moved", "kept", "halt"
+MOVED, KEPT, HALT, CONVERGED = "moved", "kept", "halt", "converged"
 
 
 class StepRun:
@@ -36,6 +38,7 @@ class StepRun:
     stall_start: int = 0
     window: int = 0
     tol: float = 0.0
+    recentres: bool = True  # False: the objective is not invariant under the geometry's re-centring
 
     def __init__(self, executor, state: OptimizerState):
         self.executor = executor
@@ -98,9 +101,10 @@ def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, c
             converged = True
             break
         outcome = run.advance(it)
-        if outcome == HALT:
+        if outcome in (HALT, CONVERGED):
+            converged = outcome == CONVERGED
             break
-        if outcome == MOVED:
+        if outcome == MOVED and run.recentres:
             s.coords = run.geometry.recentre(s.coords, run.space_dims)
     else:
         it = n_iter
