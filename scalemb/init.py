@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, ScalembError
+from .geometry import EUCLIDEAN, Geometry, geometry_of
 
 INIT_NAMES = ("random", "spectral", "pca")
 SCALE = 1e-4  # standard deviation of the first space coordinate (openTSNE's rescale); random space start
@@ -44,9 +45,11 @@ def check_init(init) -> None:
     raise ValueError(f"unknown init {init!r}; choose one of {', '.join(INIT_NAMES)} or a .npy file")
 
 
-def random_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
-    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (SNEST reference code)."""
-    space = rng.standard_normal((space_dims, n_points)) * SCALE
+def random_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator,
+                  geometry: Geometry = EUCLIDEAN) -> np.ndarray:
+    """Small random start, ``(ds + dt, N)``: space ``geometry.initial`` at scale 1e-4 (1e-4 N(0,1) in every
+    geometry: the ball's projection never acts at that scale), time 1e-5 N(0,1) (SNEST reference code)."""
+    space = geometry.initial(n_points, space_dims, rng, SCALE)
     time_ = rng.standard_normal((time_dims, n_points)) * TIME_SCALE
     return np.ascontiguousarray(np.concatenate([space, time_]))
 
@@ -140,7 +143,7 @@ class Initializer:
         """The deterministic ``(N, ds)`` or ``(N, ds + dt)`` part (``None`` for the random start)."""
         init, n = self.init, self.executor.n_points
         if isinstance(init, np.ndarray):
-            return checked_init(init, n, self.space_dims, self.time_dims)
+            return self._in_domain(checked_init(init, n, self.space_dims, self.time_dims), "init array")
         if str(init) == "random":
             return None
         if self._layout is None:
@@ -152,12 +155,22 @@ class Initializer:
                     raise ScalembError(f"pca init: {features.shape[0]} feature rows for {n} points")
                 self._layout = pca_layout(features, self.space_dims)
             else:
-                self._layout = read_init_file(init, n, self.space_dims, self.time_dims)
+                self._layout = self._in_domain(read_init_file(init, n, self.space_dims, self.time_dims), str(init))
         return self._layout
 
+    def _in_domain(self, layout: np.ndarray, name: str) -> np.ndarray:
+        """``layout`` (a given start, ``(N, ds [+ dt])``) if its space columns lie in the model's geometry
+        (``geometry.validate``: a Poincaré-ball point with ``|y| >= 1`` is a ``ValueError`` naming ``name``),
+        checked here so that a bad start fails before a checkpoint store is written."""
+        geometry_of(self.executor).validate(layout[:, :self.space_dims].T, name)
+        return layout
+
     def coords(self, rng: np.random.Generator) -> np.ndarray:
+        """The start of the restart drawing from ``rng``: random parts from the model's geometry
+        (``geometry.initial``), given parts checked against it by ``layout``."""
         n, ds, dt = self.executor.n_points, self.space_dims, self.time_dims
-        start = random_coords(n, ds, dt, rng)
+        geometry = geometry_of(self.executor)
+        start = random_coords(n, ds, dt, rng, geometry)
         layout = self.layout()
         if layout is None:
             return start

@@ -22,7 +22,9 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from ..optim.base import OptimizerState, stalled
 from ..optim.linesearch import armijo
+from ..optim.loop import CONVERGED, KEPT, MOVED, StepRun, run_loop
 
 UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
                    "of the circle (sphere) of 1.1 times the map's largest radius around its centre, time "
@@ -148,46 +150,75 @@ class PlacementOptimizer:
                 "exaggeration_iterations": self.exaggeration_iterations}
 
     def optimize(self, objective, X0: np.ndarray, space_dims: int, callback=None) -> PlacementRun:
+        """Place from ``X0`` (``(d, M)``); ``callback(it, kl)`` at the start of every iteration (the KL after
+        ``it`` steps).  The iterations are ``optim.loop.run_loop``'s (no re-centring: the old points are fixed);
+        converged: the stall test held (also after the last iteration) or no step along the direction lowered
+        the KL."""
         start = time.perf_counter()
         X = np.array(X0, dtype=np.float64, order="C")
         alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
         ev = objective.evaluate(X, alpha)
-        evaluations = 1
-        history = [ev.kl]
-        step = 1.0
-        converged = False
-        it = 0
-        for it in range(1, self.iterations + 1):
-            if alpha != 1.0 and it > self.exaggeration_iterations:
-                alpha, step = 1.0, 1.0
-                ev = objective.evaluate(X, alpha)
-                evaluations += 1
-            h = alpha * objective.curvature_diagonal(X)
-            scale = 1.0 / (h + self.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
-            direction = -ev.gradient * scale[None, :]
-            direction[space_dims:] *= self.time_ratio
-            result = armijo(lambda x: objective.evaluate(x, alpha), X, direction, ev, step, self.c, self.rho)
-            evaluations += result.trials
-            if not result.accepted and alpha != 1.0:  # the exaggerated phase is over early
-                alpha, step = 1.0, 1.0
-                ev = objective.evaluate(X, alpha)
-                evaluations += 1
-                history.append(ev.kl)
-                continue
-            if not result.accepted:
-                converged = True  # no descent along the scaled gradient: a stationary point to the tolerance
-                it -= 1
-                break
-            step = min(result.step * (self.growth if result.trials == 1 else 1.0), self.max_step)
-            X, ev = result.coords, result.evaluation
-            history.append(ev.kl)
-            if callback is not None:
-                callback(it, ev.kl)
-            if not np.isfinite(ev.kl):
-                raise FloatingPointError(f"KL became {ev.kl} at placement iteration {it}")
-            if it >= self.exaggeration_iterations + self.window and \
-                    history[-1 - self.window] - history[-1] < self.tol * self.window * abs(history[-1]):
-                converged = True
-                break
-        return PlacementRun(X, float(ev.kl), np.asarray(history), it, converged, time.perf_counter() - start,
-                            evaluations, self.params())
+        state = PlacementState(iteration=0, coords=X, kl_history=np.zeros(0), seconds=np.zeros(0), evaluations=1,
+                               elapsed=0.0, alpha=alpha, step=1.0)
+        run = run_loop(_PlacementRun(self, objective, state, ev, space_dims), self.iterations, callback=callback)
+        converged = run.converged or (run.iterations == self.iterations and stalled(
+            run.kl_history, run.iterations, self.exaggeration_iterations, self.window, self.tol))
+        return PlacementRun(run.coords, run.kl, run.kl_history, run.iterations, converged,
+                            time.perf_counter() - start, run.evaluations, self.params())
+
+
+@dataclass
+class PlacementState(OptimizerState):
+    """Placement between iterations: the exaggeration in force and the next first trial step."""
+
+    alpha: float
+    step: float
+
+
+class _PlacementRun(StepRun):
+    """The preconditioned descent of the new points as a step rule of ``run_loop`` (module docstring).  The
+    direction ``-G_i / (h_i + mu)`` is Newton-like (a diagonal partial Hessian), so, as the spectral direction,
+    it takes the Euclidean gradient; trial points go through the geometry's ``retract``."""
+
+    recentres = False  # a translation of the new points alone moves them against the fixed map
+
+    def __init__(self, rule: PlacementOptimizer, objective, state: PlacementState, ev, space_dims: int):
+        super().__init__(objective, state)
+        self.space_dims = space_dims
+        self.rule, self.ev = rule, ev
+        self.stall_start, self.window, self.tol = rule.exaggeration_iterations, rule.window, rule.tol
+
+    def evaluate(self, coords, exaggeration, iteration, with_kl=True):
+        """The placement objective (the whole map's KL; it has no iteration-dependent terms)."""
+        return self.executor.evaluate(coords, exaggeration)
+
+    def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
+        r, s = self.rule, self.state
+        if s.alpha != 1.0 and it >= r.exaggeration_iterations:
+            s.alpha, s.step = 1.0, 1.0
+            self.ev = self.evaluate(s.coords, 1.0, it)
+            s.evaluations += 1
+        return self.ev.kl, self.ev.kl
+
+    def advance(self, it: int) -> str:
+        r, s, alpha = self.rule, self.state, self.state.alpha
+        h = alpha * self.executor.curvature_diagonal(s.coords)
+        scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
+        direction = -self.ev.gradient * scale[None, :]
+        direction[self.space_dims:] *= r.time_ratio
+        result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
+                        retract=self.geometry.retract)
+        s.evaluations += result.trials
+        if not result.accepted and alpha != 1.0:  # the exaggerated phase is over early
+            s.alpha, s.step = 1.0, 1.0
+            self.ev = self.evaluate(s.coords, 1.0, it + 1)
+            s.evaluations += 1
+            return KEPT
+        if not result.accepted:
+            return CONVERGED  # no descent along the scaled gradient: a stationary point to the tolerance
+        s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r.max_step)
+        s.coords, self.ev = result.coords, result.evaluation
+        return MOVED
+
+    def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
+        return self.ev.kl
