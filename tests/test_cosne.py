@@ -1,0 +1,181 @@
+"""CO-SNE: the hyperbolic kernels against a dense reference and central finite differences (also near the
+boundary of the ball), the norm loss, parameter validation."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scalemb.models.cosne import check_params, hyperboloid, make_kernels, norm_loss, poincare_distance
+
+GAMMA = 0.3
+
+
+def dense_distance(Y):
+    """Poincaré distances of the columns of ``Y`` (d, N), straight from the definition."""
+    n2 = np.sum(Y * Y, axis=0)
+    d2 = np.sum((Y[:, :, None] - Y[:, None, :]) ** 2, axis=0)
+    return np.arccosh(1 + 2 * d2 / np.outer(1 - n2, 1 - n2))
+
+
+def dense_weights(Y, gamma=GAMMA):
+    W = gamma ** 2 / (dense_distance(Y) ** 2 + gamma ** 2)
+    np.fill_diagonal(W, 0)
+    return W
+
+
+def random_affinity(n, rng):
+    P = sp.random(n, n, density=0.3, random_state=np.random.RandomState(int(rng.integers(1 << 30))))
+    P = P + P.T
+    P.setdiag(0)
+    P.eliminate_zeros()
+    return sp.csr_matrix(P / P.sum())
+
+
+def points(n, dims, rng, near_boundary):
+    """Random points in the ball; ``near_boundary``: a third of them at radius 0.97-0.995."""
+    Y = rng.normal(size=(dims, n))
+    Y *= rng.uniform(0.05, 0.8, size=n) / np.linalg.norm(Y, axis=0)
+    if near_boundary:
+        Y[:, ::3] *= rng.uniform(0.97, 0.995, size=Y[:, ::3].shape[1]) / np.linalg.norm(Y[:, ::3], axis=0)
+    return np.ascontiguousarray(Y)
+
+
+def run_kernels(P, Y, gamma=GAMMA):
+    """``(sum p log w, A, Z, R)`` from the kernels, the matrix in two row blocks (as the executors call it)."""
+    attraction, repulsion, _, _ = make_kernels(gamma)
+    n = Y.shape[1]
+    Yt = np.ascontiguousarray(Y.T)
+    A = np.zeros((n, Y.shape[0]))
+    R = np.zeros_like(Y)
+    plogw = z = 0.0
+    for r0, r1 in ((0, n // 3), (n // 3, n)):
+        lo, hi = P.indptr[r0], P.indptr[r1]
+        indptr = (P.indptr[r0:r1 + 1] - lo).astype(np.int64)
+        plogw += attraction(indptr, P.indices[lo:hi].astype(np.int64), P.data[lo:hi], r0, Yt, Y.shape[0],
+                            A[r0:r1], True)
+        z += repulsion(Y, Y.shape[0], r0, r1, R)
+    return plogw, A.T, z, R
+
+
+@pytest.mark.parametrize("dims,near_boundary", [(2, False), (2, True), (3, True)])
+def test_kernels_match_dense_reference_and_finite_differences(dims, near_boundary):
+    rng = np.random.default_rng(dims + 10 * near_boundary)
+    n = 13
+    P = random_affinity(n, rng)
+    Y = points(n, dims, rng, near_boundary)
+    plogw, A, z, R = run_kernels(P, Y)
+    W = dense_weights(Y)
+    Pd = P.toarray()
+    mask = Pd > 0
+    assert plogw == pytest.approx(np.sum(Pd[mask] * np.log(W[mask])), rel=1e-12)
+    assert z == pytest.approx(W.sum(), rel=1e-12)
+    # d(sum p log w)/dy_i = 2 A_i and dZ/dy_i = 2 R_i (ordered pairs, symmetric P and w)
+    h = 1e-6
+    num_a = np.zeros_like(Y)
+    num_r = np.zeros_like(Y)
+    for k in range(dims):
+        for i in range(n):
+            up, down = Y.copy(), Y.copy()
+            up[k, i] += h
+            down[k, i] -= h
+            pu, _, zu, _ = run_kernels(P, up)
+            pd, _, zd, _ = run_kernels(P, down)
+            num_a[k, i] = (pu - pd) / (2 * h)
+            num_r[k, i] = (zu - zd) / (2 * h)
+    assert np.abs(num_a - 2 * A).max() <= 1e-6 * np.abs(A).max()
+    assert np.abs(num_r - 2 * R).max() <= 1e-6 * np.abs(R).max()
+    # the KL gradient 2 (R/Z - A) against differences of the dense KL
+    kl = lambda Y: float(np.sum(Pd[mask] * np.log(Pd[mask] * W_of(Y).sum() / W_of(Y)[mask])))  # noqa: E731
+    W_of = dense_weights
+    grad = 2 * (R / z - A)
+    num = np.zeros_like(Y)
+    for k in range(dims):
+        for i in range(n):
+            up, down = Y.copy(), Y.copy()
+            up[k, i] += h
+            down[k, i] -= h
+            num[k, i] = (kl(up) - kl(down)) / (2 * h)
+    assert np.abs(num - grad).max() <= 1e-6 * np.abs(grad).max()
+
+
+def test_close_pairs_and_series_branch():
+    """Points closer than the series threshold: finite, and forces continuous across the threshold."""
+    attraction, repulsion, curvature, _ = make_kernels(GAMMA)
+    base = np.array([0.3, -0.2])
+    for gap in (0.0, 1e-9, 3e-4, 1e-3):  # delta = 2 gap^2 / (alpha^2) around 1e-5 for gap ~ 2e-3
+        Y = np.ascontiguousarray(np.stack([base, base + [gap, 0.0], [-0.5, 0.4]], axis=1))
+        R = np.zeros_like(Y)
+        z = repulsion(Y, 2, 0, 3, R)
+        assert np.isfinite(z) and np.isfinite(R).all()
+        assert z == pytest.approx(dense_weights(Y).sum() if gap > 0 else 2 * (1 + dense_weights(Y)[0, 2]
+                                                                              + dense_weights(Y)[1, 2]), rel=1e-12)
+    # d(w)/d(gap) is continuous at the switch delta = SERIES_BELOW
+    alpha = 1 - base @ base
+    switch = np.sqrt(1e-5 / 2) * alpha
+    forces = []
+    for gap in (switch * (1 - 1e-7), switch * (1 + 1e-7)):
+        Y = np.ascontiguousarray(np.stack([base, base + [gap, 0.0]], axis=1))
+        R = np.zeros_like(Y)
+        repulsion(Y, 2, 0, 2, R)
+        forces.append(R[0, 0])
+    assert forces[0] == pytest.approx(forces[1], rel=1e-6)
+
+
+def test_cross_repulsion_and_curvature_agree_with_the_pair_kernels():
+    rng = np.random.default_rng(5)
+    n = 11
+    Y = points(n, 2, rng, True)
+    _, repulsion, curvature, cross = make_kernels(GAMMA)
+    R = np.zeros_like(Y)
+    z = repulsion(Y, 2, 0, n, R)
+    Rc = np.zeros_like(Y)
+    zc = cross(Y, 0, n, Y, 2, True, Rc)
+    assert zc == pytest.approx(z, rel=1e-12)
+    assert np.allclose(Rc, R, rtol=1e-10, atol=1e-14)
+    # curvature: c_ij = -2 a_ij p_ij with a the coefficient of (y_i - y_j) in d log w_ij / d y_i
+    P = random_affinity(n, rng)
+    out = np.zeros(P.nnz)
+    curvature(P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data, 0, np.ascontiguousarray(Y.T), 2, out)
+    D = dense_distance(Y)
+    n2 = np.sum(Y * Y, axis=0)
+    rows = np.repeat(np.arange(n), np.diff(P.indptr))
+    d = D[rows, P.indices]
+    a = -8 * (np.arccosh(1 + 2 * np.sum((Y[:, rows] - Y[:, P.indices]) ** 2, 0) / ((1 - n2[rows]) * (1 - n2[P.indices])))
+              / np.sqrt(np.cosh(d) ** 2 - 1)) / (d ** 2 + GAMMA ** 2) / ((1 - n2[rows]) * (1 - n2[P.indices]))
+    assert np.allclose(out, -2 * a * P.data, rtol=1e-10)
+
+
+def test_norm_loss_gradient():
+    rng = np.random.default_rng(7)
+    Y = points(9, 2, rng, True)
+    radii = rng.uniform(0, 0.99, 9)
+    value, grad = norm_loss(Y, radii)
+    assert value == pytest.approx(np.mean((radii ** 2 - np.sum(Y * Y, 0)) ** 2))
+    h = 1e-6
+    num = np.zeros_like(Y)
+    for k in range(2):
+        for i in range(9):
+            up, down = Y.copy(), Y.copy()
+            up[k, i] += h
+            down[k, i] -= h
+            num[k, i] = (norm_loss(up, radii)[0] - norm_loss(down, radii)[0]) / (2 * h)
+    assert np.abs(num - grad).max() <= 1e-7 * np.abs(grad).max()
+
+
+def test_distance_helpers():
+    rng = np.random.default_rng(3)
+    Y = points(6, 3, rng, True)
+    D = dense_distance(Y)
+    assert poincare_distance(Y[:, 0], Y[:, 4]) == pytest.approx(D[0, 4], rel=1e-12)
+    X = hyperboloid(Y.T)
+    d2s = np.sum((X[:, None, :-1] - X[None, :, :-1]) ** 2, -1)
+    d2t = (X[:, None, -1] - X[None, :, -1]) ** 2
+    assert np.allclose(d2s - d2t, 2 * (np.cosh(D) - 1), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"gamma": 0.0}, "gamma"), ({"gamma": -1.0}, "gamma"),
+                                          ({"lambda1": 0.0}, "lambda1"), ({"lambda2": -0.1}, "lambda2"),
+                                          ({"gamma": float("nan")}, "gamma"), ({"warmup": -1}, "warmup")])
+def test_bad_parameters(kwargs, match):
+    params = {"gamma": 0.1, "lambda1": 10.0, "lambda2": 0.01, "warmup": 500, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        check_params(**params)
