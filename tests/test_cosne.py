@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scalemb.models.cosne import check_params, hyperboloid, make_kernels, norm_loss, poincare_distance
+from scalemb.affinity.hyperbolic import poincare_distance
+from scalemb.models.cosne import check_params, hyperboloid, make_kernels, norm_loss
 
 GAMMA = 0.3
 
@@ -178,3 +179,57 @@ def test_bad_parameters(kwargs, match):
     params = {"gamma": 0.1, "lambda1": 10.0, "lambda2": 0.01, "warmup": 500, **kwargs}
     with pytest.raises(ValueError, match=match):
         check_params(**params)
+
+
+def test_hyperbolic_affinity_and_radii(tmp_path):
+    from scalemb.affinity import Affinity, AffinityStore, write_affinity_store
+    from scalemb.affinity.hyperbolic import hyperbolic_affinity, poincare_distances, wrapped_normal_clusters
+
+    X, labels = wrapped_normal_clusters(seed=1)
+    assert X.shape == (100, 5) and np.bincount(labels).tolist() == [20] * 5
+    assert np.linalg.norm(X, axis=1).max() < 1
+    assert np.array_equal(X, wrapped_normal_clusters(seed=1)[0])
+    A = hyperbolic_affinity(X, perplexity=5, n_neighbors=15)
+    P = A.P.toarray()
+    assert np.allclose(P, P.T) and P.sum() == pytest.approx(1.0)
+    assert np.allclose(A.radii, np.linalg.norm(X, axis=1))
+    # the stored neighbours are the 15 nearest in the Poincaré distance (not in the Euclidean one)
+    D = poincare_distances(X, X)
+    np.fill_diagonal(D, np.inf)
+    nearest = np.argsort(D, axis=1)[:, :15]
+    rows_of_p = (P > 0)
+    assert all(rows_of_p[i, nearest[i]].all() for i in range(100))
+    # the two clusters far out (means at 0.9) are well separated: their strongest affinity is within the cluster
+    far = labels >= 3
+    assert np.mean(labels[np.argmax(P, axis=1)][far] == labels[far]) > 0.9
+    # radii survive the store and a permutation; bad radii are refused
+    path = write_affinity_store(tmp_path / "p.zarr", A)
+    assert np.array_equal(AffinityStore(path).radii, A.radii)
+    assert np.array_equal(AffinityStore(path).to_affinity().radii, A.radii)
+    order = np.arange(100)[::-1]
+    assert np.array_equal(A.permuted(order).radii, A.radii[order])
+    for bad in (np.full(100, 1.0), np.full(99, 0.5), np.r_[np.full(99, 0.5), np.nan]):
+        with pytest.raises(ValueError, match="radii"):
+            Affinity(A.P, A.node_ids, radii=bad)
+
+
+@pytest.mark.parametrize("value,match", [(1.0, "norm 1"), (1.5, "norm 1.5"), (np.nan, "non-finite")])
+def test_points_outside_the_ball_are_refused(value, match):
+    from scalemb.affinity.hyperbolic import hyperbolic_affinity
+
+    X = np.random.default_rng(0).uniform(-0.3, 0.3, size=(20, 3))
+    X[7] = [value, 0, 0]
+    with pytest.raises(ValueError, match=match):
+        hyperbolic_affinity(X, perplexity=3)
+
+
+def test_degree_radii_put_hubs_inside():
+    from scalemb.affinity.hyperbolic import degree_radii
+
+    star = sp.lil_matrix((6, 6))
+    for j in range(1, 6):
+        star[0, j] = star[j, 0] = 1
+    star[1, 2] = star[2, 1] = 1
+    r = degree_radii(sp.csr_matrix(star))
+    assert r[0] == 0 and r[1] == r[2] < r[3] == r[4] == r[5] < 1
+    assert r[3] == pytest.approx(np.tanh(0.5 * np.log(5)))

@@ -57,20 +57,6 @@ def pair_terms(d2, ia_i, ia_j, inv_g2):
     return -fast_log(1.0 + u), w, -8.0 * h * w * inv_g2 * ia_i * ia_j
 
 
-@njit(inline="always")
-def poincare_distance(y, z):
-    """``d_B(y, z) = arcosh(1 + 2|y - z|²/((1 - |y|²)(1 - |z|²)))`` for two points (1-D arrays)."""
-    d2 = 0.0
-    ny = 0.0
-    nz = 0.0
-    for k in range(y.shape[0]):
-        d2 += (y[k] - z[k]) ** 2
-        ny += y[k] * y[k]
-        nz += z[k] * z[k]
-    delta = 2.0 * d2 / ((1.0 - ny) * (1.0 - nz))
-    return math.log1p(delta + math.sqrt(delta * (delta + 2.0)))
-
-
 def hyperboloid(Y) -> np.ndarray:
     """Rows of ``Y`` (N x d, inside the unit ball) lifted to the hyperboloid, ``(2y, 1 + |y|²)/(1 - |y|²)``
     (N x (d+1), the last column the "time" coordinate x0).  There ``|Δx|² - Δx0² = 2 (cosh d_B - 1)``."""
