@@ -233,3 +233,21 @@ def test_degree_radii_put_hubs_inside():
     r = degree_radii(sp.csr_matrix(star))
     assert r[0] == 0 and r[1] == r[2] < r[3] == r[4] == r[5] < 1
     assert r[3] == pytest.approx(np.tanh(0.5 * np.log(5)))
+
+
+def test_points_at_the_projection_radius_give_finite_values():
+    """After a huge step the geometry projects points onto |y| = 1 - eps: the kernels stay finite there, also for
+    two points projected onto the same spot and for antipodal ones."""
+    from scalemb.geometry import POINCARE
+
+    rng = np.random.default_rng(4)
+    Y = points(12, 2, rng, False)
+    step = np.zeros_like(Y)
+    step[:, :4] = [[1e6, 1e6, -1e300, np.inf], [0.0, 1e-3, 0.0, 0.0]]
+    Y = POINCARE.retract(Y, step)
+    assert np.linalg.norm(Y, axis=0).max() <= POINCARE.radius
+    P = random_affinity(12, rng)
+    plogw, A, z, R = run_kernels(P, np.ascontiguousarray(Y))
+    assert np.isfinite([plogw, z]).all() and np.isfinite(A).all() and np.isfinite(R).all()
+    grad = POINCARE.riemannian_gradient(Y, 2 * (R / z - A))
+    assert np.isfinite(grad).all()

@@ -35,6 +35,7 @@ import math
 import numpy as np
 from numba import njit
 
+from ..geometry import POINCARE
 from .base import Model
 from .vecmath import fast_log
 
@@ -283,8 +284,6 @@ def make_model(gamma: float = DEFAULTS["gamma"], lambda1: float = DEFAULTS["lamb
                lambda2: float = DEFAULTS["lambda2"], warmup: int = DEFAULTS["warmup"]) -> Model:
     """CO-SNE with output scale ``gamma``, weights ``lambda1`` (KL) and ``lambda2`` (norm loss H) and the
     iteration ``warmup`` after which H is added (module docstring)."""
-    from ..geometry import POINCARE  # TEMP until the geometry package is merged
-
     params = check_params(gamma, lambda1, lambda2, warmup)
     return Model("cosne", f"CO-SNE, Poincaré ball, hyperbolic Cauchy kernel (gamma={params['gamma']:g})", False,
                  *make_kernels(params["gamma"]), similarity=similarity, geometry=POINCARE,
