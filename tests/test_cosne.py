@@ -224,15 +224,20 @@ def test_points_outside_the_ball_are_refused(value, match):
 
 
 def test_degree_radii_put_hubs_inside():
-    from scalemb.affinity.hyperbolic import degree_radii
+    from scalemb.affinity import Affinity
+    from scalemb.affinity.hyperbolic import degree_radii, target_radii
 
     star = sp.lil_matrix((6, 6))
     for j in range(1, 6):
         star[0, j] = star[j, 0] = 1
     star[1, 2] = star[2, 1] = 1
-    r = degree_radii(sp.csr_matrix(star))
+    A = Affinity(sp.csr_matrix(star), np.arange(6))
+    r = target_radii(A)
     assert r[0] == 0 and r[1] == r[2] < r[3] == r[4] == r[5] < 1
     assert r[3] == pytest.approx(np.tanh(0.5 * np.log(5)))
+    assert np.array_equal(degree_radii([5, 2, 2, 1, 1, 1]), r)
+    A.radii = np.full(6, 0.5)  # stored radii (input norms) take precedence
+    assert np.array_equal(target_radii(A), A.radii)
 
 
 def test_points_at_the_projection_radius_give_finite_values():

@@ -110,17 +110,23 @@ def hyperbolic_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = N
     return affinity
 
 
-def degree_radii(P, scale: float = DEGREE_RADIUS_SCALE) -> np.ndarray:
-    """Target radii from the degrees of graph ``P`` (sparse, or an ``Affinity``): ``tanh(c log(k_max/k))``,
-    hubs at the centre (module docstring); isolated nodes (degree 0) get the radius of degree 1."""
-    P = getattr(P, "P", P)
-    if scale <= 0:
+def degree_radii(degree, scale: float = DEGREE_RADIUS_SCALE) -> np.ndarray:
+    """Target radii ``tanh(c log(k_max/k))`` from node degrees (hubs at the centre, module docstring); degree 0
+    (an isolated node) counts as 1."""
+    if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
-    G = sp.csr_matrix(P)
-    G.setdiag(0)
-    G.eliminate_zeros()
-    degree = np.maximum(np.diff(G.indptr), 1).astype(np.float64)
+    degree = np.maximum(np.asarray(degree, dtype=np.float64), 1.0)
     return np.tanh(scale * np.log(degree.max() / degree))
+
+
+def target_radii(affinity) -> np.ndarray:
+    """CO-SNE's target radii for ``affinity`` (an ``Affinity`` or ``AffinityStore``): its stored ``radii`` (the
+    input points' norms), else ``degree_radii`` of the non-zeros per row of P (P has a zero diagonal)."""
+    radii = getattr(affinity, "radii", None)
+    if radii is not None:
+        return radii
+    indptr = affinity.P.indptr if hasattr(affinity, "P") else affinity.indptr
+    return degree_radii(np.diff(indptr))
 
 
 def mobius_add(x: np.ndarray, y: np.ndarray) -> np.ndarray:

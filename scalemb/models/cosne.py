@@ -35,6 +35,7 @@ import math
 import numpy as np
 from numba import njit
 
+from ..affinity.hyperbolic import target_radii
 from ..geometry import POINCARE
 from .base import Model
 from .vecmath import fast_log
@@ -266,15 +267,14 @@ def check_params(gamma, lambda1, lambda2, warmup) -> dict:
 
 def make_point_term(lambda1: float, lambda2: float, warmup: int):
     """The model's ``point_term(coords, iteration, affinity)``: ``(λ2/λ1) H`` and its gradient once
-    ``iteration >= warmup`` or at the final evaluation (``iteration`` None); zero before, and zero when the
-    affinity has no target ``radii`` or ``λ2 = 0``."""
+    ``iteration >= warmup`` or at the final evaluation (``iteration`` None), zero before.  The targets are
+    ``hyperbolic.target_radii(affinity)``: the input norms, or for a graph radii from the degree."""
     weight = lambda2 / lambda1
 
     def point_term(coords, iteration, affinity):
-        radii = getattr(affinity, "radii", None)
-        if radii is None or weight == 0.0 or (iteration is not None and iteration < warmup):
+        if weight == 0.0 or (iteration is not None and iteration < warmup):
             return 0.0, np.zeros_like(coords)
-        value, grad = norm_loss(coords, radii)
+        value, grad = norm_loss(coords, target_radii(affinity))
         return weight * value, weight * grad
 
     return point_term
