@@ -22,10 +22,10 @@ from .init import Initializer, check_init
 from .io.edgelist import read_edge_list
 from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
 from .io.results import read_result, write_result
-from .models import get_model
+from .models import DEFAULT_MODEL, get_model
 from .optim import make_optimizer
 from .progress import Progress
-from .repulsion import REPULSION_METHODS, FFTParams, check_supported
+from .repulsion import REPULSION_METHODS, FFTParams
 
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
 
@@ -98,9 +98,10 @@ def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.rando
 class Embedder:
     """SNE-family embedding estimator.
 
-    Parameters: ``model`` ('sne', 'tsne', 'snest'), ``space_dims``, ``time_dims`` (default 1 for snest, else
+    Parameters: ``model`` (a name of ``scalemb.models.MODEL_NAMES``, e.g. 'sne', 'tsne', 'snest', or a ``Model``,
+    e.g. ``get_model(name, **params)``), ``space_dims``, ``time_dims`` (default 1 for a model with time, else
     0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
-    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is sd for t-SNE/SNEST, dbd for SNE),
+    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is the model's ``default_optimizer``),
     ``n_threads``, ``quiet``,
     ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
     ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
@@ -119,7 +120,7 @@ class Embedder:
     on_iteration = None
     stop = None  # optional f(restart, iteration, kl, coords) -> bool: True ends that restart's run there
 
-    def __init__(self, model: str = "snest", space_dims: int = 2, time_dims: int | None = None,
+    def __init__(self, model=DEFAULT_MODEL, space_dims: int = 2, time_dims: int | None = None,
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
                  fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None,
@@ -140,8 +141,8 @@ class Embedder:
         self.init = init
 
     def _check(self):
-        model = get_model(self.model)
-        time_dims = self.time_dims if self.time_dims is not None else (1 if model.has_time else 0)
+        model = get_model(self.model) if isinstance(self.model, str) else self.model
+        time_dims = self.time_dims if self.time_dims is not None else model.default_time_dims()
         model.check_dims(self.space_dims, time_dims)
         if int(self.iterations) < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
@@ -152,7 +153,7 @@ class Embedder:
         if self.repulsion not in REPULSION_METHODS:
             raise ValueError(f"unknown repulsion {self.repulsion!r}; choose one of {', '.join(REPULSION_METHODS)}")
         if self.repulsion == "fft":
-            check_supported(model.name, self.space_dims, time_dims)
+            model.check_fft(self.space_dims, time_dims)
         check_init(self.init)
         return model, time_dims
 
@@ -187,7 +188,7 @@ class Embedder:
         model, time_dims = self._check()
         if graph_affinity not in GRAPH_AFFINITIES:
             raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
-        optimizer = (make_optimizer(self.optimizer, model.name) if isinstance(self.optimizer, str)
+        optimizer = (make_optimizer(self.optimizer, model) if isinstance(self.optimizer, str)
                      else self.optimizer)
         if checkpoint is not None and isinstance(self.init, np.ndarray):
             raise ValueError("a checkpointed run records its init: pass the init array as a .npy path")

@@ -35,6 +35,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
+from .models import DEFAULT_MODEL
 from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
 
 OBSM_KEY = "X_scalemb"
@@ -98,7 +99,7 @@ class Embedder(TransformerMixin, BaseEstimator):
     ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
     """
 
-    _model_default = "snest"
+    _model_default = DEFAULT_MODEL
 
     def __init__(self, **params):  # the signature is generated from scalemb.params (see below)
         unknown = sorted(set(params) - set(PARAM_NAMES))
@@ -319,7 +320,7 @@ def _generated_init(cls, model: str):
     return cls
 
 
-_generated_init(Embedder, "snest")
+_generated_init(Embedder, DEFAULT_MODEL)
 
 
 @lambda cls: _generated_init(cls, "sne")

@@ -6,6 +6,8 @@ service field that set it (``None``: not offered there, e.g. Python objects such
 """
 from dataclasses import dataclass
 
+from .models import DEFAULT_MODEL, ModelChoices
+
 
 @dataclass(frozen=True)
 class Param:
@@ -17,14 +19,16 @@ class Param:
     service: str | None = None  # the service's job field
 
 
-MODELS = ("sne", "tsne", "snest")
+MODELS = ModelChoices()  # scalemb.models' model modules and the registered models, read at each use
 AFFINITY_KINDS = ("auto", "graph", "knn", "precomputed")
 GRAPH_AFFINITIES = ("coauthorship", "normalized")
 
 PARAMS = (
-    Param("model", "snest", "objective: SNE, t-SNE or space-time SNE", MODELS, "--model", "model"),
+    Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE)", MODELS,
+          "--model", "model"),
     Param("space_dims", 2, "space dimensions", None, "--space", "space"),
-    Param("time_dims", None, "time dimensions (default 1 for snest, else 0)", None, "--time", "time"),
+    Param("time_dims", None, "time dimensions (default 1 for a model with time, e.g. snest, else 0)", None,
+          "--time", "time"),
     Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
           "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS),
     Param("graph_affinity", "coauthorship", "graph affinity: co-authorship normalisation or C / sum C",

@@ -11,7 +11,7 @@ from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
-from ..models import MODEL_NAMES
+from ..models import DEFAULT_MODEL, model_names
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
@@ -79,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("input", nargs="?", default=None,
                      help="edge list path, affinity store (scalemb affinity ...), or a built-in dataset name "
                           f"({', '.join(DATASETS)}); default grqc")
-    emb.add_argument("--model", choices=MODEL_NAMES + EIGENMAP_MODELS, default="snest")
+    # the models of scalemb.models (and registered ones), and the eigenmap methods (not KL models: cli.eigenmap)
+    emb.add_argument("--model", choices=model_names() + EIGENMAP_MODELS, default=DEFAULT_MODEL)
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
-                     help="time dimensions (default 1 for snest, 0 otherwise)")
+                     help="time dimensions (default 1 for a model with time, e.g. snest, 0 otherwise)")
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
     emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="auto",
                      help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
-                          "auto (default): sd for tsne/snest, dbd for sne")
+                          "auto (default): the model's default, e.g. sd for tsne/snest, dbd for sne")
     emb.add_argument("--solver", choices=SOLVERS, default=None,
                      help="sd: lu (sparse factorisation of the curvature), cg (matrix-free preconditioned "
                           "conjugate gradient) or auto (default: lu below 20000 points, cg with --preconditioner "

@@ -38,14 +38,13 @@ class Eigenmap:
             raise ValueError(f"n_components must be >= 1, got {self.n_components}")
         if self.method not in EIGENSOLVERS:
             raise ValueError(f"unknown eigensolver {self.method!r}; choose one of {', '.join(EIGENSOLVERS)}")
-        # The executors need an SNE-family model for their KL evaluations, which an eigenmap never calls: it uses
-        # only their Laplacian products with the constant weights 4 P.  Any model serves; t-SNE's is taken.
-        host = Embedder(model="tsne", space_dims=1, time_dims=0, repulsion="exact", n_threads=self.n_threads,
+        # An eigenmap uses only the executors' row-block maps and Laplacian products with the constant weights
+        # 4 P, never a model's evaluation: its executor has no model (model=None).
+        host = Embedder(model=None, space_dims=1, time_dims=0, repulsion="exact", n_threads=self.n_threads,
                         scheduler=self.scheduler, workers=self.workers)
-        from ..models import get_model
 
         start = time.perf_counter()
-        with host._executor(data, graph_affinity, get_model("tsne"), 0) as (executor, node_ids, provenance):
+        with host._executor(data, graph_affinity, None, 0) as (executor, node_ids, provenance):
             solution = laplacian_eigenmap(executor, int(self.n_components), method=self.method, seed=self.seed,
                                           tol=self.tol, quiet=self.quiet)
         wall = time.perf_counter() - start

@@ -72,21 +72,19 @@ class _RowSpace:
     """Maps a row-block function over an executor's blocks, in the row order its blocks hold.
 
     Dask partitions hold P's rows in the input order; a ``LocalExecutor`` may hold them renumbered (locality
-    order), so vectors are moved into its order before a pass and back after."""
+    order), so vectors are moved into the executor's order before a pass and back after
+    (``engine.base.Executor._to_internal`` / ``_to_input``)."""
 
     def __init__(self, executor):
         self.executor = executor
-        self.local = not hasattr(executor, "map_blocks")
 
     def to_rows(self, x):
-        return self.executor._to_internal(x[None, :])[0] if self.local else x
+        return self.executor._to_internal(x[None, :])[0].astype(x.dtype, copy=False)
 
     def to_input(self, x):
-        return self.executor._to_input(x[None, :])[0] if self.local else x
+        return self.executor._to_input(x[None, :])[0]
 
     def map(self, fn, x):
-        if self.local:
-            return np.concatenate(self.executor._map(lambda b: fn(b, x)))
         return np.concatenate(self.executor.map_blocks(fn, x))
 
 

@@ -1,10 +1,9 @@
 """The unit of work: one row block of P and the full embedding in, partial sums out.
 
 ``evaluate_block`` is the only per-iteration function that touches P; every executor (threads here, Dask
-workers later) calls it on its blocks and ``reduce_blocks`` combines the partials into KL and gradient:
-
-``KL = sum p log p - sum_blocks plogw + log Z``, ``grad = 2 (-alpha A + R / Z)`` with ``alpha`` the early
-exaggeration (see ``scalemb.models.kernels`` for A, R, Z).
+workers later) calls it on its blocks and ``reduce_blocks`` sums the partials and reduces them by the model's
+``Objective``; for KL: ``KL = sum p log p - sum_blocks plogw + log Z``, ``grad = 2 (-alpha A + R / Z)`` with
+``alpha`` the early exaggeration (see ``scalemb.models.kernels`` for A, R, Z).
 
 With the FFT-interpolated repulsion (``scalemb.repulsion``) a block's repulsion is its own rows of R, from
 potentials on a grid shared by all blocks: ``evaluate_block_fft``.
@@ -15,6 +14,7 @@ import numpy as np
 
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
+from ..models.objective import KL, Objective
 from ..repulsion.fft import Grid, NearCells, interpolate
 from .laplacian import laplacian_rows
 
@@ -38,10 +38,12 @@ class BlockResult:
 
 @dataclass
 class Evaluation:
-    """KL, the optimised objective and its gradient at one embedding (``gradient`` is ``(d, N)``).
+    """The model's objective value, the optimised objective and its gradient at one embedding (``gradient`` is
+    ``(d, N)``).
 
-    ``objective = sum p log p - alpha sum p log w + log Z`` is what the gradient differentiates; it equals
-    ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
+    ``kl`` is the model's objective without exaggeration (KL(P||Q) for KL models; the name is kept);
+    ``objective`` (for KL ``sum p log p - alpha sum p log w + log Z``) is what the gradient differentiates; it
+    equals ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
     them (``evaluate(..., with_kl=False)``).
     """
 
@@ -84,10 +86,11 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
 
 
 def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0,
-                  z_outside_blocks: float = 0.0, with_kl: bool = True) -> Evaluation:
-    """Sum block partials into the exact KL(P||Q) and its gradient (exaggerated attraction if ``exaggeration`` > 1);
-    ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's, for t-SNE).  Without
-    ``with_kl`` (blocks evaluated without it) KL and objective are NaN: not computed."""
+                  z_outside_blocks: float = 0.0, with_kl: bool = True, objective: Objective = KL()) -> Evaluation:
+    """Sum block partials (in block order) and reduce them by the model's ``objective``
+    (``scalemb.models.objective``: for ``KL``, the exact KL(P||Q) and its gradient, exaggerated attraction if
+    ``exaggeration`` > 1); ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's,
+    for t-SNE).  Without ``with_kl`` (blocks evaluated without it) value and objective are NaN: not computed."""
     attraction = np.zeros(coords_shape)
     repulsion = np.zeros(coords_shape)
     z = z_outside_blocks
@@ -100,11 +103,8 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
             repulsion += res.repulsion
         z += res.z
         plogw += res.plogw
-    with np.errstate(divide="ignore", invalid="ignore"):  # z = 0 or inf: KL is not finite, callers check
-        kl = entropy_term - plogw + np.log(z) if with_kl else np.nan
-        objective = entropy_term - exaggeration * plogw + np.log(z) if with_kl else np.nan
-        gradient = 2.0 * (repulsion / z - exaggeration * attraction)
-    return Evaluation(float(kl), float(objective), gradient, float(z))
+    value, total, gradient = objective.reduce(plogw, attraction, repulsion, z, entropy_term, exaggeration, with_kl)
+    return Evaluation(float(value), float(total), gradient, float(z))
 
 
 def curvature_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,

@@ -34,12 +34,8 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
-from ..models import get_model
 from ..repulsion.fft import FFTParams
-from ..repulsion.method import AutoRepulsion, resolve_repulsion_settings
-from .blocks import Evaluation, curvature_block, evaluate_block, laplacian_block, reduce_blocks
-from .fft_pass import CappedGridWarning, evaluate_fft
-from .laplacian import row_sums
+from .base import Executor
 
 logger = logging.getLogger("scalemb")
 
@@ -62,19 +58,6 @@ def load_partition(store_path: str, r0: int, r1: int) -> RowBlock:
 
 def entropy_partition(block: RowBlock) -> float:
     return block.entropy_term()
-
-
-def evaluate_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int, with_kl: bool):
-    return evaluate_block(get_model(model_name), block, coords, space_dims, with_kl)
-
-
-def curvature_partition(block: RowBlock, coords: np.ndarray, model_name: str, space_dims: int,
-                        exaggeration: float, fixed: bool) -> np.ndarray:
-    return curvature_block(get_model(model_name), block, coords, space_dims, exaggeration, fixed)
-
-
-def diagonal_partition(block: RowBlock, weights: np.ndarray) -> np.ndarray:
-    return row_sums(block.indptr, weights)
 
 
 def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights):
@@ -146,35 +129,31 @@ class RemoteFactorization:
             return ex._run(attempt)
 
 
-class DaskExecutor:
-    """Evaluates KL(P||Q) and its gradient with P's row partitions resident on Dask workers.
+class DaskExecutor(Executor):
+    """Evaluates a model's objective and its gradient with P's row partitions resident on Dask workers.
 
     ``store``: an affinity store path (``scalemb affinity``); its partitions are the row blocks.  ``client``:
     a ``distributed.Client``.  ``repulsion``/``fft_params`` and the coordinate layout and every method are
-    those of ``LocalExecutor``; with ``fft`` the charge grids are map-reduced (one partial grid per partition,
-    summed on the client, one FFT there, potentials sent once to each worker).
+    those of ``LocalExecutor`` (``scalemb.engine.base.Executor``); with ``fft`` the charge grids are map-reduced
+    (one partial grid per partition, summed on the client, one FFT there, potentials sent once to each worker).
+    The workers get the model as a ``ModelRef`` (``Model.ref()``: name, parameters, and where a registered model
+    was defined) and rebuild it once per process.
     """
 
     def __init__(self, store, model, space_dims: int, time_dims: int, client, retries: int = 3,
                  repulsion: str = "exact", fft_params: FFTParams | None = None):
-        model.check_dims(space_dims, time_dims)
+        if model is not None:
+            model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
         self.store.verify_hash()
-        self.repulsion, self.fft_params = resolve_repulsion_settings(repulsion, model.name, space_dims, time_dims,
-                                                                     self.store.n_points, fft_params)
-        self.auto_repulsion = (AutoRepulsion(model.name, space_dims, time_dims, self.fft_params)
-                               if self.repulsion == "auto" else None)
-        self.model = model
-        self.space_dims = space_dims
-        self.time_dims = time_dims
+        self._setup(model, space_dims, time_dims, self.store.n_points, repulsion, fft_params,
+                    None if model is None else model.ref())
         self.client = client
         self.retries = retries
         bounds = self.store.partitions
         self.partitions = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        self._weights = None
-        self._curvature_args = None
+        self.bounds = self.partitions
         self._scattered = {}
-        self._warn_capped = CappedGridWarning()
         self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "recoveries": 0}
         self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
@@ -263,8 +242,7 @@ class DaskExecutor:
                     raise
                 time.sleep(0.5)
         if self._curvature_args is not None:
-            self._weights = None
-            self._set_curvature_once(*self._curvature_args)
+            self._compute_curvature()
 
     # --- per-call helpers
 
@@ -277,11 +255,10 @@ class DaskExecutor:
         fallback = next(iter(by_worker.values()))
         return [by_worker.get(h, fallback) for h in self._holders]
 
-    def map_blocks(self, fn, *args) -> list:
-        """``[fn(block_k, *args) for every partition k]`` on the partitions' workers, in partition order.
-
-        Arguments holding more than 16 KB of arrays are sent once to each worker (the same object passed
-        again within one evaluation reuses its scatter); small ones travel with the tasks."""
+    def _ship(self, args) -> list:
+        """Per argument, its value for each partition: arguments holding more than 16 KB of arrays are sent once
+        to each worker (the same object passed again within one call reuses its scatter); small ones travel with
+        the tasks."""
         shipped = []
         for arg in args:
             if _nbytes(arg) > 1 << 14:
@@ -291,7 +268,36 @@ class DaskExecutor:
                 shipped.append(self._scattered[key][1])
             else:
                 shipped.append([arg] * len(self._blocks))
-        return self._per_partition(fn, self._blocks, *shipped)
+        return shipped
+
+    def map_blocks(self, fn, *args) -> list:
+        """``[fn(block_k, *args) for every partition k]`` on the partitions' workers, in partition order."""
+        return self._per_partition(fn, self._blocks, *self._ship(args))
+
+    def _keep(self, fn, *args) -> list:
+        """``fn(block_k, *args)`` for every partition k, left on the partition's worker: their futures (a failure
+        surfaces here, not in a later use)."""
+        shipped = self._ship(args)
+        futures = [self.client.submit(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
+                                      allow_other_workers=True, pure=False)
+                   for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
+        self.client.gather(futures)
+        return futures
+
+    def _map_kept(self, fn, kept, *args) -> list:
+        """``fn(block_k, kept_k, *args)`` next to partition k, gathered in partition order."""
+        return self._per_partition(fn, self._blocks, kept, *self._ship(args))
+
+    def _call(self, fn):
+        """``fn()`` under the fault handling (``_run``), with this call's scatters forgotten before and after."""
+        def attempt():
+            self._scattered = {}
+            try:
+                return fn()
+            finally:
+                self._scattered = {}
+
+        return self._run(attempt)
 
     def _per_partition(self, fn, *per_partition_args) -> list:
         """``fn(arg_k...)`` next to partition k for every k, gathered in partition order: one task per worker
@@ -311,65 +317,12 @@ class DaskExecutor:
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
         return results
 
-    # --- the executor interface
+    # --- the executor interface (evaluate, set_curvature, laplacian_matvec, curvature_diagonal: Executor)
 
-    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
-        """KL(P||Q) (NaN without ``with_kl``: not computed) and gradient at ``coords`` (``(ds + dt, N)``)."""
-        coords = np.ascontiguousarray(coords, dtype=np.float64)
-        choice = self.auto_repulsion.choose(coords) if self.auto_repulsion is not None else None
-
-        def attempt():
-            self._scattered = {}
-            try:
-                if self.repulsion == "fft" or (choice is not None and choice.method == "fft"):
-                    return evaluate_fft(self.map_blocks, self.model.name, self.space_dims, coords, self._entropy,
-                                        exaggeration, self.fft_params, fft_workers=-1, on_capped=self._warn_capped,
-                                        with_kl=with_kl, grid=None if choice is None else choice.grid,
-                                        cells=None if choice is None else choice.cells)
-                results = self.map_blocks(evaluate_partition, coords, self.model.name, self.space_dims, with_kl)
-                return reduce_blocks(results, coords.shape, self._entropy, exaggeration, with_kl=with_kl)
-            finally:
-                self._scattered = {}
-
-        return self._run(attempt)
-
-    def _set_curvature_once(self, coords, exaggeration, fixed):
-        y = self._scatter(coords)
-        self._weights = [self.client.submit(curvature_partition, b, yk, self.model.name, self.space_dims,
-                                            exaggeration, fixed, workers=[h] if h else None,
-                                            allow_other_workers=True, pure=False)
-                         for b, yk, h in zip(self._blocks, y, self._holders)]
-        self.client.gather(self._weights)  # surface a failure here, not in a later solve
-
-    def set_curvature(self, coords: np.ndarray, exaggeration: float = 1.0, fixed: bool = False) -> None:
-        """Compute the curvature weights C of every partition on its worker and keep them there."""
-        coords = np.ascontiguousarray(coords, dtype=np.float64)
-        self._curvature_args = (coords, exaggeration, fixed)
-        self._run(lambda: self._set_curvature_once(coords, exaggeration, fixed))
-
-    def _check_curvature(self):
-        if self._weights is None:
-            raise RuntimeError("call set_curvature() before using the curvature")
-
-    def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
-        """``L(C) V`` for V of shape ``(d, N)``, by partitions on their workers."""
-        self._check_curvature()
-        V = np.ascontiguousarray(V, dtype=np.float64)
-
-        def attempt():
-            v = self._scatter(V)
-            return self._per_partition(laplacian_block, self._blocks, self._weights, v)
-
-        out = np.empty_like(V)
-        for (r0, r1), rows in zip(self.partitions, self._run(attempt)):
-            out[:, r0:r1] = rows
-        return out
-
-    def curvature_diagonal(self) -> np.ndarray:
-        """Diagonal of ``L(C)``."""
-        self._check_curvature()
-        return np.concatenate(self._run(lambda: self._per_partition(diagonal_partition, self._blocks,
-                                                                     self._weights)))
+    @property
+    def _point_affinity(self):
+        """The affinity store (the points in its order, which is the blocks'), for a model's ``point_term``."""
+        return self.store
 
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu") -> RemoteFactorization:
         """The sparse factorisation (``kind='lu'``) or multigrid preconditioner (``'amg'``) of ``L(C) + mu I``,
@@ -383,11 +336,6 @@ class DaskExecutor:
                 f.release()
         self._blocks, self._weights = [], None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _nbytes(value) -> int:

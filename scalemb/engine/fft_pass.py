@@ -11,9 +11,9 @@ import logging
 
 import numpy as np
 
-from ..models import get_model
+from ..models import ModelRef
 from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
-from .blocks import Evaluation, evaluate_block_fft, point_major, reduce_blocks
+from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
 
 logger = logging.getLogger("scalemb")
 
@@ -36,26 +36,29 @@ def charges_of_block(block, grid, coords):
     return spread(grid, coords, block.r0, block.r1)
 
 
-def evaluate_block_on_grid(block, model_name, coords, space_dims, grid, potentials, cells, with_kl, Yt=None):
-    return evaluate_block_fft(get_model(model_name), block, coords, space_dims, grid, potentials, cells, with_kl, Yt)
+def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, cells, with_kl, Yt=None):
+    """``evaluate_block_fft`` for a model passed as a ``Model`` or a ``ModelRef`` (on a Dask worker)."""
+    model = model.model() if isinstance(model, ModelRef) else model
+    return evaluate_block_fft(model, block, coords, space_dims, grid, potentials, cells, with_kl, Yt)
 
 
-def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarray, entropy: float,
+def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy: float,
                  exaggeration: float, params: FFTParams, fft_workers: int = 1, on_capped=None,
-                 with_kl: bool = True, share_point_major: bool = False, grid=None, cells=None) -> Evaluation:
-    """KL(P||Q) (NaN without ``with_kl``) and gradient at ``coords`` with the repulsion interpolated on a grid;
-    ``on_capped(grid, lo, hi)`` is called when the grid is capped (its near field is then summed directly).
-    A non-finite layout gives a NaN evaluation (the optimisers treat it as a blow-up).  ``share_point_major``:
-    the blocks share one ``point_major`` copy of the coordinates (blocks in this process).  ``grid`` and
-    ``cells``: that grid and near-field index if already built for ``coords`` (``AutoRepulsion``).  Block
-    partials (the charge grids, Z) are summed in block order, whatever ran them: the result depends on the blocks
-    only."""
+                 with_kl: bool = True, point_major_copy=None, grid=None, cells=None, block_model=None) -> Evaluation:
+    """The objective of ``model`` (a ``Model``; NaN without ``with_kl``) and its gradient at ``coords`` with the
+    repulsion interpolated on a grid (``model.fft``); ``on_capped(grid, lo, hi)`` is called when the grid is
+    capped (its near field is then summed directly).  A non-finite layout gives a NaN evaluation (the optimisers
+    treat it as a blow-up).  ``point_major_copy``: ``point_major(coords)`` shared by the blocks (blocks in this
+    process).  ``grid`` and ``cells``: that grid and near-field index if already built for ``coords``
+    (``AutoRepulsion``).  ``block_model``: what the block function gets as the model (a ``ModelRef`` for Dask
+    workers; default ``model``).  Block partials (the charge grids, Z) are summed in block order, whatever ran
+    them: the result depends on the blocks only."""
     lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
     if grid is None:
-        grid, cells = make_grid(model_name, space_dims, lo, hi, params, coords.shape[1]), None
+        grid, cells = make_grid(model, space_dims, lo, hi, params, coords.shape[1]), None
     if grid.capped and on_capped is not None:
         on_capped(grid, lo, hi)
     charges = None
@@ -67,7 +70,8 @@ def evaluate_fft(map_blocks, model_name: str, space_dims: int, coords: np.ndarra
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     if cells is None:
         cells = near_cells(grid, coords)
-    extra = (point_major(coords),) if share_point_major else ()
-    results = map_blocks(evaluate_block_on_grid, model_name, coords, space_dims, grid, potentials, cells, with_kl,
-                         *extra)
-    return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z, with_kl=with_kl)
+    extra = () if point_major_copy is None else (point_major_copy,)
+    results = map_blocks(evaluate_block_on_grid, model if block_model is None else block_model, coords, space_dims,
+                         grid, potentials, cells, with_kl, *extra)
+    return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z, with_kl=with_kl,
+                         objective=model.objective)

@@ -78,7 +78,7 @@ def _graph_pattern(graph, n_points: int) -> sp.csr_matrix:
     return graph
 
 
-def neighbourhood_preservation(graph, Y, model="tsne", space_dims=None, *, jaccard=False, sample=None, seed=0,
+def neighbourhood_preservation(graph, Y, model=None, space_dims=None, *, jaccard=False, sample=None, seed=0,
                                n_threads=None) -> Metric:
     """``NP@deg`` (or with ``jaccard`` its Jaccard variant) of embedding ``Y`` for ``graph`` (module docstring);
     ``model`` gives the embedding's similarity order (name or ``Model``)."""
@@ -109,7 +109,7 @@ def _graph_hits(graph, Y, model, space_dims, sample, seed, n_threads):
     return hits[keep].astype(np.float64), deg[keep].astype(np.float64), int((own > 0).sum())
 
 
-def node_preservation(graph, Y, model="tsne", space_dims=None, *, n_threads=None) -> np.ndarray:
+def node_preservation(graph, Y, model=None, space_dims=None, *, n_threads=None) -> np.ndarray:
     """Per node (all rows, exact): ``|G(i) ∩ E_deg(i)(i)| / deg(i)``, NaN for nodes without edges (for maps that
     colour nodes by how well their neighbourhood is kept)."""
     Y = _points(Y)
@@ -119,7 +119,7 @@ def node_preservation(graph, Y, model="tsne", space_dims=None, *, n_threads=None
         return np.where(deg > 0, hits / np.maximum(deg, 1), np.nan)
 
 
-def graph_metrics(graph, Y, model="tsne", space_dims=None, *, sample=None, seed=0, n_threads=None) -> dict:
+def graph_metrics(graph, Y, model=None, space_dims=None, *, sample=None, seed=0, n_threads=None) -> dict:
     """``{"np@deg": ..., "jaccard@deg": ...}`` from one pass over the rows."""
     hits, deg, population = _graph_hits(graph, Y, model, space_dims, sample, seed, n_threads)
     return {"np@deg": summarise("np@deg", hits / deg, population),

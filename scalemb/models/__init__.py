@@ -1,16 +1,18 @@
-"""Output-similarity models.  Add a model by writing one module with ``log_pair``/``pair`` and a ``MODEL``."""
-from importlib import import_module
-
+"""Output-similarity models.  A model is one module here exporting ``MODEL`` or ``make_model(**params)`` (see
+``base.Model`` for the contract and ``registry`` for how models are found); ``MODEL_NAMES`` is discovered."""
 from .base import Model
+from .objective import KL, Objective
+from .registry import ModelChoices, ModelRef, get_model, model_names, model_ref, register_model, unregister_model
 
-MODEL_NAMES = ("sne", "tsne", "snest")
-
-
-def get_model(name: str) -> Model:
-    """Return the model called ``name`` (one of ``MODEL_NAMES``)."""
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    return import_module(f"{__name__}.{name}").MODEL
+# The model an embedding uses when none is named (the estimator's, the CLI's and the service's default).
+DEFAULT_MODEL = "snest"
 
 
-__all__ = ["Model", "MODEL_NAMES", "get_model"]
+def __getattr__(name):
+    if name == "MODEL_NAMES":  # computed on access: the package's model modules and the registered models
+        return model_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DEFAULT_MODEL", "KL", "MODEL_NAMES", "Model", "ModelChoices", "ModelRef", "Objective", "get_model",
+           "model_names", "model_ref", "register_model", "unregister_model"]

@@ -1,11 +1,32 @@
-"""What a model is: a name, which (space, time) dimension pairs it accepts, and its compiled kernels."""
+"""What a model is: the contract every embedding model fulfils (issue 19).
+
+A model owns
+
+* its output kernel's row-block kernels ``attraction``, ``repulsion``, ``curvature``, ``cross_repulsion`` (the
+  signatures of ``scalemb.models.kernels.make_kernels``'s; a model may compile its own with the same
+  signatures, e.g. a kernel of a non-Euclidean distance),
+* ``objective``: how the blocks' partial sums reduce to its value and gradient (``scalemb.models.objective``),
+* ``geometry``: the space the coordinates live in (``scalemb.geometry``: initialisation, Riemannian gradient,
+  retraction, re-centring); None means Euclidean,
+* ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.fft.FFTSpec``), or None: exact repulsion only,
+* ``default_optimizer``: what optimizer ``'auto'`` means for it,
+* ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
+  ``point_term(coords, iteration, affinity) -> (value, gradient)`` with ``coords`` ``(d, N)`` and ``affinity``
+  in the executor's internal point order (see ``scalemb.engine.base.Executor.evaluate``),
+* ``params``: the constructor parameters a worker rebuilds it from: ``scalemb.models.get_model(name, **params)``.
+
+The engine, the optimisers, the CLI and the service never branch on a model's name: they read these fields.
+"""
 from dataclasses import dataclass, field
 from typing import Callable
+
+from .objective import KL, Objective
 
 
 @dataclass(frozen=True)
 class Model:
-    """An SNE-family output kernel ``w_ij = w(|s_i - s_j|^2, |t_i - t_j|^2)`` (see ``kernels``)."""
+    """An SNE-family output kernel ``w_ij = w(|s_i - s_j|^2, |t_i - t_j|^2)`` (see ``kernels``) and what the
+    engine needs to optimise it (module docstring)."""
 
     name: str
     description: str
@@ -17,6 +38,18 @@ class Model:
     # numba function (d2s, d2t) -> a strictly increasing function of the kernel w_ij: "more similar" in this
     # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
     similarity: Callable = field(default=None, repr=False)
+    objective: Objective = field(default=KL(), repr=False)
+    geometry: object = field(default=None, repr=False)
+    fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
+    default_optimizer: str = "sd"
+    point_term: Callable = field(default=None, repr=False)
+    params: dict = field(default_factory=dict, compare=False)
+
+    def ref(self):
+        """A small picklable handle a Dask worker rebuilds this model from (``scalemb.models.ModelRef``)."""
+        from .registry import model_ref
+
+        return model_ref(self)
 
     def check_dims(self, space_dims: int, time_dims: int) -> None:
         """Raise ValueError unless this model can embed in R^{space_dims, time_dims}."""
@@ -27,4 +60,14 @@ class Model:
         if self.has_time and time_dims < 1:
             raise ValueError(f"model {self.name!r} needs at least one time dimension (--time 1)")
         if not self.has_time and time_dims != 0:
-            raise ValueError(f"model {self.name!r} has no time dimensions; use --time 0 or --model snest")
+            raise ValueError(f"model {self.name!r} has no time dimensions; use --time 0 or a model with time")
+
+    def default_time_dims(self) -> int:
+        """Time dimensions when none are asked for: 1 for a model with time, else 0."""
+        return 1 if self.has_time else 0
+
+    def check_fft(self, space_dims: int, time_dims: int) -> None:
+        """Raise ValueError unless this model's FFT repulsion supports R^{space_dims, time_dims}."""
+        if self.fft is None:
+            raise ValueError(f"model {self.name!r} has no FFT repulsion: use repulsion='exact'")
+        self.fft.check(self.name, space_dims, time_dims)

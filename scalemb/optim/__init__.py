@@ -9,14 +9,18 @@ from .descent import DescentState, LineSearchDescent
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 
 
-def default_optimizer_name(model: str) -> str:
-    """What ``'auto'`` means: the spectral direction for t-SNE and SNEST (10-20x fewer iterations than
-    delta-bar-delta on GrQc), delta-bar-delta for SNE, whose momentum finds lower KL minima there
-    (GrQc R^2: 3.266 vs 3.277-3.333 with sd; benchmarks/results/optimizers.md)."""
-    return "dbd" if model == "sne" else "sd"
+def default_optimizer_name(model=None) -> str:
+    """What ``'auto'`` means for ``model`` (a name or ``Model``): its ``Model.default_optimizer`` (the models
+    record why, e.g. the spectral direction for t-SNE, delta-bar-delta for SNE); without a model the
+    ``Model`` default, the spectral direction."""
+    from ..models import Model, get_model
+
+    if model is None:
+        return Model.__dataclass_fields__["default_optimizer"].default
+    return (get_model(model) if isinstance(model, str) else model).default_optimizer
 
 
-def make_optimizer(name: str, model: str = "snest", **options):
+def make_optimizer(name: str, model=None, **options):
     """Build optimiser ``name`` (``'auto'`` resolved for ``model``) from ``options``; options that optimiser
     has no use for are ignored, ``None`` values keep its defaults."""
     if name == "auto":

@@ -77,6 +77,7 @@ import functools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -87,20 +88,6 @@ from numba import njit
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, interpolate_rows, near_rows,
                             spread_rows)
 
-MODELS = ("sne", "tsne", "snest")
-# Default (points per box p, space box width) per model and space dimension, i.e. p / width nodes per unit
-# length: measured on clustered (uncapped) and converged layouts to keep the relative errors of Z and of the
-# gradient a few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and
-# width 1, give ~1e-2 on the same layouts).  t-SNE R^2: 5 points in boxes of 0.7, ~7 nodes per unit
-# (worst relative force error 3.3e-4 over the layouts; 7.9e-4 with 6 points in unit boxes, 1.3e-3 with 4 in
-# boxes of 2/3): 25 weights per point against 36 with 6 points at the same accuracy.  t-SNE R^1: 5 in 0.6
-# (2.4e-4; 4 in 0.5: 5.8e-4), R^3: 4 in 0.5 (3.3e-4).  SNE: 4 in 0.25 (<= 3.2e-5).  SNEST R^{2,1}: 6 in
-# unit boxes (1.3e-4 here; 3.1e-4 on the tests' converged layouts before the force kernels); its time
-# weighting amplifies the space interpolation error in R^{1,1} (1.3e-3 with 6 points in unit boxes), hence
-# narrower boxes there; R^{3,1} keeps 4 points in boxes of 0.4 (64 nodes per box and time component, not 216).
-DEFAULT_INTERPOLATION = {("tsne", 1): (5, 0.6), ("tsne", 2): (5, 0.7), ("tsne", 3): (4, 0.5),
-                         ("sne", 1): (4, 0.25), ("sne", 2): (4, 0.25), ("sne", 3): (4, 0.25),
-                         ("snest", 1): (4, 0.4), ("snest", 2): (6, 1.0), ("snest", 3): (4, 0.4)}
 MAX_TIME_POINTS = 64
 # Charge grids larger than this are visited box by box (``Grid.visit_order``).
 SORT_ABOVE_BYTES = 2 ** 25
@@ -132,15 +119,10 @@ def _time_force(dt):
     return 2.0 * dt * _time_growth(dt)
 
 
-# Widest box, in units of sigma, of a capped (split) grid.  SNEST's time force is a difference of large terms
-# that amplifies the far kernel's interpolation error: on GrQc's converged R^{2,1} layout, 6 points in boxes of
-# 1 sigma gave a relative gradient error of 1.3e-3, in boxes of 0.6 sigma 4e-5 (t-SNE: 2e-5 at 1 sigma).
-_FAR_BOX_WIDTH = {"snest": 0.6}
 # Near-field cutoff for the Gaussian: exp(-6.1²) < 1e-16.
-_GAUSS_CUTOFF = 6.1
+GAUSS_CUTOFF = 6.1
 # Near-field cutoff in units of sigma: exp(-16) ~ 1e-7 of the split-off part remains beyond it.
 _CUTOFF_SIGMAS = 4.0
-_KIND = {"tsne": 0, "sne": 1, "snest": 2}
 
 
 @dataclass(frozen=True)
@@ -182,9 +164,10 @@ class FFTParams:
         if self.max_nodes is not None and (int(self.max_nodes) != self.max_nodes or self.max_nodes < 1):
             raise ValueError(f"max_nodes must be a positive integer, got {self.max_nodes}")
 
-    def resolved(self, model: str, space_dims: int) -> "FFTParams":
-        """These settings with ``points`` and ``box_width`` filled in from ``DEFAULT_INTERPOLATION``."""
-        points, width = DEFAULT_INTERPOLATION[model, space_dims]
+    def resolved(self, model, space_dims: int) -> "FFTParams":
+        """These settings with ``points`` and ``box_width`` filled in from the model's defaults (``model``: a
+        name, ``Model`` or ``FFTSpec``; ``FFTSpec.interpolation``)."""
+        points, width = fft_spec(model).interpolation[space_dims]
         return replace(self, points=self.points or points, box_width=self.box_width or width)
 
     def as_dict(self) -> dict:
@@ -227,37 +210,134 @@ class _Plan:
     z_kernel: int | None = None
 
 
-def _plan(model: str, space_dims: int) -> _Plan:
-    """The convolutions and outputs of ``model`` in ``space_dims`` dimensions (module docstring)."""
-    ds = space_dims
-    space = tuple(range(ds))
-    if model == "tsne":  # columns: the force kernels; Z from kernel 0 by Parseval
-        kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
-        return _Plan(kernels, time_kernels=(), potentials=tuple(1 + k for k in space),
-                     outputs=tuple((k, 0) for k in space), z_output=-1, force=space, z_kernel=0)
-    if model == "sne":  # columns: w, then the force kernels
-        kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in space)
-        return _Plan(kernels, time_kernels=(), potentials=(0,) + tuple(1 + k for k in space),
-                     outputs=((0, 0),) + tuple((1 + k, 0) for k in space), z_output=0,
-                     force=tuple(1 + k for k in space))
-    # SNEST, columns: q, then the force kernels; outputs: Z (q through exp(Δt²)), the time force (q through
-    # 2Δt exp(Δt²)), the space forces (through exp(Δt²))
+def cauchy_plan(space_dims: int) -> _Plan:
+    """t-SNE's ``q = 1/(1+|Δs|²)``: columns the force kernels ``-2 Δ_k q²``; Z from kernel 0 (q) by Parseval."""
+    space = tuple(range(space_dims))
+    kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
+    return _Plan(kernels, time_kernels=(), potentials=tuple(1 + k for k in space),
+                 outputs=tuple((k, 0) for k in space), z_output=-1, force=space, z_kernel=0)
+
+
+def gauss_plan(space_dims: int) -> _Plan:
+    """The Gaussian ``exp(-|Δs|²)``: columns w, then the force kernels ``-2 Δ_k w``."""
+    space = tuple(range(space_dims))
+    kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in space)
+    return _Plan(kernels, time_kernels=(), potentials=(0,) + tuple(1 + k for k in space),
+                 outputs=((0, 0),) + tuple((1 + k, 0) for k in space), z_output=0,
+                 force=tuple(1 + k for k in space))
+
+
+def cauchy_time_plan(space_dims: int) -> _Plan:
+    """SNEST's ``exp(|Δt|²) q(|Δs|²)`` (one time dimension): columns q, then the force kernels; outputs Z (q
+    through ``exp(Δt²)``), the time force (q through ``2Δt exp(Δt²)``), the space forces (through ``exp(Δt²)``)."""
+    space = tuple(range(space_dims))
     kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
     return _Plan(kernels, time_kernels=(_time_growth, _time_force), potentials=(0,) + tuple(1 + k for k in space),
                  outputs=((0, 0), (0, 1)) + tuple((1 + k, 0) for k in space), z_output=0,
                  force=tuple(2 + k for k in space) + (1,))
 
 
-def check_supported(model: str, space_dims: int, time_dims: int) -> None:
-    """Raise ValueError unless the FFT repulsion supports this model and dimension pair."""
-    if model not in MODELS:
-        raise ValueError(f"fft repulsion: unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    if not 1 <= space_dims <= 3:
-        raise ValueError(f"fft repulsion supports 1 to 3 space dimensions, got {space_dims}")
-    if model == "snest" and time_dims != 1:
-        raise ValueError(f"fft repulsion supports snest with exactly 1 time dimension, got {time_dims}")
-    if model != "snest" and time_dims != 0:
-        raise ValueError(f"model {model!r} has no time dimensions, got {time_dims}")
+def cauchy_self_weight(sigma: float) -> float:
+    """``w(0)`` of the Cauchy grid kernel: 1, or its far part's ``1/(1 + sigma²)`` on a split grid."""
+    return float(_cauchy(np.float64(0.0), sigma))
+
+
+def gauss_self_weight(sigma: float) -> float:
+    """``w(0)`` of the Gaussian grid kernel: 1, or 0 on a split grid (it has no far part)."""
+    return 0.0 if sigma > 0 else 1.0
+
+
+# Near-field kernel families of ``interpolation.near_rows`` (the part of the kernel a split grid leaves to the
+# direct sum; see its docstring).
+NEAR_CAUCHY, NEAR_GAUSS, NEAR_CAUCHY_TIME = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class FFTSpec:
+    """A model's FFT-interpolated repulsion (``Model.fft``): everything this module needs to know of it.
+
+    * ``plan(space_dims) -> _Plan``: the convolutions and outputs (``cauchy_plan``, ``gauss_plan``,
+      ``cauchy_time_plan``, or the model's own);
+    * ``interpolation``: ``{space_dims: (points per box, box width)}``, the defaults measured for the model
+      (``FFTParams.resolved``); the supported space dimensions are its keys;
+    * ``near_kind``: the near-field family of ``interpolation.near_rows`` (``NEAR_CAUCHY``, ``NEAR_GAUSS``,
+      ``NEAR_CAUCHY_TIME``);
+    * ``self_weight(sigma)``: the grid kernel's ``w(0)`` at split scale sigma (0: unsplit), removed from Z;
+    * ``time_dims``: the time dimensions it supports (0, or 1 with a time kernel);
+    * ``near_cutoff``: a kernel without a far part (the Gaussian): a capped grid is one box and the near field
+      within this cutoff is all of it; None: the kernel is split at sigma and summed directly within
+      ``_CUTOFF_SIGMAS`` sigma;
+    * ``far_box_width``: widest box of a split grid in units of sigma (None: the box width).
+    """
+
+    plan: object
+    interpolation: dict = field(compare=False)
+    near_kind: int
+    self_weight: object
+    time_dims: int = 0
+    near_cutoff: float | None = None
+    far_box_width: float | None = None
+
+    def check(self, name: str, space_dims: int, time_dims: int) -> None:
+        """Raise ValueError unless this spec supports R^{space_dims, time_dims} (``name``: the model's)."""
+        if space_dims not in self.interpolation:
+            dims = sorted(self.interpolation)
+            raise ValueError(f"fft repulsion supports {dims[0]} to {dims[-1]} space dimensions for model "
+                             f"{name!r}, got {space_dims}")
+        if time_dims != self.time_dims:
+            if self.time_dims == 0:
+                raise ValueError(f"model {name!r} has no time dimensions, got {time_dims}")
+            raise ValueError(f"fft repulsion supports model {name!r} with exactly {self.time_dims} time "
+                             f"dimension{'s' if self.time_dims > 1 else ''}, got {time_dims}")
+
+
+def fft_spec(model) -> FFTSpec:
+    """The ``FFTSpec`` of ``model``: a spec, a ``Model`` or a model name (``scalemb.models.get_model``);
+    ValueError naming the model if it has none."""
+    if isinstance(model, FFTSpec):
+        return model
+    if isinstance(model, str):
+        from ..models import get_model
+
+        model = get_model(model)
+    if model.fft is None:
+        raise ValueError(f"model {model.name!r} has no FFT repulsion: use repulsion='exact'")
+    return model.fft
+
+
+def _model_name(model) -> str:
+    return model if isinstance(model, str) else getattr(model, "name", "given")
+
+
+def check_supported(model, space_dims: int, time_dims: int) -> None:
+    """Raise ValueError unless the FFT repulsion supports this model (a name, ``Model`` or ``FFTSpec``) and
+    dimension pair."""
+    fft_spec(model).check(_model_name(model), space_dims, time_dims)
+
+
+class _DefaultInterpolation(Mapping):
+    """``DEFAULT_INTERPOLATION[model name, space_dims] -> (points, box width)``, read from the models' specs."""
+
+    def __getitem__(self, key):
+        name, space_dims = key
+        try:
+            return fft_spec(name).interpolation[space_dims]
+        except ValueError:
+            raise KeyError(key) from None
+
+    def __iter__(self):
+        from ..models import get_model, model_names
+
+        for name in model_names():
+            spec = get_model(name).fft
+            for ds in sorted(spec.interpolation) if spec is not None else ():
+                yield name, ds
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
+DEFAULT_INTERPOLATION = _DefaultInterpolation()
 
 
 def _equispaced(points: int) -> np.ndarray:
@@ -277,7 +357,7 @@ class Grid:
     time axis, ``time_in`` (m x r) and ``time_out`` (one m x r map per time kernel, ``time_factors``) map a
     point's Chebyshev weights to the r time components the grid holds, for spreading and for interpolating."""
 
-    model: str
+    spec: FFTSpec
     space_dims: int
     points: tuple
     lo: np.ndarray
@@ -293,9 +373,7 @@ class Grid:
     @property
     def self_weight(self) -> float:
         """The grid kernel's ``w(0)``, removed from Z exactly."""
-        if self.model == "sne":
-            return 0.0 if self.sigma > 0 else 1.0
-        return float(_cauchy(np.float64(0.0), self.sigma))
+        return self.spec.self_weight(self.sigma)
 
     @property
     def dims(self) -> int:
@@ -378,20 +456,22 @@ def block_extent(Y: np.ndarray, r0: int, r1: int):
     return block.min(axis=1), block.max(axis=1)
 
 
-def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
+def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
               n_points: int | None = None) -> Grid:
-    """The box layout for ``n_points`` points whose coordinates lie in ``[lo, hi]`` (per dimension)."""
+    """The box layout for ``n_points`` points whose coordinates lie in ``[lo, hi]`` (per dimension), for
+    ``model``'s FFT repulsion (a name, ``Model`` or ``FFTSpec``)."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     dims = lo.shape[0]
-    check_supported(model, space_dims, dims - space_dims)
+    spec = fft_spec(model)
+    spec.check(_model_name(model), space_dims, dims - space_dims)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi >= lo)):
         raise ValueError(f"embedding extent must be finite, got [{lo}, {hi}]")
     ds = space_dims
     extent = hi - lo
     time_width = np.where(extent[ds:] > 0, extent[ds:], 1.0)  # one box spans the time axis
-    params = params.resolved(model, ds)
-    plan = _plan(model, ds)
+    params = params.resolved(spec, ds)
+    plan = spec.plan(ds)
     p = int(params.points)
     points = [p] * ds
     time_in = time_out = None
@@ -414,12 +494,13 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         n_space = np.maximum(1, np.floor(n_space / shrink)).astype(np.int64)
         while math.prod(int(n) for n in n_space) * per_box > max_nodes:
             n_space[np.argmax(n_space)] -= 1
-        if model == "sne":  # no far part: one box, the near field is the whole kernel
+        if spec.near_cutoff is not None:  # no far part: one box, the near field is the whole kernel
             n_space[:] = 1
-            sigma, cutoff = np.inf, _GAUSS_CUTOFF
+            sigma, cutoff = np.inf, spec.near_cutoff
         else:  # far kernel at scale sigma sampled as finely (relative to sigma) as the default grid samples q,
-            # or, for SNEST, at least as finely as _FAR_BOX_WIDTH says
-            sigma = float((extent[:ds] / n_space).max() / min(width, _FAR_BOX_WIDTH.get(model, width)))
+            # or at least as finely as the spec's far_box_width says
+            far = spec.far_box_width if spec.far_box_width is not None else width
+            sigma = float((extent[:ds] / n_space).max() / min(width, far))
             cutoff = _CUTOFF_SIGMAS * sigma
     n_boxes = np.concatenate([n_space, np.ones(dims - ds, dtype=np.int64)])
     capped = bool(np.any(n_space < wanted))
@@ -431,7 +512,7 @@ def make_grid(model: str, space_dims: int, lo, hi, params: FFTParams = FFTParams
         lo = np.concatenate([(lo[:ds] + hi[:ds]) / 2 - n_space * width / 2, lo[ds:]])
     if len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loop's scalars
         raise ValueError(f"fft repulsion: {len(plan.outputs)} outputs exceed the interpolation loop's {MAX_OUTPUTS}")
-    return Grid(model, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
+    return Grid(spec, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
                 time_in, time_out)
 
 
@@ -674,12 +755,12 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
         ds = grid.space_dims
         neighbours = np.array(np.unravel_index(np.arange(3 ** ds), (3,) * ds), dtype=np.int64).T - 1
         z += near_rows(Y, cells.sorted_coords, r0, r1, ds, np.ascontiguousarray(grid.lo[:ds]), cells.cell_size,
-                       cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours), _KIND[grid.model],
+                       cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours), grid.spec.near_kind,
                        float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, R)
     return R, float(z)
 
 
-def fft_repulsion(model: str, Y: np.ndarray, space_dims: int, params: FFTParams = FFTParams(),
+def fft_repulsion(model, Y: np.ndarray, space_dims: int, params: FFTParams = FFTParams(),
                   bounds=None, workers: int = 1):
     """Single-process driver of the map-reduce: ``(R, Z)`` for the ``(d, N)`` coordinates ``Y``, with the
     rows split at ``bounds`` (a list of ``(r0, r1)``; default one block).  Same contract as the exact

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fft import MODELS, FFTParams, block_extent, check_supported, make_grid, near_cells
+from .fft import FFTParams, block_extent, check_supported, fft_spec, make_grid, near_cells
 
 REPULSION_METHODS = ("auto", "exact", "fft")
 # N from which fft is used, per total dimension ds + dt, from benchmarks/repulsion.py section (b) on the 2-core
@@ -28,13 +28,24 @@ REPULSION_METHODS = ("auto", "exact", "fft")
 AUTO_FFT_MIN_POINTS = {2: 10_000, 3: 20_000, 4: None}
 
 
-def resolve_repulsion(method: str, model: str, space_dims: int, time_dims: int, n_points: int) -> str:
-    """``'exact'`` or ``'fft'`` for the requested ``method`` (see module docstring)."""
+def fft_supported(model, space_dims: int, time_dims: int) -> bool:
+    """Whether ``model`` (a name or ``Model``) has an FFT repulsion for R^{space_dims, time_dims}."""
+    try:
+        check_supported(model, space_dims, time_dims)
+    except ValueError:
+        return False
+    return True
+
+
+def resolve_repulsion(method: str, model, space_dims: int, time_dims: int, n_points: int) -> str:
+    """``'exact'`` or ``'fft'`` for the requested ``method`` (see module docstring); ``model``: a name or
+    ``Model``.  ``'auto'`` is ``'exact'`` for a model without an FFT repulsion (``Model.fft`` None) or
+    dimensions its spec does not support, as below the crossover."""
     if method not in REPULSION_METHODS:
         raise ValueError(f"unknown repulsion {method!r}; choose one of {', '.join(REPULSION_METHODS)}")
     if method != "auto":
         return method
-    supported = model in MODELS and 1 <= space_dims <= 3 and time_dims == (1 if model == "snest" else 0)
+    supported = fft_supported(model, space_dims, time_dims)
     threshold = AUTO_FFT_MIN_POINTS.get(max(2, space_dims + time_dims)) if supported else None
     return "fft" if threshold is not None and n_points >= threshold else "exact"
 
@@ -94,8 +105,9 @@ class AutoRepulsion:
     other is predicted ``HYSTERESIS`` times cheaper.  ``history``: the methods chosen, in order.
     """
 
-    def __init__(self, model: str, space_dims: int, time_dims: int, params: FFTParams, hysteresis: float = HYSTERESIS):
-        self.model, self.space_dims, self.time_dims, self.params = model, space_dims, time_dims, params
+    def __init__(self, model, space_dims: int, time_dims: int, params: FFTParams, hysteresis: float = HYSTERESIS):
+        self.spec = fft_spec(model)  # model: a name, Model or FFTSpec
+        self.space_dims, self.time_dims, self.params = space_dims, time_dims, params
         self.hysteresis = float(hysteresis)
         self.current = None
         self.history = []
@@ -108,7 +120,7 @@ class AutoRepulsion:
         lo, hi = block_extent(coords, 0, n)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # fft reports the blow-up at once
             return Choice("fft", exact, 0.0)
-        grid = make_grid(self.model, self.space_dims, lo, hi, self.params, n)
+        grid = make_grid(self.spec, self.space_dims, lo, hi, self.params, n)
         weights = grid.n_nodes / max(1, math.prod(int(b) for b in grid.n_boxes))  # nodes per box: p^ds r
         nodes = grid.n_nodes
         fft = FFT_WEIGHT_SECONDS * n * weights + FFT_NODE_SECONDS * nodes * math.log2(max(2, nodes))
@@ -134,16 +146,17 @@ class AutoRepulsion:
         return choice
 
 
-def resolve_repulsion_settings(method: str, model: str, space_dims: int, time_dims: int, n_points: int,
+def resolve_repulsion_settings(method: str, model, space_dims: int, time_dims: int, n_points: int,
                                fft_params: FFTParams | None = None) -> tuple:
     """``(method, params)`` for an executor: ``resolve_repulsion``'s method, except ``'auto'`` where that is
     ``fft``: the executor then chooses per evaluation (``AutoRepulsion``); for ``fft`` and ``auto`` (checked to
-    be supported) ``fft_params`` with the model's defaults filled in (``FFTParams.resolved``)."""
+    be supported: ValueError naming the model if it has no FFT repulsion) ``fft_params`` with the model's
+    defaults filled in (``FFTParams.resolved``)."""
     resolved = resolve_repulsion(method, model, space_dims, time_dims, n_points)
     if method == "auto" and resolved == "fft":
         resolved = "auto"
     params = fft_params or FFTParams()
     if resolved in ("fft", "auto"):
         check_supported(model, space_dims, time_dims)
-        params = params.resolved(model, space_dims)
+        params = params.resolved(fft_spec(model), space_dims)
     return resolved, params

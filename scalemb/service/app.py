@@ -21,11 +21,12 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES
+from ..models import DEFAULT_MODEL, model_names
 from .jobs import JobRunner, JobStore, QueueFull
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -54,15 +55,22 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input: str = Field(description="built-in dataset (grqc, school), or a path relative to the data root: an "
                                    "edge list, an affinity store, or an upload (uploads/NAME)")
-    model: Literal["sne", "tsne", "snest"] = "snest"
+    model: str = Field(DEFAULT_MODEL, description="a model of scalemb.models (MODEL_NAMES), e.g. sne, tsne, snest")
     space: int = Field(2, ge=1, le=16)
-    time: int | None = Field(None, ge=0, le=16, description="default 1 for snest, 0 otherwise")
+    time: int | None = Field(None, ge=0, le=16, description="default 1 for a model with time (snest), else 0")
     optimizer: Literal["auto", "dbd", "sd", "gd"] = "auto"
     iterations: int = Field(5000, ge=1, le=1_000_000)
     seed: int = Field(0, ge=0, lt=2 ** 32)
     restarts: int = Field(1, ge=1, le=100)
     repulsion: Literal["auto", "exact", "fft"] = "auto"
     graph_affinity: Literal[GRAPH_AFFINITIES] = "coauthorship"
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name not in model_names():
+            raise ValueError(f"unknown model {name[:64]!r}; choose one of {', '.join(model_names())}")
+        return name
 
     @model_validator(mode="after")
     def _embedder_accepts(self):
