@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, ScalembError
+from .geometry import EUCLIDEAN, Geometry, geometry_of
 
 INIT_NAMES = ("random", "spectral", "pca")
 SCALE = 1e-4  # standard deviation of the first space coordinate (openTSNE's rescale); random space start
@@ -44,9 +45,11 @@ def check_init(init) -> None:
     raise ValueError(f"unknown init {init!r}; choose one of {', '.join(INIT_NAMES)} or a .npy file")
 
 
-def random_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
-    """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (SNEST reference code)."""
-    space = rng.standard_normal((space_dims, n_points)) * SCALE
+def random_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator,
+                  geometry: Geometry = EUCLIDEAN) -> np.ndarray:
+    """Small random start, ``(ds + dt, N)``: space ``geometry.initial`` at scale 1e-4 (1e-4 N(0,1) in every
+    geometry: the ball's projection never acts at that scale), time 1e-5 N(0,1) (SNEST reference code)."""
+    space = geometry.initial(n_points, space_dims, rng, SCALE)
     time_ = rng.standard_normal((time_dims, n_points)) * TIME_SCALE
     return np.ascontiguousarray(np.concatenate([space, time_]))
 
@@ -156,13 +159,17 @@ class Initializer:
         return self._layout
 
     def coords(self, rng: np.random.Generator) -> np.ndarray:
+        """The start of the restart drawing from ``rng``, inside the model's geometry (``validate``: a given
+        start outside it, a Poincaré-ball point with ``|y| >= 1`` say, is a ``ValueError`` naming the init)."""
         n, ds, dt = self.executor.n_points, self.space_dims, self.time_dims
-        start = random_coords(n, ds, dt, rng)
+        geometry = geometry_of(self.executor)
+        start = random_coords(n, ds, dt, rng, geometry)
         layout = self.layout()
         if layout is None:
             return start
         if isinstance(self.init, np.ndarray) or str(self.init).endswith(".npy"):
             start[:layout.shape[1]] = layout.T  # as given; missing time columns stay random
+            geometry.validate(start[:ds], "init array" if isinstance(self.init, np.ndarray) else str(self.init))
             return np.ascontiguousarray(start)
         space = layout.copy()
         missing = np.isnan(space).any(axis=1)

@@ -1,5 +1,7 @@
 """Geometries: Euclidean is today's arithmetic bit for bit; the Poincaré ball's Riemannian gradient is the
 inverse metric times the gradient, its retraction lands strictly inside the ball, and validate() names bad input."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,53 @@ def test_poincare_initial_and_validate():
         PoincareBall(eps=0.0)
     with pytest.raises(ValueError, match="unknown geometry 'sphere'"):
         get_geometry("sphere")
+
+
+def ball_model(name="tsne"):
+    """A real model's kernels with the Poincaré ball as its geometry (the optimisers' side of CO-SNE: they must
+    step, search and re-centre through ``model.geometry`` alone)."""
+    from scalemb.models import get_model
+
+    model = get_model(name)
+    try:
+        return dataclasses.replace(model, geometry=POINCARE)
+    except TypeError:  # a Model without the contract's ``geometry`` field: add one
+        cls = dataclasses.make_dataclass("BallModel", [("geometry", object, dataclasses.field(default=POINCARE))],
+                                         bases=(type(model),), frozen=True)
+        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
+
+
+def ball_start(n_points):
+    """Norms spread over (0, 1): the conformal factor differs by orders of magnitude between points."""
+    y = np.random.default_rng(5).standard_normal((2, n_points))
+    return y * np.linspace(0.01, 0.99, n_points) / np.linalg.norm(y, axis=0)
+
+
+@pytest.mark.parametrize("name", ["dbd", "gd", "sd"])
+def test_optimisers_step_through_the_geometry(school_affinity, name):
+    from scalemb.engine import LocalExecutor
+    from scalemb.optim import DeltaBarDelta, make_optimizer
+
+    ex = LocalExecutor(school_affinity, ball_model(), 2, 0)
+    x0 = ball_start(school_affinity.n_points)
+    ev = ex.evaluate(x0, 4.0 if name == "dbd" else 1.0)
+    rgrad = POINCARE.riemannian_gradient(x0, ev.gradient)
+    first = make_optimizer(name, "tsne", tol=0).optimize(ex, x0, 1).coords  # the ball is not re-centred
+    if name == "dbd":  # gains 1.2 after the first sign test; momentum buffer 0
+        lr = DeltaBarDelta().resolved_learning_rate(school_affinity.n_points)
+        assert np.allclose(first, POINCARE.retract(x0, -lr * 1.2 * rgrad), rtol=1e-12, atol=1e-15)
+        assert not np.allclose(first, POINCARE.retract(x0, -lr * 1.2 * ev.gradient), rtol=1e-6)
+    elif name == "gd":  # an Armijo trial a0 rho^k along the Riemannian gradient, through the retraction
+        trials = [POINCARE.retract(x0, -(school_affinity.n_points / 12 * 0.5 ** k) * rgrad) for k in range(30)]
+        assert any(np.allclose(first, t, rtol=1e-12, atol=1e-15) for t in trials)
+    # huge steps stay strictly inside the ball, every iterate finite; the line search never increases the KL
+    seen = []
+    run = make_optimizer(name, "tsne", tol=0, learning_rate=1e5, max_step=1e3).optimize(
+        ex, x0, 12, stop=lambda it, kl, coords: seen.append(coords.copy()) and False)
+    for coords in seen + [run.coords]:
+        assert np.isfinite(coords).all() and (np.linalg.norm(coords, axis=0) <= POINCARE.radius * (1 + 1e-15)).all()
+    assert np.isfinite(run.kl_history).all()
+    if name != "dbd":
+        assert (np.diff(run.kl_history) <= 1e-12).all()
+    with pytest.raises(ValueError, match="start coordinates: 1 point.*outside the unit ball"):
+        make_optimizer(name, "tsne").optimize(ex, np.hstack([x0[:, :-1], [[0.6], [0.8]]]), 3)

@@ -12,6 +12,6 @@ are ``(dims, N)`` arrays (one column per point), as everywhere in the optimisers
   ``g_y^{-1} grad = (1 - |y|^2)^2 / 4 * grad``; retraction: the Euclidean step followed by the projection
   of points with ``|y| > 1 - eps`` radially onto the sphere ``|y| = 1 - eps``.
 """
-from .base import EUCLIDEAN, POINCARE, Euclidean, Geometry, PoincareBall, get_geometry
+from .base import EUCLIDEAN, POINCARE, Euclidean, Geometry, PoincareBall, geometry_of, get_geometry
 
-__all__ = ["EUCLIDEAN", "POINCARE", "Euclidean", "Geometry", "PoincareBall", "get_geometry"]
+__all__ = ["EUCLIDEAN", "POINCARE", "Euclidean", "Geometry", "PoincareBall", "geometry_of", "get_geometry"]

@@ -145,6 +145,13 @@ POINCARE = PoincareBall(eps=1e-5)
 GEOMETRIES = {EUCLIDEAN.name: EUCLIDEAN, POINCARE.name: POINCARE}
 
 
+def geometry_of(executor) -> Geometry:
+    """The geometry of ``executor.model`` (``EUCLIDEAN`` when the model, or the executor, has none: models
+    from before the contract's ``Model.geometry``, executors without a ``model``)."""
+    geometry = getattr(getattr(executor, "model", None), "geometry", None)
+    return EUCLIDEAN if geometry is None else geometry
+
+
 def get_geometry(name: str) -> Geometry:
     """The geometry called ``name`` (``'euclidean'`` or ``'poincare'``); ``ValueError`` naming the choices."""
     try:

@@ -17,14 +17,13 @@ as the blow-up.  Stops early when the KL decreased by less than ``tol`` (relativ
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """
-import time
-from dataclasses import dataclass, field
-
 import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import OptimizeResult, OptimizerState, history_buffers, last_computed, stalled
+from .base import OptimizeResult, OptimizerState, last_computed
+from .loop import MOVED, StepRun, run_loop
 
 logger = logging.getLogger("scalemb")
 
@@ -110,85 +109,11 @@ class DeltaBarDelta:
         (``coords`` is then ignored); ``callback(it, kl)`` each step.  ``checkpoint(it, export)`` is called at
         the start of every iteration after the first one run here; ``export()`` returns a ``DBDState`` from
         which ``optimize`` continues exactly as this run does.  ``stop(it, kl, coords)`` after ``callback``: True
-        ends the run there (``stopped``).  The result's ``state`` continues the run (``state=result.state``)."""
-        ds = executor.space_dims
-        s = self.initial_state(coords, ds) if state is None else state.snapshot(
+        ends the run there (``stopped``).  The result's ``state`` continues the run (``state=result.state``).
+        The iterations are ``optim.loop.run_loop``'s; this class supplies the step rule (``_DBDRun``)."""
+        s = self.initial_state(coords, executor.space_dims) if state is None else state.snapshot(
             state.iteration, state.kl_history, state.seconds, state.elapsed)
-        history, seconds, first = history_buffers(state, n_iter)
-        start = time.perf_counter() - s.elapsed
-        converged = stopped = False
-        it = first
-        for it in range(first, n_iter):
-            if checkpoint is not None and it > first:
-                checkpoint(it, lambda: s.snapshot(it, history, seconds, time.perf_counter() - start))
-            exaggerating = it < self.exaggeration_iterations
-            with_kl = it % self.kl_every == 0
-            ev = self._evaluate(executor, s.coords, self.exaggeration if exaggerating else 1.0, with_kl)
-            s.evaluations += 1
-            if self._blew_up(ev, with_kl, s.best_kl):
-                s.backoffs += 1
-                if s.backoffs > self.max_backoffs:
-                    raise FloatingPointError(
-                        f"{self._jump(ev, with_kl)} at iteration {it} (best KL {s.best_kl:.4g}) after "
-                        f"{self.max_backoffs} learning-rate halvings; lower the learning rate or the time ratio")
-                logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
-                               "to %.4g", self._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
-                s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
-                s.coords[:] = s.best_coords
-                s.update[:] = 0.0
-                s.gains[:] = 1.0
-                s.time_gain = 1.0
-                ev = self._evaluate(executor, s.coords, self.exaggeration if exaggerating else 1.0, with_kl)
-                s.evaluations += 1
-            history[it] = ev.kl
-            seconds[it] = time.perf_counter() - start
-            if ev.kl < s.best_kl:
-                s.best_kl = ev.kl
-                s.best_coords[:] = s.coords
-            kl = ev.kl if with_kl else last_computed(history, it)  # the last computed KL on iterations that skip it
-            if callback is not None:
-                callback(it, kl)
-            if stop is not None and stop(it, kl, s.coords):
-                stopped = True
-                break
-            if stalled(history, it, self._stall_start(), self.window, self.tol):
-                converged = True
-                break
-            grad = ev.gradient
-            mom = self.momentum_at(it)
-            space_grad, space_update = grad[:ds], s.update[:ds]
-            same = np.sign(space_grad) == np.sign(space_update)
-            s.gains = np.where(same, s.gains * self.gain_decrease, s.gains + self.gain_increase)
-            np.maximum(s.gains, self.min_gain, out=s.gains)
-            s.update[:ds] = mom * space_update - s.lr * s.gains * space_grad
-            if self.max_step_norm is not None:
-                clip_step_norms(s.update[:ds], self.max_step_norm)
-            if s.coords.shape[0] > ds:
-                time_grad, time_update = grad[ds:], s.update[ds:]
-                if np.sum(time_grad * time_update) < 0:
-                    s.time_gain += self.gain_increase
-                else:
-                    s.time_gain = max(s.time_gain * self.gain_decrease, self.min_gain)
-                s.update[ds:] = mom * time_update - s.lr_time * s.time_gain * time_grad
-            s.coords += s.update
-            s.coords -= s.coords.mean(axis=1, keepdims=True)
-        else:
-            it = n_iter
-        if not converged and not (stopped and with_kl):
-            history[it] = executor.evaluate(s.coords).kl
-            seconds[it] = time.perf_counter() - start
-            s.evaluations += 1
-        final = s.snapshot(it, history, seconds, time.perf_counter() - start)
-        return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, s.backoffs,
-                              seconds[:it + 1].copy(), s.evaluations, stopped, final)
-
-    @staticmethod
-    def _evaluate(executor, coords, exaggeration, with_kl):
-        """``executor.evaluate``; ``with_kl=False`` is passed only when set (kl_every > 1), so an executor
-        with the plain ``evaluate(coords, exaggeration)`` runs the default."""
-        if with_kl:
-            return executor.evaluate(coords, exaggeration)
-        return executor.evaluate(coords, exaggeration, with_kl=False)
+        return run_loop(_DBDRun(self, executor, s), n_iter, state, callback, checkpoint, stop)
 
     def _blew_up(self, ev, with_kl: bool, best_kl: float) -> bool:
         """The KL is not finite or above ``divergence_factor`` times the best; on iterations without the KL:
@@ -203,6 +128,77 @@ class DeltaBarDelta:
 
     def _stall_start(self) -> int:
         return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)
+
+
+class _DBDRun(StepRun):
+    """Delta-bar-delta as a step rule of ``run_loop`` (Riemannian: gains and momentum act on the geometry's
+    Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update)."""
+
+    def __init__(self, rule: DeltaBarDelta, executor, state: DBDState):
+        super().__init__(executor, state)
+        self.rule = rule
+        self.stall_start, self.window, self.tol = rule._stall_start(), rule.window, rule.tol
+        self.with_kl = True
+        self.ev = None
+
+    def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
+        """Evaluate at the iterate (the KL every ``kl_every``-th iteration); a blow-up returns to the best
+        iterate with halved learning rates and reset gains/momentum (``FloatingPointError`` after
+        ``max_backoffs``)."""
+        r, s = self.rule, self.state
+        alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
+        self.with_kl = with_kl = it % r.kl_every == 0
+        ev = self.evaluate(s.coords, alpha, with_kl)
+        s.evaluations += 1
+        if r._blew_up(ev, with_kl, s.best_kl):
+            s.backoffs += 1
+            if s.backoffs > r.max_backoffs:
+                raise FloatingPointError(
+                    f"{r._jump(ev, with_kl)} at iteration {it} (best KL {s.best_kl:.4g}) after "
+                    f"{r.max_backoffs} learning-rate halvings; lower the learning rate or the time ratio")
+            logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
+                           "to %.4g", r._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
+            s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
+            s.coords[:] = s.best_coords
+            s.update[:] = 0.0
+            s.gains[:] = 1.0
+            s.time_gain = 1.0
+            ev = self.evaluate(s.coords, alpha, with_kl)
+            s.evaluations += 1
+        if ev.kl < s.best_kl:
+            s.best_kl = ev.kl
+            s.best_coords[:] = s.coords
+        self.ev = ev
+        # iterations that skip the KL report the last computed one (entry ``it`` is NaN: not computed)
+        return ev.kl, ev.kl if with_kl else last_computed(history, it - 1)
+
+    def advance(self, it: int) -> str:
+        r, s, ds = self.rule, self.state, self.space_dims
+        grad = self.geometry.riemannian_gradient(s.coords, self.ev.gradient)
+        mom = r.momentum_at(it)
+        space_grad, space_update = grad[:ds], s.update[:ds]
+        same = np.sign(space_grad) == np.sign(space_update)
+        s.gains = np.where(same, s.gains * r.gain_decrease, s.gains + r.gain_increase)
+        np.maximum(s.gains, r.min_gain, out=s.gains)
+        s.update[:ds] = mom * space_update - s.lr * s.gains * space_grad
+        if r.max_step_norm is not None:
+            clip_step_norms(s.update[:ds], r.max_step_norm)
+        if s.coords.shape[0] > ds:
+            time_grad, time_update = grad[ds:], s.update[ds:]
+            if np.sum(time_grad * time_update) < 0:
+                s.time_gain += r.gain_increase
+            else:
+                s.time_gain = max(s.time_gain * r.gain_decrease, r.min_gain)
+            s.update[ds:] = mom * time_update - s.lr_time * s.time_gain * time_grad
+        s.coords = self.geometry.retract(s.coords, s.update)
+        return MOVED
+
+    def final_kl(self, it: int, converged: bool, stopped: bool) -> float | None:
+        """The KL at the last iterate, unless the last iteration computed it there already."""
+        if converged or (stopped and self.with_kl):
+            return None
+        self.state.evaluations += 1
+        return self.evaluate(self.state.coords).kl
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:

@@ -29,13 +29,13 @@ exaggeration.  ``solver='cg'`` is the matrix-free form
 (row-block Laplacian products) that a distributed executor runs.
 """
 import logging
-import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import OptimizeResult, OptimizerState, history_buffers, stalled
+from .base import OptimizeResult, OptimizerState
 from .linesearch import armijo
+from .loop import HALT, KEPT, MOVED, StepRun, run_loop
 from .solvers import SetupInterrupted, interruptible, jacobi_preconditioner, pcg
 
 logger = logging.getLogger("scalemb")
@@ -199,98 +199,14 @@ class LineSearchDescent:
         step.  ``checkpoint(it, export)`` is called at the start of every iteration after the first one run
         here; ``export()`` returns a ``DescentState`` from which ``optimize`` continues exactly as this run does.
         ``stop(it, kl, coords)`` after ``callback``: True ends the run there (``stopped``).  The result's ``state``
-        continues the run (``state=result.state``)."""
-        ds = executor.space_dims
+        continues the run (``state=result.state``).  The iterations are ``optim.loop.run_loop``'s; this class
+        supplies the step rule (``_DescentRun``)."""
         if state is None:
             s = self.initial_state(executor, coords)
         else:
             s = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
-        n_points = s.coords.shape[1]
-        history, seconds, first = history_buffers(state, n_iter)
-        start = time.perf_counter() - s.elapsed
-        refactor_every = self._refactor_every(n_points)
-        methods = self.methods(n_points)
-        should_stop = getattr(checkpoint, "stop_requested", None)
-        ev = s.evaluation()
-        solver_state = {"stale": True} if state is None else self._restore_solver(executor, s, methods)
-        converged = stopped = False
-        it = first
-
-        def export():
-            return s.export(it, history, seconds, time.perf_counter() - start, ev, solver_state)
-
-        for it in range(first, n_iter):
-            if checkpoint is not None and it > first:
-                checkpoint(it, export)
-            if s.alpha != 1.0 and it >= self.exaggeration_iterations:
-                s.alpha = 1.0
-                solver_state["stale"] = True
-                ev = executor.evaluate(s.coords, s.alpha)
-                s.evaluations += 1
-                s.step = self._initial_step(n_points)
-            history[it] = ev.kl
-            seconds[it] = time.perf_counter() - start
-            if callback is not None:
-                callback(it, ev.kl)
-            if stop is not None and stop(it, ev.kl, s.coords):
-                stopped = True
-                break
-            if not np.isfinite(ev.kl):
-                raise FloatingPointError(f"KL became {ev.kl} at iteration {it}")
-            if stalled(history, it, self.exaggeration_iterations, self.window, self.tol):
-                converged = True
-                break
-            grad = ev.gradient
-            direction = np.empty_like(s.coords)
-            if self.direction == "spectral":
-                if it - s.factored_at >= refactor_every:
-                    solver_state["stale"] = True
-                before = (dict(solver_state), s.factored_at)
-                if solver_state.get("stale"):
-                    s.factored_at = it
-                try:
-                    direction[:ds] = self._spectral(executor, s.coords, grad[:ds], s.alpha, solver_state,
-                                                    s.previous_space, methods, should_stop)
-                except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
-                    solver_state.clear()
-                    solver_state.update(before[0])
-                    s.factored_at = before[1]
-                    checkpoint(it, export)  # raises RunInterrupted once the checkpoint is written
-                    raise
-                s.previous_space = direction[:ds].copy()
-            else:
-                direction[:ds] = -grad[:ds]
-            if s.coords.shape[0] > ds:
-                if s.previous_time_step is not None:
-                    s.time_rate *= 1.2 if np.sum(grad[ds:] * s.previous_time_step) < 0 else 0.5
-                direction[ds:] = -s.time_rate * grad[ds:]
-            alpha = s.alpha
-            result = armijo(lambda x: executor.evaluate(x, alpha), s.coords, direction, ev, s.step, self.c, self.rho)
-            s.evaluations += result.trials
-            if not result.accepted:
-                s.failures += 1
-                s.step = self._initial_step(n_points)
-                s.previous_space = None
-                solver_state["stale"] = True
-                if s.failures >= self.max_failures:
-                    logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
-                                   "stopping", s.failures, it, ev.kl)
-                    break
-                continue
-            s.failures = 0
-            if s.coords.shape[0] > ds:
-                s.previous_time_step = result.step * direction[ds:]
-            s.step = min(result.step * (self.growth if result.trials == 1 else 1.0), self._max_step())
-            s.coords = result.coords
-            s.coords -= s.coords.mean(axis=1, keepdims=True)
-            ev = result.evaluation
-        else:
-            it = n_iter
-        final = export()
-        history[it] = ev.kl if s.alpha == 1.0 else executor.evaluate(s.coords).kl
-        seconds[it] = time.perf_counter() - start
-        return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged, 0,
-                              seconds[:it + 1].copy(), s.evaluations, stopped, final)
+        return run_loop(_DescentRun(self, executor, s, state is not None, checkpoint), n_iter, state, callback,
+                        checkpoint, stop)
 
     def _restore_solver(self, executor, s: "DescentState", methods: tuple[str, str]) -> dict:
         """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged
@@ -365,3 +281,93 @@ def _factorize(executor, mu: float, ordering, kind: str):
     if kind == "lu":
         return executor.factorize_curvature(mu, ordering)
     return executor.factorize_curvature(mu, ordering, kind=kind)
+
+
+class _DescentRun(StepRun):
+    """Line-search descent as a step rule of ``run_loop``.
+
+    Riemannian form: the gradient direction is ``-riemannian_gradient`` and every line-search trial point is
+    ``retract(x, a p)``; the Armijo test keeps the Euclidean slope ``<grad, p>``, which is the derivative of
+    ``f(retract(x, a p))`` at ``a = 0`` for any retraction.  The spectral direction solves with the Euclidean
+    gradient: it is a Newton-like direction ``-B^{-1} grad`` with ``B`` the model's partial Hessian in the
+    coordinates, and a Newton direction does not change with the metric (``(G^{-1} H)^{-1} G^{-1} grad =
+    H^{-1} grad``), so scaling the gradient by the metric would only be undone by the curvature's."""
+
+    def __init__(self, rule: LineSearchDescent, executor, state: DescentState, resumed: bool, checkpoint):
+        super().__init__(executor, state)
+        self.rule = rule
+        self.stall_start, self.window, self.tol = rule.exaggeration_iterations, rule.window, rule.tol
+        self.n_points = state.coords.shape[1]
+        self.refactor_every = rule._refactor_every(self.n_points)
+        self.methods = rule.methods(self.n_points)
+        self.should_stop = getattr(checkpoint, "stop_requested", None)
+        self.ev = state.evaluation()
+        self.solver_state = rule._restore_solver(executor, state, self.methods) if resumed else {"stale": True}
+
+    def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
+        """The evaluation the last step ended on (re-evaluated once when the exaggeration ends)."""
+        r, s = self.rule, self.state
+        if s.alpha != 1.0 and it >= r.exaggeration_iterations:
+            s.alpha = 1.0
+            self.solver_state["stale"] = True
+            self.ev = self.evaluate(s.coords, s.alpha)
+            s.evaluations += 1
+            s.step = r._initial_step(self.n_points)
+        return self.ev.kl, self.ev.kl
+
+    def advance(self, it: int) -> str:
+        r, s, ds, solver_state = self.rule, self.state, self.space_dims, self.solver_state
+        grad = self.ev.gradient
+        rgrad = self.geometry.riemannian_gradient(s.coords, grad)
+        direction = np.empty_like(s.coords)
+        if r.direction == "spectral":
+            if it - s.factored_at >= self.refactor_every:
+                solver_state["stale"] = True
+            before = (dict(solver_state), s.factored_at)
+            if solver_state.get("stale"):
+                s.factored_at = it
+            try:
+                direction[:ds] = r._spectral(self.executor, s.coords, grad[:ds], s.alpha, solver_state,
+                                             s.previous_space, self.methods, self.should_stop)
+            except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
+                solver_state.clear()
+                solver_state.update(before[0])
+                s.factored_at = before[1]
+                self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
+                raise
+            s.previous_space = direction[:ds].copy()
+        else:
+            direction[:ds] = -rgrad[:ds]
+        if s.coords.shape[0] > ds:
+            if s.previous_time_step is not None:
+                s.time_rate *= 1.2 if np.sum(rgrad[ds:] * s.previous_time_step) < 0 else 0.5
+            direction[ds:] = -s.time_rate * rgrad[ds:]
+        alpha = s.alpha
+        result = armijo(lambda x: self.evaluate(x, alpha), s.coords, direction, self.ev, s.step, r.c, r.rho,
+                        retract=self.geometry.retract)
+        s.evaluations += result.trials
+        if not result.accepted:
+            s.failures += 1
+            s.step = r._initial_step(self.n_points)
+            s.previous_space = None
+            solver_state["stale"] = True
+            if s.failures >= r.max_failures:
+                logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
+                               "stopping", s.failures, it, self.ev.kl)
+                return HALT
+            return KEPT
+        s.failures = 0
+        if s.coords.shape[0] > ds:
+            s.previous_time_step = result.step * direction[ds:]
+        s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r._max_step())
+        s.coords = result.coords
+        self.ev = result.evaluation
+        return MOVED
+
+    def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
+        """The KL at the last iterate: the last evaluation's, or one without exaggeration if it was on (that
+        evaluation is not counted in ``evaluations``, as it never was)."""
+        return self.ev.kl if self.state.alpha == 1.0 else self.evaluate(self.state.coords).kl
+
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> DescentState:
+        return self.state.export(it, history, seconds, elapsed, self.ev, self.solver_state)

@@ -1,0 +1,112 @@
+"""The one optimiser loop that every step rule (delta-bar-delta, line-search descent) plugs into.
+
+Like scikit-learn's single ``_gradient_descent`` or PyMDE's one optimiser: the loop owns what every run does
+the same way, a step rule owns only how it evaluates and how it moves.  Per iteration ``it``:
+
+1. ``checkpoint(it, export)`` (from the second iteration run here on; ``export()`` is the state at the start
+   of ``it``, from which ``optimize(..., state=...)`` continues exactly as this run does);
+2. ``run.observe(it, history)`` -> ``(entry, kl)``: the rule evaluates (or reuses its last evaluation);
+   ``entry`` goes into the history (NaN where the rule skipped the KL), ``kl`` is what ``callback(it, kl)``
+   and ``stop(it, kl, coords)`` see (the last computed KL);
+3. ``FloatingPointError`` if that KL is not finite; the stall test (``stalled``) from ``run.stall_start``;
+4. ``run.advance(it)`` moves the coordinates through the geometry (``MOVED``), keeps them (``KEPT``: a failed
+   line search) or ends the run (``HALT``); after a move the loop re-centres them (``geometry.recentre``).
+
+A fresh run first checks its start (``geometry.validate``: finite, inside the domain).
+After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
+the final state is exported.  The geometry comes from ``executor.model.geometry`` (``EUCLIDEAN`` for a
+model without one): the rules call only ``riemannian_gradient``, ``retract`` and the loop ``recentre``, so
+nothing here assumes R^d, and for Euclidean models the arithmetic is exactly what it was before.
+"""
+import time
+
+import numpy as np
+
+from ..geometry import geometry_of
+from .base import OptimizeResult, OptimizerState, history_buffers, stalled
+
+MOVED, KEPT, HALT = "moved", "kept", "halt"
+
+
+class StepRun:
+    """One run of a step rule: the executor, its geometry, the rule's mutable ``state`` (an
+    ``OptimizerState``) and the hooks ``run_loop`` calls.  ``checkpoint``/``export`` are set by the loop
+    (a rule that must checkpoint in the middle of a step, as the spectral solver's interrupted set-up does)."""
+
+    stall_start: int = 0
+    window: int = 0
+    tol: float = 0.0
+
+    def __init__(self, executor, state: OptimizerState):
+        self.executor = executor
+        self.geometry = geometry_of(executor)
+        self.space_dims = executor.space_dims
+        self.state = state
+        self.checkpoint = None
+        self.export_now = None
+
+    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True):
+        """``executor.evaluate``; ``with_kl=False`` is passed only when set, so an executor with the plain
+        ``evaluate(coords, exaggeration)`` runs the default."""
+        if with_kl:
+            return self.executor.evaluate(coords, exaggeration)
+        return self.executor.evaluate(coords, exaggeration, with_kl=False)
+
+    def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def advance(self, it: int) -> str:
+        raise NotImplementedError
+
+    def final_kl(self, it: int, converged: bool, stopped: bool) -> float | None:
+        raise NotImplementedError
+
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> OptimizerState:
+        return self.state.snapshot(it, history, seconds, elapsed)
+
+
+def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, callback=None, checkpoint=None,
+             stop=None) -> OptimizeResult:
+    """Iterations ``resumed.iteration`` (0 for a fresh run) to at most ``n_iter`` of ``run`` (module
+    docstring); ``resumed`` is the state the run was built from, whose history entries are copied in."""
+    s = run.state
+    if resumed is None:
+        run.geometry.validate(s.coords, "the optimiser's start coordinates")
+    history, seconds, first = history_buffers(resumed, n_iter)
+    start = time.perf_counter() - s.elapsed
+    converged = stopped = False
+    it = first
+
+    def export():
+        return run.export(it, history, seconds, time.perf_counter() - start)
+
+    run.checkpoint, run.export_now = checkpoint, export
+    for it in range(first, n_iter):
+        if checkpoint is not None and it > first:
+            checkpoint(it, export)
+        history[it], kl = run.observe(it, history)
+        seconds[it] = time.perf_counter() - start
+        if callback is not None:
+            callback(it, kl)
+        if stop is not None and stop(it, kl, s.coords):
+            stopped = True
+            break
+        if not np.isfinite(kl):
+            raise FloatingPointError(f"KL became {kl} at iteration {it}")
+        if stalled(history, it, run.stall_start, run.window, run.tol):
+            converged = True
+            break
+        outcome = run.advance(it)
+        if outcome == HALT:
+            break
+        if outcome == MOVED:
+            s.coords = run.geometry.recentre(s.coords, run.space_dims)
+    else:
+        it = n_iter
+    kl = run.final_kl(it, converged, stopped)
+    if kl is not None:
+        history[it] = kl
+        seconds[it] = time.perf_counter() - start
+    final = export()
+    return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged,
+                          getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final)
