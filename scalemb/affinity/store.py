@@ -17,6 +17,7 @@ of its own plus at most one chunk shared with each neighbour; ``read_rows(r0, r1
 that hold rows ``[r0, r1)``.  Writing goes to a hidden sibling directory renamed into place at the end, so
 a failed or interrupted write leaves nothing under the target name.
 """
+import functools
 import hashlib
 from pathlib import Path
 
@@ -203,9 +204,9 @@ class AffinityStore:
             raise InputError(self.path, f"node_ids has shape {ids.shape}, expected ({self.n_points},)")
         return ids.astype(np.int64)
 
-    @property
+    @functools.cached_property
     def radii(self) -> np.ndarray | None:
-        """Per-point target radii (``Affinity.radii``), None if the store has none."""
+        """Per-point target radii (``Affinity.radii``), None if the store has none (read once)."""
         if "radii" not in self._group:
             return None
         try:

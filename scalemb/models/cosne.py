@@ -18,12 +18,18 @@ own coordinates.  The pair kernels therefore scatter ``a (y_i - y_j)`` with oppo
 radial scalar ``a |Δ|²`` per point, applied as ``(Σ a |Δ|²) y_p / α_p`` at the end.
 
 The KL part is the engine's ordered-pair KL (``A``, ``R`` as in ``kernels``: gradient ``2 (R/Z - α A)``).  The
-objective is ``λ1 KL + λ2 H`` (paper eq. 11), ``H = mean_i (|x_i|² - |y_i|²)²`` (eq. 10; ``|x_i|`` the per-point
-target radii ``affinity.radii``), ``∂H/∂y_i = -4/N (|x_i|² - |y_i|²) y_i`` (eq. 14 with the mean's ``1/N``).  We
-minimise ``KL + (λ2/λ1) H``, the paper's objective divided by ``λ1``: the same minimiser, and the paper itself
-notes that λ1 and λ2 act as learning rates; dividing keeps the step sizes the engine's optimisers are tuned for
-(KL scale).  ``H`` is switched on after ``warmup`` iterations (the paper's stage-wise training: 500); the final
-evaluation (``iteration=None``) includes it.
+objective is the paper's ``λ1 KL + λ2 H`` (eq. 11) with ``H = mean_i (|x_i|² - |y_i|²)²`` (eq. 10; ``|x_i|`` the
+per-point target radii, ``affinity.radii``).  Two choices, both because of what the paper actually optimises:
+
+* the paper's gradient of H (eq. 14, ``-4 (|x_i|² - |y_i|²) y_i``, also its code's) is the gradient of the *sum*
+  ``N H``, not of the mean: its defaults λ1 = 10, λ2 = 0.01 are tuned for that, so the term we add is
+  ``λ2 N H`` (with the mean's own gradient λ2 = 0.01 would do nothing measurable at N = 100);
+* we minimise the paper's objective divided by λ1, ``KL + (λ2/λ1) N H``: the same minimiser (the paper itself
+  calls λ1 and λ2 learning rates), at the KL scale the engine's step sizes and reports are made for.
+
+``H`` is switched on once the optimiser's ``iteration`` reaches ``warmup`` (the paper's stage-wise training,
+500 iterations); an evaluation outside an optimisation (``iteration`` None) includes it.  Reported values:
+``Evaluation.kl`` is this objective; ``norm_loss`` gives H alone.
 
 Every kernel has the signature of ``kernels.make_kernels``' outputs; the time dimensions do not exist
 (``has_time=False``), so ``space_dims`` is the number of coordinates.  Coordinates are assumed strictly inside
@@ -266,8 +272,8 @@ def check_params(gamma, lambda1, lambda2, warmup) -> dict:
 
 
 def make_point_term(lambda1: float, lambda2: float, warmup: int):
-    """The model's ``point_term(coords, iteration, affinity)``: ``(λ2/λ1) H`` and its gradient once
-    ``iteration >= warmup`` or at the final evaluation (``iteration`` None), zero before.  The targets are
+    """The model's ``point_term(coords, iteration, affinity)``: ``(λ2/λ1) N H`` and its gradient once
+    ``iteration >= warmup`` or outside an optimisation (``iteration`` None), zero before.  The targets are
     ``hyperbolic.target_radii(affinity)``: the input norms, or for a graph radii from the degree."""
     weight = lambda2 / lambda1
 
@@ -275,7 +281,8 @@ def make_point_term(lambda1: float, lambda2: float, warmup: int):
         if weight == 0.0 or (iteration is not None and iteration < warmup):
             return 0.0, np.zeros_like(coords)
         value, grad = norm_loss(coords, target_radii(affinity))
-        return weight * value, weight * grad
+        n = coords.shape[1]
+        return weight * n * value, (weight * n) * grad
 
     return point_term
 
