@@ -295,4 +295,4 @@ def make_model(gamma: float = DEFAULTS["gamma"], lambda1: float = DEFAULTS["lamb
     return Model("cosne", f"CO-SNE, Poincaré ball, hyperbolic Cauchy kernel (gamma={params['gamma']:g})", False,
                  *make_kernels(params["gamma"]), similarity=similarity, geometry=POINCARE,
                  point_term=make_point_term(params["lambda1"], params["lambda2"], params["warmup"]),
-                 default_optimizer="dbd", params=params)
+                 default_optimizer="dbd", learning_rate_scale=4.0 * params["gamma"] ** 2, params=params)
