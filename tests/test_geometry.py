@@ -110,13 +110,7 @@ def ball_model(name="tsne"):
     step, search and re-centre through ``model.geometry`` alone)."""
     from scalemb.models import get_model
 
-    model = get_model(name)
-    try:
-        return dataclasses.replace(model, geometry=POINCARE)
-    except TypeError:  # a Model without the contract's ``geometry`` field: add one
-        cls = dataclasses.make_dataclass("BallModel", [("geometry", object, dataclasses.field(default=POINCARE))],
-                                         bases=(type(model),), frozen=True)
-        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
+    return dataclasses.replace(get_model(name), geometry=POINCARE)
 
 
 def ball_start(n_points):

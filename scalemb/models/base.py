@@ -7,7 +7,7 @@ A model owns
   signatures, e.g. a kernel of a non-Euclidean distance),
 * ``objective``: how the blocks' partial sums reduce to its value and gradient (``scalemb.models.objective``),
 * ``geometry``: the space the coordinates live in (``scalemb.geometry``: initialisation, Riemannian gradient,
-  retraction, re-centring); None means Euclidean,
+  retraction, re-centring); ``EUCLIDEAN`` by default (None is read as Euclidean too),
 * ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.fft.FFTSpec``), or None: exact repulsion only,
 * ``default_optimizer``: what optimizer ``'auto'`` means for it,
 * ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
@@ -22,6 +22,7 @@ The engine, the optimisers, the CLI and the service never branch on a model's na
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..geometry import EUCLIDEAN, Geometry
 from .objective import KL, Objective
 
 
@@ -41,7 +42,7 @@ class Model:
     # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
     similarity: Callable = field(default=None, repr=False)
     objective: Objective = field(default=KL(), repr=False)
-    geometry: object = field(default=None, repr=False)
+    geometry: Geometry = field(default=EUCLIDEAN, repr=False)
     fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
     default_optimizer: str = "sd"
     point_term: Callable = field(default=None, repr=False)

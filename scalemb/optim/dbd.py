@@ -7,7 +7,13 @@ sign (the descent keeps going the same way), ``g <- 0.8 g`` otherwise, floored a
 sec. 4: "gamma_t / gamma_s should be very small, e.g. 1/100"; its GrQc runs used 1/500, which we measured to be
 needed on GrQc: 1/100 diverges there), because Q reacts exponentially to time.
 Early exaggeration multiplies P by ``exaggeration`` in the gradient for the first iterations; coordinates are
-re-centred after every step.  ``max_step_norm`` (off by default) clips each point's space step to that
+re-centred after every step (``geometry.recentre``).  On a manifold (the model's ``geometry``, e.g. the Poincaré
+ball) this is Riemannian delta-bar-delta: ``grad`` above is the Riemannian gradient
+``geometry.riemannian_gradient`` (in the ball the Euclidean one times ``(1 - |y|^2)^2 / 4``; a positive factor, so
+the gains' sign test is unchanged), the increment is applied by ``geometry.retract`` and the momentum buffer is
+reused at the new point without parallel transport (as Riemannian SGD with momentum commonly does; in a
+conformal model the transport of a small step is a rescaling and rotation of order the step); Euclidean runs
+are the classic update bit for bit.  ``max_step_norm`` (off by default) clips each point's space step to that
 Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
 cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  ``kl_every = k > 1`` computes
 the KL only every k-th iteration, as openTSNE does (its iterations compute the gradient alone), saving the
@@ -151,7 +157,7 @@ class _DBDRun(StepRun):
         r, s = self.rule, self.state
         alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
         self.with_kl = with_kl = it % r.kl_every == 0
-        ev = self.evaluate(s.coords, alpha, with_kl)
+        ev = self.evaluate(s.coords, alpha, it, with_kl)
         s.evaluations += 1
         if r._blew_up(ev, with_kl, s.best_kl):
             s.backoffs += 1
@@ -166,7 +172,7 @@ class _DBDRun(StepRun):
             s.update[:] = 0.0
             s.gains[:] = 1.0
             s.time_gain = 1.0
-            ev = self.evaluate(s.coords, alpha, with_kl)
+            ev = self.evaluate(s.coords, alpha, it, with_kl)
             s.evaluations += 1
         if ev.kl < s.best_kl:
             s.best_kl = ev.kl
@@ -201,7 +207,7 @@ class _DBDRun(StepRun):
         if converged or (stopped and self.with_kl):
             return None
         self.state.evaluations += 1
-        return self.evaluate(self.state.coords).kl
+        return self.evaluate(self.state.coords, 1.0, it).kl
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:

@@ -14,6 +14,10 @@ curvature model there.  We keep the SNEST paper's choice, one global adaptive le
 step ``-eta_t G_t`` into the same search direction; ``eta_t`` grows by ``x1.2`` while successive time
 gradients keep the descent direction and halves otherwise.
 
+On a manifold (the model's ``geometry``) the descent is Riemannian: the gradient direction is the Riemannian
+gradient, trial points are ``geometry.retract(x, a p)`` and accepted points are re-centred by
+``geometry.recentre`` (see ``_DescentRun``); Euclidean runs are bit for bit what they were.
+
 Line search: start from the last accepted step (``x growth`` after a first-trial acceptance, at most
 ``max_step``), shrink by ``rho``, accept when ``f(x + a p) <= f(x) + c a g.p``; f is the (exaggerated)
 objective, so KL never increases once exaggeration is off.  Gradient descent (``direction='gradient'``)
@@ -184,7 +188,7 @@ class LineSearchDescent:
         coords = np.array(coords, dtype=np.float64, order="C")
         n_points = coords.shape[1]
         alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
-        ev = executor.evaluate(coords, alpha)
+        ev = executor.evaluate(coords, alpha, iteration=0)
         return DescentState(iteration=0, coords=coords, kl_history=np.zeros(0), seconds=np.zeros(0),
                             evaluations=1, elapsed=0.0, kl=ev.kl, objective=ev.objective, gradient=ev.gradient,
                             z=ev.z, alpha=alpha, step=self._initial_step(n_points), time_rate=self._time_rate(n_points),
@@ -302,6 +306,9 @@ class _DescentRun(StepRun):
         self.methods = rule.methods(self.n_points)
         self.should_stop = getattr(checkpoint, "stop_requested", None)
         self.ev = state.evaluation()
+        # a model whose objective changes with the iteration (a point term after a warm-up): the evaluation carried
+        # to the next iteration must be that iteration's (re-evaluated after a failed line search)
+        self.iteration_dependent = getattr(getattr(executor, "model", None), "point_term", None) is not None
         self.solver_state = rule._restore_solver(executor, state, self.methods) if resumed else {"stale": True}
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
@@ -310,7 +317,7 @@ class _DescentRun(StepRun):
         if s.alpha != 1.0 and it >= r.exaggeration_iterations:
             s.alpha = 1.0
             self.solver_state["stale"] = True
-            self.ev = self.evaluate(s.coords, s.alpha)
+            self.ev = self.evaluate(s.coords, s.alpha, it)
             s.evaluations += 1
             s.step = r._initial_step(self.n_points)
         return self.ev.kl, self.ev.kl
@@ -343,7 +350,8 @@ class _DescentRun(StepRun):
                 s.time_rate *= 1.2 if np.sum(rgrad[ds:] * s.previous_time_step) < 0 else 0.5
             direction[ds:] = -s.time_rate * rgrad[ds:]
         alpha = s.alpha
-        result = armijo(lambda x: self.evaluate(x, alpha), s.coords, direction, self.ev, s.step, r.c, r.rho,
+        # a trial that is accepted is the next iteration's point: its objective is iteration it + 1's
+        result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
                         retract=self.geometry.retract)
         s.evaluations += result.trials
         if not result.accepted:
@@ -351,6 +359,9 @@ class _DescentRun(StepRun):
             s.step = r._initial_step(self.n_points)
             s.previous_space = None
             solver_state["stale"] = True
+            if self.iteration_dependent:  # the kept point's evaluation must be iteration it + 1's objective
+                self.ev = self.evaluate(s.coords, alpha, it + 1)
+                s.evaluations += 1
             if s.failures >= r.max_failures:
                 logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
                                "stopping", s.failures, it, self.ev.kl)
@@ -367,7 +378,7 @@ class _DescentRun(StepRun):
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
         """The KL at the last iterate: the last evaluation's, or one without exaggeration if it was on (that
         evaluation is not counted in ``evaluations``, as it never was)."""
-        return self.ev.kl if self.state.alpha == 1.0 else self.evaluate(self.state.coords).kl
+        return self.ev.kl if self.state.alpha == 1.0 else self.evaluate(self.state.coords, 1.0, it).kl
 
     def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> DescentState:
         return self.state.export(it, history, seconds, elapsed, self.ev, self.solver_state)

@@ -45,12 +45,10 @@ class StepRun:
         self.checkpoint = None
         self.export_now = None
 
-    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True):
-        """``executor.evaluate``; ``with_kl=False`` is passed only when set, so an executor with the plain
-        ``evaluate(coords, exaggeration)`` runs the default."""
-        if with_kl:
-            return self.executor.evaluate(coords, exaggeration)
-        return self.executor.evaluate(coords, exaggeration, with_kl=False)
+    def evaluate(self, coords: np.ndarray, exaggeration: float, iteration: int, with_kl: bool = True):
+        """``executor.evaluate`` of the objective that holds at iteration ``iteration`` (a model's
+        ``point_term`` may switch on after a warm-up: the executor passes it the iteration)."""
+        return self.executor.evaluate(coords, exaggeration, with_kl=with_kl, iteration=iteration)
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         raise NotImplementedError
