@@ -141,7 +141,12 @@ class Embedder:
         self.init = init
 
     def _check(self):
-        model = get_model(self.model) if isinstance(self.model, str) else self.model
+        if isinstance(self.model, str):
+            model = get_model(self.model)
+        elif isinstance(self.model, dict):  # {"name", "params"}: a model with parameters, as a checkpoint records it
+            model = get_model(self.model["name"], **self.model.get("params", {}))
+        else:
+            model = self.model
         time_dims = self.time_dims if self.time_dims is not None else model.default_time_dims()
         model.check_dims(self.space_dims, time_dims)
         if int(self.iterations) < 1:

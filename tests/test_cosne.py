@@ -256,3 +256,96 @@ def test_points_at_the_projection_radius_give_finite_values():
     assert np.isfinite([plogw, z]).all() and np.isfinite(A).all() and np.isfinite(R).all()
     grad = POINCARE.riemannian_gradient(Y, 2 * (R / z - A))
     assert np.isfinite(grad).all()
+
+
+@pytest.fixture(scope="module")
+def paper_affinity():
+    from scalemb.affinity.hyperbolic import hyperbolic_affinity, wrapped_normal_clusters
+
+    X, labels = wrapped_normal_clusters(seed=0)
+    return X, labels, hyperbolic_affinity(X, perplexity=10)
+
+
+def test_full_objective_gradient_through_the_executor(paper_affinity):
+    """Evaluation of the whole model (KL reduction + point term after its warm-up) against finite differences."""
+    from scalemb.engine import LocalExecutor
+    from scalemb.models import get_model
+
+    _, _, affinity = paper_affinity
+    model = get_model("cosne", gamma=0.2, lambda2=0.5, warmup=3)
+    coords = points(affinity.n_points, 2, np.random.default_rng(8), True)
+    with LocalExecutor(affinity, model, 2, 0, repulsion="exact") as ex:
+        before, after = ex.evaluate(coords, iteration=2), ex.evaluate(coords, iteration=3)
+        h_value, h_grad = norm_loss(coords, affinity.radii)
+        weight = 0.5 / 10.0 * affinity.n_points
+        assert after.kl - before.kl == pytest.approx(weight * h_value, rel=1e-10)
+        assert np.allclose(after.gradient - before.gradient, weight * h_grad, rtol=1e-9, atol=1e-14)
+        h = 1e-6
+        rng = np.random.default_rng(9)
+        for i in rng.choice(affinity.n_points, 8, replace=False):  # boundary points are every third one
+            for k in range(2):
+                up, down = coords.copy(), coords.copy()
+                up[k, i] += h
+                down[k, i] -= h
+                numeric = (ex.evaluate(up, iteration=3).kl - ex.evaluate(down, iteration=3).kl) / (2 * h)
+                assert numeric == pytest.approx(after.gradient[k, i], rel=1e-5, abs=1e-7 * np.abs(after.gradient).max())
+
+
+def test_cosne_end_to_end_local_and_dask(paper_affinity, dask_cluster, tmp_path):
+    """The Python API locally and on 2 Dask workers (bit-identical), delta-bar-delta and gradient descent, the
+    warm-up switching H on, the map inside the ball, the 1-NN error of the far clusters."""
+    from scalemb.embedding import Embedder
+    from scalemb.models import get_model
+
+    X, labels, affinity = paper_affinity
+    model = get_model("cosne", warmup=20)
+    runs = {}
+    for optimizer in ("dbd", "gd"):
+        runs[optimizer] = Embedder(model=model, iterations=40, optimizer=optimizer, repulsion="exact").fit(affinity)
+        Y = runs[optimizer].embedding_
+        assert np.isfinite(Y).all() and np.linalg.norm(Y, axis=1).max() < 1
+    # H joins the objective at iteration 20: until then the run equals one without H, bit for bit
+    plain = Embedder(model=get_model("cosne", warmup=20, lambda2=0.0), iterations=40, optimizer="dbd",
+                     repulsion="exact").fit(affinity).result_.kl_history
+    history = runs["dbd"].result_.kl_history
+    assert np.array_equal(history[:20], plain[:20]) and not np.any(history[20:] == plain[20:])
+    dask = Embedder(model=model, iterations=40, optimizer="dbd", repulsion="exact",
+                    scheduler=dask_cluster.address).fit(affinity)
+    assert np.array_equal(dask.embedding_, runs["dbd"].embedding_)
+    assert dask.kl_ == runs["dbd"].kl_
+
+
+def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
+    from scalemb.affinity.hyperbolic import wrapped_normal_clusters
+    from scalemb.cli.main import main
+    from scalemb.plot.figure import map_data
+
+    X, _ = wrapped_normal_clusters(seed=2)
+    np.save(tmp_path / "x.npy", X)
+    store, out = tmp_path / "p.zarr", tmp_path / "run.zarr"
+    assert main(["affinity", str(tmp_path / "x.npy"), "--knn", "30", "--perplexity", "8", "--metric", "poincare",
+                 "--out", str(store), "--quiet"]) == 0
+    assert main(["embed", str(store), "--model", "cosne", "--iterations", "30", "--out", str(out), "--quiet",
+                 "--model-param", "warmup=10", "--model-param", "gamma=0.2"]) == 0
+    assert map_data(out).ball
+    assert main(["plot", str(out), "--out", str(tmp_path / "map.png"), "--quiet"]) == 0
+    bad = tmp_path / "bad.npy"
+    for row, message in (([1.0, 0, 0, 0, 0], "norm 1"), ([0.9, 0.9, 0, 0, 0], "norm 1.27")):
+        Xb = X.copy()
+        Xb[5] = row
+        np.save(bad, Xb)
+        capsys.readouterr()
+        assert main(["affinity", str(bad), "--knn", "30", "--metric", "poincare", "--out",
+                     str(tmp_path / "bad.zarr"), "--quiet"]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "bad.zarr").exists()
+    for extra, message in ((["--model-param", "gamma=0"], "gamma must be > 0"),
+                           (["--model-param", "lambda2=-1"], "lambda2 must be >= 0"),
+                           (["--model-param", "lambda1=-1"], "lambda1 must be > 0"),
+                           (["--time", "1"], "no time dimensions"),
+                           (["--model-param", "delta=1"], "does not take")):
+        capsys.readouterr()
+        assert main(["embed", str(store), "--model", "cosne", "--iterations", "3", "--out",
+                     str(tmp_path / "never.zarr"), "--quiet", *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "never.zarr").exists()

@@ -93,7 +93,7 @@ def hyperbolic_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = N
                         n_jobs: int | None = None, source=None) -> Affinity:
     """CO-SNE's input affinity of points ``X`` (N x d, inside the unit ball), with ``radii = |x_i|`` (module
     docstring); ``n_neighbors`` defaults to ``min(N - 1, 3 perplexity)`` as for Euclidean kNN."""
-    X = check_ball(X)
+    X = check_ball(X, "X" if source is None else str(source))
     n = X.shape[0]
     if n_neighbors is None:
         n_neighbors = min(n - 1, int(3 * perplexity))
