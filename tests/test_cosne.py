@@ -349,3 +349,24 @@ def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "never.zarr").exists()
+
+
+def test_metrics_rank_in_the_poincare_distance(paper_affinity):
+    """NP@deg and the 1-NN error with model='cosne' rank neighbours by the Poincaré distance (not the Euclidean
+    one): checked against a brute-force count on a map where the two orders differ."""
+    from scalemb.affinity.hyperbolic import poincare_distances
+    from scalemb.metrics import neighbourhood_preservation, one_nn_error
+
+    _, labels, affinity = paper_affinity
+    Y = points(affinity.n_points, 2, np.random.default_rng(11), True).T
+    D = poincare_distances(Y, Y)
+    np.fill_diagonal(D, np.inf)
+    G = affinity.P
+    expected = []
+    for i in range(G.shape[0]):
+        neighbours = G.indices[G.indptr[i]:G.indptr[i + 1]]
+        nearest = np.argsort(D[i], kind="stable")[:neighbours.size]
+        expected.append(np.isin(nearest, neighbours).mean())
+    assert neighbourhood_preservation(affinity, Y, model="cosne").value == pytest.approx(np.mean(expected))
+    assert neighbourhood_preservation(affinity, Y, model="tsne").value != pytest.approx(np.mean(expected))
+    assert one_nn_error(Y, labels, model="cosne").value == pytest.approx(np.mean(labels[D.argmin(1)] != labels))

@@ -41,6 +41,10 @@ class Model:
     # numba function (d2s, d2t) -> a strictly increasing function of the kernel w_ij: "more similar" in this
     # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
     similarity: Callable = field(default=None, repr=False)
+    # optional (N, d) -> (N, d') coordinates that ``similarity`` ranks on (space columns first), for kernels that
+    # are not a function of coordinate differences: CO-SNE lifts the ball to the hyperboloid, where
+    # |Δx|² - Δx0² = 2 (cosh d_B - 1)
+    ranking_coords: Callable = field(default=None, repr=False)
     objective: Objective = field(default=KL(), repr=False)
     geometry: Geometry = field(default=EUCLIDEAN, repr=False)
     fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None

@@ -293,6 +293,7 @@ def make_model(gamma: float = DEFAULTS["gamma"], lambda1: float = DEFAULTS["lamb
     iteration ``warmup`` after which H is added (module docstring)."""
     params = check_params(gamma, lambda1, lambda2, warmup)
     return Model("cosne", f"CO-SNE, Poincaré ball, hyperbolic Cauchy kernel (gamma={params['gamma']:g})", False,
-                 *make_kernels(params["gamma"]), similarity=similarity, geometry=POINCARE,
+                 *make_kernels(params["gamma"]), similarity=similarity, ranking_coords=hyperboloid,
+                 geometry=POINCARE,
                  point_term=make_point_term(params["lambda1"], params["lambda2"], params["warmup"]),
                  default_optimizer="dbd", learning_rate_scale=4.0 * params["gamma"] ** 2, params=params)
