@@ -159,6 +159,11 @@ class _DBDRun(StepRun):
         self.with_kl = with_kl = it % r.kl_every == 0
         ev = self.evaluate(s.coords, alpha, it, with_kl)
         s.evaluations += 1
+        if self.iteration_dependent and with_kl and r._blew_up(ev, with_kl, s.best_kl):
+            # the objective may have changed since the best iterate (a point term switched on): re-base the best
+            # KL on this iteration's objective at the best iterate before calling the jump a blow-up
+            s.best_kl = self.evaluate(s.best_coords, alpha, it).kl
+            s.evaluations += 1
         if r._blew_up(ev, with_kl, s.best_kl):
             s.backoffs += 1
             if s.backoffs > r.max_backoffs:

@@ -306,9 +306,6 @@ class _DescentRun(StepRun):
         self.methods = rule.methods(self.n_points)
         self.should_stop = getattr(checkpoint, "stop_requested", None)
         self.ev = state.evaluation()
-        # a model whose objective changes with the iteration (a point term after a warm-up): the evaluation carried
-        # to the next iteration must be that iteration's (re-evaluated after a failed line search)
-        self.iteration_dependent = getattr(getattr(executor, "model", None), "point_term", None) is not None
         self.solver_state = rule._restore_solver(executor, state, self.methods) if resumed else {"stale": True}
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:

@@ -42,6 +42,9 @@ class StepRun:
         self.geometry = geometry_of(executor)
         self.space_dims = executor.space_dims
         self.state = state
+        # the model's objective may change with the iteration (a point term switched on after a warm-up): the
+        # rules then re-base what they compare across iterations (the line search's current point, DBD's best KL)
+        self.iteration_dependent = getattr(getattr(executor, "model", None), "point_term", None) is not None
         self.checkpoint = None
         self.export_now = None
 
