@@ -109,7 +109,7 @@ def synthetic(args, report):
         affinity = hyperbolic_affinity(X, perplexity=perplexity)
         for optimizer in args.optimizers:
             result, seconds = run_scalemb(affinity, "cosne", args.iterations, optimizer)
-            rows.append(measure(f"scalemb cosne ({result.optimizer.get('name', optimizer)})", result.embedding, X,
+            rows.append(measure(f"scalemb cosne ({optimizer})", result.embedding, X,
                                 labels, affinity, True, seconds, result.iterations))
             report(markdown_table(header, rows[-1:]).splitlines()[-1])
         tsne_aff = knn_affinity(X, perplexity=perplexity)

@@ -49,13 +49,17 @@ class EmbeddingResult:
     optimizer: dict = field(default_factory=dict)
     repulsion: dict = field(default_factory=dict)  # {"method": "exact"} or {"method": "fft", **FFTParams}
     seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
+    model_params: dict = field(default_factory=dict)  # the model is get_model(model, **model_params)
 
     def attrs(self) -> dict:
-        return {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
-                "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
-                "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
-                "wall_time_s": self.wall_time, "scalemb_version": __version__,
-                "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
+        attrs = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                 "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
+                 "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
+                 "wall_time_s": self.wall_time, "scalemb_version": __version__,
+                 "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
+        if self.model_params:  # models without parameters keep the attributes they always had
+            attrs["model_params"] = self.model_params
+        return attrs
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the result as a Zarr v3 group (see ``scalemb.io.results``)."""
@@ -68,7 +72,7 @@ class EmbeddingResult:
         return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
                    attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
                    attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
-                   attrs.get("optimizer", {}), attrs.get("repulsion", {}))
+                   attrs.get("optimizer", {}), attrs.get("repulsion", {}), model_params=attrs.get("model_params", {}))
 
 
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
@@ -98,11 +102,11 @@ def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.rando
 class Embedder:
     """SNE-family embedding estimator.
 
-    Parameters: ``model`` (a name of ``scalemb.models.MODEL_NAMES``, e.g. 'sne', 'tsne', 'snest', or a ``Model``,
-    e.g. ``get_model(name, **params)``), ``space_dims``, ``time_dims`` (default 1 for a model with time, else
-    0), ``iterations`` (maximum per restart), ``seed``, ``restarts`` (best KL kept), ``optimizer`` (a name,
-    'auto', 'dbd', 'sd' or 'gd', or an optimiser instance; 'auto' is the model's ``default_optimizer``),
-    ``n_threads``, ``quiet``,
+    Parameters: ``model`` (a name of ``scalemb.models.MODEL_NAMES``, e.g. 'sne', 'tsne', 'snest', or a
+    ``Model``), ``model_params`` (a dict: the model is ``get_model(model, **model_params)``), ``space_dims``,
+    ``time_dims`` (default 1 for a model with time, else 0), ``iterations`` (maximum per restart), ``seed``,
+    ``restarts`` (best KL kept), ``optimizer`` (a name, 'auto', 'dbd', 'sd' or 'gd', or an optimiser instance;
+    'auto' is the model's ``default_optimizer``), ``n_threads``, ``quiet``,
     ``repulsion`` ('auto', 'exact' or 'fft': all pairs, or FFT-accelerated interpolation with ``fft_params``, a
     ``scalemb.repulsion.FFTParams``; 'auto' takes fft from the N measured in ``scalemb.repulsion.method``).
     Where it runs: in-process threads (default); ``scheduler`` (``'tcp://host:8786'``) an existing Dask
@@ -124,8 +128,12 @@ class Embedder:
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
                  fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None,
-                 init="random"):
+                 init="random", model_params: dict | None = None):
+        if not isinstance(model, str) and model is not None:  # a Model: recorded (checkpoints) by name and params
+            model_params = {**model.params, **(model_params or {})}
+            model = model.name
         self.model = model
+        self.model_params = model_params
         self.space_dims = space_dims
         self.time_dims = time_dims
         self.iterations = iterations
@@ -141,12 +149,7 @@ class Embedder:
         self.init = init
 
     def _check(self):
-        if isinstance(self.model, str):
-            model = get_model(self.model)
-        elif isinstance(self.model, dict):  # {"name", "params"}: a model with parameters, as a checkpoint records it
-            model = get_model(self.model["name"], **self.model.get("params", {}))
-        else:
-            model = self.model
+        model = get_model(self.model, **(self.model_params or {}))
         time_dims = self.time_dims if self.time_dims is not None else model.default_time_dims()
         model.check_dims(self.space_dims, time_dims)
         if int(self.iterations) < 1:
@@ -234,7 +237,7 @@ class Embedder:
             kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=provenance,
-            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params))
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
@@ -267,7 +270,8 @@ class Embedder:
             embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
             model=model.name, space_dims=self.space_dims, time_dims=time_dims, iterations=run.iterations,
             seed=self.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
-            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds)
+            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
+            model_params=dict(model.params))
         self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
         self.run_, self.optimizer_ = run, optimizer
         return self

@@ -151,11 +151,11 @@ class Embedder(TransformerMixin, BaseEstimator):
     def _runner(self):
         from .embedding import Embedder as Runner
 
-        options = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
-                   "iterations": self.iterations, "seed": self._seed(), "restarts": self.restarts,
-                   "optimizer": self.optimizer, "n_threads": self._threads(), "quiet": self.quiet,
-                   "repulsion": self.repulsion, "fft_params": self.fft_params, "scheduler": self.scheduler,
-                   "workers": self.workers}
+        options = {"model": self.model, "model_params": self.model_params, "space_dims": self.space_dims,
+                   "time_dims": self.time_dims, "iterations": self.iterations, "seed": self._seed(),
+                   "restarts": self.restarts, "optimizer": self.optimizer, "n_threads": self._threads(),
+                   "quiet": self.quiet, "repulsion": self.repulsion, "fft_params": self.fft_params,
+                   "scheduler": self.scheduler, "workers": self.workers}
         if self.init is not None:
             if "init" not in inspect.signature(Runner.__init__).parameters:
                 raise ValueError("init: this scalemb's engine takes no initial coordinates (init=None only)")

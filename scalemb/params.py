@@ -26,6 +26,7 @@ GRAPH_AFFINITIES = ("coauthorship", "normalized")
 PARAMS = (
     Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE)", MODELS,
           "--model", "model"),
+    Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)"),
     Param("space_dims", 2, "space dimensions", None, "--space", "space"),
     Param("time_dims", None, "time dimensions (default 1 for a model with time, e.g. snest, else 0)", None,
           "--time", "time"),

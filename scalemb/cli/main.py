@@ -356,13 +356,12 @@ def _embed(args) -> int:
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
-    model = args.model
-    if args.model_param:
-        try:
-            model = get_model(args.model, **dict(args.model_param))
-        except TypeError as exc:  # a name make_model does not take
-            raise ValueError(f"--model-param: model {args.model!r} does not take these parameters ({exc})") from None
-    embedder = Embedder(model=model, space_dims=args.space, time_dims=args.time,
+    params = dict(args.model_param)
+    try:
+        get_model(args.model, **params)  # refuse bad parameters before anything is written
+    except TypeError as exc:  # a name make_model does not take
+        raise ValueError(f"--model-param: model {args.model!r} does not take these parameters ({exc})") from None
+    embedder = Embedder(model=args.model, model_params=params or None, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
                         scheduler=args.scheduler, workers=args.workers, init=args.init,

@@ -72,14 +72,10 @@ class _RowSpace:
     """Maps a row-block function over an executor's blocks, in the row order its blocks hold.
 
     Dask partitions hold P's rows in the input order; a ``LocalExecutor`` may hold them renumbered (locality
-    order), so vectors are moved into the executor's order before a pass and back after
-    (``engine.base.Executor._to_internal`` / ``_to_input``)."""
+    order), so results are moved back to the input's order after a pass (``engine.base.Executor._to_input``)."""
 
     def __init__(self, executor):
         self.executor = executor
-
-    def to_rows(self, x):
-        return self.executor._to_internal(x[None, :])[0].astype(x.dtype, copy=False)
 
     def to_input(self, x):
         return self.executor._to_input(x[None, :])[0]

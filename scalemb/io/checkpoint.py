@@ -201,7 +201,7 @@ def _check_same_run(path, stored: dict, config: dict) -> None:
         raise ScalembError(f"{path}: the input changed since the run was checkpointed (content hash "
                            f"{str(stored.get('input_hash'))[:12]}…, now {config['input_hash'][:12]}…); "
                            "refusing to resume")
-    keys = ("model", "space_dims", "time_dims", "seed", "restarts", "optimizer", "repulsion")
+    keys = ("model", "model_params", "space_dims", "time_dims", "seed", "restarts", "optimizer", "repulsion")
     changed = [k for k in keys if _json_safe(config[k]) != stored.get(k)]
     if changed:
         raise ScalembError(f"{path}: settings differ from the checkpointed run ({', '.join(changed)}); "
@@ -299,7 +299,8 @@ class Checkpointer:
             raise ValueError(f"checkpoints need a scalemb optimiser (dbd, sd or gd), got {optimizer!r}")
         config = {"input": _input_reference(data), "graph_affinity": graph_affinity,
                   "provenance": dict(provenance), "input_hash": input_hash(provenance, executor, node_ids),
-                  "n_points": len(node_ids), "model": embedder.model, "space_dims": embedder.space_dims,
+                  "n_points": len(node_ids), "model": embedder.model,
+                  "model_params": getattr(embedder, "model_params", None), "space_dims": embedder.space_dims,
                   "time_dims": time_dims, "iterations": int(embedder.iterations), "seed": embedder.seed,
                   "restarts": int(embedder.restarts), "optimizer": optimizer_config(optimizer),
                   "n_threads": getattr(executor, "n_threads", embedder.n_threads), "repulsion": repulsion,

@@ -22,10 +22,6 @@ DIMENSIONS = {"embedding": ("node", "component"), "node_ids": ("node",), "kl_his
 
 
 def _json_safe(value):
-    from ..models.base import Model
-
-    if isinstance(value, Model):  # a model built with parameters: what get_model rebuilds it from
-        return {"name": value.name, "params": _json_safe(dict(value.params))}
     if isinstance(value, dict):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -39,8 +39,11 @@ relative force error for t-SNE R^2 with 6 points in unit boxes, so the defaults 
 Every plan convolves the unit charge only.  The self pair's ``w(0) = 1`` is subtracted from Z exactly; its
 force term is zero (the force kernels vanish at 0).
 
+Which plan, defaults and near field a model uses is its ``FFTSpec`` (``Model.fft``, defined in the model's
+module): this module names no model; the plans above are ``cauchy_plan``, ``gauss_plan`` and ``cauchy_time_plan``.
+
 Box layout (``FFTParams``, ``make_grid``).  Space: per dimension, boxes ``box_width`` wide (default per model
-and dimension, ``DEFAULT_INTERPOLATION``, from accuracy measurements), ``p`` equispaced nodes per box, the grid
+and dimension, ``FFTSpec.interpolation``, from accuracy measurements), ``p`` equispaced nodes per box, the grid
 centred on the embedding's extent ``[lo, hi]``, which it covers; the node-to-node
 products are convolutions, done by FFT over the space axes.  Time (SNEST, dt = 1): ``exp(Δt²)`` grows with the
 time extent T and varies relatively like ``2|Δt|``, so equispaced boxes would need ~T² of them; it is entire,

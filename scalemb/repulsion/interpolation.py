@@ -239,10 +239,11 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
     sorted by cell key (``sorted_keys``; cells of side ``cell_size >= cutoff``), so each neighbour cell is a
     contiguous, vectorisable range; the self pair is included there and its Z term subtracted exactly.
 
-    ``kind`` 0 t-SNE (``q - q_far``, force ``-2 (q² - q_far²)``), 1 SNE (the whole Gaussian, no far part),
-    2 SNEST (``exp(Δt²)`` times the t-SNE terms; time force ``2 exp(Δt²)(q - q_far)``), with
-    ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``.  ``fastmath`` as in the exact kernel (checked against
-    it by tests/test_fft_repulsion.py).
+    ``kind``: the kernel family of the grid's ``FFTSpec.near_kind`` (``scalemb.repulsion.fft``): 0
+    ``NEAR_CAUCHY`` (``q - q_far``, force ``-2 (q² - q_far²)``; t-SNE's), 1 ``NEAR_GAUSS`` (the whole Gaussian, no
+    far part; SNE's), 2 ``NEAR_CAUCHY_TIME`` (``exp(Δt²)`` times the Cauchy terms; time force
+    ``2 exp(Δt²)(q - q_far)``; SNEST's), with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``.
+    ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).
     """
     dims = Y.shape[0]
     n_points = Ys.shape[1]
