@@ -38,6 +38,7 @@ from common import Report, machine_description, markdown_table  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
 GAMMA = 0.1
+DEFAULT_LAMBDA2 = 0.01
 
 
 def cosne_kl(affinity, Y, gamma=GAMMA) -> float:
@@ -75,10 +76,11 @@ def measure(name, Y, X, labels, affinity, ball, seconds, iterations):
     return row
 
 
-def run_scalemb(affinity, model, iterations, optimizer="auto", seed=0):
+def run_scalemb(affinity, model, iterations, optimizer="auto", seed=0, model_params=None):
     start = time.perf_counter()
-    embedder = Embedder(model=model, space_dims=2, seed=seed, iterations=iterations, n_threads=THREADS,
-                        optimizer=optimizer, repulsion="exact" if model == "cosne" else "auto").fit(affinity)
+    embedder = Embedder(model=model, model_params=model_params, space_dims=2, seed=seed, iterations=iterations,
+                        n_threads=THREADS, optimizer=optimizer,
+                        repulsion="exact" if model == "cosne" else "auto").fit(affinity)
     return embedder.result_, time.perf_counter() - start
 
 
@@ -107,9 +109,11 @@ def synthetic(args, report):
         X, labels = wrapped_normal_clusters(n_per_cluster=n // 5, seed=args.seed)
         perplexity = 20.0 if n <= 100 else 30.0
         affinity = hyperbolic_affinity(X, perplexity=perplexity)
-        for optimizer in args.optimizers:
-            result, seconds = run_scalemb(affinity, "cosne", args.iterations, optimizer)
-            rows.append(measure(f"scalemb cosne ({optimizer})", result.embedding, X,
+        runs = [(optimizer, DEFAULT_LAMBDA2) for optimizer in args.optimizers]
+        runs += [("dbd", lam) for lam in args.lambda2 if lam != DEFAULT_LAMBDA2]
+        for optimizer, lam in runs:
+            result, seconds = run_scalemb(affinity, "cosne", args.iterations, optimizer, model_params={"lambda2": lam})
+            rows.append(measure(f"scalemb cosne ({optimizer}, λ2 = {lam:g})", result.embedding, X,
                                 labels, affinity, True, seconds, result.iterations))
             report(markdown_table(header, rows[-1:]).splitlines()[-1])
         tsne_aff = knn_affinity(X, perplexity=perplexity)
@@ -191,7 +195,7 @@ def grqc(args, report):
         affinity.radii = np.tanh(scale * np.log(degree.max() / np.maximum(degree, 1)))
         result, seconds = run_scalemb(affinity, "cosne", args.grqc_iterations)
         Y = result.embedding
-        np_deg = neighbourhood_preservation(affinity, Y, model="cosne")
+        np_deg = neighbourhood_preservation(affinity, Y, model="cosne", n_threads=THREADS)
         radius = np.linalg.norm(Y, axis=1)
         rows.append([f"c = {scale}", f"{np_deg.value:.4f}", f"{spearmanr(radius, degree).statistic:.3f}",
                      f"{cosne_kl(affinity, Y):.4f}", f"{norm_loss(np.ascontiguousarray(Y.T), affinity.radii)[0]:.4f}",
@@ -209,6 +213,8 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1000])
     parser.add_argument("--optimizers", nargs="*", default=["dbd", "gd"])
     parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--lambda2", type=float, nargs="*", default=[0.1, 1.0],
+                        help="further delta-bar-delta runs with these lambda2 (lambda1 = 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-python", default=None, help="python of an environment with torch (public code)")
     parser.add_argument("--public", default=None, help="the unpacked public CO-SNE repository")
