@@ -33,7 +33,8 @@ from scalemb.embedding import Embedder
 from scalemb.geometry import POINCARE
 from scalemb.models.cosne import make_kernels, norm_loss
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).resolve().parent  # last on the path (for `common`): `distributed` is the package, not the
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]  # benchmark of that name
 from common import Report, machine_description, markdown_table  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
