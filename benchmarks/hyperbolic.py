@@ -102,7 +102,7 @@ def run_public(args, X, n_iter):
 
 
 def synthetic(args, report):
-    header = ["layout", "N", "KL (CO-SNE objective)", "H", "1-NN error", "Spearman |x| vs |y|", "max |y|",
+    header = ["layout", "N", "KL (CO-SNE objective)", "H", "1-NN error", "Spearman ‖x‖ vs ‖y‖", "max ‖y‖",
               "iterations", "seconds"]
     rows = []
     notes = []
