@@ -22,11 +22,15 @@ class RowBlock:
 
 @dataclass
 class Affinity:
-    """P as a SciPy CSR matrix plus the original node ids and where it came from."""
+    """P as a SciPy CSR matrix plus the original node ids and where it came from.
+
+    ``radii``: optional per-point target radii in the unit ball (N,), ``0 <= r < 1`` (CO-SNE's norm loss keeps
+    ``|y_i|`` near them: the input points' norms, or radii derived from the degree for a graph)."""
 
     P: sp.csr_matrix
     node_ids: np.ndarray
     provenance: dict = field(default_factory=dict)
+    radii: np.ndarray | None = None
 
     def __post_init__(self):
         P = sp.csr_matrix(self.P, dtype=np.float64)
@@ -50,6 +54,7 @@ class Affinity:
         self.node_ids = np.asarray(self.node_ids, dtype=np.int64)
         if self.node_ids.shape != (P.shape[0],):
             raise ValueError("node_ids must have one id per row of P")
+        self.radii = check_radii(self.radii, P.shape[0])
 
     @property
     def n_points(self) -> int:
@@ -62,7 +67,8 @@ class Affinity:
     def permuted(self, order: np.ndarray) -> "Affinity":
         """The same affinities with the points renumbered: point k of the result is point ``order[k]`` here
         (``P[order][:, order]``, node ids alike)."""
-        return Affinity(self.P[order][:, order], self.node_ids[order], dict(self.provenance))
+        return Affinity(self.P[order][:, order], self.node_ids[order], dict(self.provenance),
+                        None if self.radii is None else self.radii[order])
 
     def row_block(self, r0: int, r1: int) -> RowBlock:
         """Rows ``[r0, r1)`` as a ``RowBlock`` (views, no copy of the big arrays beyond the rebased indptr)."""
@@ -70,6 +76,20 @@ class Affinity:
         lo, hi = indptr[r0], indptr[r1]
         return RowBlock(r0, r1, (indptr[r0:r1 + 1] - lo).astype(np.int64),
                         self.P.indices[lo:hi].astype(np.int64), self.P.data[lo:hi])
+
+
+def check_radii(radii, n_points: int, source: str = "radii"):
+    """``radii`` as a float64 (N,) array with ``0 <= r < 1`` (None stays None); ValueError naming ``source``."""
+    if radii is None:
+        return None
+    radii = np.asarray(radii, dtype=np.float64)
+    if radii.shape != (n_points,):
+        raise ValueError(f"{source} must have one entry per point ({n_points}), got shape {radii.shape}")
+    bad = ~(np.isfinite(radii) & (radii >= 0) & (radii < 1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{source} must be finite and in [0, 1) (inside the unit ball); entry {i} is {radii[i]}")
+    return radii
 
 
 def row_partition(n_rows: int, n_blocks: int) -> list:

@@ -171,7 +171,7 @@ def knn_graph(X, n_neighbors: int = 15, metric: str = "euclidean", random_state:
         raise ValueError(f"algorithm must be 'auto', 'exact' or 'nndescent', got {algorithm!r}")
     scipy_metric, pynnd_metric = METRICS[metric]
     if algorithm == "exact" or (algorithm == "auto" and n <= EXACT_MAX_POINTS):
-        indices, distances = _exact_knn(X, k, scipy_metric)
+        indices, distances = exact_knn(X, k, scipy_metric)
     else:
         indices, distances = _nndescent_knn(X, k, pynnd_metric, random_state, n_jobs)
     if not np.all(np.isfinite(distances)):
@@ -189,13 +189,15 @@ def _as_features(X) -> np.ndarray:
     return X
 
 
-def _exact_knn(X: np.ndarray, k: int, metric: str):
-    """Brute force in row blocks: all distances of a block, self set to +inf, k smallest by (distance, index)."""
+def exact_knn(X: np.ndarray, k: int, metric):
+    """Brute force in row blocks: all distances of a block, self set to +inf, k smallest by (distance, index).
+    ``metric``: a ``cdist`` metric name, or a function ``(rows, X) -> distances`` (e.g. the Poincaré distance,
+    ``hyperbolic.poincare_distances``)."""
     n = X.shape[0]
     indices = np.empty((n, k), dtype=np.int64)
     distances = np.empty((n, k), dtype=np.float64)
     for r0, r1 in row_partition(n, -(-n * n // _EXACT_BLOCK_ENTRIES)):
-        D = cdist(X[r0:r1], X, metric=metric)
+        D = metric(X[r0:r1], X) if callable(metric) else cdist(X[r0:r1], X, metric=metric)
         D[np.arange(r1 - r0), np.arange(r0, r1)] = np.inf
         candidates = np.argpartition(D, k - 1, axis=1)[:, :k]
         values = np.take_along_axis(D, candidates, axis=1)
@@ -305,7 +307,7 @@ def conditional_affinities(D: sp.csr_matrix, perplexity: float = 30.0, method: s
 
 # ---------------------------------------------------------------------------------------------- affinity
 
-def _joint(P_cond: sp.csr_matrix, provenance: dict) -> Affinity:
+def joint_affinity(P_cond: sp.csr_matrix, provenance: dict) -> Affinity:
     """``P = (P_cond + P_cond^T) / (2N)`` as an ``Affinity`` over node ids ``0..N-1``."""
     n = P_cond.shape[0]
     P = ((P_cond + P_cond.T) / (2.0 * n)).tocsr()
@@ -337,7 +339,7 @@ def knn_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = None, me
     k = indices.shape[1]
     D = sp.csr_matrix((distances.ravel(), indices.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
     P_cond = conditional_affinities(D, perplexity, method, n_jobs)
-    return _joint(P_cond, {"source": None if source is None else str(source), "method": "knn",
+    return joint_affinity(P_cond, {"source": None if source is None else str(source), "method": "knn",
                            "metric": metric, "n_neighbors": int(k),
                            "knn": "exact" if n <= EXACT_MAX_POINTS else "nndescent",
                            "perplexity": float(perplexity) if method == "gaussian" else "uniform",
@@ -360,5 +362,5 @@ def affinity_from_distances(D, perplexity: float = 30.0, method: str = "gaussian
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[off], minlength=n))])
     D = sp.csr_matrix((D.data[off], D.indices[off], indptr), shape=D.shape)
     P_cond = conditional_affinities(D, perplexity, method, n_jobs)
-    return _joint(P_cond, {"source": None if source is None else str(source), "method": "precomputed",
+    return joint_affinity(P_cond, {"source": None if source is None else str(source), "method": "precomputed",
                            "perplexity": float(perplexity) if method == "gaussian" else "uniform"})

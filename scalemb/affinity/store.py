@@ -6,6 +6,7 @@ Layout of a store (a Zarr v3 group):
   on-disk sparse convention, so ``anndata.io.read_elem`` / ``sparse_dataset`` open it as a CSR matrix);
 * 1-D arrays ``data`` (float64), ``indices`` (int64), ``indptr`` (int64, N + 1), ``node_ids`` (int64, N),
   ``partitions`` (int64, K + 1 row boundaries);
+* optional ``radii`` (float64, N): per-point target radii (``Affinity.radii``);
 * attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
 
 ``data`` and ``indices`` are chunked by ``chunk_nnz`` non-zeros.  By default the partitions are the
@@ -16,6 +17,7 @@ of its own plus at most one chunk shared with each neighbour; ``read_rows(r0, r1
 that hold rows ``[r0, r1)``.  Writing goes to a hidden sibling directory renamed into place at the end, so
 a failed or interrupted write leaves nothing under the target name.
 """
+import functools
 import hashlib
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import zarr
 from .._version import __version__
 from ..errors import InputError
 from ..io.atomic import atomic_directory
-from .affinity import Affinity, RowBlock, row_partition
+from .affinity import Affinity, RowBlock, check_radii, row_partition
 
 ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 DEFAULT_CHUNK_NNZ = 1 << 20
@@ -109,7 +111,7 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
     ``extra_arrays``: further named 1-D per-point arrays stored alongside (e.g. ``labels``)."""
     extra_arrays = dict(extra_arrays or {})
     for name, array in extra_arrays.items():
-        if name in ("data", "indices", "indptr", "node_ids", "partitions"):
+        if name in ("data", "indices", "indptr", "node_ids", "partitions", "radii"):
             raise ValueError(f"extra array name {name!r} is reserved by the store layout")
         if np.shape(array)[:1] != (affinity.n_points,):
             raise ValueError(f"extra array {name!r} must have one entry per point ({affinity.n_points})")
@@ -124,6 +126,8 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
         group.create_array("indices", data=indices, chunks=(chunk_nnz,))
         write_store_metadata(group, indptr, affinity.node_ids, n_partitions, chunk_nnz, affinity.provenance,
                              content_hash(indptr, indices, P.data, affinity.node_ids))
+        if affinity.radii is not None:
+            group.create_array("radii", data=affinity.radii)
         for name, array in extra_arrays.items():
             group.create_array(name, data=np.ascontiguousarray(array))
     return Path(path)
@@ -200,6 +204,16 @@ class AffinityStore:
             raise InputError(self.path, f"node_ids has shape {ids.shape}, expected ({self.n_points},)")
         return ids.astype(np.int64)
 
+    @functools.cached_property
+    def radii(self) -> np.ndarray | None:
+        """Per-point target radii (``Affinity.radii``), None if the store has none (read once)."""
+        if "radii" not in self._group:
+            return None
+        try:
+            return check_radii(self._group["radii"][:], self.n_points, "stored radii")
+        except ValueError as exc:
+            raise InputError(self.path, str(exc)) from None
+
     def read_rows(self, r0: int, r1: int) -> RowBlock:
         """Rows ``[r0, r1)`` as a ``RowBlock`` (reads only the chunks of ``data``/``indices`` they span)."""
         if not 0 <= r0 <= r1 <= self.n_points:
@@ -241,4 +255,4 @@ class AffinityStore:
                 raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
         P = sp.csr_matrix((block.data, block.indices, self.indptr), shape=self.shape)
         provenance = dict(self.provenance, store=str(self.path), content_hash=self.content_hash)
-        return Affinity(P, node_ids, provenance)
+        return Affinity(P, node_ids, provenance, self.radii)

@@ -11,7 +11,7 @@ from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
-from ..models import DEFAULT_MODEL, model_names
+from ..models import DEFAULT_MODEL, get_model, model_names
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
@@ -68,6 +68,19 @@ def _bounded(kind, low, high, low_open=False, name=None):
 _FINITE = 1e300
 
 
+def _model_param(text: str) -> tuple:
+    """``NAME=VALUE`` -> (name, value): an int, else a float, else the string."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return name.strip(), kind(value)
+        except ValueError:
+            pass
+    return name.strip(), value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalemb", description="SNE-family embeddings of large graphs.")
     parser.add_argument("--version", action="version", version=f"scalemb {__version__}")
@@ -81,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"({', '.join(DATASETS)}); default grqc")
     # the models of scalemb.models (and registered ones), and the eigenmap methods (not KL models: cli.eigenmap)
     emb.add_argument("--model", choices=model_names() + EIGENMAP_MODELS, default=DEFAULT_MODEL)
+    emb.add_argument("--model-param", type=_model_param, action="append", default=[], metavar="NAME=VALUE",
+                     help="a parameter of the model's make_model (repeatable), e.g. cosne: gamma=0.1, lambda1=10, "
+                          "lambda2=0.01, warmup=500")
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
                      help="time dimensions (default 1 for a model with time, e.g. snest, 0 otherwise)")
@@ -170,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="kNN: target perplexity (default 30)")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean",
-                     help="kNN: distance (pynndescent metric names, or liram: learned from --labels)")
+                     help="kNN: distance (pynndescent metric names; poincare: points in the unit ball, hyperbolic "
+                          "distance, stores their norms as CO-SNE's target radii; or liram: learned from --labels)")
     aff.add_argument("--partitions", type=_positive_int, default=None,
                      help="row partitions balanced by nnz (default: the data-determined layout of equal row ranges "
                      "that every run without a store uses)")
@@ -243,6 +260,14 @@ def _affinity(args) -> int:
     _refuse_existing(args.out, args.overwrite, (args.input,))
     if args.metric == "liram" or args.labels:
         liram_affinity(args)
+    elif args.knn and args.metric == "poincare":  # points in the Poincaré ball (CO-SNE's input similarities)
+        from ..affinity.hyperbolic import hyperbolic_affinity
+        from ..affinity.knn import read_features
+        from ..affinity.store import write_affinity_store
+
+        affinity = hyperbolic_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
+                                       random_state=args.seed, n_jobs=args.threads, source=args.input)
+        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite)
     elif args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
@@ -331,7 +356,12 @@ def _embed(args) -> int:
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
-    embedder = Embedder(model=args.model, space_dims=args.space, time_dims=args.time,
+    params = dict(args.model_param)
+    try:
+        get_model(args.model, **params)  # refuse bad parameters before anything is written
+    except TypeError as exc:  # a name make_model does not take
+        raise ValueError(f"--model-param: model {args.model!r} does not take these parameters ({exc})") from None
+    embedder = Embedder(model=args.model, model_params=params or None, space_dims=args.space, time_dims=args.time,
                         iterations=args.iterations, seed=args.seed, restarts=args.restarts,
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
                         scheduler=args.scheduler, workers=args.workers, init=args.init,

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity.affinity import row_partition
-from ..affinity.knn import EXACT_MAX_POINTS, _joint, conditional_affinities
+from ..affinity.knn import EXACT_MAX_POINTS, conditional_affinities, joint_affinity
 from .estimator import LiRaMLVQ, _check_X, check_labelled, squared_distances
 
 _BLOCK_ENTRIES = 1 << 22
@@ -134,4 +134,4 @@ def supervised_affinity(X, y=None, perplexity: float = 30.0, n_neighbors: int | 
                   "n_neighbors": int(k), "knn": "exact" if algorithm == "exact" or (
                       algorithm == "auto" and n <= EXACT_MAX_POINTS) else "tree",
                   "perplexity": float(perplexity), "lvq": model.to_dict()}
-    return _joint(P_cond, provenance)
+    return joint_affinity(P_cond, provenance)

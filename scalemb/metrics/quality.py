@@ -4,8 +4,9 @@ Neighbourhood preservation (graph input).  ``NP@deg = mean_i |G(i) ∩ E_deg(i)(
 with at least one edge, ``G(i)`` the graph neighbours of ``i`` (non-zero pattern of the adjacency or of P,
 diagonal ignored) and ``E_k(i)`` the ``k`` points most similar to ``i`` in the embedding, in the model's own
 kernel order (``Model.similarity``: Euclidean for SNE and t-SNE, ``log(1 + |Δs|²) - |Δt|²`` ascending for
-SNEST).  The Jaccard variant (DRGraph, Zhu et al. 2020) is ``|G ∩ E| / |G ∪ E| = h / (2 deg - h)``.  A random
-embedding scores ``E[NP] = deg/(N - 1)`` per node.
+SNEST, the Poincaré distance for CO-SNE, on its ``ranking_coords``).  The Jaccard variant (DRGraph, Zhu et
+al. 2020) is ``|G ∩ E| / |G ∪ E| = h / (2 deg - h)``.  A random embedding scores ``E[NP] = deg/(N - 1)``
+per node.
 
 Feature input (``X`` N x D, Euclidean; the embedding in the model's order, Euclidean by default), with
 ``r(i, j)`` the rank of j among i's neighbours in X and ``ρ(i, j)`` in Y (1 = nearest; ties by index):
@@ -63,6 +64,8 @@ def _points(Y, what="Y") -> np.ndarray:
 
 def _output_space(Y, model, space_dims):
     model, space_dims = resolve_model(model, Y.shape[1], space_dims)
+    if model is not None and model.ranking_coords is not None:
+        Y = model.ranking_coords(Y)
     return space(Y, None if model is None else model.similarity, space_dims)
 
 

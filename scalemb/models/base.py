@@ -13,6 +13,8 @@ A model owns
 * ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
   ``point_term(coords, iteration, affinity) -> (value, gradient)`` with ``coords`` ``(d, N)`` and ``affinity``
   in the executor's internal point order (see ``scalemb.engine.base.Executor.evaluate``),
+* ``learning_rate_scale``: factor on delta-bar-delta's ``'auto'`` learning rate ``max(1, N/12)`` (tuned for
+  t-SNE's unit-length kernel in R^d; CO-SNE's kernel has length γ inside the unit ball and needs ~4γ²),
 * ``params``: the constructor parameters a worker rebuilds it from: ``scalemb.models.get_model(name, **params)``.
 
 The engine, the optimisers, the CLI and the service never branch on a model's name: they read these fields.
@@ -39,11 +41,16 @@ class Model:
     # numba function (d2s, d2t) -> a strictly increasing function of the kernel w_ij: "more similar" in this
     # model's output space, the order quality metrics rank neighbours by (scalemb.metrics)
     similarity: Callable = field(default=None, repr=False)
+    # optional (N, d) -> (N, d') coordinates that ``similarity`` ranks on (space columns first), for kernels that
+    # are not a function of coordinate differences: CO-SNE lifts the ball to the hyperboloid, where
+    # |Δx|² - Δx0² = 2 (cosh d_B - 1)
+    ranking_coords: Callable = field(default=None, repr=False)
     objective: Objective = field(default=KL(), repr=False)
     geometry: Geometry = field(default=EUCLIDEAN, repr=False)
     fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
     default_optimizer: str = "sd"
     point_term: Callable = field(default=None, repr=False)
+    learning_rate_scale: float = 1.0
     params: dict = field(default_factory=dict, compare=False)
 
     def ref(self):

@@ -21,13 +21,18 @@ class OptimizeResult:
 
 def stalled(history: np.ndarray, it: int, start: int, window: int, tol: float) -> bool:
     """True once ``it >= start + window`` and the KL fell by less than ``tol`` (relative, per iteration)
-    on average over the last ``window`` iterations.  Entries not computed (NaN, ``DeltaBarDelta.kl_every``):
-    never stalled at one; the window reaches back to the last computed entry at or before ``it - window``."""
+    on average over the last ``window`` iterations; a window over which the KL rose is not a stall (a line
+    search only descends: the objective itself changed, as a model's point term does after its warm-up, e.g.
+    CO-SNE's norm loss, which would otherwise end the run right there).  Entries not computed (NaN,
+    ``DeltaBarDelta.kl_every``): never stalled at one; the window reaches back to the last computed entry at or
+    before ``it - window``."""
     if tol <= 0 or it < start + window or not np.isfinite(history[it]):
         return False
     back = it - window
     while back > 0 and np.isnan(history[back]):
         back -= 1
+    if history[it] > history[back]:  # the objective rose: it changed (a point term after its warm-up), not a stall
+        return False
     return (history[back] - history[it]) < tol * (it - back) * abs(history[it])
 
 

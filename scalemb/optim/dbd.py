@@ -52,7 +52,8 @@ class DBDState(OptimizerState):
 
 @dataclass
 class DeltaBarDelta:
-    """Delta-bar-delta optimiser; ``learning_rate='auto'`` means ``max(1, N / 12)`` (measured, see benchmarks)."""
+    """Delta-bar-delta optimiser; ``learning_rate='auto'`` means ``max(1, N / 12)`` (measured, see benchmarks)
+    times the model's ``learning_rate_scale`` (1 but for kernels of another length, see ``Model``)."""
 
     learning_rate: float | str = "auto"
     time_ratio: float = 0.002
@@ -71,9 +72,9 @@ class DeltaBarDelta:
     kl_every: int = 1
     name: str = field(default="dbd", init=False)
 
-    def resolved_learning_rate(self, n_points: int) -> float:
+    def resolved_learning_rate(self, n_points: int, scale: float = 1.0) -> float:
         if self.learning_rate == "auto":
-            return max(1.0, n_points / 12.0)
+            return max(1.0, n_points / 12.0) * scale
         lr = float(self.learning_rate)
         if not lr > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
@@ -100,10 +101,11 @@ class DeltaBarDelta:
                 "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs,
                 "max_step_norm": self.max_step_norm, "kl_every": self.kl_every}
 
-    def initial_state(self, coords: np.ndarray, space_dims: int) -> "DBDState":
-        """The state before iteration 0 at ``coords`` (``(ds + dt, N)``)."""
+    def initial_state(self, coords: np.ndarray, space_dims: int, lr_scale: float = 1.0) -> "DBDState":
+        """The state before iteration 0 at ``coords`` (``(ds + dt, N)``); ``lr_scale``: the model's
+        ``learning_rate_scale``."""
         coords = np.array(coords, dtype=np.float64, order="C")
-        lr = self.resolved_learning_rate(coords.shape[1])
+        lr = self.resolved_learning_rate(coords.shape[1], lr_scale)
         return DBDState(iteration=0, coords=coords, kl_history=np.zeros(0), seconds=np.zeros(0), evaluations=0,
                         elapsed=0.0, update=np.zeros_like(coords), gains=np.ones((space_dims, coords.shape[1])),
                         time_gain=1.0, lr=lr, lr_time=lr * self.time_ratio, best_kl=float("inf"),
@@ -117,7 +119,8 @@ class DeltaBarDelta:
         which ``optimize`` continues exactly as this run does.  ``stop(it, kl, coords)`` after ``callback``: True
         ends the run there (``stopped``).  The result's ``state`` continues the run (``state=result.state``).
         The iterations are ``optim.loop.run_loop``'s; this class supplies the step rule (``_DBDRun``)."""
-        s = self.initial_state(coords, executor.space_dims) if state is None else state.snapshot(
+        scale = getattr(getattr(executor, "model", None), "learning_rate_scale", 1.0)
+        s = self.initial_state(coords, executor.space_dims, scale) if state is None else state.snapshot(
             state.iteration, state.kl_history, state.seconds, state.elapsed)
         return run_loop(_DBDRun(self, executor, s), n_iter, state, callback, checkpoint, stop)
 

@@ -97,6 +97,7 @@ class MapData:
     edges: np.ndarray | None  # (m, 2) row indices, each undirected edge once
     degree: np.ndarray | None
     classes: np.ndarray | None
+    ball: bool = False  # a Poincaré-ball map: drawn in the unit disk, components not moved
 
     @property
     def n_points(self) -> int:
@@ -127,10 +128,29 @@ def map_data(result, affinity="auto", classes=None) -> MapData:
         classes = np.asarray(classes)
         if classes.shape != (xy.shape[0],):
             raise ScalembError(f"classes have shape {classes.shape}; the run has {xy.shape[0]} points")
-    component = components(None if aff is None or result.space_dims < 2 else aff.P, xy.shape[0])
+    ball = is_ball(result)
+    component = components(None if aff is None or result.space_dims < 2 or ball else aff.P, xy.shape[0])
+    if ball:  # translations are not isometries of the ball: every point stays where the run put it
+        return MapData(result, xy, xlabel, ylabel, component, np.array([xy.shape[0]]), DISK_FRAME, edges, degree,
+                       classes, True)
     packing = pack_components(xy, component)
     frame = robust_frame(packing.coords, component == 0)
     return MapData(result, packing.coords, xlabel, ylabel, component, packing.sizes, frame, edges, degree, classes)
+
+
+DISK_FRAME = (-1.05, 1.05, -1.05, 1.05)
+
+
+def is_ball(result) -> bool:
+    """True if the run's model embeds in the Poincaré ball (decided by the model's geometry, not its name)."""
+    from ..geometry import POINCARE
+    from ..models import get_model
+
+    try:
+        model = get_model(result.model)
+    except (ValueError, TypeError):
+        return False
+    return model.geometry is POINCARE
 
 
 def _resolve_colour(data: MapData, colour: str) -> str:
@@ -257,6 +277,10 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
                        zorder=2)
     if not dense:
         _draw_edges(ax, data)  # added after the points (collections[0] stays the points), drawn under them
+    if data.ball:  # the boundary of the Poincaré disk
+        from matplotlib.patches import Circle
+
+        ax.add_patch(Circle((0.0, 0.0), 1.0, fill=False, edgecolor="black", linewidth=1.0, zorder=3))
     ax.set_xlim(x0, x1)
     ax.set_ylim(y0, y1)  # made equal-aspect by finish_map once the panel's size is known
     ax.set_xlabel(data.xlabel)
