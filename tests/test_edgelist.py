@@ -49,7 +49,11 @@ def test_gzip_and_huge_ids(tmp_path):
 @pytest.mark.parametrize("text,line,fragment", [
     ("1 2\n3\n", 2, "fields"),
     ("1 2\n3 4 5 6\n", 2, "fields"),
-    ("1 2\n3 b\n", 2, "not an integer"),
+    ("1 2\n3 b\n", 2, "node id 'b' is a string but node id '1' on line 1 is an integer"),
+    ("# names\nalice bob\n\nbob 7\n", 4, "node id '7' is an integer but node id 'alice' on line 2 is a string"),
+    ("a,b\nb,c\n,c\n", 3, "empty node id"),
+    ("a,b\nb, \n", 2, "empty node id"),
+    ("a b\nb -3\n", 2, "outside"),
     ("1 2\n-3 4\n", 2, "outside"),
     ("1 2\n3 99999999999999999999999\n", 2, "outside"),
     ("# c\n1 2 nan\n", 2, "finite positive"),

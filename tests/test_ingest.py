@@ -79,14 +79,17 @@ def test_grqc_equals_in_memory_pipeline(tmp_path, affinity):
 @pytest.mark.parametrize("text,line,fragment", [
     ("1 2\n3\n", 2, "fields"),
     ("# a\n# b\n1 2\n3 4\n5 6\n7 8\n9 10 11 12\n", 7, "fields"),
-    ("1 2\n3 4\n5 6\n7 b\n", 4, "not an integer"),
+    ("1 2\n3 4\n5 6\n7 b\n", 4, "'b' is a string but node id '1' on line 1 is an integer"),
+    ("a b\nc d\ne f\n7 b\n", 4, "'7' is an integer but node id 'a' on line 1 is a string"),
+    ("a b\nc d\nA f\n", None, r"'A' and 'a' differ only in case \(lines 3 and 1\)"),
     ("1 2\n3 4\n5 6\n-3 4\n", 4, "outside"),
     ("1 2\n3 4\n5 6\n3 9223372036854775808\n", 4, "outside"),
     ("1 2 1\n3 4 1\n# c\n1 2 nan\n", 4, "finite positive"),
     ("1 2 -1\n", 1, "finite positive"),
     ("1 2\n3 4\n1 2 abc\n", 3, "not a number"),
     ("1,2\n3,4\n5;6\n", 3, "fields"),
-    ("1.5,2\n3,4\n", 1, "not an integer"),  # a numeric first field is data, not a CSV header
+    ("1.5,2\n3,4\n", 1, r"'2' is an integer but node id '1.5' on line 1 is a string \(a number, not an integer"),
+    # a numeric first field is data, not a CSV header
 ])
 def test_malformed_line_names_line_and_leaves_nothing(tmp_path, text, line, fragment):
     path = _write(tmp_path, text)
