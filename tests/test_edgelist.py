@@ -6,7 +6,7 @@ import pytest
 from scalemb.affinity import coauthorship_affinity, normalized_affinity
 from scalemb.datasets import grqc, school
 from scalemb.errors import InputError
-from scalemb.io.edgelist import read_edge_list
+from scalemb.io.edgelist import graph_from_edges, read_edge_list
 
 
 def _write(tmp_path, text, name="g.txt"):
@@ -126,3 +126,52 @@ def test_embed_and_affinity_read_one_format_csv_header_gz(tmp_path):
     store = ingest_edge_list(csv, tmp_path / "P.zarr")
     assert np.array_equal(AffinityStore(store).node_ids, a.node_ids)
     assert scalemb.Embedder(model="tsne", iterations=5).fit(str(csv)).embedding_.shape == (4, 2)
+
+
+TRICKY = [
+    "# c\n1\t2\n2\t3\n\n3\t4\t2.5\n",                      # field count changes: pyarrow fails, exact reads on
+    "1 2\n2 3\n# a comment after the data\n3 4\n",
+    "src,dst,weight\nalice,bob,2\nbob,carol,0.5\n",
+    "alice bob\nbob carol\n#x y\ncarol dave\n",
+    "alice\tbob\nbob\tca rol\n",                            # 3 whitespace fields: 'rol' is not a weight
+    "a,b\nb , c\nc,d\n",                                     # blanks around CSV fields are stripped
+    "a b\nb c\nc 007\n",                                     # an integer-looking id among names
+    "1 2\n2 +3\n3 4\n",
+    "1 2\n2 3\n4 5 nan\n",
+    "true false\nfalse maybe\n",                             # pyarrow would read booleans
+    "NA x\nx null\n",                                        # pyarrow would read nulls
+    "1 2\n3 9223372036854775808\n",
+    "1\t2\r\n2\t3\r\n",
+    "a b\nb\tc\n",
+    "x,y\n1,2\n2,3\n",                                       # a header over integer ids
+    "Alice bob\nbob alice\n",
+]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+@pytest.mark.parametrize("chunk_lines", [2, 1000])
+def test_pyarrow_reader_gives_the_exact_readers_graph_and_errors(tmp_path, text, chunk_lines):
+    """The pyarrow CSV path (default when pyarrow is installed) and the exact reader agree on every file:
+    the same Graph or the same error at the same line, whatever the chunking."""
+    from scalemb.io.edgelist import Edges, check_ids, parse_edge_chunks
+
+    path = _write(tmp_path, text)
+
+    def outcome(reader):
+        try:
+            edges = Edges.concat(parse_edge_chunks(path, chunk_lines, reader=reader))
+            g = graph_from_edges(edges.src, edges.dst, edges.weight, str(path))
+            check_ids(g.node_ids, path)
+            return g.node_ids.tolist(), g.src.tolist(), g.dst.tolist(), g.weight.tolist()
+        except InputError as exc:
+            return str(exc)
+
+    assert outcome("arrow") == outcome("exact")
+
+
+def test_string_ids_header_and_case(tmp_path):
+    g = read_edge_list(_write(tmp_path, "source\ttarget\nbob\talice\nalice\tcarol\t3\n", "s.tsv"))
+    assert g.node_ids.tolist() == ["alice", "bob", "carol"] and g.node_ids.dtype.kind == "U"
+    assert sorted(zip(g.src.tolist(), g.dst.tolist(), g.weight.tolist())) == [(0, 1, 1.0), (0, 2, 3.0)]
+    with pytest.raises(InputError, match=r"'Bob' and 'bob' differ only in case \(lines 3 and 1\)"):
+        read_edge_list(_write(tmp_path, "bob alice\nalice carol\nBob carol\n", "c.txt"))

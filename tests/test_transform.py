@@ -143,7 +143,8 @@ def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     cases = {
         "collide.txt": ("5 3\n", "new node id 5 is already in the stored map"),  # 5 is old
         "unknown.txt": ("3 999\n", "node id 999 is neither"),
-        "bad.txt": ("3 x\n", ":1: node id 'x' is not an integer"),
+        "bad.txt": ("3 x\n", ":1: node id 'x' is a string but node id '3' on line 1 is an integer"),
+        "strings.txt": ("a b\n", ":1: node ids are strings but the stored map's are integers"),
     }
     for name, (text, fragment) in cases.items():
         path = tmp_path / name

@@ -240,8 +240,8 @@ def _is_header(first: list, second: list | None) -> bool:
 
 
 def _sniff(path: Path):
-    """``(sep, header line number or None)`` from the first two data lines: ``,`` if the first holds one, else
-    whitespace."""
+    """``(sep, header line or None, line of the first data row or None)`` from the first two data lines: ``,``
+    if the first holds one, else whitespace."""
     data = []
     with _open_text(path) as handle:
         for line_no, line in enumerate(handle, start=1):
@@ -250,54 +250,188 @@ def _sniff(path: Path):
                 if len(data) == 2:
                     break
     if not data:
-        return None, None
+        return None, None, None
     sep = "," if "," in data[0][1] else None
     first = _fields(data[0][1], sep)
     second = _fields(data[1][1], sep) if len(data) > 1 else None
-    return sep, (data[0][0] if _is_header(first, second) else None)
+    if _is_header(first, second):
+        return sep, data[0][0], (data[1][0] if len(data) > 1 else None)
+    return sep, None, data[0][0]
 
 
-def parse_edge_chunks(path, chunk_lines: int = 1_000_000):
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow.csv  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def parse_edge_chunks(path, chunk_lines: int = 1_000_000, reader: str = "auto"):
     """Yield the ``Edges`` of consecutive parts of edge list ``path`` (about ``chunk_lines`` rows each), the one
     reader of edge lists (``read_edge_list`` and the streaming ``scalemb.affinity.ingest``); ``InputError``
-    naming the file and line (row) of the first bad one."""
+    naming the file and line (row) of the first bad one.
+
+    Text files are read by pyarrow's CSV reader when pyarrow is installed (``reader="auto"``; several times
+    faster, ``benchmarks/results/parse.md``) and accepted only if every value passes the checks the exact reader
+    applies; from the first block that does not (a malformed line, a comment after the data, a mixed id ...)
+    on, the exact reader (NumPy's parser per chunk, line by line for a chunk with a bad line) takes over at that
+    block's first line, so every error names the file and line as it always did.  ``reader="exact"`` uses the
+    exact reader throughout (``"arrow"``: pyarrow required)."""
     path = Path(path)
     if path.suffix.lower() in ARROW_SUFFIXES:
         yield from _arrow_chunks(path, chunk_lines)
         return
+    if reader not in ("auto", "arrow", "exact"):
+        raise ValueError(f"reader must be 'auto', 'arrow' or 'exact', got {reader!r}")
     kind = _IdKind(path)
     try:
-        sep, header = _sniff(path)
-        line_no = 1
-        with _open_text(path) as handle:
-            while lines := list(islice(handle, chunk_lines)):
-                if header is not None and line_no <= header < line_no + len(lines):
-                    lines[header - line_no] = "\n"
-                yield _parse_lines(lines, line_no, path, sep, kind)
-                line_no += len(lines)
+        sep, header, data_line = _sniff(path)
+        done = [0]
+        if data_line is not None and reader != "exact" and (reader == "arrow" or _has_pyarrow()):
+            if (yield from _csv_chunks(path, chunk_lines, sep, data_line, header, kind, done)):
+                return
+        yield from _exact_chunks(path, chunk_lines, sep, header, kind, done[0])
     except (UnicodeDecodeError, OSError, EOFError) as exc:
         raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
 
 
-def first_lines(path, ids) -> list:
-    """The line (row) of the first occurrence of each id in ``ids`` in edge list ``path`` (None if absent):
-    only for error messages, re-reads the file."""
+def _exact_chunks(path: Path, chunk_lines: int, sep, header, kind: _IdKind, skip_rows: int = 0):
+    """The exact reader: ``Edges`` per ``chunk_lines`` lines, after the first ``skip_rows`` data rows."""
+    line_no = 1
+    with _open_text(path) as handle:
+        if skip_rows:
+            for line in handle:
+                if line_no != header and not _is_comment_or_blank(line):
+                    skip_rows -= 1
+                line_no += 1
+                if skip_rows == 0:
+                    break
+        while lines := list(islice(handle, chunk_lines)):
+            if header is not None and line_no <= header < line_no + len(lines):
+                lines[header - line_no] = "\n"
+            yield _parse_lines(lines, line_no, path, sep, kind)
+            line_no += len(lines)
+
+
+_INTEGER_LIKE = r"^\s*[+-]?[\p{Nd}_]+\s*$"  # what int() might accept: the exact reader decides
+
+
+def _csv_ids(column, sep, first: bool):
+    """A pyarrow id column as int64 or ``<U``, or None if the exact reader must decide (values it would read
+    differently or refuse).  String columns are checked and converted through their dictionary (each distinct id
+    once)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        return None
+    if pa.types.is_int64(column.type):
+        ids = column.to_numpy()
+        return ids if not ids.size or ids.min() >= 0 else None
+    if not pa.types.is_string(column.type):
+        return None
+    encoded = pc.dictionary_encode(column)
+    names = encoded.dictionary
+    odd = (r"\s" if sep is None else r"^\s|\s$") + ("|^#" if first else "") + "|" + _INTEGER_LIKE
+    if pc.any(pc.equal(pc.utf8_length(names), 0)).as_py() or pc.any(pc.match_substring_regex(names, odd)).as_py():
+        return None
+    return np.asarray(names.to_numpy(zero_copy_only=False), dtype=str)[encoded.indices.to_numpy()]
+
+
+def _csv_edges(batch, sep) -> Edges | None:
+    """``Edges`` of a pyarrow record batch, or None if the exact reader must read it."""
+    import pyarrow as pa
+
+    if batch.num_columns not in (2, 3):
+        return None
+    src, dst = _csv_ids(batch.column(0), sep, True), _csv_ids(batch.column(1), sep, False)
+    if src is None or dst is None or is_string_ids(src) != is_string_ids(dst):
+        return None
+    if batch.num_columns == 2:
+        return Edges(src, dst, np.ones(src.size))
+    column = batch.column(2)
+    if column.null_count or not (pa.types.is_int64(column.type) or pa.types.is_float64(column.type)):
+        return None
+    weight = column.to_numpy().astype(np.float64)
+    if not np.all((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT)):
+        return None
+    return Edges(src, dst, weight)
+
+
+def _csv_chunks(path: Path, chunk_lines: int, sep, data_line: int, header, kind: _IdKind, done: list):
+    """Read with pyarrow's CSV reader (no quoting, no null or boolean values, empty lines skipped), yielding the
+    blocks that pass the exact reader's checks (``done[0]``: the rows yielded); stops at the first that does not.
+    Returns True if it read the whole file, else the caller resumes with the exact reader after ``done[0]`` rows."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    if sep is None:
+        with _open_text(path) as handle:
+            first = next(line for k, line in enumerate(handle, start=1) if k == data_line)
+        sep_char = "\t" if "\t" in first else " "
+    else:
+        sep_char = sep
+    read = pcsv.ReadOptions(skip_rows=(header or data_line - 1), autogenerate_column_names=True,
+                            block_size=int(min(max(chunk_lines * 24, 1 << 12), 1 << 20)))
+    parse = pcsv.ParseOptions(delimiter=sep_char, quote_char=False, double_quote=False, escape_char=False,
+                              ignore_empty_lines=True)
+    convert = pcsv.ConvertOptions(null_values=[], true_values=[], false_values=[], strings_can_be_null=False,
+                                  quoted_strings_can_be_null=False, timestamp_parsers=[])
+    try:
+        reader = pcsv.open_csv(pa.input_stream(str(path)), read_options=read, parse_options=parse,
+                               convert_options=convert)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    pending, n_pending, complete = [], 0, True
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            complete = False
+            break
+        edges = _csv_edges(batch, sep)
+        if edges is None or (edges.size and kind.string not in (None, edges.string_ids)):
+            complete = False
+            break
+        if edges.size:
+            kind.check(edges.string_ids, edges.src[0], data_line)
+            pending.append(edges)
+            n_pending += edges.size
+        if n_pending >= chunk_lines:  # blocks of at most 1 MB (pyarrow reads ahead in parallel), chunks of rows
+            done[0] += n_pending
+            yield Edges.concat(pending)
+            pending, n_pending = [], 0
+    if pending:
+        done[0] += n_pending
+        yield Edges.concat(pending)
+    return complete
+
+
+def first_lines(path, ids, column: int | None = None) -> list:
+    """The line (row) of the first occurrence of each id in ``ids`` in edge list ``path`` (None if absent), in
+    either endpoint column or only in ``column`` (0 or 1): only for error messages, re-reads the file."""
+    columns = (0, 1) if column is None else (column,)
     path, wanted = Path(path), {str(i): None for i in ids}
     if path.suffix.lower() in ARROW_SUFFIXES:
         row = 0
         for edges in _arrow_chunks(path, 1 << 20, check=False):
             for k in range(edges.size):
-                for value in (edges.src[k], edges.dst[k]):
+                for value in [(edges.src[k], edges.dst[k])[c] for c in columns]:
                     if str(value) in wanted and wanted[str(value)] is None:
                         wanted[str(value)] = row + k + 1
             row += edges.size
         return list(wanted.values())
-    sep, header = _sniff(path)
+    sep, header, _ = _sniff(path)
     with _open_text(path) as handle:
         for line_no, line in enumerate(handle, start=1):
             if _is_comment_or_blank(line) or line_no == header:
                 continue
-            for token in _fields(line, sep)[:2]:
+            fields = _fields(line, sep)
+            for token in [fields[c] for c in columns if c < len(fields)]:
+                token = str(int(token)) if _is_integer(token) else token
                 if token in wanted and wanted[token] is None:
                     wanted[token] = line_no
             if None not in wanted.values():
