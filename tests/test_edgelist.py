@@ -1,4 +1,6 @@
 import gzip
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -175,3 +177,51 @@ def test_string_ids_header_and_case(tmp_path):
     assert sorted(zip(g.src.tolist(), g.dst.tolist(), g.weight.tolist())) == [(0, 1, 1.0), (0, 2, 3.0)]
     with pytest.raises(InputError, match=r"'Bob' and 'bob' differ only in case \(lines 3 and 1\)"):
         read_edge_list(_write(tmp_path, "bob alice\nalice carol\nBob carol\n", "c.txt"))
+
+
+def _table(tmp_path, columns, name="t.parquet"):
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    path = tmp_path / name
+    table = pa.table(columns)
+    (pq.write_table if name.endswith(".parquet") else feather.write_feather)(table, path)
+    return path
+
+
+def test_arrow_tables_by_name_or_position(tmp_path):
+    named = read_edge_list(_table(tmp_path, {"weight": [2.0, 1.0], "dst": ["b", "c"], "src": ["a", "b"]}))
+    assert named.node_ids.tolist() == ["a", "b", "c"] and sorted(named.weight.tolist()) == [1.0, 2.0]
+    positional = read_edge_list(_table(tmp_path, {"u": [5, 6], "v": [6, 7]}, "p.feather"))
+    assert positional.node_ids.tolist() == [5, 6, 7] and positional.node_ids.dtype == np.int64
+
+
+@pytest.mark.parametrize("columns,fragment", [
+    ({"src": [1, 2, None], "dst": [2, 3, 4]}, "column 'src' has a null node id at row 3"),
+    ({"src": [1, 2], "dst": [2, 3], "weight": [1.0, None]}, "column 'weight' has a null weight at row 2"),
+    ({"src": [1.0, 2.0], "dst": [2.0, 3.0]}, "column 'src' has type double: node ids must be integers or strings"),
+    ({"src": [1, 2], "dst": ["b", "c"]}, "'src' holds integer ids and 'dst' string ids"),
+    ({"a": [1], "b": [2], "c": [1.0], "d": [1.0]}, "columns ['a', 'b', 'c', 'd']: expected"),
+    ({"src": [1, 2], "dst": [2, 3], "weight": ["x", "y"]}, "the weight must be a number"),
+    ({"src": [1, 2], "dst": [2, 3], "weight": [1.0, -1.0]}, "weight -1.0 at row 2 must be a finite positive"),
+    ({"src": [1, -2], "dst": [2, 3]}, "node id -2 at row 2 is outside"),
+    ({"src": ["a", ""], "dst": ["b", "c"]}, "column 'src' has an empty node id at row 2"),
+    ({"src": ["a", "b"], "dst": ["b", "A"]}, r"'A' and 'a' differ only in case \(lines 2 and 1\)"),
+])
+def test_bad_arrow_tables_name_column_and_row(tmp_path, columns, fragment):
+    with pytest.raises(InputError, match=re.escape(fragment) if "\\(" not in fragment else fragment):
+        read_edge_list(_table(tmp_path, columns))
+
+
+def test_arrow_input_without_pyarrow_and_corrupt_tables(tmp_path, monkeypatch):
+    path = _table(tmp_path, {"src": [1], "dst": [2]})
+    text = _write(tmp_path, "a b\nb c\n")
+    corrupt = tmp_path / "bad.parquet"
+    corrupt.write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match="cannot read as a parquet table"):
+        read_edge_list(corrupt)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if the 'arrow' extra were not installed
+    with pytest.raises(InputError, match=re.escape("needs pyarrow: pip install 'scalemb[arrow]'")):
+        read_edge_list(path)
+    assert read_edge_list(text).node_ids.tolist() == ["a", "b", "c"]  # text falls back to the exact reader

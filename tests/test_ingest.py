@@ -154,3 +154,38 @@ def test_rejects_bad_arguments(tmp_path):
         ingest_edge_list(tmp_path / "missing.txt", tmp_path / "o.zarr")
     with pytest.raises(ScalembError, match="does not exist"):
         ingest_edge_list(path, tmp_path / "nowhere" / "o.zarr")
+
+
+def test_string_ids_and_arrow_tables_equal_in_memory(tmp_path, weighted_edges):
+    """String ids (streamed as integer codes, sorted at the end) and Parquet / Feather / Arrow-stream tables give
+    the store of the in-memory pipeline, with the same content hash, whatever the chunking."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    edges, _ = weighted_edges
+    names = [(f"n{a}", f"n{b}", w) for a, b, w in edges]
+    text = _write(tmp_path, "".join(f"{a}\t{b}\t{w}\n" for a, b, w in names), "names.tsv")
+    write_affinity_store(tmp_path / "memory.zarr", coauthorship_affinity(read_edge_list(text)))
+    ingest_edge_list(text, tmp_path / "text.zarr", chunk_lines=23)
+    _assert_same_store(tmp_path / "memory.zarr", tmp_path / "text.zarr")
+    assert AffinityStore(tmp_path / "text.zarr").node_ids.dtype.kind == "U"
+    for kind, rows in (("str", names), ("int", edges)):
+        table = pa.table({"src": [r[0] for r in rows], "dst": [r[1] for r in rows],
+                          "weight": [float(r[2]) for r in rows]})
+        expected = tmp_path / f"{kind}-memory.zarr"
+        if kind == "int":
+            write_affinity_store(expected, coauthorship_affinity(read_edge_list(_write(
+                tmp_path, "".join(f"{a} {b} {w}\n" for a, b, w in rows), "ints.txt"))))
+        else:
+            expected = tmp_path / "memory.zarr"
+        pq.write_table(table, tmp_path / f"{kind}.parquet", row_group_size=40)
+        feather.write_feather(table, tmp_path / f"{kind}.feather")
+        with pa.OSFile(str(tmp_path / f"{kind}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=30)
+        for suffix in ("parquet", "feather", "arrow"):
+            source = tmp_path / f"{kind}.{suffix}"
+            ingest_edge_list(source, tmp_path / f"{kind}-{suffix}.zarr", chunk_lines=17)
+            _assert_same_store(expected, tmp_path / f"{kind}-{suffix}.zarr")
+            graph = read_edge_list(source)
+            assert graph.n_nodes == AffinityStore(expected).n_points
