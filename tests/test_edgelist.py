@@ -147,6 +147,8 @@ TRICKY = [
     "a b\nb\tc\n",
     "x,y\n1,2\n2,3\n",                                       # a header over integer ids
     "Alice bob\nbob alice\n",
+    "\ufeff1 2\n2 3\n",                                    # a byte-order mark
+    "\ufeffsrc,dst\nx,y\n",
 ]
 
 

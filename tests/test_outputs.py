@@ -118,3 +118,17 @@ def test_string_ids_through_transform_metrics_and_map(run, tmp_path):
     bad.write_text("500 3\n")
     assert main(["transform", str(out), str(bad), "--out", str(tmp_path / "x.zarr"), "--quiet"]) == 2
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_estimator_fits_a_parquet_edge_table_as_its_csv(tmp_path):
+    """The estimator's fit with a path reads Parquet through the one reader: the same named graph as a CSV file
+    and a Parquet table give the bit-identical embedding, rows named by the string ids."""
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+
+    csv = _named_school(tmp_path / "school.csv")
+    pq.write_table(pyarrow.csv.read_csv(csv), tmp_path / "school.parquet")
+    a = scalemb.TSNE(iterations=15).fit(str(csv))
+    b = scalemb.TSNE(iterations=15).fit(tmp_path / "school.parquet")
+    assert np.array_equal(a.embedding_, b.embedding_)
+    assert b.node_ids_.tolist() == sorted(f"pupil-{k}" for k in range(b.embedding_.shape[0]))

@@ -92,9 +92,10 @@ class Edges:
 
 
 def _open_text(path: Path):
+    """UTF-8 text (a leading byte-order mark is dropped, as pyarrow's CSV reader drops it)."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="strict")
-    return open(path, "rt", encoding="utf-8", errors="strict")
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")
+    return open(path, "rt", encoding="utf-8-sig", errors="strict")
 
 
 def _parse_id(token: str, path: Path, line_no: int) -> int | str:
