@@ -3,6 +3,7 @@ import re
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from scalemb.affinity import coauthorship_affinity, normalized_affinity
@@ -208,6 +209,7 @@ def test_arrow_tables_by_name_or_position(tmp_path):
     ({"src": [1, 2], "dst": [2, 3], "weight": ["x", "y"]}, "the weight must be a number"),
     ({"src": [1, 2], "dst": [2, 3], "weight": [1.0, -1.0]}, "weight -1.0 at row 2 must be a finite positive"),
     ({"src": [1, -2], "dst": [2, 3]}, "node id -2 at row 2 is outside"),
+    ({"src": pa.array([1, 2**64 - 1], pa.uint64()), "dst": [2, 3]}, f"node id {2**64 - 1} at row 2 is outside"),
     ({"src": ["a", ""], "dst": ["b", "c"]}, "column 'src' has an empty node id at row 2"),
     ({"src": ["a", "b"], "dst": ["b", "A"]}, r"'A' and 'a' differ only in case \(lines 2 and 1\)"),
 ])
