@@ -382,7 +382,7 @@ def _csv_chunks(path: Path, chunk_lines: int, sep, data_line: int, header, kind:
     try:
         reader = pcsv.open_csv(pa.input_stream(str(path)), read_options=read, parse_options=parse,
                                convert_options=convert)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except pa.ArrowException:  # whatever pyarrow refuses, the exact reader reads or reports
         return False
     pending, n_pending, complete = [], 0, True
     while True:
@@ -390,7 +390,7 @@ def _csv_chunks(path: Path, chunk_lines: int, sep, data_line: int, header, kind:
             batch = reader.read_next_batch()
         except StopIteration:
             break
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except pa.ArrowException:  # whatever pyarrow refuses, the exact reader reads or reports
             complete = False
             break
         edges = _csv_edges(batch, sep)

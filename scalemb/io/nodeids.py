@@ -1,9 +1,10 @@
 """Node ids: all integers (int64, as SNAP files number their nodes) or all strings (names, accessions).
 
 In memory string ids are a NumPy unicode array (``<U``: fixed width, so ``np.unique``/``searchsorted`` sort them
-in C); on disk (affinity stores, result groups) they are a Zarr v3 ``string`` array (variable-length UTF-8, the
-data type of the Zarr v3 extension registry that zarr-python 3, xarray and zarr readers in other languages open;
-fixed-width ``<U`` arrays have no Zarr v3 specification and zarr-python warns on writing them).  Content hashes
+in C); on disk (affinity stores, result groups) they are a Zarr v3 array of data type ``string`` with the
+``vlen-utf8`` codec (variable-length UTF-8, from the zarr-extensions registry: zarr-python >= 3.1 writes it
+without a warning, xarray opens it, zarrs (Rust) implements the codec).  Fixed-width ``<U`` arrays would be Zarr
+``fixed_length_utf32``, for which zarr-python 3.1 warns that it has no Zarr v3 specification.  Content hashes
 take integer ids as little-endian int64 bytes (the hashes of stores written before string ids existed are
 unchanged) and string ids as their UTF-8 bytes with their lengths, so the width of a ``<U`` array never matters.
 """
