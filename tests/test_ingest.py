@@ -189,3 +189,15 @@ def test_string_ids_and_arrow_tables_equal_in_memory(tmp_path, weighted_edges):
             _assert_same_store(expected, tmp_path / f"{kind}-{suffix}.zarr")
             graph = read_edge_list(source)
             assert graph.n_nodes == AffinityStore(expected).n_points
+
+
+def test_cli_affinity_refuses_a_bad_table_and_writes_nothing(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scalemb.cli.main import main
+
+    pq.write_table(pa.table({"src": ["a", "b", None], "dst": ["b", "c", "a"]}), tmp_path / "e.parquet")
+    assert main(["affinity", str(tmp_path / "e.parquet"), "--out", str(tmp_path / "e.zarr")]) == 2
+    assert "e.parquet: column 'src' has a null node id at row 3" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.parquet"]

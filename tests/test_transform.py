@@ -296,3 +296,13 @@ def test_kernel_eigenmap_runs_apply_their_stored_map(tmp_path):
     assert list(whole.node_ids[300:]) == list(range(300, 305))
     with pytest.raises(InputError, match="takes 3 columns"):
         place_into(result, np.zeros((2, 4)))
+
+
+def test_new_point_ids_follow_the_maps_id_kind():
+    from scalemb.errors import ScalembError
+    from scalemb.placement import new_point_ids
+
+    assert new_point_ids(np.array([3, 9]), 2).tolist() == [10, 11]
+    assert new_point_ids(np.array(["a", "b"]), 2).tolist() == ["new-0", "new-1"]
+    with pytest.raises(ScalembError, match="already has ids of the form 'new-K'"):
+        new_point_ids(np.array(["new-1", "b"]), 2)
