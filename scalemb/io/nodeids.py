@@ -14,8 +14,11 @@ from ..errors import InputError
 
 
 def is_string_ids(ids) -> bool:
-    """True if ``ids`` (an array) holds strings rather than integers."""
-    return np.asarray(ids).dtype.kind in "UTO"
+    """True if ``ids`` (an array) holds strings rather than integers (an object array: if its values are str)."""
+    array = np.asarray(ids)
+    if array.dtype.kind == "O":
+        return array.size > 0 and all(isinstance(v, str) for v in array.ravel().tolist())
+    return array.dtype.kind in "UT"
 
 
 def _as_unicode(array: np.ndarray) -> np.ndarray:
@@ -46,7 +49,7 @@ def as_node_ids(ids, source="node_ids") -> np.ndarray:
 def ids_bytes(ids) -> bytes:
     """The bytes a content hash takes for ``ids``: int64 little-endian, or per string its UTF-8 length (int64)
     followed by all the UTF-8 bytes."""
-    array = np.asarray(ids)
+    array = as_node_ids(ids)
     if not is_string_ids(array):
         return np.ascontiguousarray(array, dtype="<i8").tobytes()
     encoded = [s.encode("utf-8") for s in array.tolist()]
@@ -55,7 +58,7 @@ def ids_bytes(ids) -> bytes:
 
 def to_stored(ids) -> np.ndarray:
     """The array to write to Zarr: int64, or NumPy's variable-width ``StringDType`` (Zarr v3 ``string``)."""
-    array = np.asarray(ids)
+    array = as_node_ids(ids)
     if is_string_ids(array):
         return array.astype(np.dtypes.StringDType())
     return np.ascontiguousarray(array, dtype=np.int64)
