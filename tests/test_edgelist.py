@@ -149,6 +149,7 @@ TRICKY = [
     "x,y\n1,2\n2,3\n",                                       # a header over integer ids
     "Alice bob\nbob alice\n",
     "\ufeff1 2\n2 3\n",                                    # a byte-order mark
+    "1\t2\t1\n2\t3\t2\n3\t4\t2.5\n4\t5\t1e-400\n",             # integer weights, then decimals
     "\ufeffsrc,dst\nx,y\n",
 ]
 
@@ -229,3 +230,26 @@ def test_arrow_input_without_pyarrow_and_corrupt_tables(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=re.escape("needs pyarrow: pip install 'scalemb[arrow]'")):
         read_edge_list(path)
     assert read_edge_list(text).node_ids.tolist() == ["a", "b", "c"]  # text falls back to the exact reader
+
+
+def _pyarrow_reads_whole_file(path) -> bool:
+    """Whether the pyarrow path reads ``path`` to the end without handing over to the exact reader."""
+    from scalemb.io.edgelist import _csv_chunks, _IdKind, _sniff
+
+    sep, header, data_line = _sniff(path)
+    chunks = _csv_chunks(path, 1000, sep, data_line, header, _IdKind(path), [0])
+    try:
+        while True:
+            next(chunks)
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_pyarrow_path_reads_clean_files_itself(tmp_path):
+    gz = tmp_path / "g.txt.gz"
+    gz.write_bytes(gzip.compress(b"# SNAP\n# FromNodeId\tToNodeId\n1\t2\n2\t3\n"))
+    assert _pyarrow_reads_whole_file(gz)
+    assert _pyarrow_reads_whole_file(_write(tmp_path, "source,target,weight\nann,bob,1\nbob,cy,2.5\n", "s.csv"))
+    assert _pyarrow_reads_whole_file(_write(tmp_path, "1 2 1\n2 3 2.5\n", "w.txt"))
+    assert not _pyarrow_reads_whole_file(_write(tmp_path, "1 2\n# late comment\n2 3\n", "c.txt"))
+    assert not _pyarrow_reads_whole_file(_write(tmp_path, "a b\nb 7\n", "m.txt"))

@@ -378,7 +378,8 @@ def _csv_chunks(path: Path, chunk_lines: int, sep, data_line: int, header, kind:
     parse = pcsv.ParseOptions(delimiter=sep_char, quote_char=False, double_quote=False, escape_char=False,
                               ignore_empty_lines=True)
     convert = pcsv.ConvertOptions(null_values=[], true_values=[], false_values=[], strings_can_be_null=False,
-                                  quoted_strings_can_be_null=False, timestamp_parsers=[])
+                                  quoted_strings_can_be_null=False, timestamp_parsers=[],
+                                  column_types={"f2": pa.float64()})  # integer weights first, decimals later
     try:
         reader = pcsv.open_csv(pa.input_stream(str(path)), read_options=read, parse_options=parse,
                                convert_options=convert)
