@@ -175,6 +175,28 @@ def test_pyarrow_reader_gives_the_exact_readers_graph_and_errors(tmp_path, text,
     assert outcome("arrow") == outcome("exact")
 
 
+@pytest.mark.parametrize("late", ["# a late comment\n", "5 x\n", "5\n", "\n\n", "9 10 0\n"])
+def test_pyarrow_hands_over_mid_file_at_the_right_line(tmp_path, late):
+    """Blocks pyarrow read are kept; from the first block it cannot vouch for the exact reader continues at that
+    block's first row: the same Graph or the same error line as the exact reader alone."""
+    from scalemb.io.edgelist import Edges, parse_edge_chunks
+
+    lines = [f"{k}\t{k + 1}\t{1 + k % 3}\n" for k in range(3000)]
+    lines.insert(2200, late)
+    path = _write(tmp_path, "# header comment\n\n" + "".join(lines))
+
+    def outcome(reader):
+        try:
+            edges = Edges.concat(parse_edge_chunks(path, 100, reader=reader))
+            return edges.src.tolist(), edges.dst.tolist(), edges.weight.tolist()
+        except InputError as exc:
+            return str(exc)
+
+    arrow = outcome("arrow")
+    assert arrow == outcome("exact")
+    assert isinstance(arrow, str) == (late.strip() not in ("", "# a late comment"))
+
+
 def test_string_ids_header_and_case(tmp_path):
     g = read_edge_list(_write(tmp_path, "source\ttarget\nbob\talice\nalice\tcarol\t3\n", "s.tsv"))
     assert g.node_ids.tolist() == ["alice", "bob", "carol"] and g.node_ids.dtype.kind == "U"

@@ -171,9 +171,8 @@ class _IdKind:
                                         "string, e.g. 'n1' for 1)", line_no)
 
 
-def _parse_lines_slowly(lines, first_line, path, sep, kind: _IdKind, skip: int = 0) -> Edges:
-    """Parse line by line (the exact rules); raises ``InputError`` at the first bad line.  The first ``skip``
-    data lines are checked for their id kind only (already read by the fast reader)."""
+def _parse_lines_slowly(lines, first_line, path, sep, kind: _IdKind) -> Edges:
+    """Parse line by line (the exact rules); raises ``InputError`` at the first bad line."""
     src, dst, weight = [], [], []
     for line_no, line in enumerate(lines, start=first_line):
         if _is_comment_or_blank(line):
@@ -181,12 +180,6 @@ def _parse_lines_slowly(lines, first_line, path, sep, kind: _IdKind, skip: int =
         fields = _fields(line, sep)
         if len(fields) not in (2, 3):
             raise InputError(path, f"expected 'src dst [weight]', got {len(fields)} fields", line_no)
-        if skip:
-            skip -= 1
-            if kind.string is None:
-                a = _parse_id(fields[0], path, line_no)
-                kind.check(isinstance(a, str), a, line_no)
-            continue
         a, b = _parse_id(fields[0], path, line_no), _parse_id(fields[1], path, line_no)
         kind.check(isinstance(a, str), a, line_no)
         kind.check(isinstance(b, str), b, line_no)
