@@ -234,7 +234,7 @@ def test_arrow_tables_by_name_or_position(tmp_path):
     ({"src": [1, -2], "dst": [2, 3]}, "node id -2 at row 2 is outside"),
     ({"src": pa.array([1, 2**64 - 1], pa.uint64()), "dst": [2, 3]}, f"node id {2**64 - 1} at row 2 is outside"),
     ({"src": ["a", ""], "dst": ["b", "c"]}, "column 'src' has an empty node id at row 2"),
-    ({"src": ["a", "b"], "dst": ["b", "A"]}, r"'A' and 'a' differ only in case \(lines 2 and 1\)"),
+    ({"src": ["a", "b"], "dst": ["b", "A"]}, r"'A' and 'a' differ only in case \(rows 2 and 1\)"),
 ])
 def test_bad_arrow_tables_name_column_and_row(tmp_path, columns, fragment):
     with pytest.raises(InputError, match=re.escape(fragment) if "\\(" not in fragment else fragment):

@@ -436,7 +436,8 @@ def first_lines(path, ids, column: int | None = None) -> list:
 
 def check_ids(node_ids: np.ndarray, path) -> None:
     """The checks on a file's whole set of (unique) ids: string ids differing only in case are refused."""
-    check_case_collision(node_ids, path, lambda a, b: first_lines(path, (a, b)))
+    unit = "rows" if Path(path).suffix.lower() in ARROW_SUFFIXES else "lines"
+    check_case_collision(node_ids, path, lambda a, b: first_lines(path, (a, b)), unit)
 
 
 def read_edge_list(path) -> Graph:

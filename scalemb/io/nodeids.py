@@ -86,14 +86,14 @@ def case_collision(ids: np.ndarray):
     return str(ids[order[same[0]]]), str(ids[order[same[0] + 1]])
 
 
-def check_case_collision(ids: np.ndarray, source, first_lines=None) -> None:
-    """``InputError`` naming two ids that differ only in case; ``first_lines(a, b)`` -> the line of each (or
-    None) names the lines."""
+def check_case_collision(ids: np.ndarray, source, first_lines=None, unit: str = "lines") -> None:
+    """``InputError`` naming two ids that differ only in case; ``first_lines(a, b)`` -> the line (``unit``: or
+    row) of each, or None, names them."""
     pair = case_collision(ids)
     if pair is None:
         return
     a, b = pair
     where = first_lines(a, b) if first_lines else None
-    lines = f" (lines {where[0]} and {where[1]})" if where and None not in where else ""
+    lines = f" ({unit} {where[0]} and {where[1]})" if where and None not in where else ""
     raise InputError(source, f"node ids {a!r} and {b!r} differ only in case{lines}: ids are case-sensitive, so "
                              "they would be two nodes; spell each node one way")
