@@ -56,7 +56,7 @@ def test_edge_list_input_keeps_node_ids(tmp_path):
 
 
 @pytest.mark.parametrize("content,fragment", [
-    ("1 2\n2 x\n", ":2: node id 'x' is not an integer"),
+    ("1 2\n2 x\n", ":2: node id 'x' is a string but node id '1' on line 1 is an integer"),
     ("", "no edges"),
     ("5 5\n", "no edges once self-loops are removed"),
 ])

@@ -79,14 +79,17 @@ def test_grqc_equals_in_memory_pipeline(tmp_path, affinity):
 @pytest.mark.parametrize("text,line,fragment", [
     ("1 2\n3\n", 2, "fields"),
     ("# a\n# b\n1 2\n3 4\n5 6\n7 8\n9 10 11 12\n", 7, "fields"),
-    ("1 2\n3 4\n5 6\n7 b\n", 4, "not an integer"),
+    ("1 2\n3 4\n5 6\n7 b\n", 4, "'b' is a string but node id '1' on line 1 is an integer"),
+    ("a b\nc d\ne f\n7 b\n", 4, "'7' is an integer but node id 'a' on line 1 is a string"),
+    ("a b\nc d\nA f\n", None, r"'A' and 'a' differ only in case \(lines 3 and 1\)"),
     ("1 2\n3 4\n5 6\n-3 4\n", 4, "outside"),
     ("1 2\n3 4\n5 6\n3 9223372036854775808\n", 4, "outside"),
     ("1 2 1\n3 4 1\n# c\n1 2 nan\n", 4, "finite positive"),
     ("1 2 -1\n", 1, "finite positive"),
     ("1 2\n3 4\n1 2 abc\n", 3, "not a number"),
     ("1,2\n3,4\n5;6\n", 3, "fields"),
-    ("1.5,2\n3,4\n", 1, "not an integer"),  # a numeric first field is data, not a CSV header
+    ("1.5,2\n3,4\n", 1, r"'2' is an integer but node id '1.5' on line 1 is a string \(a number, not an integer"),
+    # a numeric first field is data, not a CSV header
 ])
 def test_malformed_line_names_line_and_leaves_nothing(tmp_path, text, line, fragment):
     path = _write(tmp_path, text)
@@ -151,3 +154,50 @@ def test_rejects_bad_arguments(tmp_path):
         ingest_edge_list(tmp_path / "missing.txt", tmp_path / "o.zarr")
     with pytest.raises(ScalembError, match="does not exist"):
         ingest_edge_list(path, tmp_path / "nowhere" / "o.zarr")
+
+
+def test_string_ids_and_arrow_tables_equal_in_memory(tmp_path, weighted_edges):
+    """String ids (streamed as integer codes, sorted at the end) and Parquet / Feather / Arrow-stream tables give
+    the store of the in-memory pipeline, with the same content hash, whatever the chunking."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    edges, _ = weighted_edges
+    names = [(f"n{a}", f"n{b}", w) for a, b, w in edges]
+    text = _write(tmp_path, "".join(f"{a}\t{b}\t{w}\n" for a, b, w in names), "names.tsv")
+    write_affinity_store(tmp_path / "memory.zarr", coauthorship_affinity(read_edge_list(text)))
+    ingest_edge_list(text, tmp_path / "text.zarr", chunk_lines=23)
+    _assert_same_store(tmp_path / "memory.zarr", tmp_path / "text.zarr")
+    assert AffinityStore(tmp_path / "text.zarr").node_ids.dtype.kind == "U"
+    for kind, rows in (("str", names), ("int", edges)):
+        table = pa.table({"src": [r[0] for r in rows], "dst": [r[1] for r in rows],
+                          "weight": [float(r[2]) for r in rows]})
+        expected = tmp_path / f"{kind}-memory.zarr"
+        if kind == "int":
+            write_affinity_store(expected, coauthorship_affinity(read_edge_list(_write(
+                tmp_path, "".join(f"{a} {b} {w}\n" for a, b, w in rows), "ints.txt"))))
+        else:
+            expected = tmp_path / "memory.zarr"
+        pq.write_table(table, tmp_path / f"{kind}.parquet", row_group_size=40)
+        feather.write_feather(table, tmp_path / f"{kind}.feather")
+        with pa.OSFile(str(tmp_path / f"{kind}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=30)
+        for suffix in ("parquet", "feather", "arrow"):
+            source = tmp_path / f"{kind}.{suffix}"
+            ingest_edge_list(source, tmp_path / f"{kind}-{suffix}.zarr", chunk_lines=17)
+            _assert_same_store(expected, tmp_path / f"{kind}-{suffix}.zarr")
+            graph = read_edge_list(source)
+            assert graph.n_nodes == AffinityStore(expected).n_points
+
+
+def test_cli_affinity_refuses_a_bad_table_and_writes_nothing(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scalemb.cli.main import main
+
+    pq.write_table(pa.table({"src": ["a", "b", None], "dst": ["b", "c", "a"]}), tmp_path / "e.parquet")
+    assert main(["affinity", str(tmp_path / "e.parquet"), "--out", str(tmp_path / "e.zarr")]) == 2
+    assert "e.parquet: column 'src' has a null node id at row 3" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.parquet"]

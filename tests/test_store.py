@@ -92,3 +92,23 @@ def test_refuses_overwrite_and_corruption(tmp_path):
     with pytest.raises(InputError, match="not a scalemb affinity store"):
         AffinityStore(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.zarr"]  # no temporary leftovers
+
+
+def test_node_id_kinds_and_hashes():
+    """Integer ids hash as before string ids existed (stores written earlier keep their content hash); string ids
+    hash by their text, whatever the array's width or dtype; anything else is refused."""
+    import hashlib
+
+    from scalemb.affinity.store import content_hash
+    from scalemb.io.nodeids import as_node_ids, ids_bytes
+
+    indptr, indices, data = np.array([0, 1, 2]), np.array([1, 0]), np.array([0.5, 0.5])
+    old = hashlib.sha256()
+    for array, dtype in ((indptr, "<i8"), (indices, "<i8"), (data, "<f8"), (np.array([4, 7]), "<i8")):
+        old.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
+    assert content_hash(indptr, indices, data, np.array([4, 7], dtype=np.int32)) == old.hexdigest()
+    assert ids_bytes(np.array(["ab", "c"], dtype="<U9")) == ids_bytes(np.array(["ab", "c"], dtype=object))
+    assert ids_bytes(np.array(["ab", "c"])) != ids_bytes(np.array(["a", "bc"]))
+    for bad in (np.array([1.5, 2.0]), np.array([1, "a"], dtype=object)):
+        with pytest.raises(ValueError, match="node ids must be"):
+            as_node_ids(bad)

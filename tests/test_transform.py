@@ -143,7 +143,8 @@ def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     cases = {
         "collide.txt": ("5 3\n", "new node id 5 is already in the stored map"),  # 5 is old
         "unknown.txt": ("3 999\n", "node id 999 is neither"),
-        "bad.txt": ("3 x\n", ":1: node id 'x' is not an integer"),
+        "bad.txt": ("3 x\n", ":1: node id 'x' is a string but node id '3' on line 1 is an integer"),
+        "strings.txt": ("a b\n", ":1: node ids are strings but the stored map's are integers"),
     }
     for name, (text, fragment) in cases.items():
         path = tmp_path / name
@@ -295,3 +296,13 @@ def test_kernel_eigenmap_runs_apply_their_stored_map(tmp_path):
     assert list(whole.node_ids[300:]) == list(range(300, 305))
     with pytest.raises(InputError, match="takes 3 columns"):
         place_into(result, np.zeros((2, 4)))
+
+
+def test_new_point_ids_follow_the_maps_id_kind():
+    from scalemb.errors import ScalembError
+    from scalemb.placement import new_point_ids
+
+    assert new_point_ids(np.array([3, 9]), 2).tolist() == [10, 11]
+    assert new_point_ids(np.array(["a", "b"]), 2).tolist() == ["new-0", "new-1"]
+    with pytest.raises(ScalembError, match="already has ids of the form 'new-K'"):
+        new_point_ids(np.array(["new-1", "b"]), 2)

@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..io.nodeids import as_node_ids
+
 
 @dataclass
 class RowBlock:
@@ -22,7 +24,7 @@ class RowBlock:
 
 @dataclass
 class Affinity:
-    """P as a SciPy CSR matrix plus the original node ids and where it came from.
+    """P as a SciPy CSR matrix plus the original node ids (int64 or strings) and where it came from.
 
     ``radii``: optional per-point target radii in the unit ball (N,), ``0 <= r < 1`` (CO-SNE's norm loss keeps
     ``|y_i|`` near them: the input points' norms, or radii derived from the degree for a graph)."""
@@ -51,7 +53,7 @@ class Affinity:
         if abs(total - 1.0) > 1e-12:  # idempotent: a stored, normalised P round-trips bit for bit
             P.data /= total
         self.P = P
-        self.node_ids = np.asarray(self.node_ids, dtype=np.int64)
+        self.node_ids = as_node_ids(self.node_ids)
         if self.node_ids.shape != (P.shape[0],):
             raise ValueError("node_ids must have one id per row of P")
         self.radii = check_radii(self.radii, P.shape[0])

@@ -3,10 +3,11 @@
 The result equals ``write_affinity_store(out, coauthorship_affinity(read_edge_list(path)))`` (or
 ``normalized_affinity``) up to floating-point rounding of the degrees and of the normalising total, with
 the same edge-list semantics (self-loops dropped, a repeated pair keeps its largest weight, isolated nodes
-removed); it additionally accepts ``,``-separated files (with an optional header line).  Steps:
+removed), the same reader (``scalemb.io.edgelist.parse_edge_chunks``: text, CSV, Parquet, Arrow).  Steps:
 
 1. parse ``chunk_lines`` lines at a time; spill each chunk (self-loops dropped) to a temporary binary
-   file and keep the sorted unique node ids;
+   file and keep the sorted unique node ids (string ids: each spilled as an integer code, the codes mapped to
+   the sorted ids' positions at the end);
 2. turn each chunk into a sorted run: both directions of every edge as the key ``row * N + col`` of the
    symmetric matrix C, de-duplicated with the largest weight;
 3. k-way merge the runs into one stream in CSR order (duplicates across runs merged the same way),
@@ -28,7 +29,8 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
-from ..io.edgelist import _EDGE, parse_edge_chunks
+from ..io.edgelist import _EDGE, check_ids, parse_edge_chunks
+from ..io.nodeids import ids_bytes
 from .store import default_chunk_nnz, layout_block_count, write_store_metadata
 
 AFFINITIES = ("coauthorship", "normalized")
@@ -43,28 +45,73 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate([[True], values[1:] != values[:-1]])]
 
 
+class _IntegerIds:
+    """Integer ids of a streamed edge list: the sorted unique ids, merged in amortised batches."""
+
+    def __init__(self):
+        self.node_ids, self.pending, self.n_pending = np.empty(0, dtype=np.int64), [], 0
+
+    def codes(self, ids: np.ndarray, chunk_lines: int) -> np.ndarray:
+        self.pending.append(_sorted_unique(ids.copy()))
+        self.n_pending += self.pending[-1].size
+        if self.n_pending >= max(self.node_ids.size, chunk_lines):  # amortised: each merge at least doubles it
+            self.node_ids, self.pending, self.n_pending = \
+                _sorted_unique(np.concatenate([self.node_ids, *self.pending])), [], 0
+        return ids
+
+    def finish(self):
+        """``(sorted node ids, function mapping the spilled codes to node indices)``."""
+        node_ids = _sorted_unique(np.concatenate([self.node_ids, *self.pending]))
+        return node_ids, _index_lookup(node_ids)
+
+
+class _StringIds:
+    """String ids of a streamed edge list: each new id gets the next integer code (spilled in its place); at the
+    end the ids are sorted and the codes mapped to sorted positions.  O(N) memory, like the integer ids."""
+
+    def __init__(self):
+        self.code_of = {}
+
+    def codes(self, ids: np.ndarray, chunk_lines: int) -> np.ndarray:
+        unique, inverse = np.unique(ids, return_inverse=True)
+        code_of = self.code_of
+        codes = np.fromiter((code_of.setdefault(s, len(code_of)) for s in unique.tolist()), dtype=np.int64,
+                            count=unique.size)
+        return codes[inverse]
+
+    def finish(self):
+        names = np.array(list(self.code_of), dtype=str)
+        order = np.argsort(names, kind="stable")
+        rank = np.empty(names.size, dtype=np.int64)
+        rank[order] = np.arange(names.size, dtype=np.int64)
+        return names[order], lambda codes: rank[codes]
+
+
 def _spill_chunks(path: Path, chunk_lines: int, work: Path):
-    """Parse ``path`` into raw ``_EDGE`` chunk files without self-loops; return them and the sorted ids."""
-    files, node_ids, pending, n_pending, n_read = [], np.empty(0, dtype=np.int64), [], 0, 0
+    """Parse ``path`` into raw ``_EDGE`` chunk files (ids as integer codes) without self-loops; return them, the
+    sorted node ids and the function mapping the codes to node indices."""
+    files, ids, n_read = [], None, 0
     for edges in parse_edge_chunks(path, chunk_lines):
         n_read += edges.size
-        edges = edges[edges["src"] != edges["dst"]]
-        if edges.size == 0:
+        keep = edges.src != edges.dst
+        if not keep.any():
             continue
+        if ids is None:
+            ids = _StringIds() if edges.string_ids else _IntegerIds()
+        both = ids.codes(np.concatenate([edges.src[keep], edges.dst[keep]]), chunk_lines)
+        records = np.empty(both.size // 2, dtype=_EDGE)
+        records["src"], records["dst"], records["weight"] = both[:records.size], both[records.size:], edges.weight[keep]
         files.append(work / f"chunk-{len(files)}.bin")
-        edges.tofile(files[-1])
-        pending.append(_sorted_unique(np.concatenate([edges["src"], edges["dst"]])))
-        n_pending += pending[-1].size
-        if n_pending >= max(node_ids.size, chunk_lines):  # amortised: each merge at least doubles the input
-            node_ids, pending, n_pending = _sorted_unique(np.concatenate([node_ids, *pending])), [], 0
+        records.tofile(files[-1])
     if n_read == 0:
         raise InputError(path, "no edges (file is empty or only comments)")
     if not files:
         raise InputError(path, "graph has no edges once self-loops are removed")
-    node_ids = _sorted_unique(np.concatenate([node_ids, *pending]))
+    node_ids, index_of = ids.finish()
     if node_ids.size > _MAX_NODES:
         raise InputError(path, f"{node_ids.size} nodes is more than the {_MAX_NODES} supported")
-    return files, node_ids
+    check_ids(node_ids, path)
+    return files, node_ids, index_of
 
 
 def _max_per_key(keys: np.ndarray, weight: np.ndarray, kind: str) -> np.ndarray:
@@ -189,7 +236,7 @@ def _write_store(store: Path, merged: Path, node_ids, counts, degree, affinity: 
         values /= total
         data[start:start + values.size] = values
         digest.update(values.astype("<f8").tobytes())
-    digest.update(node_ids.astype("<i8").tobytes())
+    digest.update(ids_bytes(node_ids))
     write_store_metadata(group, indptr, node_ids, n_partitions, chunk_nnz, dict(provenance, n_edges=nnz // 2),
                          digest.hexdigest())
 
@@ -215,8 +262,7 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
     check_output_path(out, overwrite, inputs=(path,))
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.ingest-", dir=out.parent))
     try:
-        chunk_files, node_ids = _spill_chunks(path, chunk_lines, work)
-        index_of = _index_lookup(node_ids)
+        chunk_files, node_ids, index_of = _spill_chunks(path, chunk_lines, work)
         run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
         del index_of
         counts, degree = _merge_to_file(run_files, work / "merged.bin", node_ids.size, 2 * chunk_lines)

@@ -4,7 +4,8 @@ Layout of a store (a Zarr v3 group):
 
 * attributes ``encoding-type: csr_matrix``, ``encoding-version: 0.1.0``, ``shape: [N, N]`` (AnnData's
   on-disk sparse convention, so ``anndata.io.read_elem`` / ``sparse_dataset`` open it as a CSR matrix);
-* 1-D arrays ``data`` (float64), ``indices`` (int64), ``indptr`` (int64, N + 1), ``node_ids`` (int64, N),
+* 1-D arrays ``data`` (float64), ``indices`` (int64), ``indptr`` (int64, N + 1), ``node_ids`` (N: int64, or
+  Zarr v3 ``string`` for string ids, see ``scalemb.io.nodeids``),
   ``partitions`` (int64, K + 1 row boundaries);
 * optional ``radii`` (float64, N): per-point target radii (``Affinity.radii``);
 * attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
@@ -27,6 +28,7 @@ import zarr
 from .._version import __version__
 from ..errors import InputError
 from ..io.atomic import atomic_directory
+from ..io.nodeids import from_stored, ids_bytes, to_stored
 from .affinity import Affinity, RowBlock, check_radii, row_partition
 
 ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
@@ -34,10 +36,12 @@ DEFAULT_CHUNK_NNZ = 1 << 20
 
 
 def content_hash(indptr, indices, data, node_ids) -> str:
-    """SHA-256 over the CSR arrays and node ids (little-endian bytes): identifies P's content."""
+    """SHA-256 over the CSR arrays (little-endian bytes) and the node ids (``scalemb.io.nodeids.ids_bytes``):
+    identifies P's content."""
     digest = hashlib.sha256()
-    for array, dtype in ((indptr, "<i8"), (indices, "<i8"), (data, "<f8"), (node_ids, "<i8")):
+    for array, dtype in ((indptr, "<i8"), (indices, "<i8"), (data, "<f8")):
         digest.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
+    digest.update(ids_bytes(node_ids))
     return digest.hexdigest()
 
 
@@ -77,7 +81,7 @@ def write_store_metadata(group, indptr, node_ids, n_partitions: int | None, chun
     """Write ``indptr``, ``node_ids``, ``partitions`` and the group attributes of a store whose ``data`` and
     ``indices`` arrays are already in ``group``."""
     group.create_array("indptr", data=indptr)
-    group.create_array("node_ids", data=node_ids)
+    group.create_array("node_ids", data=to_stored(node_ids))
     partitions = (layout_partitions(indptr.size - 1) if n_partitions is None
                   else balanced_partitions(indptr, n_partitions, chunk_nnz))
     group.create_array("partitions", data=partitions)
@@ -202,7 +206,9 @@ class AffinityStore:
         ids = self._group["node_ids"][:]
         if ids.shape != (self.n_points,):
             raise InputError(self.path, f"node_ids has shape {ids.shape}, expected ({self.n_points},)")
-        return ids.astype(np.int64)
+        if ids.dtype.kind not in "iuUTO":
+            raise InputError(self.path, f"node_ids has dtype {ids.dtype}; expected integers or strings")
+        return from_stored(ids)
 
     @functools.cached_property
     def radii(self) -> np.ndarray | None:
@@ -240,7 +246,7 @@ class AffinityStore:
             array = self._group[name]
             for lo in range(0, self.nnz, step):
                 digest.update(np.ascontiguousarray(array[lo:lo + step], dtype=dtype).tobytes())
-        digest.update(np.ascontiguousarray(self.node_ids, dtype="<i8").tobytes())
+        digest.update(ids_bytes(self.node_ids))
         if digest.hexdigest() != self.content_hash:
             raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
 

@@ -1,6 +1,7 @@
 """Embedding results as a Zarr v3 group, written atomically.
 
-Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``node_ids`` (int64),
+Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``node_ids`` (int64, or Zarr v3
+``string`` for string ids: ``scalemb.io.nodeids``),
 ``kl_history`` (float64, one exact KL per iteration of the best restart); attributes ``model``,
 ``space_dims``, ``time_dims``, ``iterations``, ``kl``, ``seed``, ``scalemb_version``, ``provenance`` and
 ``optimizer``.  Each array names its dimensions (Zarr v3 ``dimension_names``: ``node``, ``component``,
@@ -16,6 +17,7 @@ import zarr
 
 from ..errors import ScalembError
 from .atomic import atomic_directory, recover_directory
+from .nodeids import from_stored, ids_bytes, is_string_ids, to_stored
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 DIMENSIONS = {"embedding": ("node", "component"), "node_ids": ("node",), "kl_history": ("iteration",)}
@@ -39,6 +41,10 @@ def arrays_hash(arrays: dict) -> str:
     digest = hashlib.sha256()
     for name in sorted(arrays):
         array = np.ascontiguousarray(arrays[name])
+        if is_string_ids(array):  # strings: independent of a <U array's width and of the in-memory dtype
+            digest.update(f"{name}\0str\0{array.shape}\0".encode())
+            digest.update(ids_bytes(array))
+            continue
         digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
@@ -52,7 +58,8 @@ def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Pa
     with atomic_directory(path, overwrite) as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         for name in _ARRAYS:
-            group.create_array(name, data=np.ascontiguousarray(arrays[name]), dimension_names=DIMENSIONS[name])
+            data = to_stored(arrays[name]) if name == "node_ids" else np.ascontiguousarray(arrays[name])
+            group.create_array(name, data=data, dimension_names=DIMENSIONS[name])
         group.attrs.update(_json_safe({**attrs, "content_hash": arrays_hash({n: arrays[n] for n in _ARRAYS})}))
     return Path(path)
 
@@ -66,6 +73,7 @@ def read_result(path) -> tuple[dict, dict]:
     try:
         group = zarr.open_group(store=str(path), mode="r")
         arrays, attrs = {name: group[name][:] for name in _ARRAYS}, dict(group.attrs)
+        arrays["node_ids"] = from_stored(arrays["node_ids"])
     except Exception as exc:  # noqa: BLE001 - anything unreadable is reported as such, in one line
         raise ScalembError(f"{path}: not a finished scalemb result ({type(exc).__name__})") from None
     recorded = attrs.get("content_hash")

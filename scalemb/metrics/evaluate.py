@@ -19,6 +19,7 @@ from ..affinity import Affinity, AffinityStore, is_affinity_store, knn_affinity,
 from ..datasets import DATASETS, load_dataset
 from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
 from ..errors import InputError, ScalembError
+from ..io.nodeids import as_node_ids, is_string_ids
 from .base import Metric
 from .kl import kl
 from .quality import feature_metrics, graph_metrics, one_nn_error
@@ -45,7 +46,7 @@ def load_run(run) -> tuple:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise InputError(name, f"{int(bad.sum())} points have non-finite coordinates (first: row {row}, node id "
-                               f"{int(result.node_ids[row])})")
+                               f"{np.asarray(result.node_ids)[row].item()!r})")
     return result, name
 
 
@@ -93,7 +94,11 @@ def _resolve_affinity(affinity, graph_affinity: str):
 
 def align_affinity(affinity: Affinity, node_ids: np.ndarray, name: str) -> Affinity:
     """``affinity`` with its rows in the run's node order; ``InputError`` naming ``name`` if the ids differ."""
-    ids = np.asarray(node_ids, dtype=np.int64)
+    ids = as_node_ids(node_ids)
+    if is_string_ids(ids) != is_string_ids(affinity.node_ids):
+        kinds = ("integers", "strings")
+        raise InputError(name, f"node ids are {kinds[is_string_ids(affinity.node_ids)]} here but "
+                               f"{kinds[is_string_ids(ids)]} in the run")
     if affinity.node_ids.shape == ids.shape and np.array_equal(affinity.node_ids, ids):
         return affinity
     found = None
@@ -104,8 +109,8 @@ def align_affinity(affinity: Affinity, node_ids: np.ndarray, name: str) -> Affin
     if found is None or not np.array_equal(affinity.node_ids[found], ids):
         missing = np.setdiff1d(ids, affinity.node_ids)
         extra = np.setdiff1d(affinity.node_ids, ids)
-        detail = (f"first run id missing here: {int(missing[0])}" if missing.size else
-                  f"first id not in the run: {int(extra[0])}" if extra.size else "repeated ids")
+        detail = (f"first run id missing here: {missing[0].item()!r}" if missing.size else
+                  f"first id not in the run: {extra[0].item()!r}" if extra.size else "repeated ids")
         raise InputError(name, f"node ids differ from the run's ({affinity.n_points} nodes here, {ids.size} in the "
                                f"run; {detail})")
     return affinity.permuted(found)

@@ -23,6 +23,7 @@ from ..datasets import DATASETS, grqc_path, school_edges
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
 from ..io.edgelist import Graph, graph_from_edges, read_edge_list
+from ..io.nodeids import is_string_ids
 from ..models import get_model
 from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_edges
 from .objective import PlacementObjective
@@ -100,8 +101,18 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
                               knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs)
-    n = len(node_ids)
-    return P, np.arange(n, n + X_new.shape[0], dtype=np.int64) + (int(np.max(node_ids)) + 1 - n if n else 0)
+    return P, new_point_ids(node_ids, X_new.shape[0])
+
+
+def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
+    """Ids of ``m`` new feature rows: integers after the largest old id, or for a map with string ids
+    ``new-0 .. new-{m-1}`` (``ScalembError`` if the map already uses one of them)."""
+    if is_string_ids(node_ids):
+        ids = np.array([f"new-{k}" for k in range(m)], dtype=str)
+        if np.isin(ids, node_ids).any():
+            raise ScalembError("the stored map already has ids of the form 'new-K'; place these rows as an edge list")
+        return ids
+    return np.arange(m, dtype=np.int64) + (int(np.max(node_ids)) + 1 if len(node_ids) else 0)
 
 
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
@@ -163,7 +174,7 @@ def _kernel_map(result, new, run_name):
     run = PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
                        time.perf_counter() - start, 0, {"method": "kernel map"})
     n = result.node_ids.size
-    new_ids = np.arange(X_new.shape[0], dtype=np.int64) + (int(np.max(result.node_ids)) + 1 if n else 0)
+    new_ids = new_point_ids(result.node_ids, X_new.shape[0])
     return placed_result(result, run, new_ids, {"transform_of": str(run_name), "method": "kernel map", "n_old": n,
                                                 "n_new": int(X_new.shape[0]), "n_unattached": 0,
                                                 "run_provenance": result.provenance, "start_kl": float("nan")})

@@ -2,9 +2,9 @@
 
 Graph runs (``coauthorship`` or ``normalized`` P from edge weights C): ``P'`` is that rule applied to the union
 of the run's graph and the new edges, so it is exactly the affinity a full re-embedding of the grown graph
-would use (old-old entries change too: the old nodes' degrees grow).  The new edges come as an edge list
-whose FIRST column is a new node and whose second column is an old node or another new node
-(``read_new_edges``).
+would use (old-old entries change too: the old nodes' degrees grow).  The new edges come as an edge list (the
+one reader, ``scalemb.io.edgelist``: text, CSV, Parquet, Arrow; integer or string ids as the map's) whose FIRST
+column is a new node and whose second column is an old node or another new node (``read_new_edges``).
 
 kNN runs (``scalemb affinity --knn``): each new row's ``k`` nearest reference rows (exact search; same ``k``,
 metric and perplexity or uniform weights as the run's provenance), conditional affinities ``p_j|i``
@@ -22,49 +22,43 @@ from ..affinity.affinity import Affinity, row_partition
 from ..affinity.graph import coauthorship_affinity, normalized_affinity
 from ..affinity.knn import METRICS, conditional_affinities
 from ..errors import InputError
-from ..io.edgelist import Graph, _open_text, _parse_id, _parse_weight, graph_from_edges
+from ..io.edgelist import Edges, Graph, first_lines, graph_from_edges, parse_edge_chunks
+from ..io.nodeids import as_node_ids, check_case_collision, is_string_ids
 
 _BLOCK_ENTRIES = 1 << 22  # distances held at once by the exact search (32 MB)
 
 
 def read_new_edges(path, old_ids: np.ndarray):
-    """Parse the new nodes' edge list: ``NEW OTHER [weight]`` per line (``#`` comments), ``NEW`` not an id of
-    the stored map, ``OTHER`` an old id or a ``NEW`` of some line.  Returns ``(new_ids (sorted), src, dst,
-    weight)`` with ids as int64; self-loops are dropped.  ``InputError`` (file, line) on any violation."""
+    """Parse the new nodes' edge list (any edge-list format ``scalemb.io.edgelist`` reads): ``NEW OTHER [weight]``
+    per row, ``NEW`` not an id of the stored map, ``OTHER`` an old id or a ``NEW`` of some row; ids of the map's
+    kind (integers or strings).  Returns ``(new_ids (sorted), src, dst, weight)``; self-loops are dropped.
+    ``InputError`` (file, line) on any violation."""
     path = Path(path)
     if not path.is_file():
         raise InputError(path, "no such file" if not path.exists() else "not a regular file")
-    src, dst, weight, lines = [], [], [], []
-    try:
-        with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, start=1):
-                fields = line.split()
-                if not fields or fields[0].startswith("#"):
-                    continue
-                if len(fields) not in (2, 3):
-                    raise InputError(path, f"expected 'new_id other_id [weight]', got {len(fields)} fields", line_no)
-                src.append(_parse_id(fields[0], path, line_no))
-                dst.append(_parse_id(fields[1], path, line_no))
-                weight.append(_parse_weight(fields[2], path, line_no) if len(fields) == 3 else 1.0)
-                lines.append(line_no)
-    except (UnicodeDecodeError, OSError, EOFError) as exc:
-        raise InputError(path, f"cannot read as text edge list ({exc.__class__.__name__}: {exc})") from None
-    if not src:
+    edges = Edges.concat(parse_edge_chunks(path))
+    if edges.size == 0:
         raise InputError(path, "no edges (file is empty or only comments)")
-    src, dst = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
-    weight, lines = np.array(weight), np.array(lines)
-    old_sorted = np.sort(np.asarray(old_ids, dtype=np.int64))
+    src, dst, weight = edges.src, edges.dst, edges.weight
+    old_sorted = np.sort(as_node_ids(old_ids))
+    if old_sorted.size and is_string_ids(src) != is_string_ids(old_sorted):
+        kinds = ("integers", "strings")
+        raise InputError(path, f"node ids are {kinds[is_string_ids(src)]} but the stored map's are "
+                               f"{kinds[is_string_ids(old_sorted)]}", first_lines(path, [src[0]])[0])
     collide = np.isin(src, old_sorted)
     if collide.any():
         k = int(np.flatnonzero(collide)[0])
         raise InputError(path, f"new node id {src[k]} is already in the stored map ({int(collide.sum())} lines "
-                               "have a stored id in the first column, which must be a new node)", int(lines[k]))
+                               "have a stored id in the first column, which must be a new node)",
+                         first_lines(path, [src[k]], column=0)[0])
     new_ids = np.unique(src)
     known = np.isin(dst, old_sorted) | np.isin(dst, new_ids)
     if not known.all():
         k = int(np.flatnonzero(~known)[0])
         raise InputError(path, f"node id {dst[k]} is neither in the stored map nor a new node (a first-column id)",
-                         int(lines[k]))
+                         first_lines(path, [dst[k]])[0])
+    check_case_collision(np.unique(np.concatenate([old_sorted, new_ids])), path,
+                         lambda a, b: first_lines(path, (a, b)))
     keep = src != dst
     return new_ids, src[keep], dst[keep], weight[keep]
 
@@ -74,10 +68,9 @@ def extended_graph_affinity(old: Graph, rule: str, old_ids: np.ndarray, new_ids,
     with the run's ``rule`` (``coauthorship`` or ``normalized``)."""
     ids = np.concatenate([old.node_ids[old.src], src])
     others = np.concatenate([old.node_ids[old.dst], dst])
-    union = graph_from_edges(ids.astype(np.uint64), others.astype(np.uint64), np.concatenate([old.weight, weight]),
-                             source=old.source)
+    union = graph_from_edges(ids, others, np.concatenate([old.weight, weight]), source=old.source)
     affinity = coauthorship_affinity(union) if rule == "coauthorship" else normalized_affinity(union)
-    wanted = np.concatenate([np.asarray(old_ids, dtype=np.int64), np.asarray(new_ids, dtype=np.int64)])
+    wanted = np.concatenate([as_node_ids(old_ids), as_node_ids(new_ids)])
     if wanted.size != union.n_nodes:  # a new node whose only edges were self-loops
         raise ValueError(f"{wanted.size - union.n_nodes} new nodes have no edge besides self-loops")
     order = np.searchsorted(union.node_ids, wanted)

@@ -14,7 +14,7 @@
     return new TYPES[entry.dtype](bytes.buffer);
   }
   const n = meta.n;
-  const X = decode(meta.x), Y = decode(meta.y), ids = decode(meta.ids);
+  const X = decode(meta.x), Y = decode(meta.y), ids = meta.id_names || decode(meta.ids);
   const values = {};
   for (const key of Object.keys(meta.values)) values[key] = decode(meta.values[key]);
   const edges = decode(meta.edges);
@@ -223,9 +223,11 @@
     moving();
   }, {passive: false});
   function find(text) {
-    const want = Number(text.trim());
+    const want = meta.id_names ? text.trim() : Number(text.trim());
     found = -1;
-    if (text.trim() !== "" && Number.isFinite(want)) for (let i = 0; i < n; i++) if (ids[i] === want) { found = i; break; }
+    if (text.trim() !== "" && (meta.id_names || Number.isFinite(want))) {
+      for (let i = 0; i < n; i++) if (ids[i] === want) { found = i; break; }
+    }
     if (found < 0) { info.innerHTML = `no node with id ${escapeHtml(text)}`; request(); return -1; }
     view.cx = X[found]; view.cy = Y[found]; view.scale = Math.max(view.scale, 4 * base.scale);
     info.innerHTML = describe(found); request(); return found;

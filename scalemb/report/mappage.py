@@ -2,12 +2,12 @@
 
 The page carries its data as typed arrays (little-endian, base64) in a JSON script element: display positions
 (float32, the packed layout of ``scalemb.plot.layout``), node ids (int32 when they fit, else float64: exact up to
-2^53), and per node the degree, time 1, NP@deg (graph neighbours among its deg(i) most similar nodes / deg(i), the
-per-node term of ``scalemb.metrics.neighbourhood_preservation``; up to ``EXACT_MAX_ROWS`` nodes), label and
-component; edges as uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample above).  ``map.js`` draws the points
-into an ImageData buffer (one 32-bit store per pixel, no per-point canvas call) over one translucent path of
-edges, keeps a uniform grid of the points for hover, and finds a node by id.  About 30 bytes per node: 1e6 nodes
-make a ~40 MB page.
+2^53; string ids as a JSON list ``id_names``), and per node the degree, time 1, NP@deg (graph neighbours among its
+deg(i) most similar nodes / deg(i), the per-node term of ``scalemb.metrics.neighbourhood_preservation``; up to
+``EXACT_MAX_ROWS`` nodes), label and component; edges as uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample
+above). ``map.js`` draws the points into an ImageData buffer (one 32-bit store per pixel, no per-point canvas call)
+over one translucent path of edges, keeps a uniform grid of the points for hover, and finds a node by id. About 30
+bytes per node: 1e6 nodes make a ~40 MB page.
 """
 import base64
 import html
@@ -15,6 +15,8 @@ import json
 from importlib import resources
 
 import numpy as np
+
+from ..io.nodeids import is_string_ids
 
 MAX_MAP_EDGES = 200_000
 
@@ -38,9 +40,11 @@ def map_payload(data, per_node_np=None) -> dict:
     """The page's JSON data from ``scalemb.plot.figure.MapData``."""
     result = data.result
     ids = np.asarray(result.node_ids)
-    fits = ids.size == 0 or (ids.min() >= -2**31 and ids.max() < 2**31)
+    strings = is_string_ids(ids)
+    fits = strings or ids.size == 0 or (ids.min() >= -2**31 and ids.max() < 2**31)
     payload = {"n": data.n_points, "x": _array(data.xy[:, 0], "f32"), "y": _array(data.xy[:, 1], "f32"),
-               "ids": _array(ids, "i32" if fits else "f64"), "frame": [float(v) for v in data.frame],
+               "ids": None if strings else _array(ids, "i32" if fits else "f64"),
+               "id_names": ids.tolist() if strings else None, "frame": [float(v) for v in data.frame],
                "values": {}, "component": _array(data.component, "u32"), "n_components": int(data.sizes.size),
                "component_sizes": [int(s) for s in data.sizes], "model": result.model,
                "title": f"{result.model}, N = {data.n_points}"}
