@@ -1,15 +1,17 @@
 """Elastic embedding: spectral direction vs delta-bar-delta vs gradient descent on SCHOOL and GrQc.
 
 Usage: python benchmarks/ee.py [--out benchmarks/results/ee.md] [--lam 1] [--datasets school,grqc]
-       [--iterations school:2000,grqc:300] [--repulsion exact] [--threads 2]
+       [--iterations school:1000,grqc:500] [--slow-factor 4] [--repulsion exact] [--threads 2]
 
-Every optimiser starts from the same random start (``scalemb.init.random_coords``, seed 0) and runs the same
-iteration budget with its stopping rule off (``tol = 0``), so each run's history is comparable.  The target is
-the best final E among the runs, plus 1 % of it; the table gives the first iteration and wall time at which each
-run is at or below the target, and the ratios to the spectral direction.  Optimiser settings are the defaults
-(what ``--optimizer dbd|sd|gd`` gives) except ``tol``; "sd fixed" is the spectral direction on the constant
-curvature ``4 L(P)`` (EE's exact attractive Hessian: one factorisation per run), "sd homotopy" the lambda
-homotopy of ``scalemb.models.ee.homotopy`` (5 stages from lam / 100) with the same budget in total.
+Every optimiser starts from the same random start (``scalemb.init.random_coords``, seed 0) with its stopping
+rule off (``tol = 0``); the spectral-direction runs get the ``--iterations`` budget, dbd and gd ``--slow-factor``
+times it.  Targets: the best final E among the runs plus 1 % and 0.1 % of it (the local minima the optimisers end
+in can differ by less than 1 %), and the final E of dbd and of gd (the paper's comparison: how much sooner the
+spectral direction gets where the others end); the table gives the first iteration and wall time at which each
+run is at or below a target and the ratios to the spectral direction.  Optimiser settings are the defaults (what
+``--optimizer dbd|sd|gd`` gives) except ``tol``; "sd fixed" is the spectral direction on the constant curvature
+``4 L(P)`` (EE's exact attractive Hessian: one factorisation per run), "sd homotopy" the lambda homotopy of
+``scalemb.models.ee.homotopy`` (5 stages from lam / 100) with sd's budget in total.
 """
 import argparse
 import os
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import Report, machine_description, markdown_table  # noqa: E402
 
 RUNS = ("sd", "sd fixed", "sd homotopy", "dbd", "gd")
+TOLERANCES = (0.01, 0.001)
 
 
 def run_one(executor, kind, model, coords, n_iter):
@@ -55,8 +58,10 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--lam", type=float, default=None, help="EE lambda (default: the model's)")
     parser.add_argument("--datasets", default="school,grqc")
-    parser.add_argument("--iterations", default="school:2000,grqc:300",
-                        help="iteration budget per dataset, name:count,...")
+    parser.add_argument("--iterations", default="school:1000,grqc:500",
+                        help="iteration budget of the spectral-direction runs per dataset, name:count,...")
+    parser.add_argument("--slow-factor", type=int, default=4,
+                        help="dbd and gd get this many times the iteration budget")
     parser.add_argument("--repulsion", default="exact", choices=("exact", "fft"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", default=",".join(RUNS))
@@ -72,42 +77,51 @@ def main(argv=None):
     report()
     model = get_model("ee") if args.lam is None else get_model("ee", lam=args.lam)
     report(f"Model: {model.description}; repulsion {args.repulsion}; {args.threads} threads; same random start "
-           "(seed 0) for every run; stopping rule off (tol = 0); target = best final E among the runs + 1 %.")
+           "(seed 0) for every run; stopping rule off (tol = 0); targets: best final E + 1 % / 0.1 %, final E of dbd "
+           "and of gd.")
     for name in args.datasets.split(","):
         affinity = load_dataset(name)
         n_iter = budgets[name]
         coords = random_coords(affinity.n_points, 2, 0, np.random.default_rng([0, 0]))
         results = {}
         with LocalExecutor(affinity, model, 2, 0, n_threads=args.threads, repulsion=args.repulsion) as ex:
-            ex.evaluate(coords)  # compile outside the timings
+            for kind in args.runs.split(","):  # compile (numba, solvers) outside the timings
+                run_one(ex, kind, model, coords, 5)
             for kind in args.runs.split(","):
                 t0 = time.perf_counter()
-                results[kind] = run_one(ex, kind, model, coords, n_iter)
+                budget = n_iter if kind.startswith("sd") else args.slow_factor * n_iter
+                results[kind] = run_one(ex, kind, model, coords, budget)
                 print(f"{name} {kind}: E {results[kind].kl:.6g} after {results[kind].iterations} iterations, "
                       f"{time.perf_counter() - t0:.1f} s", flush=True)
         best = min(r.kl for r in results.values())
-        target = best + 0.01 * abs(best)
-        sd_hit = first_at_or_below(results["sd"].kl_history, results["sd"].seconds, target) \
-            if "sd" in results else (None, None)
-        rows = []
-        for kind, r in results.items():
-            it, sec = first_at_or_below(r.kl_history, r.seconds, target)
-            ratio_it = f"{it / sd_hit[0]:.1f}" if it is not None and sd_hit[0] else "-"
-            ratio_s = f"{sec / sd_hit[1]:.1f}" if sec is not None and sd_hit[1] else "-"
-            rows.append([kind, f"{r.kl:.6g}", r.iterations, r.evaluations, f"{r.seconds[-1]:.1f}",
-                         "not reached" if it is None else it, "-" if sec is None else f"{sec:.2f}",
-                         ratio_it, ratio_s])
         report()
-        report(f"## {name} (N = {affinity.n_points}, {n_iter} iterations each; target E <= {target:.6g})")
+        report(f"## {name} (N = {affinity.n_points}; sd runs {n_iter} iterations, dbd and gd "
+               f"{args.slow_factor * n_iter}; best final E {best:.6g})")
         report()
-        report(markdown_table(["run", "final E", "iterations", "evaluations", "seconds", "iterations to target",
-                               "seconds to target", "iterations / sd", "seconds / sd"], rows))
-        checkpoints = [i for i in (0, 1, 10, 30, 100, 300, 1000, 3000) if i <= n_iter]
+        report(markdown_table(["run", "final E", "iterations", "evaluations", "seconds"],
+                              [[kind, f"{r.kl:.6g}", r.iterations, r.evaluations, f"{r.seconds[-1]:.1f}"]
+                               for kind, r in results.items()]))
+        targets = {f"best final E + {t:.1%}": best + t * abs(best) for t in TOLERANCES}
+        targets.update({f"{kind}'s final E": results[kind].kl for kind in ("dbd", "gd") if kind in results})
+        header, rows = ["run"], {kind: [kind] for kind in results}
+        for label, target in targets.items():
+            hits = {kind: first_at_or_below(r.kl_history, r.seconds, target) for kind, r in results.items()}
+            sd_it, sd_s = hits.get("sd", (None, None))
+            header += [f"to {label} ({target:.5g}): iterations, seconds", "ratio to sd"]
+            for kind, (it, sec) in hits.items():
+                rows[kind] += ["not reached" if it is None else f"{it}, {sec:.2f}",
+                               f"{it / sd_it:.1f}x, {sec / sd_s:.1f}x" if it is not None and sd_it else "-"]
+        report()
+        report("First iteration (and wall time) at which E is at or below each target; ratios to sd:")
+        report()
+        report(markdown_table(header, list(rows.values())))
+        checkpoints = [i for i in (0, 1, 10, 30, 100, 300, 1000, 3000, 10000) if i <= args.slow_factor * n_iter]
         report()
         report("E at iteration " + ", ".join(map(str, checkpoints)) + ":")
         report()
         report(markdown_table(["run"] + [str(i) for i in checkpoints],
-                              [[kind] + [f"{r.kl_history[min(i, r.kl_history.size - 1)]:.5g}" for i in checkpoints]
+                              [[kind] + [f"{r.kl_history[i]:.5g}" if i < r.kl_history.size else "-"
+                                         for i in checkpoints]
                                for kind, r in results.items()]))
     if args.out:
         Path(args.out).write_text(report.text())

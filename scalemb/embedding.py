@@ -115,6 +115,8 @@ class Embedder:
     ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
     ``init``: the start (``scalemb.init``): 'random', 'spectral' (graph eigenmap of P, openTSNE's scaling), 'pca'
     (kNN inputs built from a feature file) or a ``.npy`` path / array of shape (N, ds) or (N, ds + dt).
+    ``model_params``: the named model's constructor parameters, ``get_model(model, **model_params)`` (e.g.
+    ``{'lam': 0.5}`` for 'ee'; ``scalemb.params.model_params`` makes them from the settings table).
     """
 
     on_iteration = None
@@ -124,8 +126,9 @@ class Embedder:
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto",
                  fft_params: FFTParams | None = None, scheduler: str | None = None, workers: int | None = None,
-                 init="random"):
+                 init="random", model_params: dict | None = None):
         self.model = model
+        self.model_params = model_params
         self.space_dims = space_dims
         self.time_dims = time_dims
         self.iterations = iterations
@@ -141,7 +144,12 @@ class Embedder:
         self.init = init
 
     def _check(self):
-        model = get_model(self.model) if isinstance(self.model, str) else self.model
+        if isinstance(self.model, str):
+            model = get_model(self.model, **(self.model_params or {}))
+        elif self.model_params:
+            raise ValueError("model_params apply to a model given by name, not to a Model instance")
+        else:
+            model = self.model
         time_dims = self.time_dims if self.time_dims is not None else model.default_time_dims()
         model.check_dims(self.space_dims, time_dims)
         if int(self.iterations) < 1:
@@ -209,7 +217,7 @@ class Embedder:
                 rng = np.random.default_rng([self.seed, k])
                 coords = initializer.coords(rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
-                progress = Progress(self.iterations, label, quiet=self.quiet,
+                progress = Progress(self.iterations, label, quiet=self.quiet, value=model.objective.name.upper(),
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
                 extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
                 try:
@@ -251,7 +259,7 @@ class Embedder:
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
             if verify is not None:
                 verify(executor, node_ids, provenance)
-            progress = Progress(total, model.name, quiet=self.quiet)
+            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper())
             extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
             try:
                 run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)

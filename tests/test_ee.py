@@ -98,3 +98,42 @@ def test_dask_matches_local(school_affinity, dask_cluster, tmp_path):
         got = optimizer.optimize(dask, coords, 15)
     assert np.array_equal(expected.coords, got.coords)
     assert np.array_equal(expected.kl_history, got.kl_history)
+
+
+def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
+    """``--ee-lambda`` / ``ee_lambda`` reach the model (the stored E is E at that lambda); a negative or NaN lambda,
+    or a lambda for another model, is one clear error, exit 2, nothing written."""
+    import scalemb
+    from scalemb.cli.main import main
+    from scalemb.embedding import EmbeddingResult
+
+    out = tmp_path / "ee.zarr"
+    assert main(["embed", "school", "--model", "ee", "--ee-lambda", "0.5", "--iterations", "20", "--out", str(out),
+                 "--quiet"]) == 0
+    assert ", E " in capsys.readouterr().out
+    result = EmbeddingResult.load(out)
+    with LocalExecutor(school_affinity, get_model("ee", lam=0.5), 2, 0) as ex:
+        assert result.kl == ex.evaluate(np.ascontiguousarray(result.embedding.T)).kl
+    assert scalemb.Embedder(model="ee", ee_lambda=0.5, iterations=20).fit("school").kl_ == result.kl
+    for argv in (["--ee-lambda", "-1"], ["--ee-lambda", "nan"], ["--model", "tsne", "--ee-lambda", "1"]):
+        bad = tmp_path / "bad.zarr"
+        try:
+            code = main(["embed", "school", "--model", "ee", *argv, "--iterations", "5", "--out", str(bad), "--quiet"])
+        except SystemExit as exc:  # argparse's own usage errors
+            code = exc.code
+        assert code == 2 and not bad.exists()
+        assert "lambda" in capsys.readouterr().err
+
+
+def test_service_job_fields_carry_lambda():
+    pytest.importorskip("fastapi")
+    from pydantic import ValidationError
+
+    from scalemb.service.app import JobRequest
+
+    assert JobRequest(input="school", model="ee", ee_lambda=0.5).constructor_params() == {"lam": 0.5}
+    assert JobRequest(input="school", model="ee").constructor_params() == {}
+    for fields in ({"model": "ee", "ee_lambda": -1.0}, {"model": "ee", "ee_lambda": float("nan")},
+                   {"model": "tsne", "ee_lambda": 1.0}):
+        with pytest.raises(ValidationError, match="ee_lambda"):
+            JobRequest(input="school", **fields)
