@@ -49,13 +49,17 @@ class EmbeddingResult:
     optimizer: dict = field(default_factory=dict)
     repulsion: dict = field(default_factory=dict)  # {"method": "exact"} or {"method": "fft", **FFTParams}
     seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
+    # the model's constructor parameters (``get_model(model, **model_params)``, e.g. EE's lambda): ``kl`` is
+    # that model's objective value
+    model_params: dict = field(default_factory=dict)
 
     def attrs(self) -> dict:
         return {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
                 "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
                 "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
                 "wall_time_s": self.wall_time, "scalemb_version": __version__,
-                "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
+                "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion,
+                "model_params": self.model_params}
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the result as a Zarr v3 group (see ``scalemb.io.results``)."""
@@ -68,7 +72,8 @@ class EmbeddingResult:
         return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
                    attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
                    attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
-                   attrs.get("optimizer", {}), attrs.get("repulsion", {}))
+                   attrs.get("optimizer", {}), attrs.get("repulsion", {}),
+                   model_params=attrs.get("model_params", {}))
 
 
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
@@ -237,7 +242,7 @@ class Embedder:
             kl_history=best.kl_history, model=model.name, space_dims=self.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=self.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=provenance,
-            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds)
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params))
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
@@ -270,7 +275,8 @@ class Embedder:
             embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
             model=model.name, space_dims=self.space_dims, time_dims=time_dims, iterations=run.iterations,
             seed=self.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
-            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds)
+            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
+            model_params=dict(model.params))
         self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
         self.run_, self.optimizer_ = run, optimizer
         return self

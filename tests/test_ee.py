@@ -112,6 +112,7 @@ def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
                  "--quiet"]) == 0
     assert ", E " in capsys.readouterr().out
     result = EmbeddingResult.load(out)
+    assert result.model_params == {"lam": 0.5}  # what `scalemb metrics` rebuilds the model from
     with LocalExecutor(school_affinity, get_model("ee", lam=0.5), 2, 0) as ex:
         assert result.kl == ex.evaluate(np.ascontiguousarray(result.embedding.T)).kl
     assert scalemb.Embedder(model="ee", ee_lambda=0.5, iterations=20).fit("school").kl_ == result.kl
