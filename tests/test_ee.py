@@ -98,6 +98,12 @@ def test_dask_matches_local(school_affinity, dask_cluster, tmp_path):
         got = optimizer.optimize(dask, coords, 15)
     assert np.array_equal(expected.coords, got.coords)
     assert np.array_equal(expected.kl_history, got.kl_history)
+    # the FFT repulsion map-reduced on the workers, as locally
+    spread = np.random.default_rng(2).normal(size=(2, store.n_points)) * 3.0
+    with LocalExecutor(store.to_affinity(), model, 2, 0, partitions=store.partitions, repulsion="fft") as local, \
+            DaskExecutor(path, model, 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        a, b = local.evaluate(spread), dask.evaluate(spread)
+    assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
 
 
 def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
