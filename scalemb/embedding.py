@@ -119,6 +119,8 @@ class Embedder:
     ``on_iteration``: optional ``f(restart, iteration, kl)`` called after every iteration (set it on the instance).
     ``init``: the start (``scalemb.init``): 'random', 'spectral' (graph eigenmap of P, openTSNE's scaling), 'pca'
     (kNN inputs built from a feature file) or a ``.npy`` path / array of shape (N, ds) or (N, ds + dt).
+    ``model_params``: the named model's constructor parameters, ``get_model(model, **model_params)`` (e.g.
+    ``{'lam': 0.5}`` for 'ee'; ``scalemb.params.model_params`` makes them from the settings table).
     """
 
     on_iteration = None
@@ -217,7 +219,7 @@ class Embedder:
                 rng = np.random.default_rng([self.seed, k])
                 coords = initializer.coords(rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
-                progress = Progress(self.iterations, label, quiet=self.quiet,
+                progress = Progress(self.iterations, label, quiet=self.quiet, value=model.objective.name.upper(),
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
                 extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
                 try:
@@ -259,7 +261,7 @@ class Embedder:
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
             if verify is not None:
                 verify(executor, node_ids, provenance)
-            progress = Progress(total, model.name, quiet=self.quiet)
+            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper())
             extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
             try:
                 run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)

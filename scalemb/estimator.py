@@ -36,7 +36,7 @@ from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .models import DEFAULT_MODEL
-from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
+from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES, model_params
 
 OBSM_KEY = "X_scalemb"
 
@@ -151,11 +151,13 @@ class Embedder(TransformerMixin, BaseEstimator):
     def _runner(self):
         from .embedding import Embedder as Runner
 
-        options = {"model": self.model, "model_params": self.model_params, "space_dims": self.space_dims,
-                   "time_dims": self.time_dims, "iterations": self.iterations, "seed": self._seed(),
-                   "restarts": self.restarts, "optimizer": self.optimizer, "n_threads": self._threads(),
-                   "quiet": self.quiet, "repulsion": self.repulsion, "fft_params": self.fft_params,
-                   "scheduler": self.scheduler, "workers": self.workers}
+        options = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                   "iterations": self.iterations, "seed": self._seed(), "restarts": self.restarts,
+                   "optimizer": self.optimizer, "n_threads": self._threads(), "quiet": self.quiet,
+                   "repulsion": self.repulsion, "fft_params": self.fft_params, "scheduler": self.scheduler,
+                   "workers": self.workers,
+                   "model_params": {**(self.model_params or {}),
+                                    **model_params(getattr(self.model, "name", self.model), self.get_params())}}
         if self.init is not None:
             if "init" not in inspect.signature(Runner.__init__).parameters:
                 raise ValueError("init: this scalemb's engine takes no initial coordinates (init=None only)")

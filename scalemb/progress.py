@@ -6,12 +6,26 @@ import time
 logger = logging.getLogger("scalemb")
 
 
+def value_label(model_name: str) -> str:
+    """What a run's reported value is called: its model's ``Objective.name`` (KL, E for the elastic embedding);
+    'objective' for a model this process does not know (registered elsewhere)."""
+    from .models import get_model
+
+    try:
+        return get_model(model_name).objective.name.upper()
+    except ValueError:
+        return "objective"
+
+
 class Progress:
     """Callable ``(iteration, kl)`` that reports an optimisation run of ``total`` iterations; ``listener(iteration,
-    kl)``, if given, is called first at every iteration (e.g. the service's job record)."""
+    kl)``, if given, is called first at every iteration (e.g. the service's job record).  ``value``: what the
+    reported number is called (the model's objective, ``Objective.name``: KL, or E for the elastic embedding)."""
 
-    def __init__(self, total: int, label: str = "", quiet: bool = False, stream=None, listener=None):
+    def __init__(self, total: int, label: str = "", quiet: bool = False, stream=None, listener=None,
+                 value: str = "KL"):
         self.listener = listener
+        self.value = value
         self.total = total
         self.label = label
         self.quiet = quiet
@@ -31,16 +45,16 @@ class Progress:
         if self._bar is not None:
             self._bar.update(iteration + 1 - self._bar.n)
             if iteration % 10 == 0:
-                self._bar.set_postfix_str(f"KL {kl:.4f}", refresh=False)
+                self._bar.set_postfix_str(f"{self.value} {kl:.4f}", refresh=False)
         elif not self.quiet and (iteration % self._every == 0):
-            logger.info("%s iteration %d/%d  KL %.4f  %.1fs", self.label, iteration, self.total, kl,
+            logger.info("%s iteration %d/%d  %s %.4f  %.1fs", self.label, iteration, self.total, self.value, kl,
                         time.perf_counter() - self.start)
 
     def close(self, kl: float | None = None) -> None:
         if self._bar is not None:
             if kl is not None:
-                self._bar.set_postfix_str(f"KL {kl:.4f}")
+                self._bar.set_postfix_str(f"{self.value} {kl:.4f}")
             self._bar.close()
             self._bar = None
         elif not self.quiet and kl is not None:
-            logger.info("%s done  KL %.4f  %.1fs", self.label, kl, time.perf_counter() - self.start)
+            logger.info("%s done  %s %.4f  %.1fs", self.label, self.value, kl, time.perf_counter() - self.start)

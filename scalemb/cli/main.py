@@ -12,6 +12,8 @@ from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import DEFAULT_MODEL, get_model, model_names
+from ..params import PARAMS, model_params
+from ..progress import value_label
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
@@ -100,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
                      help="time dimensions (default 1 for a model with time, e.g. snest, 0 otherwise)")
+    emb.add_argument("--ee-lambda", type=_bounded(float, 0, _FINITE), default=None, metavar="LAMBDA",
+                     help="--model ee: weight of the repulsion, >= 0 (default 1; see scalemb.models.ee)")
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
@@ -347,6 +351,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _model_params(args) -> dict:
+    """The constructor parameters of ``--model`` from its flags (``scalemb.params``: ``model_param`` settings)."""
+    values = {p.name: getattr(args, p.cli.lstrip("-").replace("-", "_")) for p in PARAMS if p.model_param and p.cli}
+    return model_params(args.model, values)
+
+
 def _embed(args) -> int:
     if args.model in EIGENMAP_MODELS:
         return run_eigenmap(args)
@@ -356,7 +366,7 @@ def _embed(args) -> int:
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
-    params = dict(args.model_param)
+    params = {**dict(args.model_param), **_model_params(args)}
     try:
         get_model(args.model, **params)  # refuse bad parameters before anything is written
     except TypeError as exc:  # a name make_model does not take
@@ -375,7 +385,8 @@ def _embed(args) -> int:
 
 def _report(out, result) -> int:
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, KL {result.kl:.4f}, "
+    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, {value_label(result.model)} "
+          f"{result.kl:.4f}, "
           f"{result.iterations} iterations, {result.wall_time:.1f} s")
     return 0
 

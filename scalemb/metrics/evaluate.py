@@ -20,6 +20,7 @@ from ..datasets import DATASETS, load_dataset
 from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
 from ..errors import InputError, ScalembError
 from ..io.nodeids import as_node_ids, is_string_ids
+from ..models import get_model
 from .base import Metric
 from .kl import kl
 from .quality import feature_metrics, graph_metrics, one_nn_error
@@ -181,7 +182,9 @@ def evaluate_run(run, affinity=None, X=None, labels=None, *, sample=None, seed=0
     options = {"sample": sample, "seed": seed, "n_threads": n_threads}
     if affinity is not None:
         affinity = align_affinity(affinity, result.node_ids, source)
-        metrics["kl"] = Metric(kl(affinity, Y, result.model, result.space_dims, n_threads=n_threads), None, n, "kl")
+        # the run's model with its parameters (EE's lambda): "kl" is that model's objective value (E for ee)
+        model = get_model(result.model, **getattr(result, "model_params", {}))
+        metrics["kl"] = Metric(kl(affinity, Y, model, result.space_dims, n_threads=n_threads), None, n, "kl")
         metrics.update(graph_metrics(affinity.P, Y, result.model, result.space_dims, **options))
     if X is not None:
         metrics.update(feature_metrics(X, Y, k, min(k_max, n - 2), result.model, result.space_dims, **options)[0])

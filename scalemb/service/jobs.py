@@ -18,6 +18,7 @@ from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from ..params import PARAMS, model_params
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
@@ -231,7 +232,10 @@ class JobRunner:
         if resume:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
-        embedder = Embedder(model=params["model"], space_dims=params["space"], time_dims=params["time"],
+        constructor = model_params(params["model"], {p.name: params.get(p.service) for p in PARAMS
+                                                      if p.model_param and p.service})
+        embedder = Embedder(model=params["model"], model_params=constructor, space_dims=params["space"],
+                            time_dims=params["time"],
                             iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
                             optimizer=params["optimizer"], repulsion=params["repulsion"], quiet=True,
                             n_threads=self.n_threads, scheduler=self.scheduler)
