@@ -14,9 +14,7 @@ import zarr
 import scalemb
 from scalemb.io.checkpoint import Checkpointer
 
-
-def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=timeout)
+from .cli_runner import run_cli
 
 
 def one_line_error(proc, fragment=""):
@@ -39,9 +37,7 @@ def one_line_error(proc, fragment=""):
 ])
 def test_bad_numbers_are_usage_errors_and_write_nothing(tmp_path, args):
     out = tmp_path / ("out.png" if args[0] == "plot" else "out")
-    proc = subprocess.run([sys.executable, "-m", "scalemb", *args, "--out", str(out), "--iterations", "5"]
-                          if args[0] == "embed" else [sys.executable, "-m", "scalemb", *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = run_cli(*args, "--out", out, *(("--iterations", "5") if args[0] == "embed" else ()), cwd=tmp_path)
     assert one_line_error(proc), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 

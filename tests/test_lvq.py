@@ -10,6 +10,8 @@ from scalemb.lvq import kernels
 from scalemb.lvq.estimator import logdet_regularizer
 from scalemb.lvq.synthetic import three_tip_star
 
+from .cli_runner import run_cli
+
 
 @pytest.fixture(scope="module")
 def wine():
@@ -261,14 +263,6 @@ def test_partitioned_fit_is_the_same_on_dask(dask_cluster, wine):
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
-
-def run_cli(*args, cwd):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
-
 
 @pytest.fixture(scope="module")
 def star_files(tmp_path_factory):
