@@ -23,6 +23,17 @@ def one_line_error(proc, fragment=""):
         (len(lines) == 1 or lines[0].startswith("usage:"))
 
 
+def interrupted_run(out):
+    """A t-SNE run of SCHOOL stopped at its first checkpoint (iteration 5 of 20): ``out``."""
+    def stop(checkpointer, restart, iteration):
+        checkpointer.request_stop()
+
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    return out
+
+
 @pytest.mark.parametrize("args", [
     ("embed", "school", "--learning-rate", "inf", "--optimizer", "dbd"),
     ("embed", "school", "--learning-rate", "nan", "--optimizer", "dbd"),
@@ -53,14 +64,7 @@ def test_unwritable_output_is_one_line(tmp_path):
 
 
 def test_malformed_checkpoint_and_corrupt_result_are_one_line(tmp_path):
-    out = tmp_path / "run.zarr"
-
-    def stop(checkpointer, restart, iteration):
-        checkpointer.request_stop()
-
-    with pytest.raises(scalemb.RunInterrupted):
-        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
-            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    out = interrupted_run(tmp_path / "run.zarr")
     version = next(p for p in (out / "checkpoints").iterdir() if p.is_dir())
     coords = zarr.open_array(str(version / "state" / "coords"), mode="r+")
     coords[0, 0] = coords[0, 0] + 1.0  # bit rot: caught by the version's content hash
@@ -88,14 +92,7 @@ def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
     listener.listen(8)
     connections = []
     threading.Thread(target=lambda: connections.append(listener.accept()), daemon=True).start()
-    out = tmp_path / "run.zarr"
-
-    def stop(checkpointer, restart, iteration):
-        checkpointer.request_stop()
-
-    with pytest.raises(scalemb.RunInterrupted):
-        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
-            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    out = interrupted_run(tmp_path / "run.zarr")
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["scalemb_checkpoint"])
     address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"

@@ -55,14 +55,14 @@ def _no_unknown_fields(schema):
     return schema
 
 
-def _containers(doc):
-    """Every container spec in a manifest."""
+def _pod_specs(doc):
+    """Every pod spec (a mapping with a ``containers`` list) in a manifest."""
     found = []
 
     def walk(node):
         if isinstance(node, dict):
             if isinstance(node.get("containers"), list):
-                found.extend(node["containers"])
+                found.append(node)
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -70,6 +70,11 @@ def _containers(doc):
                 walk(value)
     walk(doc)
     return found
+
+
+def _containers(doc):
+    """Every container spec in a manifest."""
+    return [container for spec in _pod_specs(doc) for container in spec["containers"]]
 
 
 def test_every_manifest_is_present():
@@ -176,23 +181,6 @@ def test_dockerfile_is_slim_non_root_and_installs_the_service():
     for copied in re.findall(r"^COPY (.+) \S+$", text, re.M):
         for source in copied.split():
             assert (DEPLOY.parent / source).exists(), source
-
-
-def _pod_specs(doc):
-    """Every pod spec (a mapping with ``containers``) in a manifest."""
-    found = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("containers"), list):
-                found.append(node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-    walk(doc)
-    return found
 
 
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
