@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import scalemb
 from scalemb.affinity.store import write_affinity_store
@@ -25,13 +24,6 @@ def serve_once(root, *args, timeout=60):
     env = dict(os.environ, SCALEMB_TOKEN=TOKEN)
     return subprocess.run([sys.executable, "-m", "scalemb", "serve", "--data-root", str(root), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def service(tmp_path):
-    svc = Service(tmp_path)
-    yield svc
-    svc.stop()
 
 
 def test_second_service_on_the_data_root_is_refused_before_touching_jobs(service, tmp_path):
