@@ -3,7 +3,9 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
+from pathlib import Path
 
 
 def machine_description() -> str:
@@ -36,10 +38,31 @@ def machine_description() -> str:
             f"command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
 
 
+def timings(fn, repeats: int, warm_up: bool = True) -> list:
+    """Wall seconds of ``repeats`` calls of ``fn()`` (after one untimed call with ``warm_up``: compilation,
+    caches)."""
+    if warm_up:
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def markdown_table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def run_description() -> str:
+    """The machine line every results file carries: ``uname -a``, ``nproc``, the load average and the UTC time
+    of the run (times on a shared machine are only comparable within one run)."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"uname -a: {' '.join(platform.uname())}; nproc: {os.cpu_count()}; load average: {load}; "
+            f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
 
 class Report:
@@ -47,6 +70,26 @@ class Report:
 
     def __init__(self):
         self.parts = []
+
+    @classmethod
+    def start(cls, title: str, *notes: str) -> "Report":
+        """A report opened with the preamble every benchmark shares: ``# title``, the machine and the command
+        (``machine_description``), the run line (``run_description``), then ``notes``, one line each."""
+        report = cls()
+        report(f"# {title}")
+        report()
+        report(machine_description() + "  ")
+        report(run_description() + "\n")
+        for note in notes:
+            report(note)
+        if notes:
+            report()
+        return report
+
+    def save(self, path) -> None:
+        """Write the text to ``path`` (nothing when ``path`` is None: printed only)."""
+        if path:
+            Path(path).write_text(self.text())
 
     def __call__(self, text=""):
         print(text, flush=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 NEW = HERE.parent
 
@@ -71,10 +71,8 @@ def main():
         edges, model, space, time_dims, evals = args.child
         print(json.dumps(child(edges, model, int(space), int(time_dims), int(evals))))
         return
-    report = Report()
-    report("# Fixed row-block layout: cost per evaluation (paired A/B, old vs new, same run)\n")
-    report(machine_description() + "  ")
-    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old tree: {args.old}\n")
+    report = Report.start("Fixed row-block layout: cost per evaluation (paired A/B, old vs new, same run)",
+                          f"old tree: {args.old}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, str(NEW))
@@ -103,8 +101,7 @@ def main():
                            "old s/eval", "new s/eval", "median ratio new/old", "ratio range"], rows))
     report(f"\n{args.rounds} rounds x {args.evals} evaluations per side (after one warm-up evaluation), old and "
            "new alternating first; s/eval: median over rounds of each round's median.")
-    if args.out:
-        args.out.write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

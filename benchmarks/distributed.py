@@ -29,7 +29,7 @@ import numpy as np
 # (for `common`), so that `import distributed` finds the package, not this script.
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 
 def child(kind: str, store: str, model: str, evals: int, sd_iterations: int, repulsion: str) -> dict:
@@ -114,11 +114,7 @@ def main():
     from scalemb.affinity import AffinityStore, ingest_edge_list
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 
-    report = Report()
-    report("# Dask executor vs local executor (one machine)")
-    report()
-    report(machine_description())
-    report()
+    report = Report.start("Dask executor vs local executor (one machine)")
     with tempfile.TemporaryDirectory(prefix="scalemb-dist-") as tmp:
         edges = write_coauthor_edge_list(Path(tmp) / "edges.txt", args.authors, seed=0)
         store = ingest_edge_list(edges, Path(tmp) / "P.zarr", n_partitions=8)
@@ -149,8 +145,7 @@ def main():
                 Path(args.out).write_text(report.text() + markdown_table(header, rows) + "\n")
         report(markdown_table(header, rows))
         report()
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 CHILD = ("import sys, time; from scalemb.io.edgelist import read_edge_list; t = time.perf_counter(); "
          "g = read_edge_list(sys.argv[1]); print(time.perf_counter() - t, g.n_edges)")
@@ -36,10 +35,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    report = Report()
-    report("# Edge-list reader: one parser (numpy C parser per chunk) vs the old line-by-line reader\n")
-    report(machine_description() + "  ")
-    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old tree: {args.old}\n")
+    report = Report.start("Edge-list reader: one parser (numpy C parser per chunk) vs the old line-by-line reader",
+                          f"old tree: {args.old}")
     sys.path.insert(0, str(HERE.parent))
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 
@@ -58,8 +55,7 @@ def main():
         report(f"{lines} lines, {edges} edges after merging; median of {args.rounds} runs each\n")
         report(markdown_table(["reader", "seconds", "M lines/s"], rows))
         report(f"\nratio old/new: {statistics.median(old) / statistics.median(new):.2f}")
-    if args.out:
-        args.out.write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

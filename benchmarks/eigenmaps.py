@@ -14,12 +14,11 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from common import Report, machine_description, markdown_table
+from common import Report, markdown_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -150,16 +149,12 @@ def main():
     parser.add_argument("--part", choices=("all", "graph", "roll"), default="all")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = Report()
-    report(f"# Eigenmaps\n{machine_description()}\n")
-    report(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n")
+    report = Report.start("Eigenmaps")
     if args.part in ("all", "graph"):
         graph_part(args, report)
     if args.part in ("all", "roll"):
         roll_part(args, report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report.text())
+    report.save(args.out)
 
 
 def graph_part(args, report):

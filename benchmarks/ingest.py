@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 SCALEMB = [sys.executable, "-m", "scalemb"]
 IN_MEMORY = """
@@ -167,11 +167,7 @@ def main():
     parser.add_argument("--skip-knn", action="store_true")
     parser.add_argument("--skip-opentsne", action="store_true")
     args = parser.parse_args()
-    report = Report()
-    report("# Affinity pipeline: streaming ingestion and kNN affinities")
-    report()
-    report(machine_description())
-    report()
+    report = Report.start("Affinity pipeline: streaming ingestion and kNN affinities")
     report("Each measured step is a separate child process; peak RSS is that process's maximum resident set "
            "(os.wait4). Targets (issue 5): 2e7 edge lines -> store with peak RSS <= 2 GB at >= 1e6 edge lines/s; "
            "1e6 x 50 kNN affinities <= 15 min.")
@@ -182,8 +178,7 @@ def main():
         if not args.skip_knn:
             knn_section(report, Path(tmp), [int(s) for s in args.knn_points.split(",")], args.threads,
                         args.skip_opentsne)
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

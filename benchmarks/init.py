@@ -8,11 +8,10 @@ first reaches the random start's median final KL (plus 0.1 %), "-" if it never d
 """
 import argparse
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 
-from common import Report, machine_description, markdown_table
+from common import Report, markdown_table
 
 import scalemb
 from scalemb.affinity.knn import knn_affinity
@@ -45,10 +44,9 @@ def main():
     parser.add_argument("--models", default="tsne,snest,sne")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = Report()
-    report(f"# Spectral vs random initialisation\n{machine_description()}\n")
-    report(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; seeds 0..{args.seeds - 1}; t-SNE/SNEST "
-           f"{args.iterations} iterations (sd), SNE {args.sne_iterations} iterations (dbd)\n")
+    report = Report.start("Spectral vs random initialisation",
+                          f"seeds 0..{args.seeds - 1}; t-SNE/SNEST {args.iterations} iterations (sd), SNE "
+                          f"{args.sne_iterations} iterations (dbd)")
     datasets = {"grqc": lambda: "grqc", "digits": digits_affinity}
     configs = [("tsne", 2, 0, args.iterations), ("snest", 2, 1, args.iterations), ("sne", 2, 0, args.sne_iterations)]
     rows = []
@@ -77,9 +75,7 @@ def main():
     header = ["data", "model", "init", "median KL", "min KL", "max KL", "median wall s", "median s to target",
               "KL per seed"]
     report(markdown_table(header, rows))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

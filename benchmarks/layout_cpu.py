@@ -19,7 +19,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 
 def main():
@@ -35,10 +35,7 @@ def main():
     from scalemb.io.edgelist import read_edge_list
     from scalemb.models import get_model
 
-    report = Report()
-    report("# Fixed row-block layout: CPU time per evaluation vs one block (1 thread, same process)\n")
-    report(machine_description() + "  ")
-    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    report = Report.start("Fixed row-block layout: CPU time per evaluation vs one block (1 thread, same process)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         big = coauthorship_affinity(read_edge_list(write_coauthor_edge_list(Path(tmp) / "e.txt", args.authors, 1)))
@@ -68,8 +65,7 @@ def main():
     report(markdown_table(["graph", "N", "model", "repulsion", "blocks", "1 block CPU s/eval",
                            "layout CPU s/eval", "ratio"], rows))
     report(f"\nmedian of {args.evals} evaluations each, alternating, after one warm-up evaluation each")
-    if args.out:
-        args.out.write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import NearestNeighbors, NeighborhoodComponentsAnalysis
 
-from common import Report, machine_description, markdown_table
+from common import Report, markdown_table
 from scalemb import Embedder
 from scalemb.affinity import knn_affinity
 from scalemb.lvq import LiRaMLVQ, supervised_affinity, three_tip_star
@@ -205,13 +205,8 @@ def main():
     parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = Report()
-    report("# Supervised maps from LiRaM LVQ metrics")
-    report()
-    report(machine_description())
-    report()
-    report(__doc__.split("\n\n", 1)[1].split("Run:")[0].strip())
-    report()
+    report = Report.start("Supervised maps from LiRaM LVQ metrics",
+                          __doc__.split("\n\n", 1)[1].split("Run:")[0].strip())
     supervised = [f"{m} M={M}" for M in (2, 4) for m in ("LiRaM LVQ proj.", "SNE+", "t-SNE+", "SNEST+")]
     methods = ["PCA", "LDA", "NCA", "t-SNE (unsupervised)", "sklvq LGMLVQ"] + supervised
     if args.methods:
@@ -225,9 +220,7 @@ def main():
         evaluate(report, "star", X, y, methods, args.star_seeds)
     if "large" not in skip:
         large(report, args.large_n, args.large_epochs)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, timings, markdown_table  # noqa: E402
 
 EMBEDDINGS = [("tsne", 2, 0), ("snest", 2, 1)]
 
@@ -54,13 +54,7 @@ def run(affinity, model, ds, dt, optimizer, n_iter, seed=0):
 
 def evaluation_time(affinity, model, ds, dt, coords):
     with LocalExecutor(affinity, get_model(model), ds, dt) as ex:
-        ex.evaluate(coords)
-        times = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            ex.evaluate(coords)
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        return float(np.median(timings(lambda: ex.evaluate(coords), 20)))
 
 
 def reach(result, target):
@@ -164,10 +158,7 @@ def main():
     parser.add_argument("--sd-iterations", type=int, default=1000)
     parser.add_argument("--skip-tuning", action="store_true")
     args = parser.parse_args()
-    report = Report()
-    report("# Optimisers on GrQc: delta-bar-delta (dbd), spectral direction (sd), gradient descent (gd)")
-    report(machine_description())
-    report()
+    report = Report.start("Optimisers on GrQc: delta-bar-delta (dbd), spectral direction (sd), gradient descent (gd)")
     affinity = grqc()
     runs = compare(report, affinity, args.dbd_iterations, args.sd_iterations)
     if args.png:
@@ -176,8 +167,7 @@ def main():
         report()
     if not args.skip_tuning:
         tuning(report, affinity)
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from scalemb.io.edgelist import read_edge_list
 from scalemb.metrics import graph_metrics, kl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, markdown_table  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
 
@@ -139,10 +139,7 @@ def main():
                         help="skip the warm-up: numba compilation then counts in the first scalemb and UMAP fits")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = Report()
-    report("# Map quality: NP@deg and KL, scalemb against openTSNE and UMAP on the same P\n")
-    report(machine_description())
-    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report = Report.start("Map quality: NP@deg and KL, scalemb against openTSNE and UMAP on the same P")
     total = time.perf_counter()
     if args.no_warm_up:
         report("no warm-up: the scalemb and UMAP fit times include numba compilation")
@@ -166,8 +163,7 @@ def main():
         if name != "GrQc":  # GrQc's: benchmarks/results/repulsion_grqc.md
             kl_fft_error(report, affinity, layouts)
     report(f"\ntotal {time.perf_counter() - total:.0f} s")
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from scalemb.optim import DeltaBarDelta, make_optimizer
 from scalemb.repulsion import AUTO_FFT_MIN_POINTS, FFTParams, make_grid
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, timings, markdown_table  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
 CHILD_TIMEOUT = 600
@@ -313,13 +313,7 @@ def large_opentsne(report, affinity, coords, knn_s, ours):
 
 
 def timed_call(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.median(timings(fn, repeats)))
 
 
 def million_child(model, ds, dt, n, extent, time_std, out):
@@ -392,18 +386,13 @@ def main():
         model, ds, dt, n, extent, time_std, out = args.child
         million_child(model, int(ds), int(dt), int(n), float(extent), float(time_std), out)
         return
-    report = Report()
-    report("# FFT-accelerated interpolation repulsion")
-    report(machine_description())
-    report(f"Default FFTParams: {FFTParams().as_dict()}")
-    report()
+    report = Report.start("FFT-accelerated interpolation repulsion", f"Default FFTParams: {FFTParams().as_dict()}")
     time_std = args.time_std
     if not args.skip_grqc:
         layouts = grqc_runs(report, args.grqc_iterations)
         time_std = float(layouts["snest", "exact"][2].std())
     if args.grqc_only:
-        if args.out:
-            Path(args.out).write_text(report.text())
+        report.save(args.out)
         return
     affinity, knn_s, coords = large_problem(args.n_large)
     ours = {settings: large_ours(affinity, coords, *settings) for settings in SCALEMB_RUNS}
@@ -421,8 +410,7 @@ def main():
         report(markdown_table(["method", "iterations", "wall s", "s / iteration", "s / evaluation at the end",
                                "final KL", "extent", "grid at the end"],
                               [row for row, _, _ in ours.values()]))
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

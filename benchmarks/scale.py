@@ -19,12 +19,11 @@ Sections:
 """
 import argparse
 import multiprocessing
-import platform
-import subprocess
 import time
 
 import numpy as np
 
+from common import machine_description, run_description, timings
 from scalemb.affinity.store import AffinityStore
 from scalemb.embedding import initial_coords, load_affinity
 from scalemb.engine.local import LocalExecutor
@@ -33,13 +32,6 @@ from scalemb.optim import DeltaBarDelta, LineSearchDescent
 from scalemb.optim.solvers import FactorizedSolver, MultigridPreconditioner, jacobi_preconditioner, pcg
 from scalemb.repulsion.fft import FFTParams
 from scalemb.repulsion.method import AUTO_FFT_MIN_POINTS, AutoRepulsion
-
-
-def machine_line() -> str:
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
-    mem = subprocess.run("free -g | awk '/Mem/ {print $2}'", shell=True, capture_output=True, text=True).stdout
-    return f"{cpu.split(':', 1)[-1].strip()}, {multiprocessing.cpu_count()} cores, {mem.strip()} GB RAM, Python " \
-           f"{platform.python_version()}"
 
 
 def executor_for(path, repulsion="auto"):
@@ -140,12 +132,7 @@ def runs_section(stores, iterations, lines):
 
 
 def _timed(fn, repeats=1):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return float(np.median(timings(fn, repeats, warm_up=False)))
 
 
 def repulsion_section(stores, iterations, every, lines):
@@ -217,11 +204,8 @@ def main():
     parser.add_argument("--layout-every", type=int, default=150)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    import sys
-
-    lines = ["# Scaling the spectral direction and repulsion='auto' (issue 22)", f"machine: {machine_line()}",
-             f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-             f"command: python {' '.join(sys.argv)}", ""]
+    lines = ["# Scaling the spectral direction and repulsion='auto' (issue 22)", "", machine_description() + "  ",
+             run_description(), ""]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     if args.stores:
         solvers_section(split(args.stores), args.lu_timeout, lines)

@@ -27,7 +27,7 @@ from scalemb.models import get_model
 from scalemb.optim import DeltaBarDelta
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Report, machine_description, markdown_table  # noqa: E402
+from common import Report, timings, markdown_table  # noqa: E402
 
 ROWS = [("sne", 2, 0), ("sne", 3, 0), ("sne", 4, 0), ("tsne", 2, 0), ("tsne", 3, 0), ("tsne", 4, 0),
         ("snest", 1, 1), ("snest", 2, 1), ("snest", 3, 1)]
@@ -49,12 +49,7 @@ def iteration_times(report, affinity):
     for model, ds, dt in ROWS:
         with LocalExecutor(affinity, get_model(model), ds, dt) as ex:
             coords = initial_coords(affinity.n_points, ds, dt, np.random.default_rng(0)) * 1e4
-            ex.evaluate(coords)
-            times = []
-            for _ in range(20):
-                t0 = time.perf_counter()
-                ex.evaluate(coords)
-                times.append(time.perf_counter() - t0)
+            times = timings(lambda: ex.evaluate(coords), 20)
         rows.append((label(model, ds, dt), f"{1e3 * np.median(times):.1f}", f"{1e3 * min(times):.1f}"))
     report("## One exact iteration (KL + gradient) on GrQc, N = 5241, 13.7M pairs, all threads")
     report(markdown_table(["model", "median ms", "min ms"], rows))
@@ -155,10 +150,7 @@ def main():
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--skip-opentsne", action="store_true")
     args = parser.parse_args()
-    report = Report()
-    report("# SNEST Table 1 with scalemb")
-    report(machine_description())
-    report()
+    report = Report.start("SNEST Table 1 with scalemb")
     g = grqc()
     iteration_times(report, g)
     end_to_end(report)
@@ -170,8 +162,7 @@ def main():
         opentsne_same_p(report, g, tsne_runs)
     if not args.skip_sweep:
         default_sweep(report, g)
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@ in one run, against a full re-embedding; NP there: each placed point's 15 neares
 """
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.spatial import cKDTree
 
-from common import Report, machine_description, markdown_table
+from common import Report, markdown_table
 
 from scalemb.affinity import coauthorship_affinity, knn_affinity
 from scalemb.datasets import grqc_path
@@ -221,19 +220,13 @@ def main():
     parser.add_argument("--iterations", type=int, default=300, help="placement iterations at most")
     parser.add_argument("--knn-points", type=int, default=20_000)
     args = parser.parse_args()
-    report = Report()
-    report("# Placing new nodes into a stored map (scalemb transform)")
-    report()
-    report(machine_description())
-    report(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    report()
+    report = Report.start("Placing new nodes into a stored map (scalemb transform)")
     sections = args.sections.split(",")
     if "grqc" in sections:
         grqc_section(report, args.models.split(","), args.iterations)
     if "knn" in sections:
         knn_section(report, args.knn_points)
-    if args.out:
-        Path(args.out).write_text(report.text())
+    report.save(args.out)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,14 @@ def dask_cluster(tmp_path_factory):
     processes = DaskProcesses(tmp_path_factory.mktemp("dask-cluster"), 2)
     yield processes
     processes.close()
+
+
+@pytest.fixture
+def service(tmp_path):
+    """A ``scalemb serve`` subprocess with ``tmp_path`` as its data root (``Service`` of tests/test_service.py),
+    stopped after the test."""
+    from .test_service import Service
+
+    svc = Service(tmp_path)
+    yield svc
+    svc.stop()

@@ -20,9 +20,7 @@ from scalemb.io.checkpoint import (Checkpoint, Checkpointer, create_store, read_
 from scalemb.models import get_model
 from scalemb.optim import DBDState, DescentState, make_optimizer
 
-
-def run_cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300, **kw)
+from .cli_runner import run_cli
 
 
 def pointer(path):
@@ -166,13 +164,13 @@ def test_resume_with_more_iterations_extends_the_run(tmp_path):
 def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, optimizer):
     """A real process stopped by a signal in its second restart, resumed by the CLI."""
     out = tmp_path / "run.zarr"
-    args = ["embed", "school", "--iterations", "1500", "--restarts", "2", "--tol", "0", "--seed", "5",
-            "--optimizer", optimizer, "--out", str(out), "--checkpoint-every", "100", "--quiet"]
+    args = ["embed", "school", "--iterations", "600", "--restarts", "2", "--tol", "0", "--seed", "5",
+            "--optimizer", optimizer, "--out", str(out), "--checkpoint-every", "40", "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "scalemb", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        # restart 1 has 14 checkpoints (100..1400); the 16th is in restart 2
+        # restart 1 has 14 checkpoints (40..560); the 16th is in restart 2
         if (out / "zarr.json").exists() and int(pointer(out) or 0) >= 16:
             break
         time.sleep(0.01)
@@ -184,11 +182,11 @@ def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, opt
     assert message.startswith("scalemb: interrupted at iteration") and "of restart 2" in message
     assert f"scalemb resume {out}" in message
     checkpoint = read_checkpoint(out)
-    assert checkpoint.restart == 1 and 200 <= checkpoint.iteration < 1500
+    assert checkpoint.restart == 1 and 80 <= checkpoint.iteration < 600
 
     proc = run_cli("resume", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
-    reference = scalemb.embed("school", model="snest", iterations=1500, restarts=2, seed=5,
+    reference = scalemb.embed("school", model="snest", iterations=600, restarts=2, seed=5,
                               optimizer=make_optimizer(optimizer, "snest", tol=0))
     assert_same_result(scalemb.EmbeddingResult.load(out), reference)
 

@@ -1,7 +1,6 @@
-"""The CLI as a user runs it: real subprocesses, real Zarr stores on disk."""
-import subprocess
-import sys
-
+"""The CLI as a user runs it: the console entry point on real arguments, real Zarr stores on disk (in this
+process, see tests/cli_runner.py; the process boundary itself -- ``python -m scalemb``, exit status and stderr of
+a real process -- is checked in test_missing_input_and_existing_output and by the signal tests)."""
 import numpy as np
 import pytest
 import zarr
@@ -9,10 +8,7 @@ import zarr
 import scalemb
 from scalemb.embedding import EmbeddingResult
 
-
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+from .cli_runner import run_cli, run_cli_process
 
 
 def test_embed_writes_zarr_v3_group(tmp_path):
@@ -73,7 +69,7 @@ def test_bad_input_one_line_error_nothing_written(tmp_path, content, fragment):
 
 
 def test_missing_input_and_existing_output(tmp_path):
-    proc = run_cli("embed", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o.zarr"))
+    proc = run_cli_process("embed", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o.zarr"))
     assert proc.returncode == 2 and "no such file" in proc.stderr
     out = tmp_path / "keep.zarr"
     out.mkdir()

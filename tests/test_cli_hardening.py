@@ -14,15 +14,24 @@ import zarr
 import scalemb
 from scalemb.io.checkpoint import Checkpointer
 
-
-def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=timeout)
+from .cli_runner import run_cli
 
 
 def one_line_error(proc, fragment=""):
     lines = proc.stderr.strip().splitlines()
     return proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr and \
         (len(lines) == 1 or lines[0].startswith("usage:"))
+
+
+def interrupted_run(out):
+    """A t-SNE run of SCHOOL stopped at its first checkpoint (iteration 5 of 20): ``out``."""
+    def stop(checkpointer, restart, iteration):
+        checkpointer.request_stop()
+
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
+            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    return out
 
 
 @pytest.mark.parametrize("args", [
@@ -39,9 +48,7 @@ def one_line_error(proc, fragment=""):
 ])
 def test_bad_numbers_are_usage_errors_and_write_nothing(tmp_path, args):
     out = tmp_path / ("out.png" if args[0] == "plot" else "out")
-    proc = subprocess.run([sys.executable, "-m", "scalemb", *args, "--out", str(out), "--iterations", "5"]
-                          if args[0] == "embed" else [sys.executable, "-m", "scalemb", *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = run_cli(*args, "--out", out, *(("--iterations", "5") if args[0] == "embed" else ()), cwd=tmp_path)
     assert one_line_error(proc), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
@@ -57,14 +64,7 @@ def test_unwritable_output_is_one_line(tmp_path):
 
 
 def test_malformed_checkpoint_and_corrupt_result_are_one_line(tmp_path):
-    out = tmp_path / "run.zarr"
-
-    def stop(checkpointer, restart, iteration):
-        checkpointer.request_stop()
-
-    with pytest.raises(scalemb.RunInterrupted):
-        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
-            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    out = interrupted_run(tmp_path / "run.zarr")
     version = next(p for p in (out / "checkpoints").iterdir() if p.is_dir())
     coords = zarr.open_array(str(version / "state" / "coords"), mode="r+")
     coords[0, 0] = coords[0, 0] + 1.0  # bit rot: caught by the version's content hash
@@ -92,14 +92,7 @@ def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
     listener.listen(8)
     connections = []
     threading.Thread(target=lambda: connections.append(listener.accept()), daemon=True).start()
-    out = tmp_path / "run.zarr"
-
-    def stop(checkpointer, restart, iteration):
-        checkpointer.request_stop()
-
-    with pytest.raises(scalemb.RunInterrupted):
-        with Checkpointer(out, every=5, on_checkpoint=stop) as checkpointer:
-            scalemb.Embedder(model="tsne", iterations=20).fit("school", checkpoint=checkpointer)
+    out = interrupted_run(tmp_path / "run.zarr")
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["scalemb_checkpoint"])
     address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"

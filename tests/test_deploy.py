@@ -35,41 +35,38 @@ def _crd_schema(kind: str) -> dict:
     return crd["spec"]["group"] + "/" + version["name"], version["schema"]["openAPIV3Schema"]
 
 
+def _mappings(node):
+    """Every mapping in a YAML/JSON tree, parents first (a parent changed when it is yielded is walked as
+    changed)."""
+    if isinstance(node, dict):
+        yield node
+        for value in list(node.values()):
+            yield from _mappings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _mappings(value)
+
+
 def _no_unknown_fields(schema):
     """The structural schema with unknown fields rejected: the API server would silently prune them."""
     schema = copy.deepcopy(schema)
-
-    def close(node):
-        if isinstance(node, dict):
-            if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-                node.setdefault("additionalProperties", False)
-            for value in node.values():
-                close(value)
-        elif isinstance(node, list):
-            for value in node:
-                close(value)
-    close(schema)
+    for node in _mappings(schema):
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node.setdefault("additionalProperties", False)
     # the root's apiVersion, kind and metadata are implicit in every CRD (metadata: ObjectMeta, checked below)
     schema["properties"].update(apiVersion={"type": "string"}, kind={"type": "string"},
                                 metadata={"type": "object"})
     return schema
 
 
+def _pod_specs(doc):
+    """Every pod spec (a mapping with a ``containers`` list) in a manifest."""
+    return [node for node in _mappings(doc) if isinstance(node.get("containers"), list)]
+
+
 def _containers(doc):
     """Every container spec in a manifest."""
-    found = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("containers"), list):
-                found.extend(node["containers"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-    walk(doc)
-    return found
+    return [container for spec in _pod_specs(doc) for container in spec["containers"]]
 
 
 def test_every_manifest_is_present():
@@ -176,23 +173,6 @@ def test_dockerfile_is_slim_non_root_and_installs_the_service():
     for copied in re.findall(r"^COPY (.+) \S+$", text, re.M):
         for source in copied.split():
             assert (DEPLOY.parent / source).exists(), source
-
-
-def _pod_specs(doc):
-    """Every pod spec (a mapping with ``containers``) in a manifest."""
-    found = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("containers"), list):
-                found.append(node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-    walk(doc)
-    return found
 
 
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",

@@ -75,14 +75,13 @@ def test_edge_list_and_default_store_give_the_same_run(edges):
     _same(_run(path, n_threads=1), _run(store, n_threads=2))
 
 
-def test_dask_with_one_to_three_workers_gives_the_local_run(edges, start_dask):
-    """A default store on one worker, the edge list (a temporary store) on three: the in-process run."""
+def test_dask_with_two_and_three_workers_gives_the_local_run(edges, dask_cluster, start_dask):
+    """A default store on the session's two workers, the edge list (a temporary store) on three: the in-process
+    run (one worker: test_distributed.test_scheduler_lost_raises_clear_error)."""
     path, store = edges
     local = _run(path, n_threads=2, iterations=12, optimizer="dbd")
-    for n_workers, data in ((1, store), (3, path)):
-        procs = start_dask(n_workers)
-        _same(local, _run(data, scheduler=procs.address, iterations=12, optimizer="dbd"))
-        procs.close()
+    _same(local, _run(store, scheduler=dask_cluster.address, iterations=12, optimizer="dbd"))
+    _same(local, _run(path, scheduler=start_dask(3).address, iterations=12, optimizer="dbd"))
 
 
 def test_a_store_with_its_own_partitions_gives_the_same_run_local_and_on_dask(knn, tmp_path, dask_cluster):

@@ -21,6 +21,8 @@ from scalemb.optim import make_optimizer
 from scalemb.optim.solvers import FactorizedSolver
 from scalemb.repulsion import FFTParams, make_grid
 
+from .cli_runner import run_cli
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
@@ -194,8 +196,7 @@ def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
         with Checkpointer(out, every=20, on_checkpoint=stop_at_40) as checkpointer:
             scalemb.Embedder(**settings).fit(str(store), checkpoint=checkpointer)
     assert read_checkpoint(out).iteration == 40
-    proc = subprocess.run(["scalemb", "resume", str(out), "--scheduler", dask_cluster.address, "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli("resume", out, "--scheduler", dask_cluster.address, "--quiet")
     assert proc.returncode == 0, proc.stderr
     resumed = EmbeddingResult.load(out)
     assert np.array_equal(resumed.embedding, reference.embedding) and resumed.kl == reference.kl

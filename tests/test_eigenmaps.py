@@ -103,15 +103,14 @@ def test_nystrom_reproduces_training_rows_and_places_new_points(graph, executor)
         nystrom_extend(np.ones((1, 3)), sol.coords, sol.eigenvalues)
 
 
-def test_dask_matches_local(tmp_path, start_dask):
+def test_dask_matches_local(tmp_path, dask_cluster):
     edges = write_coauthor_edge_list(tmp_path / "edges.txt", 600, seed=3)
     affinity = coauthorship_affinity(read_edge_list(edges))
     path = tmp_path / "P.zarr"
     write_affinity_store(path, affinity, n_partitions=3)
     with LocalExecutor(affinity, get_model("tsne"), 2, 0) as ex:
         local = laplacian_eigenmap(ex, 2)
-    cluster = start_dask(2)
-    with DaskExecutor(path, get_model("tsne"), 2, 0, cluster.client) as ex:
+    with DaskExecutor(path, get_model("tsne"), 2, 0, dask_cluster.client) as ex:
         remote = laplacian_eigenmap(ex, 2)
     np.testing.assert_allclose(remote.eigenvalues, local.eigenvalues, rtol=1e-8)
     np.testing.assert_array_equal(remote.labels, local.labels)

@@ -1,7 +1,5 @@
 """scalemb.metrics against brute-force references on small random data, known cases, sampling, the CLI."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from scalemb.metrics import (Metric, continuity, coranking_curve, evaluate_run, 
                              one_nn_error, to_json, trustworthiness)
 
 from .conftest import dense_kl
+from .cli_runner import run_cli
 
 
 # ------------------------------------------------------------------------------------------- references
@@ -243,11 +242,6 @@ def test_evaluate_run_from_provenance_and_reordered_input(tmp_path):
     assert again["np@deg"].value == metrics["np@deg"].value
     assert again["kl"].value == pytest.approx(metrics["kl"].value, rel=1e-12)
     assert "trustworthiness@10" in again and "auc_rnx" in again
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
 
 
 def test_cli_metrics_json(tmp_path):

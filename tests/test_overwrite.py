@@ -13,9 +13,7 @@ from scalemb.io.atomic import hidden_sibling, recover_directory
 from scalemb.io.checkpoint import Checkpointer
 from scalemb.optim import make_optimizer
 
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=120)
+from .cli_runner import run_cli
 
 
 def test_overwrite_refuses_directories_scalemb_did_not_write_and_the_input(tmp_path):

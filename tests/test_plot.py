@@ -1,7 +1,5 @@
 """``scalemb plot`` and ``scalemb.plot``: real results, real PNGs."""
 import io
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +9,8 @@ from scalemb.errors import ScalembError
 from scalemb.plot import plot_embedding, plot_png, save_plot
 from scalemb.plot.figure import layout_axes, map_data
 from scalemb.plot.layout import components, place_labels, robust_frame
+
+from .cli_runner import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -91,14 +91,12 @@ def test_cli_plot_writes_png_and_refuses_bad_paths(tmp_path, snest_result):
     run = tmp_path / "run.zarr"
     snest_result.save(run)
     out = tmp_path / "fig.png"
-    cmd = [sys.executable, "-m", "scalemb", "plot", str(run), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_cli("plot", run, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes().startswith(PNG_MAGIC)
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    again = run_cli("plot", run, "--out", out)
     assert again.returncode == 2 and "already exists" in again.stderr
-    missing = subprocess.run([sys.executable, "-m", "scalemb", "plot", str(tmp_path / "nope.zarr"), "--out",
-                              str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
+    missing = run_cli("plot", tmp_path / "nope.zarr", "--out", tmp_path / "x.png")
     assert missing.returncode == 2 and "no such result" in missing.stderr
     assert missing.stderr.count("\n") == 1
 

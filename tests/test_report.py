@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,8 @@ import pytest
 
 import scalemb
 from scalemb.embedding import EmbeddingResult
+
+from .cli_runner import run_cli
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -144,11 +145,6 @@ def browser(tmp_path_factory):
     b.close()
 
 
-def _scalemb(*args):
-    return subprocess.run([sys.executable, "-m", "scalemb", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
-
-
 @pytest.fixture(scope="module")
 def school_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("school") / "run.zarr"
@@ -160,7 +156,7 @@ def test_report_opens_in_chromium_with_every_figure(school_run, tmp_path, browse
     labels = tmp_path / "y.npy"
     np.save(labels, np.where(EmbeddingResult.load(school_run).node_ids < 21, 0, 1))
     out, js, page = tmp_path / "report.html", tmp_path / "m.json", tmp_path / "map.html"
-    proc = _scalemb("report", school_run, "--labels", labels, "--out", out, "--json", js, "--map", page)
+    proc = run_cli("report", school_run, "--labels", labels, "--out", out, "--json", js, "--map", page)
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(js.read_text())
     assert {"kl", "np@deg", "jaccard@deg", "1nn_error"} <= set(metrics)
@@ -287,13 +283,13 @@ def test_report_refuses_bad_input_and_writes_nothing(school_run, tmp_path):
              ([], str(_nan_run(school_run, tmp_path)))]
     for extra, named in cases:
         run = school_run if extra else named
-        proc = _scalemb("report", run, *extra, "--out", out, "--json", js)
+        proc = run_cli("report", run, *extra, "--out", out, "--json", js)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and named in proc.stderr, proc.stderr
         assert not out.exists() and not js.exists()
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left over
     out.write_text("mine")
-    proc = _scalemb("report", school_run, "--out", out)
+    proc = run_cli("report", school_run, "--out", out)
     assert proc.returncode == 2 and "already exists" in proc.stderr and out.read_text() == "mine"
 
 

@@ -96,25 +96,35 @@ class SlowSetupExecutor:
         return self._inner.factorize_curvature(mu, ordering, kind=kind)
 
 
+def stop_then_resume(tmp_path, affinity, stopping_executor, run):
+    """``run(executor, **kwargs)`` three times on one t-SNE executor: uninterrupted (the reference); wrapped in
+    ``stopping_executor(inner, checkpointer)``, which asks for a stop, to a ``RunInterrupted`` with a
+    checkpoint at the iteration it reports; resumed from that checkpoint.  Returns ``(the stopping executor,
+    reference, resumed)``."""
+    with LocalExecutor(affinity, get_model("tsne"), 2, 0) as inner:
+        reference = run(inner)
+        path = tmp_path / "run.zarr"
+        create_store(path, {"optimizer": {"name": "sd"}})
+        checkpointer = Checkpointer(path, every=0, handle_signals=False)
+        stopping = stopping_executor(inner, checkpointer)
+        with pytest.raises(RunInterrupted) as stopped:
+            run(stopping, checkpoint=checkpointer.hook(0, [], None, time.perf_counter()))
+        checkpoint = read_checkpoint(path)
+        assert checkpoint.iteration == stopped.value.iteration > 0
+        resumed = run(inner, state=checkpoint.state)
+    return stopping, reference, resumed
+
+
 @pytest.mark.parametrize("preconditioner", ["amg", "lu"])
 def test_stop_during_solver_setup_checkpoints_and_resumes_identically(tmp_path, school_affinity, preconditioner):
     def run(executor, **kwargs):
         opt = LineSearchDescent(solver="cg", preconditioner=preconditioner, refactor_every=3, tol=0)
         return opt.optimize(executor, initial_coords(42, 2, 0, np.random.default_rng(2)), 12, **kwargs)
 
-    with LocalExecutor(school_affinity, get_model("tsne"), 2, 0) as inner:
-        reference = run(inner)
-        path = tmp_path / "run.zarr"
-        create_store(path, {"optimizer": {"name": "sd"}})
-        checkpointer = Checkpointer(path, every=0, handle_signals=False)
-        slow = SlowSetupExecutor(inner, checkpointer)
-        start = time.perf_counter()
-        with pytest.raises(RunInterrupted) as stopped:
-            run(slow, checkpoint=checkpointer.hook(0, [], None, time.perf_counter()))
-        assert time.perf_counter() - start < 20  # did not wait for the blocked set-up
-        checkpoint = read_checkpoint(path)
-        assert checkpoint.iteration == stopped.value.iteration > 0
-        resumed = run(inner, state=checkpoint.state)
+    start = time.perf_counter()
+    stopping, reference, resumed = stop_then_resume(tmp_path, school_affinity, SlowSetupExecutor, run)
+    assert time.perf_counter() - start < 20  # did not wait for the blocked set-up
+    assert stopping.setups == 3
     np.testing.assert_array_equal(resumed.coords, reference.coords)
     np.testing.assert_array_equal(resumed.kl_history, reference.kl_history)
 
@@ -206,14 +216,6 @@ def test_stop_during_cg_checkpoints_and_resumes_identically(tmp_path, school_aff
         opt = LineSearchDescent(solver="cg", preconditioner="jacobi", cg_tol=1e-9, tol=0)
         return opt.optimize(executor, initial_coords(42, 2, 0, np.random.default_rng(4)), 10, **kwargs)
 
-    with LocalExecutor(school_affinity, get_model("tsne"), 2, 0) as inner:
-        reference = run(inner)
-        path = tmp_path / "run.zarr"
-        create_store(path, {"optimizer": {"name": "sd"}})
-        checkpointer = Checkpointer(path, every=0, handle_signals=False)
-        stopping = StopInCGExecutor(inner, checkpointer)
-        with pytest.raises(RunInterrupted):
-            run(stopping, checkpoint=checkpointer.hook(0, [], None, time.perf_counter()))
-        assert stopping.products == 25  # no further product after the stop request
-        resumed = run(inner, state=read_checkpoint(path).state)
+    stopping, reference, resumed = stop_then_resume(tmp_path, school_affinity, StopInCGExecutor, run)
+    assert stopping.products == 25  # no further product after the stop request
     np.testing.assert_array_equal(resumed.coords, reference.coords)

@@ -89,13 +89,6 @@ class Service:
         raise AssertionError(f"job {job_id} still {record['state']} at iteration {record['iteration']}")
 
 
-@pytest.fixture
-def service(tmp_path):
-    svc = Service(tmp_path)
-    yield svc
-    svc.stop()
-
-
 def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 120,
                                                      "seed": 2})

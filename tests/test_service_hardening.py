@@ -27,14 +27,17 @@ def serve_once(root, *args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def service(tmp_path):
-    svc = Service(tmp_path)
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One ``scalemb serve`` for the tests below that neither stop it nor need a data root of their own
+    (each leaves no job running): ``service.root`` is its data root."""
+    svc = Service(tmp_path_factory.mktemp("shared-root"))
     yield svc
     svc.stop()
 
 
-def test_second_service_on_the_data_root_is_refused_before_touching_jobs(service, tmp_path):
+def test_second_service_on_the_data_root_is_refused_before_touching_jobs(shared):
+    service, tmp_path = shared, shared.root
     long = {"input": "grqc", "optimizer": "dbd", "iterations": 100000}
     _, job = service.json("POST", "/jobs", long)
     service.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 1)
@@ -48,10 +51,8 @@ def test_second_service_on_the_data_root_is_refused_before_touching_jobs(service
     assert service.wait(job["id"], timeout=30)["state"] == "cancelled"
 
 
-def test_busy_port_is_one_line_status_2_and_runs_no_job(service, tmp_path):
-    other = tmp_path / "other"
-    other.mkdir()
-    proc = serve_once(other, "--port", str(service.port))
+def test_busy_port_is_one_line_status_2_and_runs_no_job(shared, tmp_path):
+    proc = serve_once(tmp_path, "--port", str(shared.port))
     assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
 
@@ -129,7 +130,8 @@ def _chunked_post(port, path, chunks, token=TOKEN):
         conn.close()
 
 
-def test_limits_and_validation_are_early_one_line_and_never_echo(service, tmp_path):
+def test_limits_and_validation_are_early_one_line_and_never_echo(shared):
+    service, tmp_path = shared, shared.root
     filler = b"A" * 65536
     status, body = _chunked_post(service.port, "/jobs", [b'{"input": "school", "bogus": "'] + [filler] * 80 +
                                  [b'"}'])
@@ -155,7 +157,8 @@ def test_limits_and_validation_are_early_one_line_and_never_echo(service, tmp_pa
     assert str(tmp_path) not in json.dumps(record)
 
 
-def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(service, tmp_path, school_affinity):
+def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(shared, school_affinity):
+    service, tmp_path = shared, shared.root
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
     write_affinity_store(outside / "P.zarr", school_affinity, n_partitions=2)

@@ -1,8 +1,5 @@
 """Affinity stores are validated wherever they are read: the structure of every partition where it is read
 (in-process and on Dask workers), the content hash where one is recorded (also on the Dask path)."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import zarr
@@ -10,9 +7,7 @@ import zarr
 import scalemb
 from scalemb.affinity.store import write_affinity_store
 
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300)
+from .cli_runner import run_cli
 
 
 def _store(tmp_path, name, school_affinity, hashless=True):
@@ -26,8 +21,10 @@ def _store(tmp_path, name, school_affinity, hashless=True):
     return path, group
 
 
-@pytest.mark.parametrize("where", [(), ("--workers", "1")])
-def test_corrupt_stores_are_one_line_errors_in_process_and_on_dask(tmp_path, school_affinity, where):
+@pytest.mark.parametrize("executor", ["local", "dask"])
+def test_corrupt_stores_are_one_line_errors_in_process_and_on_dask(tmp_path, school_affinity, executor, request):
+    # the Dask path on the session's cluster (a LocalCluster started by --workers: test_distributed)
+    where = ("--scheduler", request.getfixturevalue("dask_cluster").address) if executor == "dask" else ()
     bad_index, group = _store(tmp_path, "idx.zarr", school_affinity)
     indices = group["indices"][:]
     indices[-3] = 10 ** 9

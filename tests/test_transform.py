@@ -1,7 +1,5 @@
 """Placing new nodes and points into a stored map: the objective against the full executor, its gradient by
 finite differences, the CLI on graph and kNN runs, and the bad inputs (exit 2, nothing written)."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,11 +13,9 @@ from scalemb.models import get_model
 from scalemb.placement import PlacementObjective, place
 from scalemb.placement.optimize import initial_positions
 
+from .cli_runner import run_cli
+
 DIMS = {"tsne": (2, 0), "sne": (2, 0), "snest": (2, 1)}
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "scalemb", *args], capture_output=True, text=True, timeout=300)
 
 
 def random_affinity(n_total, seed=1):

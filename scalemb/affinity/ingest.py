@@ -20,8 +20,8 @@ read block by block, not memory-mapped).  Temporary files and the store being wr
 directory next to ``out``, removed whatever happens; the store is renamed into place only when complete.
 """
 import hashlib
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -260,9 +260,17 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
     if not path.is_file():
         raise InputError(path, "not a regular file")
     check_output_path(out, overwrite, inputs=(path,))
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.ingest-", dir=out.parent))
+    # named before and created inside the ``try``: a SIGTERM/Ctrl-C (KeyboardInterrupt, see scalemb.cli.main)
+    # arriving just after the directory is made still removes it (mkdtemp before the ``try`` left it behind)
+    work = out.parent / f".{out.name}.ingest-{secrets.token_hex(6)}"
     try:
+<<<<<<< HEAD
         chunk_files, node_ids, index_of = _spill_chunks(path, chunk_lines, work)
+=======
+        work.mkdir(mode=0o700)
+        chunk_files, node_ids = _spill_chunks(path, chunk_lines, work)
+        index_of = _index_lookup(node_ids)
+>>>>>>> tests
         run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
         del index_of
         counts, degree = _merge_to_file(run_files, work / "merged.bin", node_ids.size, 2 * chunk_lines)

@@ -14,9 +14,9 @@ prototype of the point's class and ``K`` the closest of another class.  With ``v
     d mu / d d_J =  2 d_K / (d_J + d_K)^2 =: psi_J,     d mu / d d_K = -2 d_J / (d_J + d_K)^2 =: -psi_K,
     d d_j / d w_j = -2 Lambda_j v_j,                     d d_j / d Omega = 2 Omega v_j v_j^T.
 
-``_batch_gradient`` sums cost and gradient over rows ``[r0, r1)`` (the row-block contract: a partition of
-the data in, small partial sums out); ``_sgd_sweep`` is the paper's stochastic epoch over a row range in a
-given order.  Both use float64 throughout and no fastmath.
+``batch_gradient`` sums cost and gradient over rows ``[r0, r1)`` (the row-block contract: a partition of
+the data in, small partial sums out); ``sgd_sweep`` is the paper's stochastic epoch over a row range in a
+given order.  Both take a point's term from ``_point_term``.  Both use float64 throughout and no fastmath.
 """
 import numpy as np
 from numba import njit, prange
@@ -84,6 +84,24 @@ def _accumulate(x, W, omegas, omega_of, j, coef, gW, gO, v, Ov):
 
 
 @njit(cache=True, nogil=True)
+def _point_term(x, label, W, proto_labels, omegas, omega_of, dist, gW, gO, v, Ov):
+    """One point's GLVQ term, shared by the batch gradient and the stochastic step: its distances to every
+    prototype (into the scratch ``dist``), its winners ``J``, ``K``, and ``psi_J d d_J / d(w_J, Omega) -
+    psi_K d d_K / d(w_K, Omega)`` added to ``(gW, gO)``.  Returns ``(mu, J, K)``; ``J = -1`` (nothing added)
+    when ``x`` sits on both prototypes (``d_J + d_K = 0``: ``mu`` undefined, no gradient)."""
+    for j in range(W.shape[0]):
+        dist[j] = _sq_dist(x, W[j], omegas[omega_of[j]])
+    J, K = _winners(dist, proto_labels, label)
+    dJ, dK = dist[J], dist[K]
+    den = dJ + dK
+    if den <= 0.0:
+        return 0.0, -1, -1
+    _accumulate(x, W, omegas, omega_of, J, 2.0 * dK / (den * den), gW, gO, v, Ov)
+    _accumulate(x, W, omegas, omega_of, K, -2.0 * dJ / (den * den), gW, gO, v, Ov)
+    return (dJ - dK) / den, J, K
+
+
+@njit(cache=True, nogil=True)
 def _batch_block(X, y, r0, r1, W, proto_labels, omegas, omega_of):
     m, D = W.shape
     gW = np.zeros((m, D))
@@ -93,17 +111,9 @@ def _batch_block(X, y, r0, r1, W, proto_labels, omegas, omega_of):
     dist = np.empty(m)
     cost = 0.0
     for i in range(r0, r1):
-        x = X[i]
-        for j in range(m):
-            dist[j] = _sq_dist(x, W[j], omegas[omega_of[j]])
-        J, K = _winners(dist, proto_labels, y[i])
-        dJ, dK = dist[J], dist[K]
-        den = dJ + dK
-        if den <= 0.0:
-            continue  # x sits on both prototypes: mu undefined, no gradient
-        cost += (dJ - dK) / den
-        _accumulate(x, W, omegas, omega_of, J, 2.0 * dK / (den * den), gW, gO, v, Ov)
-        _accumulate(x, W, omegas, omega_of, K, -2.0 * dJ / (den * den), gW, gO, v, Ov)
+        mu, J, K = _point_term(X[i], y[i], W, proto_labels, omegas, omega_of, dist, gW, gO, v, Ov)
+        if J >= 0:
+            cost += mu
     return cost, gW, gO
 
 
@@ -133,46 +143,39 @@ def sgd_sweep(X, y, order, W, proto_labels, omegas, omega_of, lr_w, lr_omega):
     ``Omega <- Omega - lr_omega d mu/dOmega`` for their matrices, all from the parameters before the step.
     Returns the sum of ``mu`` over the sweep (each measured before its own step)."""
     m, D = W.shape
-    M = omegas.shape[1]
     dist = np.empty(m)
     gW = np.zeros((m, D))
     gO = np.zeros(omegas.shape)
     v = np.empty(D)
-    Ov = np.empty(M)
+    Ov = np.empty(omegas.shape[1])
     cost = 0.0
     for t in range(order.shape[0]):
         i = order[t]
-        x = X[i]
-        for j in range(m):
-            dist[j] = _sq_dist(x, W[j], omegas[omega_of[j]])
-        J, K = _winners(dist, proto_labels, y[i])
-        dJ, dK = dist[J], dist[K]
-        den = dJ + dK
-        if den <= 0.0:
+        # gW, gO are zero here: the point's term goes into the rows of J, K and their matrices only
+        mu, J, K = _point_term(X[i], y[i], W, proto_labels, omegas, omega_of, dist, gW, gO, v, Ov)
+        if J < 0:
             continue
-        cost += (dJ - dK) / den
+        cost += mu
         rJ, rK = omega_of[J], omega_of[K]
-        for b in range(D):
-            gW[J, b] = 0.0
-            gW[K, b] = 0.0
-        for a in range(M):
-            for b in range(D):
-                gO[rJ, a, b] = 0.0
-                gO[rK, a, b] = 0.0
-        _accumulate(x, W, omegas, omega_of, J, 2.0 * dK / (den * den), gW, gO, v, Ov)
-        _accumulate(x, W, omegas, omega_of, K, -2.0 * dJ / (den * den), gW, gO, v, Ov)
         for b in range(D):
             W[J, b] -= lr_w * gW[J, b]
             W[K, b] -= lr_w * gW[K, b]
-        if lr_omega > 0.0:
-            for a in range(M):
-                for b in range(D):
-                    omegas[rJ, a, b] -= lr_omega * gO[rJ, a, b]
-            if rK != rJ:
-                for a in range(M):
-                    for b in range(D):
-                        omegas[rK, a, b] -= lr_omega * gO[rK, a, b]
+            gW[J, b] = 0.0
+            gW[K, b] = 0.0
+        _step_and_clear(omegas[rJ], gO[rJ], lr_omega)
+        if rK != rJ:
+            _step_and_clear(omegas[rK], gO[rK], lr_omega)
     return cost
+
+
+@njit(cache=True, nogil=True)
+def _step_and_clear(omega, g, lr):
+    """``omega <- omega - lr g`` (nothing for ``lr = 0``: fixed matrices), then ``g <- 0``."""
+    for a in range(omega.shape[0]):
+        for b in range(omega.shape[1]):
+            if lr > 0.0:
+                omega[a, b] -= lr * g[a, b]
+            g[a, b] = 0.0
 
 
 @njit(cache=True, nogil=True, parallel=True)

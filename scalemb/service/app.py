@@ -6,6 +6,7 @@ quality metrics once done), ``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?fo
 ``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
 ``PUT /uploads/{name}`` (raw body), ``GET /health`` and ``GET /openapi.json`` (both without a token).
 """
+import csv
 import hmac
 import io
 import os
@@ -326,10 +327,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
             return Response(buffer.getvalue(), media_type="application/octet-stream",
                             headers={"Content-Disposition": f'attachment; filename="{job_id}.npy"'})
         names = [f"space{i + 1}" for i in range(result.space_dims)] + [f"time{i + 1}" for i in range(result.time_dims)]
-        lines = ["node_id," + ",".join(names)]
-        lines += [f"{node}," + ",".join(repr(float(v)) for v in row)
-                  for node, row in zip(result.node_ids.tolist(), result.embedding)]
-        return Response("\n".join(lines) + "\n", media_type="text/csv")
+        text = io.StringIO()  # the csv module quotes ids holding commas or quotes (string ids from Parquet input)
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["node_id", *names])
+        writer.writerows([node, *(repr(float(v)) for v in row)]
+                         for node, row in zip(result.node_ids.tolist(), result.embedding))
+        return Response(text.getvalue(), media_type="text/csv")
 
     @app.get("/jobs/{job_id}/plot.png", response_class=Response)
     def plot(job_id: str):
