@@ -264,13 +264,8 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
     # arriving just after the directory is made still removes it (mkdtemp before the ``try`` left it behind)
     work = out.parent / f".{out.name}.ingest-{secrets.token_hex(6)}"
     try:
-<<<<<<< HEAD
-        chunk_files, node_ids, index_of = _spill_chunks(path, chunk_lines, work)
-=======
         work.mkdir(mode=0o700)
-        chunk_files, node_ids = _spill_chunks(path, chunk_lines, work)
-        index_of = _index_lookup(node_ids)
->>>>>>> tests
+        chunk_files, node_ids, index_of = _spill_chunks(path, chunk_lines, work)
         run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
         del index_of
         counts, degree = _merge_to_file(run_files, work / "merged.bin", node_ids.size, 2 * chunk_lines)
