@@ -151,7 +151,11 @@ class Embedder:
         self.init = init
 
     def _check(self):
-        model = get_model(self.model, **(self.model_params or {}))
+        try:
+            model = get_model(self.model, **(self.model_params or {}))
+        except TypeError as exc:  # a parameter name the model's make_model does not take
+            raise ValueError(f"model {self.model!r} does not take the parameters {self.model_params!r} ({exc})") \
+                from None
         time_dims = self.time_dims if self.time_dims is not None else model.default_time_dims()
         model.check_dims(self.space_dims, time_dims)
         if int(self.iterations) < 1:

@@ -36,7 +36,7 @@ from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .models import DEFAULT_MODEL
-from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES, model_params
+from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
 
 OBSM_KEY = "X_scalemb"
 
@@ -156,8 +156,7 @@ class Embedder(TransformerMixin, BaseEstimator):
                    "optimizer": self.optimizer, "n_threads": self._threads(), "quiet": self.quiet,
                    "repulsion": self.repulsion, "fft_params": self.fft_params, "scheduler": self.scheduler,
                    "workers": self.workers,
-                   "model_params": {**(self.model_params or {}),
-                                    **model_params(getattr(self.model, "name", self.model), self.get_params())}}
+                   "model_params": self.model_params}
         if self.init is not None:
             if "init" not in inspect.signature(Runner.__init__).parameters:
                 raise ValueError("init: this scalemb's engine takes no initial coordinates (init=None only)")

@@ -2,10 +2,10 @@
 and the CLI flags and the service's job fields are checked against it (``tests/test_estimator.py``).
 
 Each ``Param`` names a setting once: its default, a one-line help, the choices if any, and the CLI flag /
-service field that set it (``None``: not offered there, e.g. Python objects such as callbacks).  A parameter of
-one model's constructor (``model_param = (model name, keyword)``, e.g. EE's lambda) reaches it as
-``get_model(name, **model_params(name, values))``: None keeps the model's default, and a value given for another
-model is an error.
+service field that set it (``None``: not offered there, e.g. Python objects such as callbacks).  A model's own
+constructor parameters (EE's ``lam``, CO-SNE's ``gamma``...) are not rows here: the table names no model.  They
+travel as one dict, ``model_params`` (CLI ``--model-param NAME=VALUE``, service field ``model_params``), and the
+model is ``get_model(model, **model_params)``, whose ``make_model`` checks them.
 """
 from dataclasses import dataclass
 
@@ -20,7 +20,6 @@ class Param:
     choices: tuple | None = None
     cli: str | None = None  # the `scalemb embed` flag
     service: str | None = None  # the service's job field
-    model_param: tuple | None = None  # (model name, constructor keyword): a parameter of that model only
 
 
 MODELS = ModelChoices()  # scalemb.models' model modules and the registered models, read at each use
@@ -30,12 +29,11 @@ GRAPH_AFFINITIES = ("coauthorship", "normalized")
 PARAMS = (
     Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE)", MODELS,
           "--model", "model"),
-    Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)"),
+    Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)",
+          None, "--model-param", "model_params"),
     Param("space_dims", 2, "space dimensions", None, "--space", "space"),
     Param("time_dims", None, "time dimensions (default 1 for a model with time, e.g. snest, else 0)", None,
           "--time", "time"),
-    Param("ee_lambda", None, "ee: weight lambda of the repulsion, >= 0 (the paper's, with W+ = N P; default 1: "
-          "scalemb.models.ee)", None, "--ee-lambda", "ee_lambda", ("ee", "lam")),
     Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
           "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS),
     Param("graph_affinity", "coauthorship", "graph affinity: co-authorship normalisation or C / sum C",
@@ -66,18 +64,3 @@ PARAMS = (
 PARAM_NAMES = tuple(p.name for p in PARAMS)
 DEFAULTS = {p.name: p.default for p in PARAMS}
 
-
-def model_params(model_name: str, values: dict) -> dict:
-    """``{keyword: value}`` for model ``model_name``'s constructor from ``values`` (``{param name: value}``) of
-    the ``model_param`` settings; None values are left out (the model's default).  ``ValueError`` naming the
-    setting if one is given for another model."""
-    params = {}
-    for p in PARAMS:
-        if p.model_param is None or values.get(p.name) is None:
-            continue
-        owner, keyword = p.model_param
-        if owner != model_name:
-            flag = f" ({p.cli})" if p.cli else ""
-            raise ValueError(f"{p.name}{flag} applies to model {owner!r} only, not {model_name!r}")
-        params[keyword] = values[p.name]
-    return params

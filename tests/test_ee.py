@@ -107,40 +107,43 @@ def test_dask_matches_local(school_affinity, dask_cluster, tmp_path):
 
 
 def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
-    """``--ee-lambda`` / ``ee_lambda`` reach the model (the stored E is E at that lambda); a negative or NaN lambda,
+    """``--model-param lam=`` / ``model_params={"lam": }`` reach the model (the stored E is E at that lambda); a
+    negative or NaN lambda, an unknown parameter name,
     or a lambda for another model, is one clear error, exit 2, nothing written."""
     import scalemb
     from scalemb.cli.main import main
     from scalemb.embedding import EmbeddingResult
 
     out = tmp_path / "ee.zarr"
-    assert main(["embed", "school", "--model", "ee", "--ee-lambda", "0.5", "--iterations", "20", "--out", str(out),
-                 "--quiet"]) == 0
+    assert main(["embed", "school", "--model", "ee", "--model-param", "lam=0.5", "--iterations", "20",
+                 "--out", str(out), "--quiet"]) == 0
     assert ", E " in capsys.readouterr().out
     result = EmbeddingResult.load(out)
     assert result.model_params == {"lam": 0.5}  # what `scalemb metrics` rebuilds the model from
     with LocalExecutor(school_affinity, get_model("ee", lam=0.5), 2, 0) as ex:
         assert result.kl == ex.evaluate(np.ascontiguousarray(result.embedding.T)).kl
-    assert scalemb.Embedder(model="ee", ee_lambda=0.5, iterations=20).fit("school").kl_ == result.kl
-    for argv in (["--ee-lambda", "-1"], ["--ee-lambda", "nan"], ["--model", "tsne", "--ee-lambda", "1"]):
+    assert scalemb.Embedder(model="ee", model_params={"lam": 0.5}, iterations=20).fit("school").kl_ == result.kl
+    for argv in (["--model-param", "lam=-1"], ["--model-param", "lam=nan"], ["--model-param", "lambda=1"],
+                 ["--model", "tsne", "--model-param", "lam=1"]):
         bad = tmp_path / "bad.zarr"
         try:
             code = main(["embed", "school", "--model", "ee", *argv, "--iterations", "5", "--out", str(bad), "--quiet"])
         except SystemExit as exc:  # argparse's own usage errors
             code = exc.code
         assert code == 2 and not bad.exists()
-        assert "lambda" in capsys.readouterr().err
+        assert "lam" in capsys.readouterr().err
 
 
-def test_service_job_fields_carry_lambda():
+def test_service_job_model_params_carry_lambda():
     pytest.importorskip("fastapi")
     from pydantic import ValidationError
 
     from scalemb.service.app import JobRequest
 
-    assert JobRequest(input="school", model="ee", ee_lambda=0.5).constructor_params() == {"lam": 0.5}
+    assert JobRequest(input="school", model="ee", model_params={"lam": 0.5}).constructor_params() == {"lam": 0.5}
     assert JobRequest(input="school", model="ee").constructor_params() == {}
-    for fields in ({"model": "ee", "ee_lambda": -1.0}, {"model": "ee", "ee_lambda": float("nan")},
-                   {"model": "tsne", "ee_lambda": 1.0}):
-        with pytest.raises(ValidationError, match="ee_lambda"):
+    for fields in ({"model": "ee", "model_params": {"lam": -1.0}},
+                   {"model": "ee", "model_params": {"lam": float("nan")}},
+                   {"model": "tsne", "model_params": {"lam": 1.0}}):
+        with pytest.raises(ValidationError, match="lam"):
             JobRequest(input="school", **fields)

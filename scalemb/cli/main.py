@@ -12,7 +12,6 @@ from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import DEFAULT_MODEL, get_model, model_names
-from ..params import PARAMS, model_params
 from ..progress import value_label
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
@@ -96,14 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                           f"({', '.join(DATASETS)}); default grqc")
     # the models of scalemb.models (and registered ones), and the eigenmap methods (not KL models: cli.eigenmap)
     emb.add_argument("--model", choices=model_names() + EIGENMAP_MODELS, default=DEFAULT_MODEL)
-    emb.add_argument("--model-param", type=_model_param, action="append", default=[], metavar="NAME=VALUE",
+    emb.add_argument("--model-param", type=_model_param, action="append", default=None, metavar="NAME=VALUE",
                      help="a parameter of the model's make_model (repeatable), e.g. cosne: gamma=0.1, lambda1=10, "
                           "lambda2=0.01, warmup=500")
     emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
     emb.add_argument("--time", type=int, default=None,
                      help="time dimensions (default 1 for a model with time, e.g. snest, 0 otherwise)")
-    emb.add_argument("--ee-lambda", type=_bounded(float, 0, _FINITE), default=None, metavar="LAMBDA",
-                     help="--model ee: weight of the repulsion, >= 0 (default 1; see scalemb.models.ee)")
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
@@ -351,12 +348,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _model_params(args) -> dict:
-    """The constructor parameters of ``--model`` from its flags (``scalemb.params``: ``model_param`` settings)."""
-    values = {p.name: getattr(args, p.cli.lstrip("-").replace("-", "_")) for p in PARAMS if p.model_param and p.cli}
-    return model_params(args.model, values)
-
-
 def _embed(args) -> int:
     if args.model in EIGENMAP_MODELS:
         return run_eigenmap(args)
@@ -366,7 +357,7 @@ def _embed(args) -> int:
                                max_step_norm=args.max_step_norm, kl_every=args.kl_every,
                                exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
                                tol=args.tol)
-    params = {**dict(args.model_param), **_model_params(args)}
+    params = dict(args.model_param or ())
     try:
         get_model(args.model, **params)  # refuse bad parameters before anything is written
     except TypeError as exc:  # a name make_model does not take

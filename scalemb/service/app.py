@@ -28,7 +28,6 @@ from .._version import __version__
 from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES
 from ..models import DEFAULT_MODEL, model_names
-from ..params import PARAMS, model_params
 from .jobs import JobRunner, JobStore, QueueFull
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -60,8 +59,9 @@ class JobRequest(BaseModel):
     model: str = Field(DEFAULT_MODEL, description="a model of scalemb.models (MODEL_NAMES), e.g. sne, tsne, snest")
     space: int = Field(2, ge=1, le=16)
     time: int | None = Field(None, ge=0, le=16, description="default 1 for a model with time (snest), else 0")
-    ee_lambda: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                    description="model ee: weight of the repulsion (default 1)")
+    model_params: dict[str, float | int | str] | None = Field(
+        None, description="the model's constructor parameters (get_model(model, **model_params)), e.g. ee: "
+                          "{\"lam\": 0.5}; cosne: {\"gamma\": 0.1}")
     optimizer: Literal["auto", "dbd", "sd", "gd"] = "auto"
     iterations: int = Field(5000, ge=1, le=1_000_000)
     seed: int = Field(0, ge=0, lt=2 ** 32)
@@ -77,9 +77,8 @@ class JobRequest(BaseModel):
         return name
 
     def constructor_params(self) -> dict:
-        """The model's constructor parameters from this job's fields (``scalemb.params.model_params``)."""
-        return model_params(self.model, {p.name: getattr(self, p.service) for p in PARAMS
-                                         if p.model_param and p.service})
+        """The model's constructor parameters (checked by its ``make_model`` when the job is submitted)."""
+        return dict(self.model_params or {})
 
     @model_validator(mode="after")
     def _embedder_accepts(self):

@@ -18,7 +18,6 @@ from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
-from ..params import PARAMS, model_params
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
@@ -232,8 +231,7 @@ class JobRunner:
         if resume:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
-        constructor = model_params(params["model"], {p.name: params.get(p.service) for p in PARAMS
-                                                      if p.model_param and p.service})
+        constructor = dict(params.get("model_params") or {})
         embedder = Embedder(model=params["model"], model_params=constructor, space_dims=params["space"],
                             time_dims=params["time"],
                             iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
