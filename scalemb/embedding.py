@@ -120,7 +120,7 @@ class Embedder:
     ``init``: the start (``scalemb.init``): 'random', 'spectral' (graph eigenmap of P, openTSNE's scaling), 'pca'
     (kNN inputs built from a feature file) or a ``.npy`` path / array of shape (N, ds) or (N, ds + dt).
     ``model_params``: the named model's constructor parameters, ``get_model(model, **model_params)`` (e.g.
-    ``{'lam': 0.5}`` for 'ee'; ``scalemb.params.model_params`` makes them from the settings table).
+    ``{'lam': 0.5}`` for 'ee'; the CLI's ``--model-param NAME=VALUE``, the service's ``model_params``).
     """
 
     on_iteration = None
