@@ -206,6 +206,16 @@ def test_hyperbolic_affinity_and_radii(tmp_path):
     path = write_affinity_store(tmp_path / "p.zarr", A)
     assert np.array_equal(AffinityStore(path).radii, A.radii)
     assert np.array_equal(AffinityStore(path).to_affinity().radii, A.radii)
+    # the content hash covers the radii: changed (still valid) radii are a corrupt store, streaming or not
+    import zarr
+
+    from scalemb.errors import InputError
+
+    zarr.open_group(str(path), mode="r+")["radii"][:3] = 0.5
+    with pytest.raises(InputError, match="content hash mismatch"):
+        AffinityStore(path).to_affinity()
+    with pytest.raises(InputError, match="content hash mismatch"):
+        AffinityStore(path).verify_hash()
     order = np.arange(100)[::-1]
     assert np.array_equal(A.permuted(order).radii, A.radii[order])
     for bad in (np.full(100, 1.0), np.full(99, 0.5), np.r_[np.full(99, 0.5), np.nan]):

@@ -35,14 +35,22 @@ ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 DEFAULT_CHUNK_NNZ = 1 << 20
 
 
-def content_hash(indptr, indices, data, node_ids) -> str:
-    """SHA-256 over the CSR arrays (little-endian bytes) and the node ids (``scalemb.io.nodeids.ids_bytes``):
-    identifies P's content."""
+def content_hash(indptr, indices, data, node_ids, radii=None) -> str:
+    """SHA-256 over the CSR arrays (little-endian bytes), the node ids (``scalemb.io.nodeids.ids_bytes``) and,
+    if the store has them, the target radii: identifies P's content (stores without radii keep the hash they
+    always had)."""
     digest = hashlib.sha256()
     for array, dtype in ((indptr, "<i8"), (indices, "<i8"), (data, "<f8")):
         digest.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
     digest.update(ids_bytes(node_ids))
+    _hash_radii(digest, radii)
     return digest.hexdigest()
+
+
+def _hash_radii(digest, radii) -> None:
+    if radii is not None:
+        digest.update(b"radii")
+        digest.update(np.ascontiguousarray(radii, dtype="<f8").tobytes())
 
 
 # The row-block layout every executor evaluates P in is a function of the data only (the number of points),
@@ -129,7 +137,7 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
         group.create_array("data", data=P.data, chunks=(chunk_nnz,))
         group.create_array("indices", data=indices, chunks=(chunk_nnz,))
         write_store_metadata(group, indptr, affinity.node_ids, n_partitions, chunk_nnz, affinity.provenance,
-                             content_hash(indptr, indices, P.data, affinity.node_ids))
+                             content_hash(indptr, indices, P.data, affinity.node_ids, affinity.radii))
         if affinity.radii is not None:
             group.create_array("radii", data=affinity.radii)
         for name, array in extra_arrays.items():
@@ -247,6 +255,7 @@ class AffinityStore:
             for lo in range(0, self.nnz, step):
                 digest.update(np.ascontiguousarray(array[lo:lo + step], dtype=dtype).tobytes())
         digest.update(ids_bytes(self.node_ids))
+        _hash_radii(digest, self.radii)
         if digest.hexdigest() != self.content_hash:
             raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
 
@@ -257,7 +266,7 @@ class AffinityStore:
         block = self.read_rows(0, self.n_points)
         node_ids = self.node_ids
         if verify and self.content_hash is not None:
-            if content_hash(self.indptr, block.indices, block.data, node_ids) != self.content_hash:
+            if content_hash(self.indptr, block.indices, block.data, node_ids, self.radii) != self.content_hash:
                 raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
         P = sp.csr_matrix((block.data, block.indices, self.indptr), shape=self.shape)
         provenance = dict(self.provenance, store=str(self.path), content_hash=self.content_hash)
