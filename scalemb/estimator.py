@@ -86,6 +86,24 @@ def _knn_pair(pair, perplexity, n_jobs):
                                    source="precomputed_knn")
 
 
+def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None):
+    """kNN affinities of a feature array ``X`` (N x d) or feature file, as ``Embedder(affinity='knn')`` builds
+    them (the service's feature jobs call this too): for an array, ``n_neighbors`` defaults to
+    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``)."""
+    from .affinity.knn import knn_affinity
+
+    if not isinstance(perplexity, numbers.Real) or not perplexity >= 1:
+        raise ValueError(f"perplexity must be a number >= 1, got {perplexity!r}")
+    n = X.shape[0] if hasattr(X, "shape") else None
+    perplexity = float(perplexity)
+    if n is not None:
+        neighbours = min(n - 1, int(n_neighbors) if n_neighbors is not None else max(1, int(3 * perplexity)))
+        perplexity = _fitting_perplexity(perplexity, neighbours)
+        n_neighbors = neighbours
+    return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=metric, random_state=seed,
+                        n_jobs=n_jobs)
+
+
 def _fitting_perplexity(perplexity: float, neighbours: int) -> float:
     """``perplexity`` lowered below the number of neighbours a small input has (openTSNE does the same)."""
     return float(min(float(perplexity), max(1.0, neighbours - 1.0)))
@@ -228,19 +246,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         return self._knn(X), None, None
 
     def _knn(self, X):
-        from .affinity.knn import knn_affinity
-
-        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
-            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
-        n = X.shape[0] if hasattr(X, "shape") else None
-        n_neighbors = self.n_neighbors
-        perplexity = float(self.perplexity)
-        if n is not None:
-            neighbours = min(n - 1, int(n_neighbors) if n_neighbors is not None else max(1, int(3 * perplexity)))
-            perplexity = _fitting_perplexity(perplexity, neighbours)
-            n_neighbors = neighbours
-        return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=self.metric,
-                            random_state=self._seed(), n_jobs=self._threads())
+        return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
 
     def _from_anndata(self, adata):
         if "connectivities" in adata.obsp and self.affinity in ("auto", "graph", "precomputed"):

@@ -7,9 +7,13 @@ constructor parameters (EE's ``lam``, CO-SNE's ``gamma``...) are not rows here: 
 travel as one dict, ``model_params`` (CLI ``--model-param NAME=VALUE``, service field ``model_params``), and the
 model is ``get_model(model, **model_params)``, whose ``make_model`` checks them.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .affinity.knn import METRICS as KNN_METRICS
 from .models import DEFAULT_MODEL, ModelChoices
+from .optim import OPTIMIZER_NAMES
+
+_SAME = object()
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,14 @@ class Param:
     choices: tuple | None = None
     cli: str | None = None  # the `scalemb embed` flag
     service: str | None = None  # the service's job field
+    type: object = None  # the value's type where a JSON field / CLI flag sets it (the service schema's annotation)
+    bounds: dict = field(default_factory=dict)  # pydantic bounds of that value (ge, gt, le, lt)
+    effective: object = _SAME  # what the default means, spelt out by the CLI and the service (e.g. seed None -> 0)
+
+    @property
+    def outer_default(self):
+        """The default the CLI flag and the service field show: ``effective`` if the table gives one."""
+        return self.default if self.effective is _SAME else self.effective
 
 
 MODELS = ModelChoices()  # scalemb.models' model modules and the registered models, read at each use
@@ -30,25 +42,30 @@ PARAMS = (
     Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE)", MODELS,
           "--model", "model"),
     Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)",
-          None, "--model-param", "model_params"),
-    Param("space_dims", 2, "space dimensions", None, "--space", "space"),
+          None, "--model-param", "model_params", dict[str, float | int | str] | None),
+    Param("space_dims", 2, "space dimensions", None, "--space", "space", int, {"ge": 1, "le": 16}),
     Param("time_dims", None, "time dimensions (default 1 for a model with time, e.g. snest, else 0)", None,
-          "--time", "time"),
+          "--time", "time", int | None, {"ge": 0, "le": 16}),
     Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
-          "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS),
+          "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS,
+          None, "affinity"),
     Param("graph_affinity", "coauthorship", "graph affinity: co-authorship normalisation or C / sum C",
           GRAPH_AFFINITIES, "--graph-affinity", "graph_affinity"),
-    Param("perplexity", 30.0, "kNN affinities: target perplexity (lowered to fit small inputs)"),
-    Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))"),
-    Param("metric", "euclidean", "kNN affinities: distance (pynndescent metric names)"),
+    Param("perplexity", 30.0, "kNN affinities: target perplexity (lowered to fit small inputs)", None, None,
+          "perplexity", float, {"ge": 1.0, "le": 1e6}),
+    Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
+          None, "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
+    Param("metric", "euclidean", "kNN affinities: distance", tuple(KNN_METRICS), None, "metric"),
     Param("init", None, "initial coordinates (None: the SNEST paper's small random start)"),
-    Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations"),
+    Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
+          {"ge": 1, "le": 1_000_000}),
     Param("random_state", None, "seed of the random start (None: 0); restart k uses the stream (seed, k)",
-          None, "--seed", "seed"),
+          None, "--seed", "seed", int, {"ge": 0, "lt": 2 ** 32}, effective=0),
     Param("seed", None, "alias of random_state (kept from earlier versions)"),
-    Param("restarts", 1, "independent restarts; the best KL is kept", None, "--restarts", "restarts"),
-    Param("optimizer", "auto", "'auto', 'dbd', 'sd', 'gd' or an optimiser instance", None, "--optimizer",
-          "optimizer"),
+    Param("restarts", 1, "independent restarts; the best KL is kept", None, "--restarts", "restarts", int,
+          {"ge": 1, "le": 100}),
+    Param("optimizer", "auto", "'auto', 'dbd', 'sd', 'gd' (or, in Python, an optimiser instance)", OPTIMIZER_NAMES,
+          "--optimizer", "optimizer"),
     Param("n_jobs", None, "threads (None or -1: every CPU usable)", None, "--threads"),
     Param("n_threads", None, "alias of n_jobs (kept from earlier versions)"),
     Param("repulsion", "auto", "'exact' (all pairs), 'fft' (interpolated on a grid) or 'auto' (by N)",
@@ -58,7 +75,7 @@ PARAMS = (
     Param("workers", None, "start a local Dask cluster of this many worker processes", None, "--workers"),
     Param("callbacks", None, "callable or list of callables (iteration, kl, embedding) -> bool; True stops"),
     Param("callbacks_every_iters", 1, "call the callbacks every this many iterations"),
-    Param("quiet", True, "no progress output", None, "--quiet"),
+    Param("quiet", True, "no progress output", None, "--quiet", effective=False),
 )
 
 PARAM_NAMES = tuple(p.name for p in PARAMS)

@@ -1,6 +1,7 @@
 """One parameter table (scalemb.params.PARAMS): the estimator's signature is generated from it; the CLI flags
 and the service's job fields it names must exist with the same choices and defaults."""
 import inspect
+import typing
 
 import pytest
 
@@ -9,11 +10,15 @@ from scalemb.cli.eigenmap import EIGENMAP_MODELS
 from scalemb.cli.main import build_parser
 from scalemb.params import DEFAULTS, PARAMS
 
-# defaults that differ on purpose, with the reason
+# defaults that differ on purpose, with the reason; the table spells them out (Param.effective)
 EFFECTIVE = {
     "random_state": 0,  # None means seed 0: the CLI and the service spell it out
     "quiet": False,  # the library is quiet by default, the CLI shows progress unless --quiet
 }
+
+
+def test_the_table_spells_out_the_effective_defaults():
+    assert {p.name: p.outer_default for p in PARAMS if p.outer_default != p.default} == EFFECTIVE
 
 
 def _embed_actions():
@@ -58,4 +63,16 @@ def test_service_fields_agree_with_the_table():
         if p.service is None:
             continue
         assert p.service in fields, f"{p.name}: no service field {p.service}"
-        assert fields[p.service].default == EFFECTIVE.get(p.name, p.default), p.name
+        field = fields[p.service]
+        assert field.default == EFFECTIVE.get(p.name, p.default), p.name
+        assert field.description == p.help, p.name
+        if isinstance(p.choices, tuple):
+            assert typing.get_args(field.annotation) == p.choices, p.name
+        bounds = {name: getattr(m, name) for m in field.metadata for name in ("ge", "gt", "le", "lt")
+                  if hasattr(m, name)}
+        assert bounds == p.bounds, p.name
+    # the service-only fields are the only ones not in the table
+    assert set(fields) - {p.service for p in PARAMS} == {"input"}
+    # the kNN settings the estimator takes are job fields (the service embeds feature uploads)
+    for name in ("affinity", "perplexity", "n_neighbors", "metric"):
+        assert next(p for p in PARAMS if p.name == name).service == name

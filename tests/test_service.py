@@ -1,4 +1,5 @@
 """``scalemb serve`` as deployed: a real uvicorn subprocess on loopback, a real SQLite file, real Zarr stores."""
+import io
 import json
 import os
 import signal
@@ -125,6 +126,57 @@ def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
         assert dict(db.execute("SELECT id, state FROM jobs")) == {created["id"]: "done", job2["id"]: "done"}
     assert service.json("GET", "/jobs/nope")[0] == 404
+
+
+def _npy(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(service, tmp_path):
+    X = np.random.default_rng(5).normal(size=(60, 5))
+    assert service.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
+    text = "a,b,c,d,e\n" + "".join(",".join(repr(float(v)) for v in row) + "\n" for row in X)
+    assert service.json("PUT", "/uploads/feats.csv", raw=text.encode())[0] == 201
+    body = {"input": "uploads/feats.npy", "model": "tsne", "iterations": 60, "seed": 3, "perplexity": 10.0,
+            "metric": "manhattan"}
+    jobs = [service.json("POST", "/jobs", dict(body, input=name))[1]["id"]
+            for name in ("uploads/feats.npy", "uploads/feats.csv")]  # 'auto' reads both as feature matrices
+    # the estimator on the same array, with the service's threads: the same code path, bit for bit
+    here = scalemb.Embedder(model="tsne", iterations=60, random_state=3, perplexity=10.0, metric="manhattan",
+                            n_jobs=2).fit(X)
+    for job_id in jobs:
+        record = service.wait(job_id)
+        assert record["state"] == "done", record
+        assert record["n_points"] == 60 and record["params"]["affinity"] == "knn"
+        stored = EmbeddingResult.load(tmp_path / "jobs" / job_id / "run.zarr")
+        assert np.array_equal(stored.embedding, here.embedding_)
+        assert np.array_equal(stored.kl_history, here.kl_history_)
+    # bad input: 422, one line naming the field or the file (and line), nothing queued or written
+    bad = {"nan.npy": _npy(np.where(np.arange(20).reshape(4, 5) == 7, np.nan, 1.0 * np.arange(20).reshape(4, 5))),
+           "cell.tsv": b"# features\n1\t2\t3\n4\tx\t6\n", "one.csv": b"0.5,1.5,2.5,3.5\n"}
+    for name, content in bad.items():
+        assert service.json("PUT", f"/uploads/{name}", raw=content)[0] == 201
+    for request, fragment in (
+            ({"input": "uploads/nan.npy"}, "uploads/nan.npy: non-finite value nan at row 1, column 2"),
+            ({"input": "uploads/cell.tsv", "affinity": "knn"}, "uploads/cell.tsv:3: non-numeric cell 'x' in column 1"),
+            ({"input": "uploads/one.csv"}, "uploads/one.csv: a feature matrix needs at least 2 rows"),
+            ({"input": "uploads/feats.npy", "perplexity": 0}, "perplexity: Input should be greater than or equal"),
+            ({"input": "uploads/feats.npy", "perplexity": -3.0}, "perplexity: Input should be greater than or equal"),
+            ({"input": "uploads/feats.npy", "metric": "hamming"}, "metric: Input should be 'euclidean'"),
+            ({"input": "uploads/feats.npy", "n_neighbors": 0}, "n_neighbors: Input should be greater than or equal"),
+            ({"input": "school", "perplexity": 5}, "perplexity: kNN settings apply to a feature matrix"),
+            ({"input": "uploads/feats.npy", "affinity": "graph", "metric": "cosine", "n_neighbors": 5},
+             "n_neighbors, metric: kNN settings apply"),
+            ({"input": "school", "affinity": "knn"}, "affinity: 'knn' needs a feature matrix"),
+            ({"input": "uploads/feats.npy", "affinity": "precomputed"}, "affinity: 'precomputed' needs an affinity "
+                                                                         "store")):
+        status, err = service.json("POST", "/jobs", request)
+        assert status == 422 and err["detail"].startswith(fragment) and "\n" not in err["detail"], (request, err)
+    assert {j["id"] for j in service.json("GET", "/jobs")[1]["jobs"]} == set(jobs)
+    assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == sorted(jobs)
+    assert not (tmp_path / "stores").exists()
 
 
 def test_auth_paths_and_limits_are_refused(service, tmp_path):

@@ -48,10 +48,11 @@ _EXACT_BLOCK_ENTRIES = 1 << 22  # distances held at once by the brute-force sear
 # ----------------------------------------------------------------------------------------------- reading
 
 def read_features(path) -> np.ndarray:
-    """Read an ``N x d`` feature matrix (float64) from ``.npy``, ``.csv`` or a Zarr v3 array directory.
+    """Read an ``N x d`` feature matrix (float64) from ``.npy``, ``.csv``, ``.tsv`` or a Zarr v3 array directory.
 
-    CSV: comma separated, ``#`` starts a comment, blank lines are skipped, and the first line may be a header
-    of non-numeric column names.  Every problem raises ``InputError`` naming the file (and the line, for CSV).
+    CSV / TSV: comma / tab separated, ``#`` starts a comment, blank lines are skipped, and the first line may be a
+    header of non-numeric column names.  Every problem raises ``InputError`` naming the file (and the line, for
+    CSV / TSV).
     """
     path = Path(path)
     if not path.exists():
@@ -65,9 +66,9 @@ def read_features(path) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         return _read_npy(path)
-    if suffix == ".csv":
-        return _read_csv(path)
-    raise InputError(path, "unsupported format (expected .npy, .csv or a Zarr array directory)")
+    if suffix in (".csv", ".tsv"):
+        return _read_csv(path, "\t" if suffix == ".tsv" else ",")
+    raise InputError(path, "unsupported format (expected .npy, .csv, .tsv or a Zarr array directory)")
 
 
 def _read_npy(path: Path) -> np.ndarray:
@@ -86,7 +87,7 @@ def _read_zarr(path: Path) -> np.ndarray:
     return _checked(path, array)
 
 
-def _read_csv(path: Path) -> np.ndarray:
+def _read_csv(path: Path, delimiter: str = ",") -> np.ndarray:
     rows, lines = [], []
     width = width_line = None
     try:
@@ -95,7 +96,7 @@ def _read_csv(path: Path) -> np.ndarray:
                 text = line.split("#", 1)[0].strip()
                 if not text:
                     continue
-                cells = [cell.strip() for cell in text.split(",")]
+                cells = [cell.strip() for cell in text.split(delimiter)]
                 if width is None:
                     width, width_line = len(cells), line_no
                     if not any(_is_number(cell) for cell in cells):

@@ -22,12 +22,11 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
-from ..embedding import GRAPH_AFFINITIES
-from ..models import DEFAULT_MODEL, model_names
+from ..models import model_names
 from .jobs import JobRunner, JobStore, QueueFull
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -50,26 +49,16 @@ class ServiceConfig:
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
 
 
-class JobRequest(BaseModel):
-    """An embedding job; the names are the CLI's (``scalemb embed``)."""
+class _JobBase(BaseModel):
+    """The service-only fields of a job and its checks; the embedding settings are added from the parameter table
+    by ``_job_request`` (one row of ``scalemb.params.PARAMS`` per field: name, default, help, choices, bounds)."""
 
     model_config = ConfigDict(extra="forbid")
     input: str = Field(description="built-in dataset (grqc, school), or a path relative to the data root: an "
-                                   "edge list, an affinity store, or an upload (uploads/NAME)")
-    model: str = Field(DEFAULT_MODEL, description="a model of scalemb.models (MODEL_NAMES), e.g. sne, tsne, snest")
-    space: int = Field(2, ge=1, le=16)
-    time: int | None = Field(None, ge=0, le=16, description="default 1 for a model with time (snest), else 0")
-    model_params: dict[str, float | int | str] | None = Field(
-        None, description="the model's constructor parameters (get_model(model, **model_params)), e.g. ee: "
-                          "{\"lam\": 0.5}; cosne: {\"gamma\": 0.1}")
-    optimizer: Literal["auto", "dbd", "sd", "gd"] = "auto"
-    iterations: int = Field(5000, ge=1, le=1_000_000)
-    seed: int = Field(0, ge=0, lt=2 ** 32)
-    restarts: int = Field(1, ge=1, le=100)
-    repulsion: Literal["auto", "exact", "fft"] = "auto"
-    graph_affinity: Literal[GRAPH_AFFINITIES] = "coauthorship"
+                                   "edge list, a feature matrix (.npy, .csv, .tsv: kNN affinities), an affinity "
+                                   "store, or an upload (uploads/NAME)")
 
-    @field_validator("model")
+    @field_validator("model", check_fields=False)
     @classmethod
     def _known_model(cls, name: str) -> str:
         if name not in model_names():
@@ -80,6 +69,10 @@ class JobRequest(BaseModel):
         """The model's constructor parameters (checked by its ``make_model`` when the job is submitted)."""
         return dict(self.model_params or {})
 
+    def knn_fields_given(self) -> list:
+        """The kNN settings the request names (they apply to feature input only)."""
+        return [name for name in KNN_FIELDS if name in self.model_fields_set]
+
     @model_validator(mode="after")
     def _embedder_accepts(self):
         """The Embedder's own checks (dimensions per model, fft support) at submission, not when the job runs."""
@@ -89,6 +82,31 @@ class JobRequest(BaseModel):
                  seed=self.seed, restarts=self.restarts, repulsion=self.repulsion,
                  model_params=self.constructor_params())._check()
         return self
+
+
+KNN_FIELDS = ("perplexity", "n_neighbors", "metric")
+
+
+def _job_request():
+    """``JobRequest``: ``_JobBase`` plus one field per ``PARAMS`` row with a service name: its type (choices ->
+    ``Literal``), default (``Param.outer_default``), description (the help) and bounds."""
+    from ..params import PARAMS
+
+    fields = {}
+    for p in PARAMS:
+        if p.service is None:
+            continue
+        if isinstance(p.choices, tuple):
+            annotation = Literal[p.choices]
+        else:
+            annotation = p.type if p.type is not None else type(p.default)
+        fields[p.service] = (annotation, Field(p.outer_default, description=p.help, **p.bounds))
+    request = create_model("JobRequest", __base__=_JobBase, **fields)
+    request.__doc__ = "An embedding job; the settings are ``scalemb.params.PARAMS`` rows (the CLI's names)."
+    return request
+
+
+JobRequest = _job_request()
 
 
 MAX_PATH_CHARS = 1024
@@ -189,6 +207,37 @@ def _escaping_link(root: Path, path: Path) -> bool:
     return False
 
 
+def _affinity_kind(job, input_path: str) -> str:
+    """The job's affinity once its input is known ('auto' resolved: ``scalemb.service.features``); a feature file
+    is read and checked here, so bad input is refused (422, naming the field or the file and line) before
+    anything is queued or written."""
+    from ..affinity.store import is_affinity_store
+    from .features import FEATURE_SUFFIXES, check_features, looks_like_features
+
+    path = Path(input_path)
+    store, dataset = is_affinity_store(path), not path.is_absolute()
+    kind = job.affinity
+    if kind == "auto":
+        kind = "precomputed" if store else "knn" if not dataset and looks_like_features(path) else "graph"
+    what = "an affinity store" if store else "a built-in dataset" if dataset else "a file"
+    if kind == "precomputed" and not store:
+        raise HTTPException(422, f"affinity: 'precomputed' needs an affinity store (P itself); input {job.input!r} "
+                                 f"is {what}")
+    if kind == "knn":
+        if store or dataset:
+            raise HTTPException(422, f"affinity: 'knn' needs a feature matrix ({', '.join(FEATURE_SUFFIXES)}); "
+                                     f"input {job.input!r} is {what}")
+        try:
+            check_features(path, job.input)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc).splitlines()[0][:500]) from None
+    elif job.knn_fields_given():
+        given = ", ".join(job.knn_fields_given())
+        raise HTTPException(422, f"{given}: kNN settings apply to a feature matrix (affinity 'knn'); input "
+                                 f"{job.input!r} is read as {'P' if kind == 'precomputed' else 'a graph'}")
+    return kind
+
+
 def _public(record: dict, history: bool = True) -> dict:
     params = {k: v for k, v in record["params"].items() if k not in ("input_path", "store_path", "cancel_requested")}
     started, finished = record["started"], record["finished"]
@@ -268,6 +317,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             params["input_path"] = job.input
         else:
             params["input_path"] = str(confine(root, job.input))
+        params["affinity"] = _affinity_kind(job, params["input_path"])
         try:
             record = state["runner"].submit(params)
         except QueueFull as exc:

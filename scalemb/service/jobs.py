@@ -18,6 +18,7 @@ from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from .features import knn_affinity_of, knn_settings
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
@@ -145,15 +146,17 @@ class JobRunner:
         return any(r["params"].get("input_path") == path for r in self.store.list()
                    if r["state"] in ("queued", "running"))
 
-    def _source(self, job_id: str, params: dict) -> str:
-        """The input ``Embedder.fit`` reads: with a scheduler, an affinity store under the data root."""
+    def _source(self, job_id: str, params: dict):
+        """The input ``Embedder.fit`` reads: with a scheduler, an affinity store under the data root (a feature
+        file's kNN affinity is built into one, as edge lists are ingested); in-process, a feature file's kNN
+        ``Affinity`` (as ``scalemb.Embedder(affinity='knn')`` builds it) or the input path."""
         if params.get("store_path"):
             touch(Path(params["store_path"]))
             return params["store_path"]
-        source = params["input_path"]
+        source, knn = params["input_path"], knn_settings(params)
         if self.scheduler is None or is_affinity_store(source):
-            return source
-        path = str(ensure_store(self.data_root, source, params["graph_affinity"]))
+            return source if knn is None else knn_affinity_of(source, knn, self.n_threads)
+        path = str(ensure_store(self.data_root, source, params["graph_affinity"], knn=knn, n_jobs=self.n_threads))
         self.store.update(job_id, params={**params, "store_path": path})
         return path
 

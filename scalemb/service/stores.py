@@ -15,6 +15,7 @@ starts and after every job, a store that no queued or running job uses and that 
 """
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -27,9 +28,12 @@ DIRECTORY = "stores"
 _READ = 1 << 20
 
 
-def input_key(source: str, graph_affinity: str, n_partitions: int | None) -> str:
-    """The store key of ``source`` (a file path or a built-in dataset name)."""
+def input_key(source: str, graph_affinity: str, n_partitions: int | None, knn: dict | None = None) -> str:
+    """The store key of ``source`` (a file path or a built-in dataset name); ``knn``: a feature file's kNN
+    settings (``scalemb.service.features.knn_settings``), hashed too (graph keys are unchanged)."""
     digest = hashlib.sha256(f"scalemb-store-1\0{graph_affinity}\0{n_partitions}\0".encode())
+    if knn is not None:
+        digest.update(f"knn\0{json.dumps(knn, sort_keys=True)}\0".encode())
     path = Path(source)
     if path.is_file():
         with open(path, "rb") as handle:
@@ -40,19 +44,26 @@ def input_key(source: str, graph_affinity: str, n_partitions: int | None) -> str
     return digest.hexdigest()
 
 
-def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int | None = None) -> Path:
+def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int | None = None,
+                 knn: dict | None = None, n_jobs: int | None = None) -> Path:
     """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there; ``n_partitions``
-    None: the data-determined row-block layout every run uses, so cluster jobs equal in-process ones bit for bit."""
+    None: the data-determined row-block layout every run uses, so cluster jobs equal in-process ones bit for bit.
+    ``knn``: ``source`` is a feature file; P is its kNN affinity with these settings (``n_jobs`` threads)."""
     from ..embedding import load_affinity
 
     folder = Path(root) / DIRECTORY
     folder.mkdir(exist_ok=True)
-    key = input_key(source, graph_affinity, n_partitions)
+    key = input_key(source, graph_affinity, n_partitions, knn)
     path = folder / f"{key}.zarr"
     with open(folder / f"{key}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not is_affinity_store(path):
-            if Path(source).is_file():
+            if knn is not None:
+                from ..affinity.store import write_affinity_store
+                from .features import knn_affinity_of
+
+                write_affinity_store(path, knn_affinity_of(source, knn, n_jobs), n_partitions=n_partitions)
+            elif Path(source).is_file():
                 from ..affinity.ingest import ingest_edge_list
 
                 ingest_edge_list(source, path, affinity=graph_affinity, n_partitions=n_partitions)

@@ -1,0 +1,79 @@
+"""Feature-matrix inputs of service jobs: which affinity a job's input takes, the submission-time checks, and the
+kNN affinity a feature job embeds (built as ``scalemb.Embedder(affinity='knn')`` builds it).
+
+``affinity='auto'`` decides by the file: ``.npy`` is a feature matrix; a ``.csv`` / ``.tsv`` is one when its
+first data line (after comments and a header of names) holds only numbers and either more than three columns or a
+non-integer in its first two (an edge list is ``SOURCE TARGET [weight]`` with integer or string ids); anything
+else (an edge list, ``.gz``, a built-in dataset) is a graph, and an affinity store is P itself.  A feature matrix
+this rule reads as an edge list (two or three integer columns) needs ``affinity='knn'``.
+"""
+from pathlib import Path
+
+FEATURE_SUFFIXES = (".npy", ".csv", ".tsv")
+_PROBE_LINES = 1000
+
+
+def looks_like_features(path: Path) -> bool:
+    """Whether ``path`` is a feature matrix by the rule of the module docstring."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return True
+    if suffix not in (".csv", ".tsv") or not path.is_file():
+        return False
+    delimiter = "\t" if suffix == ".tsv" else ","
+    try:
+        with open(path, "rt", encoding="utf-8-sig", errors="replace") as handle:
+            for _, line in zip(range(_PROBE_LINES), handle):
+                cells = [c.strip() for c in line.split("#", 1)[0].strip().split(delimiter)]
+                if cells == [""]:
+                    continue
+                numbers = [_number(c) for c in cells]
+                if all(v is None for v in numbers):
+                    continue  # a header of column names
+                if any(v is None for v in numbers):
+                    return False  # string ids: an edge list
+                return len(cells) > 3 or any(v != int(v) for v in numbers[:2])
+    except OSError:
+        return False
+    return False
+
+
+def _number(cell: str):
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def check_features(path: Path, shown: str) -> int:
+    """The number of rows of feature file ``path``; ``ValueError`` naming ``shown`` (the path the user gave) and
+    the line for a file ``scalemb.affinity.knn.read_features`` refuses, or one of fewer than 2 rows."""
+    from ..affinity.knn import read_features
+    from ..errors import InputError
+
+    try:
+        X = read_features(path)
+    except InputError as exc:
+        where = f"{shown}:{exc.line}" if exc.line is not None else shown
+        raise ValueError(f"{where}: {exc.reason}") from None
+    if X.shape[0] < 2:
+        raise ValueError(f"{shown}: a feature matrix needs at least 2 rows (points), got {X.shape[0]}")
+    return int(X.shape[0])
+
+
+def knn_settings(params: dict) -> dict | None:
+    """The kNN settings of a job record (``None`` unless the job embeds features); the store key hashes them."""
+    if params.get("affinity") != "knn":
+        return None
+    return {"perplexity": params["perplexity"], "n_neighbors": params["n_neighbors"], "metric": params["metric"],
+            "seed": params["seed"]}
+
+
+def knn_affinity_of(path, settings: dict, n_jobs=None):
+    """The kNN ``Affinity`` of feature file ``path`` (``scalemb.estimator.knn_features_affinity``)."""
+    from ..affinity.knn import read_features
+    from ..estimator import knn_features_affinity
+
+    return knn_features_affinity(read_features(path), settings["perplexity"], settings["n_neighbors"],
+                                 settings["metric"], settings["seed"], n_jobs)
