@@ -48,14 +48,14 @@ PARAMS = (
           "--time", "time", int | None, {"ge": 0, "le": 16}),
     Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
           "(features), 'precomputed' (the input is P), 'auto' (from the input's type)", AFFINITY_KINDS,
-          None, "affinity"),
+          "--affinity", "affinity"),
     Param("graph_affinity", "coauthorship", "graph affinity: co-authorship normalisation or C / sum C",
           GRAPH_AFFINITIES, "--graph-affinity", "graph_affinity"),
-    Param("perplexity", 30.0, "kNN affinities: target perplexity (lowered to fit small inputs)", None, None,
-          "perplexity", float, {"ge": 1.0, "le": 1e6}),
+    Param("perplexity", 30.0, "kNN affinities: target perplexity (lowered to fit small inputs)", None,
+          "--perplexity", "perplexity", float, {"ge": 1.0, "le": 1e6}),
     Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
-          None, "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
-    Param("metric", "euclidean", "kNN affinities: distance", tuple(KNN_METRICS), None, "metric"),
+          "--n-neighbors", "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
+    Param("metric", "euclidean", "kNN affinities: distance", tuple(KNN_METRICS), "--metric", "metric"),
     Param("init", None, "initial coordinates (None: the SNEST paper's small random start)"),
     Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
           {"ge": 1, "le": 1_000_000}),
@@ -79,5 +79,6 @@ PARAMS = (
 )
 
 PARAM_NAMES = tuple(p.name for p in PARAMS)
+KNN_PARAMS = ("perplexity", "n_neighbors", "metric")  # the settings of kNN affinities (feature input only)
 DEFAULTS = {p.name: p.default for p in PARAMS}
 

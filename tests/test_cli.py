@@ -146,3 +146,21 @@ def test_affinity_knn_from_features(tmp_path):
     proc = run_cli("affinity", str(bad), "--out", str(tmp_path / "Q.zarr"), "--knn", "5")
     assert proc.returncode != 0 and "bad.csv" in proc.stderr and not (tmp_path / "Q.zarr").exists()
     assert len(proc.stderr.strip().splitlines()) == 1
+    # embed reads a feature file itself (--affinity auto: a .npy is features) as scalemb.Embedder does
+    X = np.load(features)[:60]
+    np.save(features, X)
+    out = tmp_path / "knn.zarr"
+    proc = run_cli("embed", str(features), "--model", "tsne", "--iterations", "30", "--seed", "3", "--perplexity",
+                   "8", "--metric", "cosine", "--threads", "2", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    here = scalemb.Embedder(model="tsne", iterations=30, random_state=3, perplexity=8.0, metric="cosine",
+                            n_jobs=2).fit(X)
+    assert np.array_equal(EmbeddingResult.load(out).embedding, here.embedding_)
+    for args, fragment in ((("school", "--perplexity", "5"), "--perplexity: kNN settings apply"),
+                           ((str(features), "--perplexity", "0"), "--perplexity: must be in [1"),
+                           ((str(features), "--metric", "hamming"), "--metric: invalid choice"),
+                           (("school", "--affinity", "knn"), "--affinity knn needs a feature matrix"),
+                           ((str(bad), "--affinity", "knn"), "bad.csv")):
+        proc = run_cli("embed", *args, "--iterations", "5", "--out", str(tmp_path / "no.zarr"), "--quiet")
+        assert proc.returncode == 2 and fragment in proc.stderr, (args, proc.stderr)
+        assert not (tmp_path / "no.zarr").exists()

@@ -262,5 +262,17 @@ def test_jobs_run_on_a_dask_cluster(tmp_path, dask_cluster):
         # P in 8 store partitions on the workers vs one block in-process: equal up to summation order
         here = scalemb.embed("school", model="tsne", iterations=80, seed=1)
         assert np.allclose(stored.embedding, here.embedding, rtol=1e-8, atol=1e-10)
+        # a feature upload: its kNN affinity is built into a data-root store the workers read
+        X = np.random.default_rng(5).normal(size=(60, 5))
+        assert svc.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
+        _, job = svc.json("POST", "/jobs", {"input": "uploads/feats.npy", "model": "tsne", "iterations": 40,
+                                            "seed": 3, "perplexity": 10.0})
+        record = svc.wait(job["id"])
+        assert record["state"] == "done" and record["params"]["affinity"] == "knn", record
+        assert len(list((tmp_path / "stores").glob("*.zarr"))) == 2  # school's and the features' kNN P
+        stored = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
+        assert stored.provenance["executor"] == "dask"
+        here = scalemb.Embedder(model="tsne", iterations=40, random_state=3, perplexity=10.0).fit(X)
+        assert np.array_equal(stored.embedding, here.embedding_)
     finally:
         svc.stop()

@@ -150,6 +150,47 @@ def _checked(path: Path, array: np.ndarray, lines: list | None = None) -> np.nda
     return X
 
 
+FEATURE_SUFFIXES = (".npy", ".csv", ".tsv")
+_PROBE_LINES = 1000
+
+
+def looks_like_features(path) -> bool:
+    """Whether ``path`` is a feature matrix, for ``affinity='auto'`` (``scalemb embed``, the service): ``.npy``
+    is; a ``.csv`` / ``.tsv`` is when its first data line (after comments and a header of names) holds only
+    numbers and either more than three columns or a non-integer in its first two (an edge list is
+    ``SOURCE TARGET [weight]`` with integer or string ids); anything else is not."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return True
+    if suffix not in (".csv", ".tsv") or not path.is_file():
+        return False
+    delimiter = "\t" if suffix == ".tsv" else ","
+    try:
+        with open(path, "rt", encoding="utf-8-sig", errors="replace") as handle:
+            for _, line in zip(range(_PROBE_LINES), handle):
+                cells = [c.strip() for c in line.split("#", 1)[0].strip().split(delimiter)]
+                if cells == [""]:
+                    continue
+                numbers = [_number(c) for c in cells]
+                if all(v is None for v in numbers):
+                    continue  # a header of column names
+                if any(v is None for v in numbers):
+                    return False  # string ids: an edge list
+                return len(cells) > 3 or any(v != int(v) for v in numbers[:2])
+    except OSError:
+        return False
+    return False
+
+
+def _number(cell: str):
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
 # ------------------------------------------------------------------------------------------- neighbours
 
 def knn_graph(X, n_neighbors: int = 15, metric: str = "euclidean", random_state: int | None = 0,

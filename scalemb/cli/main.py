@@ -12,6 +12,7 @@ from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
 from ..models import DEFAULT_MODEL, get_model, model_names
+from ..params import KNN_PARAMS
 from ..progress import value_label
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
@@ -69,6 +70,22 @@ def _bounded(kind, low, high, low_open=False, name=None):
 _FINITE = 1e300
 
 
+def add_param_arguments(parser, names) -> None:
+    """``parser``'s flags for the ``scalemb.params.PARAMS`` rows ``names``, generated from the rows (flag,
+    default, help, choices, type, bounds) as the service's job fields are."""
+    from ..params import PARAMS
+
+    for p in (row for row in PARAMS if row.name in names):
+        options = {"default": p.outer_default, "help": f"{p.help} (default {p.outer_default})", "dest": p.name}
+        if isinstance(p.choices, tuple):
+            options["choices"] = p.choices
+        else:
+            kind = int if p.type in (int, int | None) else float
+            low, high = p.bounds.get("ge", p.bounds.get("gt", -_FINITE)), p.bounds.get("le", _FINITE)
+            options["type"] = _bounded(kind, low, high, low_open="gt" in p.bounds)
+        parser.add_argument(p.cli, **options)
+
+
 def _model_param(text: str) -> tuple:
     """``NAME=VALUE`` -> (name, value): an int, else a float, else the string."""
     name, sep, value = text.partition("=")
@@ -113,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "affinity store the workers can read")
     where.add_argument("--workers", type=_positive_int, metavar="N",
                        help="run on a Dask LocalCluster of N worker processes x 1 thread started for this run")
+    add_param_arguments(emb, ("affinity",) + KNN_PARAMS)
     emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
                      help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
     emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="auto",
@@ -369,9 +387,36 @@ def _embed(args) -> int:
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
                                              max_nodes=args.fft_max_nodes))
     _refuse_existing(args.out, args.overwrite, (args.input,))
+    data = _embed_input(args)
     with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:
-        result = embedder.fit(args.input, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
+        result = embedder.fit(data, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
     return _report(args.out, result)
+
+
+def _embed_input(args):
+    """What ``embed`` fits: INPUT, or for a feature matrix (``--affinity knn``, or ``auto`` and a file
+    ``looks_like_features``) its kNN affinity, built as ``scalemb.Embedder(affinity='knn')`` builds it."""
+    from ..affinity.knn import looks_like_features, read_features
+    from ..affinity.store import is_affinity_store
+    from ..estimator import knn_features_affinity
+    from ..params import DEFAULTS, PARAMS
+
+    kind, source = args.affinity, args.input
+    store = source is not None and is_affinity_store(source)
+    if kind == "auto":
+        kind = "precomputed" if store else "knn" if source is not None and looks_like_features(source) else "graph"
+    if kind == "precomputed" and not store:
+        raise ValueError(f"--affinity precomputed needs an affinity store (P itself); {source or 'grqc'} is not one")
+    if kind != "knn":
+        given = [p.cli for p in PARAMS if p.name in KNN_PARAMS and getattr(args, p.name) != DEFAULTS[p.name]]
+        if given:
+            raise ValueError(f"{', '.join(given)}: kNN settings apply to a feature matrix (--affinity knn); "
+                             f"{source or 'grqc'} is read as {'P' if kind == 'precomputed' else 'a graph'}")
+        return source
+    if source is None or store or source in DATASETS:
+        raise ValueError(f"--affinity knn needs a feature matrix (.npy, .csv, .tsv); {source or 'grqc'} is not one")
+    return knn_features_affinity(read_features(source), args.perplexity, args.n_neighbors, args.metric, args.seed,
+                                 args.threads)
 
 
 def _report(out, result) -> int:

@@ -1,7 +1,8 @@
 """Feature-matrix inputs of service jobs: which affinity a job's input takes, the submission-time checks, and the
 kNN affinity a feature job embeds (built as ``scalemb.Embedder(affinity='knn')`` builds it).
 
-``affinity='auto'`` decides by the file: ``.npy`` is a feature matrix; a ``.csv`` / ``.tsv`` is one when its
+``affinity='auto'`` decides by the file (``scalemb.affinity.knn.looks_like_features``, as ``scalemb embed``):
+``.npy`` is a feature matrix; a ``.csv`` / ``.tsv`` is one when its
 first data line (after comments and a header of names) holds only numbers and either more than three columns or a
 non-integer in its first two (an edge list is ``SOURCE TARGET [weight]`` with integer or string ids); anything
 else (an edge list, ``.gz``, a built-in dataset) is a graph, and an affinity store is P itself.  A feature matrix
@@ -9,41 +10,7 @@ this rule reads as an edge list (two or three integer columns) needs ``affinity=
 """
 from pathlib import Path
 
-FEATURE_SUFFIXES = (".npy", ".csv", ".tsv")
-_PROBE_LINES = 1000
-
-
-def looks_like_features(path: Path) -> bool:
-    """Whether ``path`` is a feature matrix by the rule of the module docstring."""
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        return True
-    if suffix not in (".csv", ".tsv") or not path.is_file():
-        return False
-    delimiter = "\t" if suffix == ".tsv" else ","
-    try:
-        with open(path, "rt", encoding="utf-8-sig", errors="replace") as handle:
-            for _, line in zip(range(_PROBE_LINES), handle):
-                cells = [c.strip() for c in line.split("#", 1)[0].strip().split(delimiter)]
-                if cells == [""]:
-                    continue
-                numbers = [_number(c) for c in cells]
-                if all(v is None for v in numbers):
-                    continue  # a header of column names
-                if any(v is None for v in numbers):
-                    return False  # string ids: an edge list
-                return len(cells) > 3 or any(v != int(v) for v in numbers[:2])
-    except OSError:
-        return False
-    return False
-
-
-def _number(cell: str):
-    try:
-        value = float(cell)
-    except ValueError:
-        return None
-    return value if value == value and abs(value) != float("inf") else None
+from ..affinity.knn import FEATURE_SUFFIXES, looks_like_features  # noqa: F401 - the rule lives there
 
 
 def check_features(path: Path, shown: str) -> int:
