@@ -1,5 +1,7 @@
-"""The one table of embedding settings: the estimator's parameters (``scalemb.Embedder``) are generated from it,
-and the CLI flags and the service's job fields are checked against it (``tests/test_estimator.py``).
+"""The one table of embedding settings: the estimator's parameters (``scalemb.Embedder``), the service's job fields
+(``scalemb.service.app.JobRequest``: type, default, help, choices -> Literal, bounds) and the kNN flags of
+``scalemb embed`` (``add_param_arguments``) are generated from it; the older CLI flags are checked against it
+(``tests/test_params.py``).
 
 Each ``Param`` names a setting once: its default, a one-line help, the choices if any, and the CLI flag /
 service field that set it (``None``: not offered there, e.g. Python objects such as callbacks).  A model's own

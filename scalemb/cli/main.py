@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Embed a graph (SNAP edge list, optionally .gz) or a built-in "
                                           f"dataset ({', '.join(DATASETS)}); no INPUT embeds the bundled GrQc.")
     emb.add_argument("input", nargs="?", default=None,
-                     help="edge list path, affinity store (scalemb affinity ...), or a built-in dataset name "
+                     help="edge list path, feature matrix (.npy, .csv, .tsv: kNN affinities, see --affinity), "
+                          "affinity store (scalemb affinity ...), or a built-in dataset name "
                           f"({', '.join(DATASETS)}); default grqc")
     # the models of scalemb.models (and registered ones), and the eigenmap methods (not KL models: cli.eigenmap)
     emb.add_argument("--model", choices=model_names() + EIGENMAP_MODELS, default=DEFAULT_MODEL)
