@@ -123,6 +123,12 @@ def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
     with LocalExecutor(school_affinity, get_model("ee", lam=0.5), 2, 0) as ex:
         assert result.kl == ex.evaluate(np.ascontiguousarray(result.embedding.T)).kl
     assert scalemb.Embedder(model="ee", model_params={"lam": 0.5}, iterations=20).fit("school").kl_ == result.kl
+    # metrics and the report name the value E (with the run's lambda), not KL
+    from scalemb.report.page import build_report
+
+    page, metrics = build_report(out)
+    assert "kl" not in metrics and metrics["E"].value == pytest.approx(result.kl, rel=1e-12)
+    assert "E (elastic embedding)" in page and "KL(P‖Q)" not in page
     for argv in (["--model-param", "lam=-1"], ["--model-param", "lam=nan"], ["--model-param", "lambda=1"],
                  ["--model", "tsne", "--model-param", "lam=1"]):
         bad = tmp_path / "bad.zarr"

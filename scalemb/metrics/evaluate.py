@@ -182,9 +182,11 @@ def evaluate_run(run, affinity=None, X=None, labels=None, *, sample=None, seed=0
     options = {"sample": sample, "seed": seed, "n_threads": n_threads}
     if affinity is not None:
         affinity = align_affinity(affinity, result.node_ids, source)
-        # the run's model with its parameters (EE's lambda): "kl" is that model's objective value (E for ee)
+        # the run's model with its parameters (EE's lambda): its objective's value, under that objective's name
+        # ("kl" for the KL models, "E" for ee)
         model = get_model(result.model, **getattr(result, "model_params", {}))
-        metrics["kl"] = Metric(kl(affinity, Y, model, result.space_dims, n_threads=n_threads), None, n, "kl")
+        name = model.objective.name
+        metrics[name] = Metric(kl(affinity, Y, model, result.space_dims, n_threads=n_threads), None, n, name)
         metrics.update(graph_metrics(affinity.P, Y, result.model, result.space_dims, **options))
     if X is not None:
         metrics.update(feature_metrics(X, Y, k, min(k_max, n - 2), result.model, result.space_dims, **options)[0])

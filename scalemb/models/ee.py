@@ -77,6 +77,7 @@ class EE(Objective):
         object.__setattr__(self, "lam", check_lambda(self.lam))
 
     name = "E"  # what the value is called in outputs
+    label = "E (elastic embedding)"
 
     def reduce(self, plogw, A, R, z, entropy, exaggeration, with_kl):
         scale = self.lam / R.shape[1]

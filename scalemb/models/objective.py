@@ -19,10 +19,18 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def objective_of(result) -> "Objective":
+    """The objective of a stored run (``scalemb.embedding.EmbeddingResult``): its model's, with its parameters."""
+    from .registry import get_model
+
+    return get_model(result.model, **(getattr(result, "model_params", None) or {})).objective
+
+
 class Objective:
     """Reduction of the block partials to ``(value, objective, gradient)`` (see the module docstring)."""
 
-    name = "objective"
+    name = "objective"  # the value's key in outputs (result attributes keep "kl" for every model)
+    label = "objective"  # how figures and reports name the value
 
     def reduce(self, plogw: float, A: np.ndarray, R: np.ndarray, z: float, entropy: float, exaggeration: float,
                with_kl: bool) -> tuple:
@@ -38,6 +46,7 @@ class KL(Objective):
     gives a non-finite value, which the optimisers treat as a blow-up."""
 
     name = "kl"
+    label = "KL(P‖Q)"
 
     def reduce(self, plogw, A, R, z, entropy, exaggeration, with_kl):
         with np.errstate(divide="ignore", invalid="ignore"):

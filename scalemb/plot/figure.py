@@ -363,13 +363,16 @@ def finish_map(fig, ax, data: MapData, label_rows, overview_ax=None):
 
 
 def draw_kl(ax, result):
-    """KL(P‖Q) per computed iteration on ``ax``."""
+    """The run's objective (KL(P‖Q), or its model's own, e.g. EE's E) per computed iteration on ``ax``."""
+    from ..models.objective import objective_of
+
+    objective = objective_of(result)
     history = np.asarray(result.kl_history, dtype=float)
     computed = np.flatnonzero(~np.isnan(history))  # dbd with kl_every > 1 leaves NaN between computed entries
     ax.plot(computed, history[computed], color="tab:red", linewidth=1.2)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("KL(P‖Q)")
-    ax.set_title(f"KL {result.kl:.4f} after {result.iterations} iterations")
+    ax.set_ylabel(objective.label)
+    ax.set_title(f"{objective.label} {result.kl:.4f} after {result.iterations} iterations")
     ax.grid(True, alpha=0.3)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.objective import objective_of
+
 
 def _png_uri(fig, dpi: int = 100) -> str:
     from ..plot.figure import figure_png
@@ -73,7 +75,8 @@ def _figures(data, labels: int):
     for colour in colours:
         fig = map_figure(data, labels=labels, colour=colour, kl_panel=False, figsize=(11.0, 6.2))
         figures.append((f"map by {colour}" if colour != "none" else "map", captions[colour], _png_uri(fig)))
-    figures.append(("KL(P‖Q) per iteration", f"final KL {result.kl:.4f}", _png_uri(_kl_figure(result))))
+    label = objective_of(result).label
+    figures.append((f"{label} per iteration", f"final {label} {result.kl:.4f}", _png_uri(_kl_figure(result))))
     if result.time_dims >= 1 and data.degree is not None:
         caption = "each dot a node (degrees jittered); red: median |time 1| per degree bin (the sign is arbitrary)"
         figures.append(("time against degree", caption, _png_uri(_time_degree_figure(result, data.degree))))
@@ -101,7 +104,7 @@ def report_html(result, metrics: dict, figures: list, run_name: str, input_name:
     """The page from its parts (see the module docstring)."""
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
     summary = [("model", f"{result.model} in {dims}"), ("nodes", str(result.embedding.shape[0])),
-               ("KL(P‖Q)", f"{result.kl:.4f}"), ("iterations", str(result.iterations)),
+               (objective_of(result).label, f"{result.kl:.4f}"), ("iterations", str(result.iterations)),
                ("wall time", f"{result.wall_time:.1f} s"), ("seed", str(result.seed)),
                ("input", input_name or "not found (pass --input)")]
     parts = ["<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
