@@ -124,6 +124,11 @@ def test_eigenmap_cli_writes_a_result_store(tmp_path, capsys):
     assert result.model == "eigenmap" and result.embedding.shape == (42, 2)
     assert all(r < 1e-8 for r in result.optimizer["residuals"])
     assert main(["plot", str(out), "--out", str(tmp_path / "e.png"), "--quiet"]) == 0
+    # an eigenmap run has no model objective: metrics and the report leave it out rather than fail
+    from scalemb.report.page import build_report
+
+    page, metrics = build_report(out)
+    assert "np@deg" in metrics and not {"kl", "E"} & set(metrics)
     est = Eigenmap(2).fit("school")
     np.testing.assert_allclose(est.embedding_, result.embedding)
 

@@ -20,7 +20,7 @@ from ..datasets import DATASETS, load_dataset
 from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
 from ..errors import InputError, ScalembError
 from ..io.nodeids import as_node_ids, is_string_ids
-from ..models import get_model
+from ..models.objective import model_of
 from .base import Metric
 from .kl import kl
 from .quality import feature_metrics, graph_metrics, one_nn_error
@@ -180,16 +180,17 @@ def evaluate_run(run, affinity=None, X=None, labels=None, *, sample=None, seed=0
                            "(--input), features or labels")
     metrics = {}
     options = {"sample": sample, "seed": seed, "n_threads": n_threads}
+    # the run's model with its parameters (EE's lambda); None for an eigenmap run: no objective to report, and
+    # its neighbours are ranked by Euclidean distance
+    model = model_of(result)
     if affinity is not None:
         affinity = align_affinity(affinity, result.node_ids, source)
-        # the run's model with its parameters (EE's lambda): its objective's value, under that objective's name
-        # ("kl" for the KL models, "E" for ee)
-        model = get_model(result.model, **getattr(result, "model_params", {}))
-        name = model.objective.name
-        metrics[name] = Metric(kl(affinity, Y, model, result.space_dims, n_threads=n_threads), None, n, name)
-        metrics.update(graph_metrics(affinity.P, Y, result.model, result.space_dims, **options))
+        if model is not None:  # the objective's value under its own name ("kl" for the KL models, "E" for ee)
+            name = model.objective.name
+            metrics[name] = Metric(kl(affinity, Y, model, result.space_dims, n_threads=n_threads), None, n, name)
+        metrics.update(graph_metrics(affinity.P, Y, model, result.space_dims, **options))
     if X is not None:
-        metrics.update(feature_metrics(X, Y, k, min(k_max, n - 2), result.model, result.space_dims, **options)[0])
+        metrics.update(feature_metrics(X, Y, k, min(k_max, n - 2), model, result.space_dims, **options)[0])
     if labels is not None:
-        metrics["1nn_error"] = one_nn_error(Y, labels, result.model, result.space_dims, **options)
+        metrics["1nn_error"] = one_nn_error(Y, labels, model, result.space_dims, **options)
     return metrics
