@@ -7,6 +7,8 @@ import scipy.sparse as sp
 from scalemb.affinity.hyperbolic import poincare_distance
 from scalemb.models.cosne import check_params, hyperboloid, make_kernels, norm_loss
 
+from .numerics import central_differences
+
 GAMMA = 0.3
 
 
@@ -70,31 +72,15 @@ def test_kernels_match_dense_reference_and_finite_differences(dims, near_boundar
     assert plogw == pytest.approx(np.sum(Pd[mask] * np.log(W[mask])), rel=1e-12)
     assert z == pytest.approx(W.sum(), rel=1e-12)
     # d(sum p log w)/dy_i = 2 A_i and dZ/dy_i = 2 R_i (ordered pairs, symmetric P and w)
-    h = 1e-6
-    num_a = np.zeros_like(Y)
-    num_r = np.zeros_like(Y)
-    for k in range(dims):
-        for i in range(n):
-            up, down = Y.copy(), Y.copy()
-            up[k, i] += h
-            down[k, i] -= h
-            pu, _, zu, _ = run_kernels(P, up)
-            pd, _, zd, _ = run_kernels(P, down)
-            num_a[k, i] = (pu - pd) / (2 * h)
-            num_r[k, i] = (zu - zd) / (2 * h)
+    num_a = central_differences(lambda c: run_kernels(P, c)[0], Y)
+    num_r = central_differences(lambda c: run_kernels(P, c)[2], Y)
     assert np.abs(num_a - 2 * A).max() <= 1e-6 * np.abs(A).max()
     assert np.abs(num_r - 2 * R).max() <= 1e-6 * np.abs(R).max()
     # the KL gradient 2 (R/Z - A) against differences of the dense KL
     kl = lambda Y: float(np.sum(Pd[mask] * np.log(Pd[mask] * W_of(Y).sum() / W_of(Y)[mask])))  # noqa: E731
     W_of = dense_weights
     grad = 2 * (R / z - A)
-    num = np.zeros_like(Y)
-    for k in range(dims):
-        for i in range(n):
-            up, down = Y.copy(), Y.copy()
-            up[k, i] += h
-            down[k, i] -= h
-            num[k, i] = (kl(up) - kl(down)) / (2 * h)
+    num = central_differences(kl, Y)
     assert np.abs(num - grad).max() <= 1e-6 * np.abs(grad).max()
 
 
@@ -150,14 +136,7 @@ def test_norm_loss_gradient():
     radii = rng.uniform(0, 0.99, 9)
     value, grad = norm_loss(Y, radii)
     assert value == pytest.approx(np.mean((radii ** 2 - np.sum(Y * Y, 0)) ** 2))
-    h = 1e-6
-    num = np.zeros_like(Y)
-    for k in range(2):
-        for i in range(9):
-            up, down = Y.copy(), Y.copy()
-            up[k, i] += h
-            down[k, i] -= h
-            num[k, i] = (norm_loss(up, radii)[0] - norm_loss(down, radii)[0]) / (2 * h)
+    num = central_differences(lambda c: norm_loss(c, radii)[0], Y)
     assert np.abs(num - grad).max() <= 1e-7 * np.abs(grad).max()
 
 
@@ -290,15 +269,13 @@ def test_full_objective_gradient_through_the_executor(paper_affinity):
         weight = 0.5 / 10.0 * affinity.n_points
         assert after.kl - before.kl == pytest.approx(weight * h_value, rel=1e-10)
         assert np.allclose(after.gradient - before.gradient, weight * h_grad, rtol=1e-9, atol=1e-14)
-        h = 1e-6
         rng = np.random.default_rng(9)
-        for i in rng.choice(affinity.n_points, 8, replace=False):  # boundary points are every third one
-            for k in range(2):
-                up, down = coords.copy(), coords.copy()
-                up[k, i] += h
-                down[k, i] -= h
-                numeric = (ex.evaluate(up, iteration=3).kl - ex.evaluate(down, iteration=3).kl) / (2 * h)
-                assert numeric == pytest.approx(after.gradient[k, i], rel=1e-5, abs=1e-7 * np.abs(after.gradient).max())
+        chosen = rng.choice(affinity.n_points, 8, replace=False)  # boundary points are every third one
+        entries = [(k, i) for i in chosen for k in range(2)]
+        numeric = central_differences(lambda c: ex.evaluate(c, iteration=3).kl, coords, entries)
+        for k, i in entries:
+            assert numeric[k, i] == pytest.approx(after.gradient[k, i], rel=1e-5,
+                                                  abs=1e-7 * np.abs(after.gradient).max())
 
 
 def test_cosne_end_to_end_local_and_dask(paper_affinity, dask_cluster, tmp_path):

@@ -10,6 +10,8 @@ from scalemb.models import get_model
 from scalemb.models.ee import homotopy
 from scalemb.optim import make_optimizer
 
+from .numerics import central_differences
+
 
 def dense_ee(P, coords, lam):
     """``sum_ij p_ij |y_i - y_j|^2 + (lam / N) sum_{i != j} exp(-|y_i - y_j|^2)`` over ordered pairs."""
@@ -18,17 +20,6 @@ def dense_ee(P, coords, lam):
     K = np.exp(-d2)
     np.fill_diagonal(K, 0.0)
     return float((P * d2).sum() + lam / Y.shape[0] * K.sum())
-
-
-def central_differences(f, coords, h=1e-6):
-    numeric = np.zeros_like(coords)
-    for k in range(coords.shape[0]):
-        for i in range(coords.shape[1]):
-            up, down = coords.copy(), coords.copy()
-            up[k, i] += h
-            down[k, i] -= h
-            numeric[k, i] = (f(up) - f(down)) / (2 * h)
-    return numeric
 
 
 @pytest.mark.parametrize("lam, dims, exaggeration", [(1.0, 2, 1.0), (37.0, 3, 2.5)])

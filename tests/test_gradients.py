@@ -7,6 +7,8 @@ from scalemb.models import get_model
 
 from .conftest import dense_kl
 
+from .numerics import central_differences
+
 CASES = [("sne", 2, 0), ("sne", 4, 0), ("tsne", 1, 0), ("tsne", 3, 0), ("snest", 1, 1), ("snest", 2, 1),
          ("snest", 3, 2)]
 
@@ -24,14 +26,7 @@ def test_gradient_matches_finite_differences(school_affinity, name, ds, dt):
     ex = LocalExecutor(school_affinity, get_model(name), ds, dt)
     coords = np.random.default_rng(2).normal(size=(ds + dt, school_affinity.n_points)) * 0.5
     grad = ex.evaluate(coords).gradient
-    h = 1e-6
-    numeric = np.zeros_like(coords)
-    for k in range(coords.shape[0]):
-        for i in range(coords.shape[1]):
-            up, down = coords.copy(), coords.copy()
-            up[k, i] += h
-            down[k, i] -= h
-            numeric[k, i] = (ex.evaluate(up).kl - ex.evaluate(down).kl) / (2 * h)
+    numeric = central_differences(lambda c: ex.evaluate(c).kl, coords)
     assert np.abs(numeric - grad).max() <= 1e-6 * np.abs(grad).max()
 
 

@@ -12,6 +12,8 @@ from scalemb.lvq.synthetic import three_tip_star
 
 from .cli_runner import run_cli
 
+from .numerics import central_differences
+
 
 @pytest.fixture(scope="module")
 def wine():
@@ -33,17 +35,6 @@ def random_problem(rng, n=30, D=5, M=2, ppc=2, n_classes=3, localized=True):
 def total_cost(X, y, W, labels, omegas, omega_of, nu):
     cost = kernels.batch_gradient(X, y, 0, X.shape[0], W, labels, omegas, omega_of, 3)[0]
     return cost + (logdet_regularizer(omegas, nu)[0] if nu else 0.0)
-
-
-def central_differences(cost, A, eps=1e-6):
-    """``d cost / d A`` by central differences, one entry of ``A`` at a time."""
-    num = np.zeros_like(A)
-    for idx in np.ndindex(A.shape):
-        up, down = A.copy(), A.copy()
-        up[idx] += eps
-        down[idx] -= eps
-        num[idx] = (cost(up) - cost(down)) / (2 * eps)
-    return num
 
 
 @pytest.mark.parametrize("localized", [True, False])
