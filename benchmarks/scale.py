@@ -11,6 +11,13 @@ Sections:
   the row-block Laplacian products to relative residual 1e-3 (the optimiser's ``cg_tol``): iterations, seconds.
 * ``runs``: t-SNE R^2 on ``--run-stores`` with dbd (defaults) and sd with each solver, at most ``--iterations``
   iterations: iterations and seconds until dbd's final KL is reached.
+* ``caps``: the FFT grid's node cap (``FFTParams.max_nodes``) on saved layouts (``--cap-layouts a.npy,...``,
+  ``(N, 2)`` or ``(2, N)``) of ``--cap-store``: one t-SNE evaluation per cap (16, 32, 64 N nodes) and exact,
+  alternating rounds, median of ``--rounds``.
+* ``chain``: the end-to-end command chain with defaults (``--chain-authors N``): ``scalemb generate coauthor``,
+  ``scalemb affinity``, ``scalemb embed --model M`` for each of ``--chain-models`` and ``scalemb metrics
+  --sample``, each a child process: wall seconds, peak RSS (``getrusage`` of the child), iterations, KL,
+  optimiser and repulsion, sampled NP@deg.
 * ``repulsion``: layouts of a dbd t-SNE run (every ``--layout-every`` iterations) on ``--repulsion-stores``
   and GrQc: exact and fft evaluation on each (seconds, median of 3 below 20000 points), what
   ``repulsion='auto'``'s cost model predicts and picks (below ``AUTO_FFT_MIN_POINTS`` it stays exact).
@@ -18,8 +25,12 @@ Sections:
 ``python benchmarks/scale.py --stores P10000.zarr,P100000.zarr,P1000000.zarr --out benchmarks/results/scale.md``
 """
 import argparse
+import json
 import multiprocessing
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -179,6 +190,92 @@ def repulsion_section(stores, iterations, every, lines):
     lines += [""] + summary + [""]
 
 
+def caps_section(store, layouts, rounds, lines):
+    """Seconds of one t-SNE evaluation on each saved layout per node cap (alternating rounds, median)."""
+    st = AffinityStore(store)
+    affinity = st.to_affinity()
+    n = affinity.node_ids.size
+    caps = [16 * n, 32 * n, 64 * n]
+    lines += [f"## FFT node cap on saved layouts of {Path(store).name} (N = {n}), t-SNE R^2, one evaluation, "
+              f"median of {rounds} alternating rounds, seconds", "",
+              "| layout | extent | uncapped nodes | " + " | ".join(f"cap {c // n} N" for c in caps)
+              + " | exact | max rel. gradient diff (caps vs exact) |",
+              "|---|---|---|" + "---|" * (len(caps) + 2)]
+    executors = {c: LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=st.partitions, repulsion="fft",
+                                  fft_params=FFTParams(max_nodes=c)) for c in caps}
+    executors["exact"] = LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=st.partitions,
+                                       repulsion="exact")
+    try:
+        for path in layouts:
+            Y = np.load(path)
+            Y = np.ascontiguousarray(Y if Y.shape[0] == 2 else Y.T, dtype=np.float64)
+            grid = AutoRepulsion("tsne", 2, 0, FFTParams(max_nodes=2 ** 40).resolved("tsne", 2)).predict(Y).grid
+            times = {k: [] for k in executors}
+            grads = {}
+            for _ in range(rounds):
+                for k, ex in executors.items():
+                    t = time.perf_counter()
+                    grads[k] = ex.evaluate(Y).gradient
+                    times[k].append(time.perf_counter() - t)
+            ref = grads["exact"]
+            err = max(float(np.abs(grads[c] - ref).max() / np.abs(ref).max()) for c in caps)
+            extent = float(np.max(Y.max(axis=1) - Y.min(axis=1)))
+            lines.append(f"| {Path(path).name} | {extent:.4g} | {grid.n_nodes} ({grid.n_nodes / n:.1f} N) | "
+                         + " | ".join(f"{np.median(times[c]):.3f}" for c in caps)
+                         + f" | {np.median(times['exact']):.3f} | {err:.1e} |")
+            print(lines[-1], flush=True)
+    finally:
+        for ex in executors.values():
+            ex.close()
+    lines.append("")
+
+
+def _child(argv, label):
+    """Run ``argv`` as a child process: ``(seconds, peak RSS GB, stdout)``.  Each step runs under a fresh Python
+    wrapper that reports its one child's ``ru_maxrss`` (``RUSAGE_CHILDREN`` of this process would mix steps)."""
+    wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+               "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+               "sys.exit(r.returncode)")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", wrapper, *argv], capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    rss = next((int(x.split()[1]) for x in proc.stderr.splitlines() if x.startswith("MAXRSS_KB")), 0) / 2 ** 20
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return seconds, rss, proc.stdout
+
+
+def chain_section(authors, models, workdir, sample, lines):
+    """The command chain with defaults at ``authors`` authors, each step a child process."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    edges, store = work / f"e{authors}.txt.gz", work / f"P{authors}.zarr"
+    lines += [f"## End to end with defaults: {authors} generated authors", "",
+              "| step | wall s | peak RSS GB | result |", "|---|---|---|---|"]
+    steps = [("generate", ["scalemb", "generate", "coauthor", "--authors", str(authors), "--out", str(edges)]),
+             ("affinity", ["scalemb", "affinity", str(edges), "--out", str(store), "--overwrite", "--quiet"])]
+    for label, argv in steps:
+        seconds, rss, out = _child(argv, label)
+        lines.append(f"| {label} | {seconds:.1f} | {rss:.2f} | {out.strip().splitlines()[-1] if out else ''} |")
+        print(lines[-1], flush=True)
+    for model in models:
+        run = work / f"run_{model}_{authors}.zarr"
+        seconds, rss, out = _child(["scalemb", "embed", str(store), "--model", model, "--out", str(run),
+                                    "--overwrite", "--quiet"], f"embed {model}")
+        attrs = json.loads((run / "zarr.json").read_text())["attributes"]
+        msec, _, mout = _child(["scalemb", "metrics", str(run), "--sample", str(sample), "--json", "--quiet"],
+                               f"metrics {model}")
+        metrics = json.loads(mout)
+        np_deg = metrics["np@deg"]
+        lines.append(f"| embed {model} (defaults) | {seconds:.1f} | {rss:.2f} | "
+                     f"{attrs.get('iterations')} it., {attrs.get('optimizer', {}).get('optimizer')}, "
+                     f"{attrs.get('repulsion', {}).get('method')} repulsion, KL {attrs.get('kl'):.4f}, NP@deg "
+                     f"{np_deg['value']:.3f} ± {np_deg['stderr'] or 0:.3f} ({np_deg['n_rows']} rows; metrics "
+                     f"{msec:.0f} s) |")
+        print(lines[-1], flush=True)
+    lines.append("")
+
+
 def _layouts(make, iterations, every):
     """``[(iteration, coords)]`` every ``every`` iterations of one dbd t-SNE run (repulsion 'auto')."""
     out = []
@@ -202,6 +299,13 @@ def main():
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--layout-iterations", type=int, default=600)
     parser.add_argument("--layout-every", type=int, default=150)
+    parser.add_argument("--cap-store", default=None, help="affinity store of the --cap-layouts")
+    parser.add_argument("--cap-layouts", default="", help="comma-separated .npy layouts for the node-cap table")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--chain-authors", type=int, default=None, help="authors of the end-to-end chain")
+    parser.add_argument("--chain-models", default="tsne,snest")
+    parser.add_argument("--chain-dir", default="/tmp/scalemb-chain")
+    parser.add_argument("--chain-sample", type=int, default=20000)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     lines = ["# Scaling the spectral direction and repulsion='auto' (issue 22)", "", machine_description() + "  ",
@@ -211,6 +315,10 @@ def main():
         solvers_section(split(args.stores), args.lu_timeout, lines)
     if args.run_stores:
         runs_section(split(args.run_stores), args.iterations, lines)
+    if args.cap_layouts:
+        caps_section(args.cap_store, split(args.cap_layouts), args.rounds, lines)
+    if args.chain_authors:
+        chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines)
     if args.repulsion_stores:
         repulsion_section(split(args.repulsion_stores), args.layout_iterations, args.layout_every, lines)
     text = "\n".join(lines) + "\n"

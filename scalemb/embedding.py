@@ -7,7 +7,7 @@ optimiser -> best of ``restarts`` runs.  Initialisation follows the SNEST paper'
 import time
 from functools import partial
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from .io.edgelist import read_edge_list
 from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
 from .io.results import read_result, write_result
 from .models import DEFAULT_MODEL, get_model
-from .optim import make_optimizer
+from .optim import make_optimizer, resolve_optimizer
 from .progress import Progress
 from .repulsion import REPULSION_METHODS, FFTParams
 
@@ -210,6 +210,7 @@ class Embedder:
         best = None
         restart_kls = []
         with self._executor(data, graph_affinity, model, time_dims) as (executor, node_ids, provenance):
+            optimizer = resolve_optimizer(optimizer, len(node_ids))  # 'auto' depends on the input's size
             repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
                          if executor.repulsion in ("fft", "auto") else {"method": "exact"})
             initializer = Initializer(self.init, executor, self.space_dims, time_dims, provenance, self.seed)
@@ -223,7 +224,8 @@ class Embedder:
                 rng = np.random.default_rng([self.seed, k])
                 coords = initializer.coords(rng)
                 label = f"restart {k + 1}/{self.restarts}" if self.restarts > 1 else model.name
-                progress = Progress(self.iterations, label, quiet=self.quiet, value=model.objective.name.upper(),
+                budget = optimizer.budget(self.iterations) if hasattr(optimizer, "budget") else self.iterations
+                progress = Progress(budget, label, quiet=self.quiet, value=model.objective.name.upper(),
                                     listener=None if self.on_iteration is None else partial(self.on_iteration, k))
                 extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
                 try:
@@ -258,6 +260,8 @@ class Embedder:
         its final optimiser state, with ``optimizer`` (the fitted one, or a copy with changed settings);
         ``verify(executor, node_ids, provenance)``, if given, checks the input before any iteration."""
         model, time_dims = self._check()
+        if getattr(optimizer, "max_iterations", None) is not None:  # asked for n_iter more: past the budget
+            optimizer = replace(optimizer, max_iterations=None)
         previous = self.result_
         state = self.run_.state
         total = int(state.iteration) + int(n_iter)

@@ -120,3 +120,55 @@ def test_stalled_reaches_back_over_entries_not_computed():
     assert stalled(history, 20, 0, 10, 4e-6) and not stalled(history, 20, 0, 10, 3e-6)
     assert stalled(history, 30, 0, 7, 4e-6)  # window 7 reaches back to iteration 20: 10 iterations, not 7
     assert last_computed(history, 29) == 2.9999 and np.isnan(last_computed(np.full(3, np.nan), 2))
+
+
+def test_auto_optimizer_depends_on_the_input_size():
+    """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
+    t-SNE and SNEST switch from the spectral direction to delta-bar-delta with openTSNE's schedule (user options
+    win), SNE keeps its own dbd settings, EE keeps the spectral direction."""
+    from scalemb.optim import (AUTO_SCALE_MIN_POINTS, SCALE_DBD, AutoOptimizer, LineSearchDescent, make_optimizer,
+                               resolve_optimizer)
+
+    auto = make_optimizer("auto", "tsne")
+    assert isinstance(auto, AutoOptimizer)
+    assert isinstance(resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1), LineSearchDescent)
+    big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
+    assert isinstance(big, DeltaBarDelta)
+    assert (big.exaggeration, big.exaggeration_iterations, big.max_step_norm, big.max_iterations) == (12.0, 250, 5.0,
+                                                                                                        750)
+    assert big.momentum == SCALE_DBD["momentum"]
+    mine = make_optimizer("auto", "snest", exaggeration=4.0).resolve(10 ** 6)
+    assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
+    sne = make_optimizer("auto", "sne", n_points=10 ** 6)
+    assert sne == DeltaBarDelta()
+    assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
+    with pytest.raises(ValueError, match="max_step_norm"):
+        make_optimizer("auto", "tsne", max_step_norm=-1.0)
+
+
+def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
+    """A t-SNE fit of a graph above the threshold runs and records delta-bar-delta with the schedule at scale."""
+    from scalemb.affinity import coauthorship_affinity
+    from scalemb.io.coauthor_generator import write_coauthor_edge_list
+    from scalemb.io.edgelist import read_edge_list
+    from scalemb.optim import AUTO_SCALE_MIN_POINTS
+
+    path = write_coauthor_edge_list(tmp_path / "e.txt", 30_000, seed=1)
+    affinity = coauthorship_affinity(read_edge_list(path))
+    assert affinity.node_ids.size >= AUTO_SCALE_MIN_POINTS
+    embedder = scalemb.Embedder(model="tsne", iterations=3, quiet=True).fit(affinity)
+    assert embedder.result_.optimizer["optimizer"] == "dbd"
+    assert embedder.result_.optimizer["exaggeration"] == 12.0
+
+
+def test_max_iterations_is_the_schedules_budget_and_continue_lifts_it(school_affinity):
+    """``max_iterations`` caps a run whatever ``n_iter`` asks (and the progress total); continuing a finished run
+    for n more iterations runs them."""
+    from scalemb.embedding import Embedder
+
+    with pytest.raises(ValueError, match="max_iterations"):
+        DeltaBarDelta(max_iterations=0)
+    embedder = Embedder(model="tsne", iterations=100, optimizer=DeltaBarDelta(max_iterations=30)).fit(school_affinity)
+    assert embedder.result_.iterations == 30 and embedder.result_.optimizer["max_iterations"] == 30
+    embedder.continue_run(school_affinity, embedder.optimizer_, 20)
+    assert embedder.result_.iterations == 50

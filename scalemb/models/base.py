@@ -9,7 +9,8 @@ A model owns
 * ``geometry``: the space the coordinates live in (``scalemb.geometry``: initialisation, Riemannian gradient,
   retraction, re-centring); ``EUCLIDEAN`` by default (None is read as Euclidean too),
 * ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.fft.FFTSpec``), or None: exact repulsion only,
-* ``default_optimizer``: what optimizer ``'auto'`` means for it,
+* ``default_optimizer``: what optimizer ``'auto'`` means for it, and ``default_optimizer_at_scale`` what it
+  means from ``scalemb.optim.AUTO_SCALE_MIN_POINTS`` points on (None: the same),
 * ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
   ``point_term(coords, iteration, affinity) -> (value, gradient)`` with ``coords`` ``(d, N)`` and ``affinity``
   in the executor's internal point order (see ``scalemb.engine.base.Executor.evaluate``),
@@ -49,6 +50,7 @@ class Model:
     geometry: Geometry = field(default=EUCLIDEAN, repr=False)
     fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
     default_optimizer: str = "sd"
+    default_optimizer_at_scale: str | None = "dbd"
     point_term: Callable = field(default=None, repr=False)
     learning_rate_scale: float = 1.0
     params: dict = field(default_factory=dict, compare=False)

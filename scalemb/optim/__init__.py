@@ -1,30 +1,58 @@
 """Optimisers of KL(P||Q) over the embedding: ``dbd`` (delta-bar-delta), ``sd`` (spectral direction with
 line search) and ``gd`` (gradient descent with line search)."""
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
 from .base import OptimizeResult, OptimizerState
 from .dbd import DBDState, DeltaBarDelta
-from .descent import DescentState, LineSearchDescent
+from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
+# 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (delta-bar-delta for the SNE
+# family).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
+# iterations; from here on the LU fills in (PCG + multigrid instead: ~36 V-cycles per iteration at 7.7e4 points)
+# and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
+# gradient / mu): at 7.7e4 co-authors the extent reached ~1e5 units in 10 iterations, where the FFT grid is capped
+# and the near field costs O(N^2) (benchmarks/results/scale.md, "Defaults at scale").
+AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
+# Delta-bar-delta at scale: openTSNE's schedule for large data sets (Belkina et al. 2019, Linderman &
+# Steinerberger 2019): early exaggeration 12 for 250 iterations, momentum 0.5 then 0.8, lr = N/12, each point's
+# step clipped to norm 5 so the layout does not swell after the exaggeration, and openTSNE's budget of 250 + 500
+# iterations: past it the KL keeps falling slowly while the layout only spreads (options given by the user win).
+SCALE_DBD = {"exaggeration": 12.0, "exaggeration_iterations": 250, "momentum": (0.5, 0.8),
+             "momentum_switch": (250,), "max_step_norm": 5.0, "max_iterations": 750}
 
 
-def default_optimizer_name(model=None) -> str:
-    """What ``'auto'`` means for ``model`` (a name or ``Model``): its ``Model.default_optimizer`` (the models
-    record why, e.g. the spectral direction for t-SNE, delta-bar-delta for SNE); without a model the
-    ``Model`` default, the spectral direction."""
+def default_optimizer_name(model=None, n_points: int | None = None) -> str:
+    """What ``'auto'`` means for ``model`` (a name or ``Model``) and an input of ``n_points`` points: its
+    ``Model.default_optimizer`` (the models record why, e.g. the spectral direction for t-SNE, delta-bar-delta
+    for SNE), or from ``AUTO_SCALE_MIN_POINTS`` on its ``default_optimizer_at_scale`` where it has one; without
+    a model the ``Model`` defaults."""
     from ..models import Model, get_model
 
     if model is None:
-        return Model.__dataclass_fields__["default_optimizer"].default
-    return (get_model(model) if isinstance(model, str) else model).default_optimizer
+        small = Model.__dataclass_fields__["default_optimizer"].default
+    else:
+        small = (get_model(model) if isinstance(model, str) else model).default_optimizer
+    if n_points is not None and n_points >= AUTO_SCALE_MIN_POINTS:
+        return _at_scale(model) or small
+    return small
 
 
-def make_optimizer(name: str, model=None, **options):
-    """Build optimiser ``name`` (``'auto'`` resolved for ``model``) from ``options``; options that optimiser
-    has no use for are ignored, ``None`` values keep its defaults."""
+def make_optimizer(name: str, model=None, n_points: int | None = None, **options):
+    """Build optimiser ``name`` from ``options``; options that optimiser has no use for are ignored, ``None``
+    values keep its defaults.  ``'auto'`` is resolved for ``model`` and ``n_points``
+    (``default_optimizer_name``; below ``AUTO_SCALE_MIN_POINTS`` the model's ``default_optimizer``, from there on
+    its ``default_optimizer_at_scale``, with the ``SCALE_DBD`` schedule where that switches it to dbd); without
+    ``n_points``, for a model whose choice depends on the size, an ``AutoOptimizer``, resolved by
+    ``resolve_optimizer`` once the input's size is known (or by its ``optimize``, from the executor's)."""
+    at_scale = _at_scale(model)
+    if name == "auto" and n_points is None and at_scale is not None and at_scale != default_optimizer_name(model):
+        _check_options(options)
+        return AutoOptimizer(model, {k: v for k, v in options.items() if v is not None})
     if name == "auto":
-        name = default_optimizer_name(model)
+        name = default_optimizer_name(model, n_points)
+        if name == "dbd" and default_optimizer_name(model) != "dbd":  # switched at scale: openTSNE's schedule
+            options = {**SCALE_DBD, **{k: v for k, v in options.items() if v is not None}}
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_NAMES)}")
     cls = DeltaBarDelta if name == "dbd" else LineSearchDescent
@@ -33,6 +61,46 @@ def make_optimizer(name: str, model=None, **options):
     if name == "gd":
         kwargs["direction"] = "gradient"
     return cls(**kwargs)
+
+
+def _at_scale(model) -> str | None:
+    from ..models import Model, get_model
+
+    if model is None:
+        return Model.__dataclass_fields__["default_optimizer_at_scale"].default
+    return (get_model(model) if isinstance(model, str) else model).default_optimizer_at_scale
+
+
+def _check_options(options: dict) -> None:
+    """Build both candidates once so a bad option fails now, not when the input's size is known."""
+    for name in ("dbd", "sd"):
+        make_optimizer(name, **options)
+
+
+@dataclass
+class AutoOptimizer:
+    """``optimizer='auto'`` before the input's size is known: ``resolve(n_points)`` builds the optimiser
+    ``make_optimizer('auto', model, n_points, **options)`` (``Embedder.fit`` does, so a run's results, checkpoints
+    and ``continue`` always hold the resolved optimiser)."""
+
+    model: object
+    options: dict = field(default_factory=dict)
+    name: str = field(default="auto", init=False)
+
+    def resolve(self, n_points: int):
+        return make_optimizer("auto", self.model, int(n_points), **self.options)
+
+    def optimize(self, executor, coords, n_iter: int, **kwargs):
+        """``resolve(executor.n_points).optimize(...)``."""
+        return self.resolve(executor.n_points).optimize(executor, coords, n_iter, **kwargs)
+
+    def params(self) -> dict:
+        return {"optimizer": "auto", **self.options}
+
+
+def resolve_optimizer(optimizer, n_points: int):
+    """``optimizer`` itself, or an ``AutoOptimizer`` resolved for ``n_points``."""
+    return optimizer.resolve(n_points) if isinstance(optimizer, AutoOptimizer) else optimizer
 
 
 def optimizer_config(optimizer) -> dict:
@@ -49,5 +117,6 @@ def optimizer_from_config(config: dict):
     return cls(**{k: tuple(v) if kinds.get(k) in (tuple, "tuple") else v for k, v in config.items()})
 
 
-__all__ = ["DBDState", "DeltaBarDelta", "DescentState", "LineSearchDescent", "OptimizeResult", "OptimizerState",
+__all__ = ["AUTO_SCALE_MIN_POINTS", "AutoOptimizer", "SCALE_DBD", "resolve_optimizer",
+           "DBDState", "DeltaBarDelta", "DescentState", "LineSearchDescent", "OptimizeResult", "OptimizerState",
            "OPTIMIZER_NAMES", "default_optimizer_name", "make_optimizer", "optimizer_config", "optimizer_from_config"]

@@ -17,7 +17,7 @@ are the classic update bit for bit.  ``max_step_norm`` (off by default) clips ea
 Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
 cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  ``kl_every = k > 1`` computes
 the KL only every k-th iteration, as openTSNE does (its iterations compute the gradient alone), saving the
-kernel's logarithms: the other entries of the KL history are NaN, the best iterate and the
+kernel's logarithms (``max_iterations``: the schedule's own budget, openTSNE's fixed 750 at scale): the other entries of the KL history are NaN, the best iterate and the
 ``divergence_factor`` test see the computed ones, and in between a non-finite gradient or normaliser counts
 as the blow-up.  Stops early when the KL decreased by less than ``tol`` (relative, per
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
@@ -70,6 +70,7 @@ class DeltaBarDelta:
     max_backoffs: int = 8
     max_step_norm: float | None = None
     kl_every: int = 1
+    max_iterations: int | None = None
     name: str = field(default="dbd", init=False)
 
     def resolved_learning_rate(self, n_points: int, scale: float = 1.0) -> float:
@@ -85,6 +86,14 @@ class DeltaBarDelta:
             raise ValueError(f"max_step_norm must be > 0 or None, got {self.max_step_norm!r}")
         if int(self.kl_every) != self.kl_every or self.kl_every < 1:
             raise ValueError(f"kl_every must be an integer >= 1, got {self.kl_every!r}")
+        if self.max_iterations is not None and (int(self.max_iterations) != self.max_iterations
+                                                or self.max_iterations < 1):
+            raise ValueError(f"max_iterations must be an integer >= 1 or None, got {self.max_iterations!r}")
+
+    def budget(self, n_iter: int) -> int:
+        """Iterations a run asked for ``n_iter`` makes: at most ``max_iterations`` (the schedule's own budget,
+        e.g. openTSNE's 250 + 500 at scale), None: ``n_iter``.  ``Embedder.continue_run`` lifts it."""
+        return int(n_iter) if self.max_iterations is None else min(int(n_iter), int(self.max_iterations))
 
     def momentum_at(self, iteration: int) -> float:
         for value, switch in zip(self.momentum, self.momentum_switch):
@@ -99,7 +108,8 @@ class DeltaBarDelta:
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "min_gain": self.min_gain, "tol": self.tol, "window": self.window,
                 "divergence_factor": self.divergence_factor, "max_backoffs": self.max_backoffs,
-                "max_step_norm": self.max_step_norm, "kl_every": self.kl_every}
+                "max_step_norm": self.max_step_norm, "kl_every": self.kl_every,
+                "max_iterations": self.max_iterations}
 
     def initial_state(self, coords: np.ndarray, space_dims: int, lr_scale: float = 1.0) -> "DBDState":
         """The state before iteration 0 at ``coords`` (``(ds + dt, N)``); ``lr_scale``: the model's
@@ -122,7 +132,7 @@ class DeltaBarDelta:
         scale = getattr(getattr(executor, "model", None), "learning_rate_scale", 1.0)
         s = self.initial_state(coords, executor.space_dims, scale) if state is None else state.snapshot(
             state.iteration, state.kl_history, state.seconds, state.elapsed)
-        return run_loop(_DBDRun(self, executor, s), n_iter, state, callback, checkpoint, stop)
+        return run_loop(_DBDRun(self, executor, s), self.budget(n_iter), state, callback, checkpoint, stop)
 
     def _blew_up(self, ev, with_kl: bool, best_kl: float) -> bool:
         """The KL is not finite or above ``divergence_factor`` times the best; on iterations without the KL:

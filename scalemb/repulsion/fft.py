@@ -56,9 +56,9 @@ instead of m nodes: points spread onto them through one map and interpolate from
 time kernel, and the space FFTs run on r slices, one slice per thread (``convolve``).  In memory the time
 axis comes first (``Grid.axes``), so each slice is contiguous.
 
-Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~16 per point and
-time component, at most 2^23 per component), so memory and FFT time stay bounded
-(the FFT arrays have ~``2^ds`` times the nodes of one channel).
+Embeddings that fly apart.  The total number of nodes is capped (``FFTParams.node_cap``: ~64 per point
+without a time axis, ~16 per point and time component with one, at most 2^23 per component), so memory
+and FFT time stay bounded (the FFT arrays have ~``2^ds`` times the nodes of one channel).
 If the extent asks for more (e.g. GrQc's t-SNE layouts, whose 355 components spread over ~7e4 units), the
 space dimensions get proportionally fewer, wider boxes of width H and the Cauchy factor is split (as in
 particle-particle/particle-mesh methods): the grid carries the smooth far part
@@ -146,14 +146,19 @@ class FFTParams:
     min_boxes: int = 1
 
     def node_cap(self, n_points: int | None, time_slices: int | None = None) -> int:
-        """``max_nodes``, or by default ``min(2^23, max(2^14, 16 N)) r`` (``r = time_slices`` time components,
-        1 without a time axis): the FFT work per time component stays proportional to N (at most ~1.2 s of
-        transforms per component on one core), beyond it the kernel split takes over.  (SNEST's cap was 2^22
+        """``max_nodes``, or by default ``min(2^23, max(2^14, 64 N))`` without a time axis and
+        ``min(2^23, max(2^14, 16 N)) r`` with ``r = time_slices`` time components: the FFT work per time
+        component stays proportional to N (at most ~1.2 s of transforms per component on one core), beyond it
+        the kernel split takes over.  64 N without time (16 N until measured otherwise for SNEST's r slices): t-SNE
+        layouts of 7.7e4 co-authors under openTSNE's schedule span 140-210 units (14-29 N nodes at the default
+        accuracy), where a 16 N cap's near field made an evaluation 2.7-5.7x slower than the uncapped grid
+        (benchmarks/results/scale.md, "FFT node cap").  (SNEST's cap was 2^22
         per component while each evaluation held its (1, t) charges and five outputs: its clustered 1e6-point
         layouts crossed it at an extent of ~360 units and then spent ~70 s per evaluation on the near field.)"""
         if self.max_nodes is not None:
             return int(self.max_nodes)
-        return min(2 ** 23, max(2 ** 14, 16 * int(n_points or 2 ** 18))) * (time_slices or 1)
+        per_point = 16 if time_slices else 64
+        return min(2 ** 23, max(2 ** 14, per_point * int(n_points or 2 ** 18))) * (time_slices or 1)
 
     def __post_init__(self):
         if self.points is not None and (int(self.points) != self.points or self.points < 2):
