@@ -47,8 +47,11 @@ class Progress:
             if iteration % 10 == 0:
                 self._bar.set_postfix_str(f"{self.value} {kl:.4f}", refresh=False)
         elif not self.quiet and (iteration % self._every == 0):
-            logger.info("%s iteration %d/%d  %s %.4f  %.1fs", self.label, iteration, self.total, self.value, kl,
-                        time.perf_counter() - self.start)
+            elapsed = time.perf_counter() - self.start
+            # at most: the run may stop earlier at its tolerance
+            eta = f"  ETA <= {elapsed / iteration * (self.total - iteration):.0f}s" if iteration > 0 else ""
+            logger.info("%s iteration %d/%d  %s %.4f  %.1fs%s", self.label, iteration, self.total, self.value, kl,
+                        elapsed, eta)
 
     def close(self, kl: float | None = None) -> None:
         if self._bar is not None:

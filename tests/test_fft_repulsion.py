@@ -322,3 +322,32 @@ def test_cli_repulsion_fft(tmp_path, capsys):
     assert main(["embed", "school", "--repulsion", "fft", "--fft-points", "1", "--out", str(tmp_path / "x.zarr"),
                  "--quiet"]) == 2
     assert "points" in capsys.readouterr().err
+    fast = tmp_path / "fast.zarr"
+    assert main(["embed", "school", "--model", "tsne", "--repulsion", "fft", "--fft-accuracy", "fast",
+                 "--iterations", "20", "--out", str(fast), "--quiet"]) == 0
+    stored = EmbeddingResult.load(fast).repulsion
+    assert stored["accuracy"] == "fast" and stored["box_width"] == pytest.approx(0.9)
+
+
+def test_accuracy_setting_orders_the_error(converged, coauthor_affinity):
+    """``FFTParams.accuracy``: 'fast' widens the default boxes, 'high' adds a point in narrower boxes; on a converged
+    t-SNE layout the gradient error orders fast > default > high, and explicit points / widths are kept."""
+    from scalemb.repulsion.fft import FFT_ACCURACY
+
+    assert FFTParams(accuracy="fast").resolved("tsne", 2) == FFTParams(points=5, box_width=0.9, accuracy="fast")
+    high = FFTParams(accuracy="high").resolved("tsne", 2)
+    assert (high.points, high.box_width) == (6, pytest.approx(0.6))
+    assert FFTParams(points=3, box_width=2.0, accuracy="high").resolved("tsne", 2).points == 3
+    assert set(FFT_ACCURACY) == {"fast", "default", "high"}
+    with pytest.raises(ValueError, match="fft accuracy"):
+        FFTParams(accuracy="medium")
+    assert "accuracy" not in FFTParams().as_dict() and FFTParams(accuracy="high").as_dict()["accuracy"] == "high"
+    Y = converged["tsne", 2, 0]
+    exact = LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="exact").evaluate(Y)
+    errors = {}
+    for accuracy in FFT_ACCURACY:
+        with LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="fft",
+                           fft_params=FFTParams(accuracy=accuracy)) as ex:
+            errors[accuracy] = _rel(ex.evaluate(Y).gradient, exact.gradient)
+    assert errors["fast"] > errors["default"] > errors["high"]
+    assert errors["fast"] < 5e-2

@@ -17,6 +17,7 @@ from ..progress import value_label
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
+from ..repulsion.fft import FFT_ACCURACY
 from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
 from . import metrics as metrics_command
@@ -171,8 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--fft-box-width", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
                      help="fft: space box width (default per model and dimension, see --fft-points)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
-                     help="fft: cap on the grid's node count (default min(2^23, max(2^14, 16 N)) r, with r time "
-                          "components, 1 without time)")
+                     help="fft: cap on the grid's node count (default min(2^23, max(2^14, 64 N)) without time, "
+                          "min(2^23, max(2^14, 16 N)) r with r time components)")
+    emb.add_argument("--fft-accuracy", choices=tuple(FFT_ACCURACY), default="default",
+                     help="fft: how the default grid is chosen: fast (wider boxes, ~2e-2 gradient error on a 1e5 "
+                          "t-SNE layout), default (~7e-3), high (one more point per box, ~1e-3); "
+                          "benchmarks/results/scale.md")
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
@@ -386,7 +391,7 @@ def _embed(args) -> int:
                         optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
                         scheduler=args.scheduler, workers=args.workers, init=args.init,
                         fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
-                                             max_nodes=args.fft_max_nodes))
+                                             max_nodes=args.fft_max_nodes, accuracy=args.fft_accuracy))
     _refuse_existing(args.out, args.overwrite, (args.input,))
     data = _embed_input(args)
     with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:

@@ -17,9 +17,10 @@ are the classic update bit for bit.  ``max_step_norm`` (off by default) clips ea
 Euclidean norm, as openTSNE does (its default 5): the clipped step is also the new momentum buffer, so points
 cannot shoot off after the exaggeration phase, when lr = N/12 steps are large.  ``kl_every = k > 1`` computes
 the KL only every k-th iteration, as openTSNE does (its iterations compute the gradient alone), saving the
-kernel's logarithms (``max_iterations``: the schedule's own budget, openTSNE's fixed 750 at scale): the other entries of the KL history are NaN, the best iterate and the
+kernel's logarithms: the other entries of the KL history are NaN, the best iterate and the
 ``divergence_factor`` test see the computed ones, and in between a non-finite gradient or normaliser counts
-as the blow-up.  Stops early when the KL decreased by less than ``tol`` (relative, per
+as the blow-up.  ``max_iterations``: the schedule's own budget (openTSNE's fixed 750 at scale), on top of the
+``n_iter`` a run asks for.  Stops early when the KL decreased by less than ``tol`` (relative, per
 iteration, averaged over the last ``window`` iterations) once momentum has reached its last value; raises
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """

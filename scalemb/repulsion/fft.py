@@ -92,6 +92,12 @@ from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, inte
                             spread_rows)
 
 MAX_TIME_POINTS = 64
+# FFTParams.accuracy: (extra Lagrange points per box, factor on the box width) applied to the model's default
+# interpolation where the user gave none.  Relative error of the full t-SNE R^2 gradient on a 7.7e4-point
+# co-authorship layout (openTSNE's schedule, 750 iterations, extent 208), benchmarks/results/scale.md "FFT
+# accuracy": fast (5 in 0.9) 2.3e-2, default (5 in 0.7) 7.0e-3, high (6 in 0.6) 1.0e-3; openTSNE's own grid
+# (3 in 1.0) 3.7e-1 in this kernel formulation.
+FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 # Charge grids larger than this are visited box by box (``Grid.visit_order``).
 SORT_ABOVE_BYTES = 2 ** 25
 
@@ -136,7 +142,9 @@ class FFTParams:
     the node cap forces it); None for either: the default for the model and space dimension
     (``DEFAULT_INTERPOLATION``).  ``time_points``: Chebyshev nodes on the time axis (None: ``8 + 5 T`` for
     time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node count (None:
-    ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension.
+    ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension; ``accuracy``: 'fast', 'default' or 'high',
+    how the defaults for ``points``/``box_width`` are chosen (``FFT_ACCURACY``: wider boxes, or one more point in
+    narrower boxes; values given explicitly are kept).
     """
 
     points: int | None = None
@@ -144,6 +152,7 @@ class FFTParams:
     time_points: int | None = None
     max_nodes: int | None = None
     min_boxes: int = 1
+    accuracy: str = "default"
 
     def node_cap(self, n_points: int | None, time_slices: int | None = None) -> int:
         """``max_nodes``, or by default ``min(2^23, max(2^14, 64 N))`` without a time axis and
@@ -167,6 +176,8 @@ class FFTParams:
             raise ValueError(f"box_width must be a positive number, got {self.box_width}")
         if self.time_points is not None and (int(self.time_points) != self.time_points or self.time_points < 2):
             raise ValueError(f"time_points must be an integer >= 2, got {self.time_points}")
+        if self.accuracy not in FFT_ACCURACY:
+            raise ValueError(f"unknown fft accuracy {self.accuracy!r}; choose one of {', '.join(FFT_ACCURACY)}")
         if int(self.min_boxes) != self.min_boxes or self.min_boxes < 1:
             raise ValueError(f"min_boxes must be an integer >= 1, got {self.min_boxes}")
         if self.max_nodes is not None and (int(self.max_nodes) != self.max_nodes or self.max_nodes < 1):
@@ -176,11 +187,15 @@ class FFTParams:
         """These settings with ``points`` and ``box_width`` filled in from the model's defaults (``model``: a
         name, ``Model`` or ``FFTSpec``; ``FFTSpec.interpolation``)."""
         points, width = fft_spec(model).interpolation[space_dims]
-        return replace(self, points=self.points or points, box_width=self.box_width or width)
+        extra, factor = FFT_ACCURACY[self.accuracy]
+        return replace(self, points=self.points or points + extra, box_width=self.box_width or width * factor)
 
     def as_dict(self) -> dict:
-        return {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
-                "max_nodes": self.max_nodes, "min_boxes": self.min_boxes}
+        values = {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
+                  "max_nodes": self.max_nodes, "min_boxes": self.min_boxes}
+        if self.accuracy != "default":  # runs at the default keep the attributes they always had
+            values["accuracy"] = self.accuracy
+        return values
 
 
 @dataclass(frozen=True)
