@@ -14,6 +14,8 @@ Sections:
 * ``caps``: the FFT grid's node cap (``FFTParams.max_nodes``) on saved layouts (``--cap-layouts a.npy,...``,
   ``(N, 2)`` or ``(2, N)``) of ``--cap-store``: one t-SNE evaluation per cap (16, 32, 64 N nodes) and exact,
   alternating rounds, median of ``--rounds``.
+* ``accuracy``: ``--fft-accuracy`` levels on the same saved layouts: relative error of Z and of the whole
+  gradient against the exact evaluation, seconds per evaluation (median of ``--rounds``), grid nodes.
 * ``chain``: the end-to-end command chain with defaults (``--chain-authors N``): ``scalemb generate coauthor``,
   ``scalemb affinity``, ``scalemb embed --model M`` for each of ``--chain-models`` and ``scalemb metrics
   --sample``, each a child process: wall seconds, peak RSS (``getrusage`` of the child), iterations, KL,
@@ -230,6 +232,43 @@ def caps_section(store, layouts, rounds, lines):
     lines.append("")
 
 
+def accuracy_section(store, layouts, rounds, lines):
+    """Each FFT accuracy level against the exact evaluation on saved t-SNE layouts."""
+    from scalemb.repulsion.fft import FFT_ACCURACY
+
+    st = AffinityStore(store)
+    affinity = st.to_affinity()
+    n = affinity.node_ids.size
+    lines += [f"## FFT accuracy on saved layouts of {Path(store).name} (N = {n}), t-SNE R^2, seconds per "
+              f"evaluation (median of {rounds})", "",
+              "| layout | extent | accuracy | points in box width | nodes | Z rel. err. | gradient rel. err. | s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for path in layouts:
+        Y = np.load(path)
+        Y = np.ascontiguousarray(Y if Y.shape[0] == 2 else Y.T, dtype=np.float64)
+        extent = float(np.max(Y.max(axis=1) - Y.min(axis=1)))
+        with LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=st.partitions, repulsion="exact") as ex:
+            t = time.perf_counter()
+            ref = ex.evaluate(Y)
+            lines.append(f"| {Path(path).name} | {extent:.4g} | exact | - | - | 0 | 0 | "
+                         f"{time.perf_counter() - t:.2f} |")
+        for accuracy in FFT_ACCURACY:
+            params = FFTParams(accuracy=accuracy)
+            with LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=st.partitions, repulsion="fft",
+                               fft_params=params) as ex:
+                ev = ex.evaluate(Y)
+                seconds = _timed(lambda: ex.evaluate(Y), rounds)
+                resolved = ex.fft_params
+            grid = AutoRepulsion("tsne", 2, 0, resolved).predict(Y).grid
+            lines.append(f"| {Path(path).name} | {extent:.4g} | {accuracy} | {resolved.points} in "
+                         f"{resolved.box_width:.3g} | {grid.n_nodes}{' capped' if grid.capped else ''} | "
+                         f"{abs(ev.z / ref.z - 1):.1e} | "
+                         f"{np.linalg.norm(ev.gradient - ref.gradient) / np.linalg.norm(ref.gradient):.1e} | "
+                         f"{seconds:.3f} |")
+            print(lines[-1], flush=True)
+    lines.append("")
+
+
 def _child(argv, label):
     """Run ``argv`` as a child process: ``(seconds, peak RSS GB, stdout)``.  Each step runs under a fresh Python
     wrapper that reports its one child's ``ru_maxrss`` (``RUSAGE_CHILDREN`` of this process would mix steps)."""
@@ -301,6 +340,8 @@ def main():
     parser.add_argument("--layout-every", type=int, default=150)
     parser.add_argument("--cap-store", default=None, help="affinity store of the --cap-layouts")
     parser.add_argument("--cap-layouts", default="", help="comma-separated .npy layouts for the node-cap table")
+    parser.add_argument("--accuracy-layouts", default="", help="comma-separated .npy layouts (of --cap-store) "
+                        "for the FFT accuracy table")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chain-authors", type=int, default=None, help="authors of the end-to-end chain")
     parser.add_argument("--chain-models", default="tsne,snest")
@@ -317,6 +358,8 @@ def main():
         runs_section(split(args.run_stores), args.iterations, lines)
     if args.cap_layouts:
         caps_section(args.cap_store, split(args.cap_layouts), args.rounds, lines)
+    if args.accuracy_layouts:
+        accuracy_section(args.cap_store, split(args.accuracy_layouts), args.rounds, lines)
     if args.chain_authors:
         chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines)
     if args.repulsion_stores:

@@ -64,3 +64,35 @@ def test_subnormal_and_huge_weights_are_refused_with_the_line(tmp_path):
         proc = run_cli("affinity", str(edges), "--out", str(tmp_path / "P.zarr"), "--quiet")
         assert proc.returncode == 2 and f"{edges}:2: weight {weight}" in proc.stderr, proc.stderr
         assert not (tmp_path / "P.zarr").exists()
+
+
+@pytest.mark.parametrize("executor", ["local", "dask"])
+def test_halo_metadata_is_written_and_a_mismatch_refused(tmp_path, school_affinity, executor, request):
+    """Every store records each partition's halo (distinct columns outside its rows); a store whose partitions
+    do not match it is refused in-process and where a Dask worker reads the partition."""
+    from scalemb.affinity.store import AffinityStore
+
+    path, group = _store(tmp_path, "halo.zarr", school_affinity, hashless=False)
+    store = AffinityStore(path)
+    P, bounds = school_affinity.P, store.partitions
+    expected = [len(set(P.indices[P.indptr[a]:P.indptr[b]]) - set(range(a, b))) for a, b in zip(bounds[:-1],
+                                                                                              bounds[1:])]
+    assert store.halo.tolist() == expected and sum(expected) > 0
+    where = ("--scheduler", request.getfixturevalue("dask_cluster").address) if executor == "dask" else ()
+    halo = group["halo"][:]
+    halo[1] += 1
+    group["halo"][:] = halo
+    moved, group2 = _store(tmp_path, "moved.zarr", school_affinity, hashless=False)
+    partitions = group2["partitions"][:]
+    partitions[2] += 1  # partitions moved, halo kept
+    group2["partitions"][:] = partitions
+    short, group3 = _store(tmp_path, "short.zarr", school_affinity, hashless=False)
+    del group3["halo"]
+    group3.create_array("halo", data=np.zeros(2, dtype=np.int64))
+    for bad, fragment in ((path, "do not match the halo metadata"), (moved, "do not match the halo metadata"),
+                          (short, "partitions do not match it")):
+        proc = run_cli("embed", str(bad), "--model", "tsne", "--iterations", "5", "--out",
+                       str(tmp_path / f"out-{bad.name}"), "--quiet", *where)
+        assert proc.returncode == 2, (bad, proc.returncode, proc.stderr[-2000:])
+        assert fragment in proc.stderr.strip().splitlines()[-1] and str(bad) in proc.stderr, proc.stderr[-2000:]
+        assert not (tmp_path / f"out-{bad.name}").exists()

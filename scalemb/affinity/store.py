@@ -6,7 +6,8 @@ Layout of a store (a Zarr v3 group):
   on-disk sparse convention, so ``anndata.io.read_elem`` / ``sparse_dataset`` open it as a CSR matrix);
 * 1-D arrays ``data`` (float64), ``indices`` (int64), ``indptr`` (int64, N + 1), ``node_ids`` (N: int64, or
   Zarr v3 ``string`` for string ids, see ``scalemb.io.nodeids``),
-  ``partitions`` (int64, K + 1 row boundaries);
+  ``partitions`` (int64, K + 1 row boundaries); ``halo`` (int64, K: per partition the distinct columns outside
+  its rows, the coordinate rows a worker holding it needs besides its own; checked where a partition is read);
 * optional ``radii`` (float64, N): per-point target radii (``Affinity.radii``);
 * attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
 
@@ -84,15 +85,36 @@ def default_chunk_nnz(nnz: int, n_partitions: int) -> int:
     return int(min(DEFAULT_CHUNK_NNZ, max(1024, -(-nnz // (4 * n_partitions)))))
 
 
+def halo_size(indices: np.ndarray, r0: int, r1: int, n_points: int) -> int:
+    """Distinct columns outside ``[r0, r1)`` among a row block's column ``indices``: the coordinate rows a worker
+    holding the block needs beyond its own (its halo) for the attractive term and the Laplacian products."""
+    seen = np.zeros(n_points, dtype=bool)
+    seen[indices] = True
+    return int(np.count_nonzero(seen)) - int(np.count_nonzero(seen[r0:r1]))
+
+
+def partition_halos(group, indptr: np.ndarray, partitions: np.ndarray) -> np.ndarray:
+    """``halo_size`` of every partition, reading ``group['indices']`` one partition at a time."""
+    n = int(indptr.size - 1)
+    return np.array([halo_size(group["indices"][int(indptr[a]):int(indptr[b])], int(a), int(b), n)
+                     for a, b in zip(partitions[:-1], partitions[1:])], dtype=np.int64)
+
+
+def _halo_mismatch(k, r0, r1, recorded, found) -> str:
+    return (f"partition {k} (rows {r0}..{r1 - 1}): the halo metadata says {recorded} columns outside it, its rows "
+            f"touch {found}: the partitions do not match the halo metadata")
+
+
 def write_store_metadata(group, indptr, node_ids, n_partitions: int | None, chunk_nnz: int, provenance: dict,
                          digest: str):
-    """Write ``indptr``, ``node_ids``, ``partitions`` and the group attributes of a store whose ``data`` and
-    ``indices`` arrays are already in ``group``."""
+    """Write ``indptr``, ``node_ids``, ``partitions`` (with each partition's ``halo`` size) and the group
+    attributes of a store whose ``data`` and ``indices`` arrays are already in ``group``."""
     group.create_array("indptr", data=indptr)
     group.create_array("node_ids", data=to_stored(node_ids))
     partitions = (layout_partitions(indptr.size - 1) if n_partitions is None
                   else balanced_partitions(indptr, n_partitions, chunk_nnz))
     group.create_array("partitions", data=partitions)
+    group.create_array("halo", data=partition_halos(group, indptr, partitions))
     n = int(indptr.size - 1)
     group.attrs.update({**ENCODING, "shape": [n, n],
                         "scalemb": {"kind": "affinity", "version": __version__, "chunk_nnz": int(chunk_nnz),
@@ -123,7 +145,7 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
     ``extra_arrays``: further named 1-D per-point arrays stored alongside (e.g. ``labels``)."""
     extra_arrays = dict(extra_arrays or {})
     for name, array in extra_arrays.items():
-        if name in ("data", "indices", "indptr", "node_ids", "partitions", "radii"):
+        if name in ("data", "indices", "indptr", "node_ids", "partitions", "halo", "radii"):
             raise ValueError(f"extra array name {name!r} is reserved by the store layout")
         if np.shape(array)[:1] != (affinity.n_points,):
             raise ValueError(f"extra array {name!r} must have one entry per point ({affinity.n_points})")
@@ -204,7 +226,46 @@ class AffinityStore:
         if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != self.n_points or \
                 np.any(np.diff(bounds) < 0):
             raise InputError(self.path, "partitions are not row boundaries 0 <= ... <= N")
+        if "halo" in self._group and self._group["halo"].shape != (bounds.size - 1,):
+            raise InputError(self.path, f"halo metadata has shape {self._group['halo'].shape} but the store has "
+                                        f"{bounds.size - 1} partitions: the partitions do not match it")
         return bounds
+
+    @property
+    def halo(self) -> np.ndarray | None:
+        """Per partition, the coordinate rows outside it that its rows' columns touch (``halo_size``); None for a
+        store written without them (older scalemb, AnnData)."""
+        if "halo" not in self._group:
+            return None
+        self.partitions  # noqa: B018 - checks the shape against the partitions
+        return self._group["halo"][:].astype(np.int64)
+
+    def _check_halos(self, indices: np.ndarray) -> None:
+        """Every partition's recorded halo against all of P's column ``indices`` (in-process runs)."""
+        halo = self.halo
+        if halo is None:
+            return
+        bounds, indptr = self.partitions, self.indptr
+        for k, (r0, r1) in enumerate(zip(bounds[:-1], bounds[1:])):
+            found = halo_size(indices[indptr[r0]:indptr[r1]], int(r0), int(r1), self.n_points)
+            if found != halo[k]:
+                raise InputError(self.path, _halo_mismatch(k, r0, r1, halo[k], found))
+
+    def read_partition(self, r0: int, r1: int) -> RowBlock:
+        """``read_rows(r0, r1)`` for a partition, checked against the store's halo metadata (where a worker reads
+        it): ``InputError`` when the rows' halo is not the recorded one."""
+        block = self.read_rows(r0, r1)
+        halo = self.halo
+        if halo is not None:
+            bounds = self.partitions
+            match = np.flatnonzero((bounds[:-1] == r0) & (bounds[1:] == r1))
+            if match.size == 0:
+                raise InputError(self.path, f"rows {r0}..{r1 - 1} are not a partition of the store")
+            k = int(match[0])
+            found = halo_size(block.indices, r0, r1, self.n_points)
+            if found != halo[k]:
+                raise InputError(self.path, _halo_mismatch(k, r0, r1, halo[k], found))
+        return block
 
     @property
     def node_ids(self) -> np.ndarray:
@@ -268,6 +329,8 @@ class AffinityStore:
         if verify and self.content_hash is not None:
             if content_hash(self.indptr, block.indices, block.data, node_ids, self.radii) != self.content_hash:
                 raise InputError(self.path, "content hash mismatch: the store is corrupt or was modified")
+        if verify:
+            self._check_halos(block.indices)
         P = sp.csr_matrix((block.data, block.indices, self.indptr), shape=self.shape)
         provenance = dict(self.provenance, store=str(self.path), content_hash=self.content_hash)
         return Affinity(P, node_ids, provenance, self.radii)

@@ -53,8 +53,8 @@ def run_partitions(fn, arguments: list) -> list:
 
 
 def load_partition(store_path: str, r0: int, r1: int) -> RowBlock:
-    """Rows ``[r0, r1)`` of the store's P (runs on a worker)."""
-    return AffinityStore(store_path).read_rows(r0, r1)
+    """Partition ``[r0, r1)`` of the store's P (runs on a worker; checked against the store's halo metadata)."""
+    return AffinityStore(store_path).read_partition(r0, r1)
 
 
 def entropy_partition(block: RowBlock) -> float:
