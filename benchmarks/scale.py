@@ -13,9 +13,12 @@ Sections:
   iterations: iterations and seconds until dbd's final KL is reached.
 * ``caps``: the FFT grid's node cap (``FFTParams.max_nodes``) on saved layouts (``--cap-layouts a.npy,...``,
   ``(N, 2)`` or ``(2, N)``) of ``--cap-store``: one t-SNE evaluation per cap (16, 32, 64 N nodes) and exact,
-  alternating rounds, median of ``--rounds``.
+  after a warm-up evaluation, rounds in rotated order, median of ``--rounds``.
 * ``accuracy``: ``--fft-accuracy`` levels on the same saved layouts: relative error of Z and of the whole
   gradient against the exact evaluation, seconds per evaluation (median of ``--rounds``), grid nodes.
+* ``halo``: halo sizes (``scalemb.affinity.store.halo_size``) of ``--halo-store`` split into 2-16 row partitions
+  balanced by non-zeros, in the store's order and in P's reverse Cuthill-McKee order: what a worker would
+  receive per evaluation with a halo exchange instead of all N coordinate rows.
 * ``chain``: the end-to-end command chain with defaults (``--chain-authors N``): ``scalemb generate coauthor``,
   ``scalemb affinity``, ``scalemb embed --model M`` for each of ``--chain-models`` and ``scalemb metrics
   --sample``, each a child process: wall seconds, peak RSS (``getrusage`` of the child), iterations, KL,
@@ -199,7 +202,7 @@ def caps_section(store, layouts, rounds, lines):
     n = affinity.node_ids.size
     caps = [16 * n, 32 * n, 64 * n]
     lines += [f"## FFT node cap on saved layouts of {Path(store).name} (N = {n}), t-SNE R^2, one evaluation, "
-              f"median of {rounds} alternating rounds, seconds", "",
+              f"after a warm-up, median of {rounds} rounds in rotated order, seconds", "",
               "| layout | extent | uncapped nodes | " + " | ".join(f"cap {c // n} N" for c in caps)
               + " | exact | max rel. gradient diff (caps vs exact) |",
               "|---|---|---|" + "---|" * (len(caps) + 2)]
@@ -213,17 +216,20 @@ def caps_section(store, layouts, rounds, lines):
             Y = np.ascontiguousarray(Y if Y.shape[0] == 2 else Y.T, dtype=np.float64)
             grid = AutoRepulsion("tsne", 2, 0, FFTParams(max_nodes=2 ** 40).resolved("tsne", 2)).predict(Y).grid
             times = {k: [] for k in executors}
-            grads = {}
-            for _ in range(rounds):
-                for k, ex in executors.items():
+            grads = {k: ex.evaluate(Y).gradient for k, ex in executors.items()}  # warm-up: plans, buffers
+            keys = list(executors)
+            for r in range(rounds):
+                for k in keys[r % len(keys):] + keys[:r % len(keys)]:  # rotated order: no position bias
                     t = time.perf_counter()
-                    grads[k] = ex.evaluate(Y).gradient
+                    executors[k].evaluate(Y)
                     times[k].append(time.perf_counter() - t)
             ref = grads["exact"]
             err = max(float(np.abs(grads[c] - ref).max() / np.abs(ref).max()) for c in caps)
             extent = float(np.max(Y.max(axis=1) - Y.min(axis=1)))
+            capped = [c for c in caps if grid.n_nodes > c]
             lines.append(f"| {Path(path).name} | {extent:.4g} | {grid.n_nodes} ({grid.n_nodes / n:.1f} N) | "
-                         + " | ".join(f"{np.median(times[c]):.3f}" for c in caps)
+                         + " | ".join(f"{np.median(times[c]):.3f}{' (capped)' if c in capped else ''}"
+                                      for c in caps)
                          + f" | {np.median(times['exact']):.3f} | {err:.1e} |")
             print(lines[-1], flush=True)
     finally:
@@ -265,6 +271,34 @@ def accuracy_section(store, layouts, rounds, lines):
                          f"{abs(ev.z / ref.z - 1):.1e} | "
                          f"{np.linalg.norm(ev.gradient - ref.gradient) / np.linalg.norm(ref.gradient):.1e} | "
                          f"{seconds:.3f} |")
+            print(lines[-1], flush=True)
+    lines.append("")
+
+
+def halo_section(store, lines):
+    """Halo sizes per partition count, store order vs reverse Cuthill-McKee order."""
+    import scipy.sparse as sp
+
+    from scalemb.affinity.ordering import locality_order
+    from scalemb.affinity.store import balanced_partitions, halo_size
+
+    P = AffinityStore(store).to_affinity().P
+    n = P.shape[0]
+    t = time.perf_counter()
+    order = locality_order(P)
+    rcm_seconds = time.perf_counter() - t
+    orders = {"store order": P, "RCM order": sp.csr_matrix(P[order][:, order])}
+    lines += [f"## Halo sizes of {Path(store).name} (N = {n}, nnz = {P.nnz}); RCM ordering {rcm_seconds:.1f} s", "",
+              "| order | partitions | halo sum / N | largest halo / N | largest halo / rows of its partition |",
+              "|---|---|---|---|---|"]
+    for name, Q in orders.items():
+        for k in (2, 4, 8, 16):
+            bounds = balanced_partitions(Q.indptr.astype(np.int64), k, 1)
+            halos = np.array([halo_size(Q.indices[Q.indptr[a]:Q.indptr[b]], a, b, n)
+                              for a, b in zip(bounds[:-1], bounds[1:])])
+            rows = np.diff(bounds)
+            lines.append(f"| {name} | {k} | {halos.sum() / n:.3f} | {halos.max() / n:.3f} | "
+                         f"{(halos / rows).max():.2f} |")
             print(lines[-1], flush=True)
     lines.append("")
 
@@ -343,6 +377,7 @@ def main():
     parser.add_argument("--accuracy-layouts", default="", help="comma-separated .npy layouts (of --cap-store) "
                         "for the FFT accuracy table")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--halo-store", default=None, help="affinity store for the halo-size table")
     parser.add_argument("--chain-authors", type=int, default=None, help="authors of the end-to-end chain")
     parser.add_argument("--chain-models", default="tsne,snest")
     parser.add_argument("--chain-dir", default="/tmp/scalemb-chain")
@@ -360,6 +395,8 @@ def main():
         caps_section(args.cap_store, split(args.cap_layouts), args.rounds, lines)
     if args.accuracy_layouts:
         accuracy_section(args.cap_store, split(args.accuracy_layouts), args.rounds, lines)
+    if args.halo_store:
+        halo_section(args.halo_store, lines)
     if args.chain_authors:
         chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines)
     if args.repulsion_stores:
