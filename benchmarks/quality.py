@@ -131,12 +131,28 @@ def kl_fft_error(report, affinity, layouts):
     report(markdown_table(["layout", "kernel", "exact KL", "fft - exact", "exact s", "fft s"], rows))
 
 
+def cached(directory, name, label, run):
+    """``run()`` -> ``(Y, seconds, extra)``, kept in ``directory`` (if given) under the input and layout names, so a
+    run that dies later (or is stopped) keeps the layouts it finished; a cached layout is reused as measured."""
+    if directory is None:
+        return run()
+    path = Path(directory) / ("".join(c if c.isalnum() else "_" for c in f"{name}-{label}") + ".npz")
+    if path.exists():
+        kept = np.load(path, allow_pickle=False)
+        return kept["Y"], float(kept["seconds"]), str(kept["extra"])
+    Y, seconds, extra = run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, Y=Y, seconds=seconds, extra=extra)
+    return Y, seconds, extra
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors", type=int, default=100_000, help="authors of the generated graph")
     parser.add_argument("--skip-grqc", action="store_true")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip the warm-up: numba compilation then counts in the first scalemb and UMAP fits")
+    parser.add_argument("--cache", default=None, help="directory keeping each finished layout (reused when present)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = Report.start("Map quality: NP@deg and KL, scalemb against openTSNE and UMAP on the same P")
@@ -154,11 +170,14 @@ def main():
         write_coauthor_edge_list(path, args.authors, seed=0)
         inputs.append((f"generated co-authorship graph, {args.authors} authors (seed 0)",
                        coauthorship_affinity(read_edge_list(path))))
+    runners = {"scalemb t-SNE R^2": lambda a: run_scalemb(a, "tsne"),
+               "scalemb SNEST R^2,1": lambda a: run_scalemb(a, "snest"),
+               "openTSNE": run_opentsne, "UMAP": run_umap}
     for name, affinity in inputs:
-        layouts = {"scalemb t-SNE R^2": run_scalemb(affinity, "tsne"),
-                   "scalemb SNEST R^2,1": run_scalemb(affinity, "snest"),
-                   "openTSNE": run_opentsne(affinity),
-                   "UMAP": run_umap(affinity)}
+        layouts = {}
+        for label, runner in runners.items():
+            layouts[label] = cached(args.cache, name, label, lambda: runner(affinity))
+            print(f"{label}: {layouts[label][1]:.1f} s, {layouts[label][2]}", flush=True)
         score(report, name, affinity, layouts)
         if name != "GrQc":  # GrQc's: benchmarks/results/repulsion_grqc.md
             kl_fft_error(report, affinity, layouts)

@@ -124,9 +124,10 @@ def test_stalled_reaches_back_over_entries_not_computed():
 
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
-    t-SNE and SNEST switch from the spectral direction to delta-bar-delta with openTSNE's schedule (user options
-    win), SNE keeps its own dbd settings, EE keeps the spectral direction."""
-    from scalemb.optim import (AUTO_SCALE_MIN_POINTS, SCALE_DBD, AutoOptimizer, LineSearchDescent, make_optimizer,
+    t-SNE switches from the spectral direction to delta-bar-delta with openTSNE's schedule, SNEST to its own dbd
+    schedule with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
+    from scalemb.models.base import OPENTSNE_SCHEDULE
+    from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
 
     auto = make_optimizer("auto", "tsne")
@@ -136,11 +137,13 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert isinstance(big, DeltaBarDelta)
     assert (big.exaggeration, big.exaggeration_iterations, big.max_step_norm, big.max_iterations) == (12.0, 250, 5.0,
                                                                                                         750)
-    assert big.momentum == SCALE_DBD["momentum"]
-    mine = make_optimizer("auto", "snest", exaggeration=4.0).resolve(10 ** 6)
+    assert big.momentum == OPENTSNE_SCHEDULE["momentum"]
+    snest = make_optimizer("auto", "snest").resolve(10 ** 6)
+    assert snest == DeltaBarDelta(max_iterations=750)
+    mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
-    sne = make_optimizer("auto", "sne", n_points=10 ** 6)
-    assert sne == DeltaBarDelta()
+    assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
+    assert isinstance(make_optimizer("auto", "ee"), LineSearchDescent)
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
     with pytest.raises(ValueError, match="max_step_norm"):
         make_optimizer("auto", "tsne", max_step_norm=-1.0)

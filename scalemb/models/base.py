@@ -10,7 +10,8 @@ A model owns
   retraction, re-centring); ``EUCLIDEAN`` by default (None is read as Euclidean too),
 * ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.fft.FFTSpec``), or None: exact repulsion only,
 * ``default_optimizer``: what optimizer ``'auto'`` means for it, and ``default_optimizer_at_scale`` what it
-  means from ``scalemb.optim.AUTO_SCALE_MIN_POINTS`` points on (None: the same),
+  means from ``scalemb.optim.AUTO_SCALE_MIN_POINTS`` points on: ``{"optimizer": name, **options}`` (options
+  the user gives win), None: ``default_optimizer`` at every size,
 * ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
   ``point_term(coords, iteration, affinity) -> (value, gradient)`` with ``coords`` ``(d, N)`` and ``affinity``
   in the executor's internal point order (see ``scalemb.engine.base.Executor.evaluate``),
@@ -25,6 +26,14 @@ from typing import Callable
 
 from ..geometry import EUCLIDEAN, Geometry
 from .objective import KL, Objective
+
+
+# openTSNE's schedule for large data (Belkina et al. 2019; Linderman & Steinerberger 2019): early exaggeration 12
+# for 250 iterations, momentum 0.5 then 0.8, lr = N/12, each point's step clipped to norm 5 so the layout does not
+# swell after the exaggeration, and its budget of 250 + 500 iterations (past it the KL keeps falling slowly while
+# the layout spreads).  A model's ``default_optimizer_at_scale`` may name it.
+OPENTSNE_SCHEDULE = {"optimizer": "dbd", "exaggeration": 12.0, "exaggeration_iterations": 250,
+                     "momentum": (0.5, 0.8), "momentum_switch": (250,), "max_step_norm": 5.0, "max_iterations": 750}
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class Model:
     geometry: Geometry = field(default=EUCLIDEAN, repr=False)
     fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
     default_optimizer: str = "sd"
-    default_optimizer_at_scale: str | None = "dbd"
+    default_optimizer_at_scale: dict | None = field(default=None, compare=False)
     point_term: Callable = field(default=None, repr=False)
     learning_rate_scale: float = 1.0
     params: dict = field(default_factory=dict, compare=False)

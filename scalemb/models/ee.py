@@ -93,7 +93,6 @@ def make_model(lam: float = DEFAULT_LAMBDA) -> Model:
     lam = check_lambda(lam)
     return Model("ee", f"elastic embedding, lambda = {lam:g}", False, *make_kernels(log_pair, pair),
                  similarity=euclidean_similarity, objective=EE(lam), fft=SNE_FFT, default_optimizer="sd",
-                 default_optimizer_at_scale=None,
                  params={"lam": lam})
 
 

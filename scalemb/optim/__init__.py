@@ -7,19 +7,13 @@ from .dbd import DBDState, DeltaBarDelta
 from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
-# 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (delta-bar-delta for the SNE
-# family).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
+# 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (delta-bar-delta for t-SNE and
+# SNEST).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
 # iterations; from here on the LU fills in (PCG + multigrid instead: ~36 V-cycles per iteration at 7.7e4 points)
 # and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
 # gradient / mu): at 7.7e4 co-authors the extent reached ~1e5 units in 10 iterations, where the FFT grid is capped
 # and the near field costs O(N^2) (benchmarks/results/scale.md, "Defaults at scale").
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
-# Delta-bar-delta at scale: openTSNE's schedule for large data sets (Belkina et al. 2019, Linderman &
-# Steinerberger 2019): early exaggeration 12 for 250 iterations, momentum 0.5 then 0.8, lr = N/12, each point's
-# step clipped to norm 5 so the layout does not swell after the exaggeration, and openTSNE's budget of 250 + 500
-# iterations: past it the KL keeps falling slowly while the layout only spreads (options given by the user win).
-SCALE_DBD = {"exaggeration": 12.0, "exaggeration_iterations": 250, "momentum": (0.5, 0.8),
-             "momentum_switch": (250,), "max_step_norm": 5.0, "max_iterations": 750}
 
 
 def default_optimizer_name(model=None, n_points: int | None = None) -> str:
@@ -33,8 +27,9 @@ def default_optimizer_name(model=None, n_points: int | None = None) -> str:
         small = Model.__dataclass_fields__["default_optimizer"].default
     else:
         small = (get_model(model) if isinstance(model, str) else model).default_optimizer
-    if n_points is not None and n_points >= AUTO_SCALE_MIN_POINTS:
-        return _at_scale(model) or small
+    at_scale = _at_scale(model)
+    if n_points is not None and n_points >= AUTO_SCALE_MIN_POINTS and at_scale is not None:
+        return at_scale["optimizer"]
     return small
 
 
@@ -42,17 +37,18 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     """Build optimiser ``name`` from ``options``; options that optimiser has no use for are ignored, ``None``
     values keep its defaults.  ``'auto'`` is resolved for ``model`` and ``n_points``
     (``default_optimizer_name``; below ``AUTO_SCALE_MIN_POINTS`` the model's ``default_optimizer``, from there on
-    its ``default_optimizer_at_scale``, with the ``SCALE_DBD`` schedule where that switches it to dbd); without
+    its ``default_optimizer_at_scale`` with the options it names, e.g. openTSNE's schedule for t-SNE); without
     ``n_points``, for a model whose choice depends on the size, an ``AutoOptimizer``, resolved by
     ``resolve_optimizer`` once the input's size is known (or by its ``optimize``, from the executor's)."""
     at_scale = _at_scale(model)
-    if name == "auto" and n_points is None and at_scale is not None and at_scale != default_optimizer_name(model):
+    if name == "auto" and n_points is None and at_scale is not None:
         _check_options(options)
         return AutoOptimizer(model, {k: v for k, v in options.items() if v is not None})
     if name == "auto":
         name = default_optimizer_name(model, n_points)
-        if name == "dbd" and default_optimizer_name(model) != "dbd":  # switched at scale: openTSNE's schedule
-            options = {**SCALE_DBD, **{k: v for k, v in options.items() if v is not None}}
+        if at_scale is not None and n_points >= AUTO_SCALE_MIN_POINTS:  # the model's schedule at scale
+            schedule = {k: v for k, v in at_scale.items() if k != "optimizer"}
+            options = {**schedule, **{k: v for k, v in options.items() if v is not None}}
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_NAMES)}")
     cls = DeltaBarDelta if name == "dbd" else LineSearchDescent
@@ -63,11 +59,12 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     return cls(**kwargs)
 
 
-def _at_scale(model) -> str | None:
-    from ..models import Model, get_model
+def _at_scale(model) -> dict | None:
+    """The model's ``default_optimizer_at_scale`` (``{"optimizer": name, **options}``) or None."""
+    from ..models import get_model
 
     if model is None:
-        return Model.__dataclass_fields__["default_optimizer_at_scale"].default
+        return None
     return (get_model(model) if isinstance(model, str) else model).default_optimizer_at_scale
 
 
@@ -117,6 +114,6 @@ def optimizer_from_config(config: dict):
     return cls(**{k: tuple(v) if kinds.get(k) in (tuple, "tuple") else v for k, v in config.items()})
 
 
-__all__ = ["AUTO_SCALE_MIN_POINTS", "AutoOptimizer", "SCALE_DBD", "resolve_optimizer",
+__all__ = ["AUTO_SCALE_MIN_POINTS", "AutoOptimizer", "resolve_optimizer",
            "DBDState", "DeltaBarDelta", "DescentState", "LineSearchDescent", "OptimizeResult", "OptimizerState",
            "OPTIMIZER_NAMES", "default_optimizer_name", "make_optimizer", "optimizer_config", "optimizer_from_config"]
