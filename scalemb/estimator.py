@@ -86,10 +86,11 @@ def _knn_pair(pair, perplexity, n_jobs):
                                    source="precomputed_knn")
 
 
-def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None):
+def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None, source=None):
     """kNN affinities of a feature array ``X`` (N x d) or feature file, as ``Embedder(affinity='knn')`` builds
     them (the service's feature jobs call this too): for an array, ``n_neighbors`` defaults to
-    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``)."""
+    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``).  ``source``:
+    the feature file ``X`` was read from, recorded in the provenance (placing new rows reads it)."""
     from .affinity.knn import knn_affinity
 
     if not isinstance(perplexity, numbers.Real) or not perplexity >= 1:
@@ -101,7 +102,7 @@ def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_
         perplexity = _fitting_perplexity(perplexity, neighbours)
         n_neighbors = neighbours
     return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=metric, random_state=seed,
-                        n_jobs=n_jobs)
+                        n_jobs=n_jobs, source=source)
 
 
 def _fitting_perplexity(perplexity: float, neighbours: int) -> float:
