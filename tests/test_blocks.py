@@ -129,16 +129,15 @@ def test_locality_order_gives_the_input_order_results(name, ds, dt, repulsion):
         assert abs(local.curvature_matrix() - given.curvature_matrix()).max() < 1e-14
 
 
-def test_point_order_auto_and_bad_values():
-    from scalemb.engine.local import LOCALITY_ORDER_MIN_POINTS
-
+def test_point_order_default_and_bad_values():
+    """The input order is the default at any N (the locality order would break bit-identity with the Dask
+    executor and store inputs: tests/test_determinism.py)."""
     small = _shuffled_clusters(200, 4)
     assert LocalExecutor(small, get_model("tsne"), 2, 0).point_order == "given"
-    big = _shuffled_clusters(LOCALITY_ORDER_MIN_POINTS, 5)
-    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1).point_order == "locality"
-    bounds = [0, LOCALITY_ORDER_MIN_POINTS // 2, LOCALITY_ORDER_MIN_POINTS]
-    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1, partitions=bounds).point_order == "given"
-    with pytest.raises(ValueError, match="point_order"):
-        LocalExecutor(small, get_model("tsne"), 2, 0, point_order="random")
+    big = _shuffled_clusters(3000, 5)
+    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1).point_order == "given"
+    for bad in ("random", "auto"):
+        with pytest.raises(ValueError, match="point_order"):
+            LocalExecutor(small, get_model("tsne"), 2, 0, point_order=bad)
     with pytest.raises(ValueError, match="partitions"):
         LocalExecutor(small, get_model("tsne"), 2, 0, point_order="locality", partitions=[0, 100, 200])
