@@ -15,7 +15,8 @@ Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
 * an AnnData -> ``.obsp['connectivities']`` if present, else ``.X``; the embedding is written to
   ``.obsm['X_scalemb']``;
 * a networkx graph -> its weighted adjacency (``weight`` edge attribute, default 1); ``node_ids_`` holds the
-  graph's nodes in row order;
+  graph's nodes in row order, as an edge list's ids: all integers (int64) or all strings (a graph mixing them,
+  or with strings equal but for case, is refused as the edge-list reader refuses them);
 * a ``(indices, distances)`` pair of ``N x k`` arrays (umap-learn's ``precomputed_knn``) -> kNN affinities;
 * a path (edge list, feature file with ``affinity='knn'``, affinity store), a built-in dataset name, an
   ``Affinity``, or None (bundled GrQc), as ``scalemb.embed`` takes them.
@@ -35,6 +36,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
+from .io.nodeids import as_node_ids, check_case_collision
 from .models import DEFAULT_MODEL
 from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
 
@@ -217,9 +219,14 @@ class Embedder(TransformerMixin, BaseEstimator):
             import networkx as nx
 
             nodes = list(X.nodes())
-            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
             names = np.empty(len(nodes), dtype=object)
             names[:] = nodes
+            try:
+                names = as_node_ids(names, "node names")
+            except ValueError as exc:  # mixed or other node types
+                raise InputError("networkx graph", str(exc)) from None
+            check_case_collision(names, "networkx graph", unit="nodes")
+            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
             return _graph_affinity(A, self.graph_affinity, "networkx graph", names), names, None
         if isinstance(X, tuple) and len(X) == 2:
             return _knn_pair(X, self.perplexity, self._threads()), None, None
