@@ -33,15 +33,22 @@ sys.path.append(str(HERE))
 from common import Report, markdown_table  # noqa: E402
 
 
-def knn_problem(n: int):
+def knn_problem(n: int, cache: Path | None = None):
     """kNN affinities (perplexity 10) of ``n`` points of 30 interleaved Gaussian clusters in 20-D, as
-    ``benchmarks/repulsion.py`` section (c) (the row order is random with respect to the clusters)."""
+    ``benchmarks/repulsion.py`` section (c) (the row order is random with respect to the clusters); kept in the
+    affinity store ``cache`` if given (the neighbour search takes minutes)."""
+    from scalemb.affinity import AffinityStore, write_affinity_store
     from scalemb.affinity.knn import knn_affinity
 
+    if cache is not None and cache.exists():
+        return AffinityStore(cache).to_affinity()
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(30, 20)) * 4
     X = centres[rng.integers(0, 30, n)] + rng.normal(size=(n, 20))
-    return knn_affinity(X, perplexity=10, random_state=0, n_jobs=1)
+    affinity = knn_affinity(X, perplexity=10, random_state=0, n_jobs=1)
+    if cache is not None:
+        write_affinity_store(cache, affinity)
+    return affinity
 
 
 def main():
@@ -50,6 +57,7 @@ def main():
     parser.add_argument("--knn-points", type=int, default=100_000)
     parser.add_argument("--evals", type=int, default=5)
     parser.add_argument("--skip-grqc", action="store_true")
+    parser.add_argument("--knn-cache", type=Path, help="affinity store to keep the kNN P in between runs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from scalemb.affinity import coauthorship_affinity
@@ -76,7 +84,7 @@ def main():
 
         def knn_p():
             if "a" not in knn:
-                knn["a"] = knn_problem(args.knn_points)
+                knn["a"] = knn_problem(args.knn_points, args.knn_cache)
             return knn["a"]
 
         cases += [(f"co-authors {args.authors:.0e}", big, "tsne", 2, 0, "auto"),

@@ -59,6 +59,33 @@ def test_every_unordered_pair_counted_once():
         assert z == pytest.approx(W.sum(), rel=1e-13)
 
 
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 42, 43])
+def test_every_model_repulsion_writes_only_its_column_window(n):
+    """The exact repulsion of rows [r0, r1) writes only the columns of ``repulsion_window`` (the reduction adds
+    only those), for every registered model; a block partial on its window equals the full partial there."""
+    from scalemb.engine.blocks import _window, repulsion_window
+    from scalemb.models import MODEL_NAMES
+
+    for name in MODEL_NAMES:
+        model = get_model(name)
+        dims = (2, 1) if model.default_time_dims() else (2, 0)
+        coords = np.random.default_rng(n).normal(size=(sum(dims), n)) * 0.3
+        for r0, r1 in [(0, n), (0, 1), (n // 2, n), (n - 1, n), (n // 3, n // 3 + 2), (1, 1)]:
+            r1 = min(r1, n)
+            R = np.full((sum(dims), n), np.nan)
+            start, width = repulsion_window(r0, r1, n)
+            for part in _window(R, start, width):
+                part[...] = 0.0
+            model.repulsion(coords, dims[0], r0, r1, R)
+            inside = np.zeros(n, dtype=bool)
+            inside[(start + np.arange(width)) % n] = True
+            assert np.all(np.isnan(R[:, ~inside])), (name, n, r0, r1)
+            assert np.all(np.isfinite(R[:, inside])), (name, n, r0, r1)
+            full = np.zeros_like(R)
+            model.repulsion(coords, dims[0], r0, r1, full)
+            assert np.array_equal(R[:, inside], full[:, inside]) and not full[:, ~inside].any()
+
+
 def test_row_partition_covers_rows():
     for n, k in [(10, 3), (5, 8), (1, 1), (100, 7)]:
         bounds = row_partition(n, k)
