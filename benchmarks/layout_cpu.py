@@ -58,8 +58,12 @@ def main():
     parser.add_argument("--evals", type=int, default=5)
     parser.add_argument("--skip-grqc", action="store_true")
     parser.add_argument("--knn-cache", type=Path, help="affinity store to keep the kNN P in between runs")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only: GrQc t-SNE CPU s/eval for 1..32 equal blocks (the per-block overhead)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.sweep:
+        return sweep(args)
     from scalemb.affinity import coauthorship_affinity
     from scalemb.datasets import grqc
     from scalemb.engine import LocalExecutor
@@ -124,6 +128,34 @@ def main():
                            "layout CPU s/eval", "locality CPU s/eval", "layout / one block",
                            "layout / locality"], rows))
     report(f"\nmedian of {args.evals} evaluations per executor, rotating order, after one warm-up evaluation each")
+    report.save(args.out)
+
+
+def sweep(args, counts=(1, 2, 4, 8, 16, 32), rounds: int = 20):
+    """GrQc t-SNE (exact) CPU seconds per evaluation with ``counts`` equal row blocks, one thread, rounds
+    alternating in order and reverse order: the slope is the cost of one more block."""
+    from scalemb.datasets import grqc
+    from scalemb.engine import LocalExecutor
+    from scalemb.models import get_model
+
+    report = Report.start("GrQc t-SNE: CPU time per evaluation by block count (1 thread, same process)")
+    affinity = grqc()
+    coords = np.random.default_rng(0).normal(size=(2, affinity.n_points)) * 7
+    executors = {k: LocalExecutor(affinity, get_model("tsne"), 2, 0, n_threads=1, n_blocks=k, repulsion="exact")
+                 for k in counts}
+    times = {k: [] for k in counts}
+    for ex in executors.values():
+        ex.evaluate(coords)
+    for r in range(rounds):
+        for k in (counts if r % 2 else counts[::-1]):
+            t0 = time.process_time()
+            executors[k].evaluate(coords)
+            times[k].append(time.process_time() - t0)
+    med = {k: statistics.median(t) for k, t in times.items()}
+    slope = np.polyfit(list(counts), [med[k] for k in counts], 1)[0]
+    report(markdown_table(["blocks", "CPU ms/eval", "vs 1 block"],
+                          [[k, f"{1000 * med[k]:.2f}", f"{med[k] / med[counts[0]]:.3f}"] for k in counts]))
+    report(f"\nmedian of {rounds} rounds; least-squares slope: {1e6 * slope:.0f} us per block")
     report.save(args.out)
 
 
