@@ -15,7 +15,8 @@ Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
 * an AnnData -> ``.obsp['connectivities']`` if present, else ``.X``; the embedding is written to
   ``.obsm['X_scalemb']``;
 * a networkx graph -> its weighted adjacency (``weight`` edge attribute, default 1); ``node_ids_`` holds the
-  graph's nodes in row order;
+  graph's nodes in row order, as an edge list's ids: all integers (int64) or all strings (a graph mixing them,
+  or with strings equal but for case, is refused as the edge-list reader refuses them);
 * a ``(indices, distances)`` pair of ``N x k`` arrays (umap-learn's ``precomputed_knn``) -> kNN affinities;
 * a path (edge list, feature file with ``affinity='knn'``, affinity store), a built-in dataset name, an
   ``Affinity``, or None (bundled GrQc), as ``scalemb.embed`` takes them.
@@ -35,6 +36,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
+from .io.nodeids import as_node_ids, check_case_collision
 from .models import DEFAULT_MODEL
 from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
 
@@ -86,10 +88,11 @@ def _knn_pair(pair, perplexity, n_jobs):
                                    source="precomputed_knn")
 
 
-def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None):
+def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None, source=None):
     """kNN affinities of a feature array ``X`` (N x d) or feature file, as ``Embedder(affinity='knn')`` builds
     them (the service's feature jobs call this too): for an array, ``n_neighbors`` defaults to
-    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``)."""
+    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``).  ``source``:
+    the feature file ``X`` was read from, recorded in the provenance (placing new rows reads it)."""
     from .affinity.knn import knn_affinity
 
     if not isinstance(perplexity, numbers.Real) or not perplexity >= 1:
@@ -101,7 +104,7 @@ def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_
         perplexity = _fitting_perplexity(perplexity, neighbours)
         n_neighbors = neighbours
     return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=metric, random_state=seed,
-                        n_jobs=n_jobs)
+                        n_jobs=n_jobs, source=source)
 
 
 def _fitting_perplexity(perplexity: float, neighbours: int) -> float:
@@ -216,9 +219,14 @@ class Embedder(TransformerMixin, BaseEstimator):
             import networkx as nx
 
             nodes = list(X.nodes())
-            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
             names = np.empty(len(nodes), dtype=object)
             names[:] = nodes
+            try:
+                names = as_node_ids(names, "node names")
+            except ValueError as exc:  # mixed or other node types
+                raise InputError("networkx graph", str(exc)) from None
+            check_case_collision(names, "networkx graph", unit="nodes")
+            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
             return _graph_affinity(A, self.graph_affinity, "networkx graph", names), names, None
         if isinstance(X, tuple) and len(X) == 2:
             return _knn_pair(X, self.perplexity, self._threads()), None, None

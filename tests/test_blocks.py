@@ -59,6 +59,33 @@ def test_every_unordered_pair_counted_once():
         assert z == pytest.approx(W.sum(), rel=1e-13)
 
 
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 42, 43])
+def test_every_model_repulsion_writes_only_its_column_window(n):
+    """The exact repulsion of rows [r0, r1) writes only the columns of ``repulsion_window`` (the reduction adds
+    only those), for every registered model; a block partial on its window equals the full partial there."""
+    from scalemb.engine.blocks import _window, repulsion_window
+    from scalemb.models import MODEL_NAMES
+
+    for name in MODEL_NAMES:
+        model = get_model(name)
+        dims = (2, 1) if model.default_time_dims() else (2, 0)
+        coords = np.random.default_rng(n).normal(size=(sum(dims), n)) * 0.3
+        for r0, r1 in [(0, n), (0, 1), (n // 2, n), (n - 1, n), (n // 3, n // 3 + 2), (1, 1)]:
+            r1 = min(r1, n)
+            R = np.full((sum(dims), n), np.nan)
+            start, width = repulsion_window(r0, r1, n)
+            for part in _window(R, start, width):
+                part[...] = 0.0
+            model.repulsion(coords, dims[0], r0, r1, R)
+            inside = np.zeros(n, dtype=bool)
+            inside[(start + np.arange(width)) % n] = True
+            assert np.all(np.isnan(R[:, ~inside])), (name, n, r0, r1)
+            assert np.all(np.isfinite(R[:, inside])), (name, n, r0, r1)
+            full = np.zeros_like(R)
+            model.repulsion(coords, dims[0], r0, r1, full)
+            assert np.array_equal(R[:, inside], full[:, inside]) and not full[:, ~inside].any()
+
+
 def test_row_partition_covers_rows():
     for n, k in [(10, 3), (5, 8), (1, 1), (100, 7)]:
         bounds = row_partition(n, k)
@@ -129,16 +156,15 @@ def test_locality_order_gives_the_input_order_results(name, ds, dt, repulsion):
         assert abs(local.curvature_matrix() - given.curvature_matrix()).max() < 1e-14
 
 
-def test_point_order_auto_and_bad_values():
-    from scalemb.engine.local import LOCALITY_ORDER_MIN_POINTS
-
+def test_point_order_default_and_bad_values():
+    """The input order is the default at any N (the locality order would break bit-identity with the Dask
+    executor and store inputs: tests/test_determinism.py)."""
     small = _shuffled_clusters(200, 4)
     assert LocalExecutor(small, get_model("tsne"), 2, 0).point_order == "given"
-    big = _shuffled_clusters(LOCALITY_ORDER_MIN_POINTS, 5)
-    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1).point_order == "locality"
-    bounds = [0, LOCALITY_ORDER_MIN_POINTS // 2, LOCALITY_ORDER_MIN_POINTS]
-    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1, partitions=bounds).point_order == "given"
-    with pytest.raises(ValueError, match="point_order"):
-        LocalExecutor(small, get_model("tsne"), 2, 0, point_order="random")
+    big = _shuffled_clusters(3000, 5)
+    assert LocalExecutor(big, get_model("tsne"), 2, 0, n_threads=1).point_order == "given"
+    for bad in ("random", "auto"):
+        with pytest.raises(ValueError, match="point_order"):
+            LocalExecutor(small, get_model("tsne"), 2, 0, point_order=bad)
     with pytest.raises(ValueError, match="partitions"):
         LocalExecutor(small, get_model("tsne"), 2, 0, point_order="locality", partitions=[0, 100, 200])

@@ -89,3 +89,14 @@ def test_a_store_with_its_own_partitions_gives_the_same_run_local_and_on_dask(kn
     store = write_affinity_store(tmp_path / "P7.zarr", knn, n_partitions=7)
     local = _run(store, model="tsne", n_threads=1, iterations=12)
     _same(local, _run(store, model="tsne", scheduler=dask_cluster.address, iterations=12))
+
+
+def test_edge_list_in_process_and_on_dask_agree_from_20000_points(tmp_path_factory, dask_cluster):
+    """From 20 000 points the in-process executor used to evaluate P in its reverse Cuthill-McKee order, which
+    the Dask executor (the edge list streamed into a store in the input's order) does not: the two differed by
+    summation order.  Every executor now evaluates P's rows in the input's order."""
+    path = write_coauthor_edge_list(tmp_path_factory.mktemp("big") / "edges.txt", 27000, seed=2)
+    options = {"model": "tsne", "iterations": 4, "repulsion": "fft", "optimizer": "dbd"}
+    local = _run(path, n_threads=2, **options)
+    assert local.embedding.shape[0] >= 20000
+    _same(local, _run(path, scheduler=dask_cluster.address, **options))

@@ -131,6 +131,19 @@ def test_bad_inputs_one_clear_error(bad, match):
         scalemb.TSNE(iterations=5).fit(bad)
 
 
+def test_networkx_node_ids_follow_the_edge_list_rules():
+    """Integer nodes give int64 ids; mixed integer and string nodes, other node types and names equal but for
+    case are refused with one error naming them, as the edge-list reader refuses them."""
+    est = scalemb.TSNE(iterations=5).fit(nx.Graph([(3, 1), (1, 2), (2, 3)]))
+    assert est.node_ids_.dtype == np.int64 and list(est.node_ids_) == [3, 1, 2]
+    for graph, match in ((nx.Graph([(1, "a"), ("a", "b"), ("b", 1)]), r"all integers or all strings.*'int', 'str'"),
+                         (nx.Graph([((0, 1), (1, 2)), ((1, 2), (2, 3)), ((2, 3), (0, 1))]), "'tuple'"),
+                         (nx.Graph([("Bob", "alice"), ("bob", "alice"), ("alice", "carol")]),
+                          "'Bob' and 'bob' differ only in case")):
+        with pytest.raises(InputError, match=f"networkx graph: .*{match}"):
+            scalemb.TSNE(iterations=5).fit(graph)
+
+
 def test_bad_anndata_and_isolated_nodes_write_nothing():
     adata = anndata.AnnData(obs={"a": np.arange(5)})  # no X, no graph
     with pytest.raises(ValueError, match="neither"):

@@ -176,7 +176,7 @@ def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(serv
         assert status == 422 and err["detail"].startswith(fragment) and "\n" not in err["detail"], (request, err)
     assert {j["id"] for j in service.json("GET", "/jobs")[1]["jobs"]} == set(jobs)
     assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == sorted(jobs)
-    assert not (tmp_path / "stores").exists()
+    assert len(list((tmp_path / "stores").glob("*.zarr"))) == 2  # the two good jobs' kNN P, nothing else
 
 
 def test_auth_paths_and_limits_are_refused(service, tmp_path):
@@ -247,6 +247,71 @@ def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
         stored = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
         direct = scalemb.embed("grqc", optimizer="dbd", iterations=150, seed=4, n_threads=2)
         assert np.array_equal(stored.embedding, direct.embedding)
+    finally:
+        svc.stop()
+
+
+def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(service, tmp_path):
+    """An in-process feature job keeps its kNN P in a data-root store that names the feature file, so a transform
+    job places new rows against the job's map, as ``scalemb.placement.transform_run`` does on the stored run."""
+    from scalemb.placement import transform_run
+    from scalemb.placement.optimize import PlacementOptimizer
+
+    rng = np.random.default_rng(8)
+    X = np.concatenate([rng.normal(size=(40, 5)) + 8 * k for k in range(2)])  # two clusters, rows 0-39 and 40-79
+    new = X[[3, 45]] + 0.01 * rng.normal(size=(2, 5))
+    assert service.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
+    assert service.json("PUT", "/uploads/new.npy", raw=_npy(new))[0] == 201
+    _, job = service.json("POST", "/jobs", {"input": "uploads/feats.npy", "model": "tsne", "iterations": 150,
+                                            "seed": 1, "perplexity": 10.0})
+    assert service.wait(job["id"])["state"] == "done"
+    status, placed = service.json("POST", f"/jobs/{job['id']}/transform", {"new": "uploads/new.npy",
+                                                                          "iterations": 100})
+    assert status == 201, placed
+    record = service.wait(placed["id"])
+    assert record["state"] == "done" and record["n_points"] == 82, record
+    csv = service.request("GET", f"/jobs/{placed['id']}/embedding")[1].decode().splitlines()
+    assert [line.split(",")[0] for line in csv[-2:]] == ["80", "81"]  # new ids after the old ones
+    source = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
+    result = EmbeddingResult.load(tmp_path / "jobs" / placed["id"] / "run.zarr")
+    assert np.array_equal(result.embedding[:80], source.embedding)  # the old map stays fixed
+    Y = source.embedding
+    for row, twin in ((80, 3), (81, 45)):  # a new row lands in its twin's cluster, nearer the twin than most
+        own = np.arange(40) + (40 if twin >= 40 else 0)
+        other = np.setdiff1d(np.arange(80), own)
+        d = np.linalg.norm(Y - result.embedding[row], axis=1)
+        assert d[other].min() > d[own].max() / 2 and d[twin] < np.median(d[own])
+    direct = transform_run(tmp_path / "jobs" / job["id"] / "run.zarr", tmp_path / "uploads" / "new.npy",
+                           tmp_path / "direct.zarr", optimizer=PlacementOptimizer(iterations=100), n_threads=2)
+    assert np.array_equal(direct.embedding, result.embedding)
+
+
+def test_killed_service_resumes_an_in_process_feature_job(tmp_path):
+    """Killed mid-run, a feature job resumes from its checkpoint on the P in its data-root store and ends with
+    the uninterrupted estimator run, bit for bit."""
+    rng = np.random.default_rng(9)
+    X = np.concatenate([rng.normal(size=(1000, 10)) + 5 * k for k in range(3)])
+    (tmp_path / "uploads").mkdir()
+    np.save(tmp_path / "uploads" / "feats.npy", X)
+    svc = Service(tmp_path, "--checkpoint-every", "20")
+    try:
+        params = {"input": "uploads/feats.npy", "model": "tsne", "optimizer": "dbd", "iterations": 300, "seed": 4,
+                  "perplexity": 20.0}
+        _, job = svc.json("POST", "/jobs", params)
+        svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 45, timeout=120)
+        svc.stop(signal.SIGKILL)
+        with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+            assert db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0] == "running"
+        svc.start()
+        record = svc.wait(job["id"], timeout=180)
+        assert record["state"] == "done", record
+        assert record["resumed_from"] >= 40 and record["resumed_from"] % 20 == 0
+        assert record["iteration"] == 300 and len(record["kl_history"]) == 301
+        stored = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
+        here = scalemb.Embedder(model="tsne", optimizer="dbd", iterations=300, random_state=4, perplexity=20.0,
+                                n_jobs=2).fit(X)
+        assert np.array_equal(stored.embedding, here.embedding_)
+        assert np.array_equal(stored.kl_history, here.kl_history_)
     finally:
         svc.stop()
 

@@ -23,8 +23,10 @@ from .laplacian import laplacian_rows
 class BlockResult:
     """Partial sums of one row block: attraction rows ``[r0, r1)``, repulsion, Z and sum p log w.
 
-    ``repulsion`` is ``(ds + dt, N)``, partial over the pairs this block owns (exact kernel), or, if
-    ``repulsion_rows``, the block's own rows ``(ds + dt, r1 - r0)`` of R (FFT interpolation).
+    ``repulsion`` is, with the exact kernel, the block's partial over the pairs it owns on the circular column
+    window ``repulsion_window(r0, r1, N)`` (``(ds + dt, width)``, columns ``start, start + 1, ...`` mod N: the
+    only columns the kernel writes), or, if ``repulsion_rows``, the block's own rows ``(ds + dt, r1 - r0)`` of R
+    (FFT interpolation).
     """
 
     r0: int
@@ -34,6 +36,7 @@ class BlockResult:
     z: float
     plogw: float
     repulsion_rows: bool = False
+    repulsion_start: int = 0
 
 
 @dataclass
@@ -59,6 +62,26 @@ def point_major(coords: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(coords.T)
 
 
+def repulsion_window(r0: int, r1: int, n_points: int) -> tuple:
+    """``(start, width)``: the circular window of columns ``start .. start + width - 1`` (mod N) that a model's
+    exact ``repulsion`` kernel writes for rows ``[r0, r1)``.  The kernels own each unordered pair once (the
+    half-pair scheme of ``scalemb.models.kernels``, which every model's kernel follows, see
+    ``scalemb.models.base``): row i pairs with its next ``(N - 1) // 2`` rows, ``N // 2`` for the first half of
+    an even N, wrapping around, so the rows write columns ``r0 .. r1 - 1 + N // 2`` at most.
+
+    Why: a block's partial is then about half of a ``(d, N)`` array, which halves the zeroing and the reduction
+    adds per block, part of the fixed per-block cost of the data-determined 16-64 blocks
+    (``benchmarks/results/layout_cpu.md``)."""
+    return r0, min(n_points, max(0, r1 - r0) + n_points // 2)
+
+
+def _window(array: np.ndarray, start: int, width: int) -> list:
+    """The (one or two) column slices of ``array`` making the circular window ``(start, width)``."""
+    n = array.shape[1]
+    first = min(width, n - start)
+    return [array[:, start:start + first]] + ([array[:, :width - first]] if width > first else [])
+
+
 def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,
                    with_kl: bool = True, Yt: np.ndarray | None = None) -> BlockResult:
     """Evaluate rows ``[block.r0, block.r1)``; ``coords`` is the full ``(ds + dt, N)`` embedding (``Yt``, if
@@ -67,9 +90,14 @@ def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
     Yt = point_major(coords) if Yt is None else Yt
     plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
-    R = np.zeros_like(coords)
+    R = np.empty_like(coords)
+    start, width = repulsion_window(block.r0, block.r1, coords.shape[1])
+    parts = _window(R, start, width)
+    for part in parts:
+        part[...] = 0.0
     z = model.repulsion(coords, space_dims, block.r0, block.r1, R)
-    return BlockResult(block.r0, block.r1, A, R, float(z), float(plogw))
+    window = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    return BlockResult(block.r0, block.r1, A, window, float(z), float(plogw), repulsion_start=start)
 
 
 def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, grid: Grid,
@@ -99,8 +127,11 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
         attraction[:, res.r0:res.r1] = res.attraction.T
         if res.repulsion_rows:
             repulsion[:, res.r0:res.r1] += res.repulsion
-        else:
-            repulsion += res.repulsion
+        else:  # the block's column window; the columns outside it are exact zeros of its partial
+            offset = 0
+            for part in _window(repulsion, res.repulsion_start, res.repulsion.shape[1]):
+                part += res.repulsion[:, offset:offset + part.shape[1]]
+                offset += part.shape[1]
         z += res.z
         plogw += res.plogw
     value, total, gradient = objective.reduce(plogw, attraction, repulsion, z, entropy_term, exaggeration, with_kl)

@@ -134,8 +134,9 @@ class DaskExecutor(Executor):
 
     ``store``: an affinity store path (``scalemb affinity``); its partitions are the row blocks.  ``client``:
     a ``distributed.Client``.  ``repulsion``/``fft_params`` and the coordinate layout and every method are
-    those of ``LocalExecutor`` (``scalemb.engine.base.Executor``); with ``fft`` the charge grids are map-reduced
-    (one partial grid per partition, summed on the client, one FFT there, potentials sent once to each worker).
+    those of ``LocalExecutor`` (``scalemb.engine.base.Executor``); with ``fft`` the charges are spread on the
+    client, which holds the coordinates (``scalemb.engine.fft_pass``), one FFT there, potentials sent once to
+    each worker.
     The workers get the model as a ``ModelRef`` (``Model.ref()``: name, parameters, and where a registered model
     was defined) and rebuild it once per process.
     """

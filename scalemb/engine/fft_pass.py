@@ -2,10 +2,17 @@
 
 ``map_blocks(fn, *args)`` returns ``[fn(block, *args) for block in blocks]`` in block order, wherever the
 blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.repulsion.fft``):
-extent of the coordinates (here: the caller holds them) -> grid (small) -> charges spread per block, summed in
-block order -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a
-capped grid (here) -> attraction and interpolated repulsion per block -> ``reduce_blocks``: two passes over the
-blocks per evaluation.
+extent of the coordinates (here: the caller holds them) -> grid (small) -> the points' charges spread on it
+(here) -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a capped
+grid (here) -> attraction and interpolated repulsion per block -> ``reduce_blocks``: one pass over the blocks
+per evaluation.
+
+The charges depend on the coordinates only, not on P, so they are spread once, over all rows in row order,
+where the coordinates are: the result is a function of the coordinates alone, whatever the block layout, thread
+or worker count.  Spreading them per row block instead (a partial grid per block, summed in block order) cost a
+whole grid per block -- allocated, page-faulted, summed, and on Dask sent to the client: with the 16-64 blocks
+of the data-determined layout that was +10 % per t-SNE evaluation and +74 % per SNEST R^{2,1} evaluation at
+N = 1e5 against one block (``benchmarks/results/layout_cpu.md``).
 """
 import logging
 
@@ -32,10 +39,6 @@ class CappedGridWarning:
             self.warned = True
 
 
-def charges_of_block(block, grid, coords):
-    return spread(grid, coords, block.r0, block.r1)
-
-
 def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, cells, with_kl, Yt=None):
     """``evaluate_block_fft`` for a model passed as a ``Model`` or a ``ModelRef`` (on a Dask worker)."""
     model = model.model() if isinstance(model, ModelRef) else model
@@ -51,8 +54,9 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
     treat it as a blow-up).  ``point_major_copy``: ``point_major(coords)`` shared by the blocks (blocks in this
     process).  ``grid`` and ``cells``: that grid and near-field index if already built for ``coords``
     (``AutoRepulsion``).  ``block_model``: what the block function gets as the model (a ``ModelRef`` for Dask
-    workers; default ``model``).  Block partials (the charge grids, Z) are summed in block order, whatever ran
-    them: the result depends on the blocks only."""
+    workers; default ``model``).  Block partials (Z, sum p log w) are summed in block order, whatever ran
+    them, and the charges are spread here over all rows (module docstring): the result depends on the data-
+    determined blocks only."""
     lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         nan = float("nan")
@@ -61,12 +65,7 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
         grid, cells = make_grid(model, space_dims, lo, hi, params, coords.shape[1]), None
     if grid.capped and on_capped is not None:
         on_capped(grid, lo, hi)
-    charges = None
-    for part in map_blocks(charges_of_block, grid, coords):
-        if charges is None:
-            charges = part
-        else:
-            charges += part
+    charges = spread(grid, coords, 0, coords.shape[1])
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     if cells is None:
         cells = near_cells(grid, coords)

@@ -15,11 +15,7 @@ from .base import Executor
 from .laplacian import laplacian_matrix
 
 
-POINT_ORDERS = ("auto", "given", "locality")
-# From this many points on, point_order='auto' evaluates in the locality order (scalemb.affinity.ordering): below
-# it the coordinates fit in the fastest caches anyway, and the committed small-graph results (GrQc, Table 1)
-# keep their summation order.
-LOCALITY_ORDER_MIN_POINTS = 20000
+POINT_ORDERS = ("given", "locality")
 
 
 def default_threads() -> int:
@@ -42,18 +38,19 @@ class LocalExecutor(Executor):
 
     ``repulsion``, ``fft_params``: see ``scalemb.engine.base.Executor``.
 
-    ``point_order``: ``'given'`` evaluates P's rows in the input's order; ``'locality'`` in P's reverse
-    Cuthill-McKee order (``scalemb.affinity.ordering``: faster neighbour gathers), renumbering the points
-    internally: coordinates, gradients and curvature are still exchanged in the input's order, and results
-    differ from ``'given'`` by summation order only; ``'auto'``: locality from ``LOCALITY_ORDER_MIN_POINTS``
-    points on, unless ``partitions`` are given (they fix the row order the Dask executor uses).
+    ``point_order``: ``'given'`` (the default) evaluates P's rows in the input's order, as the Dask executor
+    and a store input do; ``'locality'`` in P's reverse Cuthill-McKee order (``scalemb.affinity.ordering``),
+    renumbering the points internally: coordinates, gradients and curvature are still exchanged in the input's
+    order, and results differ from ``'given'`` by summation order only -- so not bit for bit, which is why no
+    run uses it by default.  It is kept for measurements (``benchmarks/layout_cpu.py``): per evaluation at
+    N ~ 1e5 it did not pay (``benchmarks/results/layout_cpu.md``).
     """
 
     _shared_memory = True
 
     def __init__(self, affinity: Affinity, model: Model, space_dims: int, time_dims: int,
                  n_threads: int | None = None, n_blocks: int | None = None, partitions=None,
-                 repulsion: str = "exact", fft_params: FFTParams | None = None, point_order: str = "auto"):
+                 repulsion: str = "exact", fft_params: FFTParams | None = None, point_order: str = "given"):
         if point_order not in POINT_ORDERS:
             raise ValueError(f"unknown point_order {point_order!r}; choose one of {', '.join(POINT_ORDERS)}")
         if point_order == "locality" and partitions is not None:
@@ -65,8 +62,7 @@ class LocalExecutor(Executor):
         n = affinity.n_points
         self._order = self._rank = None
         internal = affinity
-        if point_order == "locality" or (point_order == "auto" and partitions is None
-                                         and n >= LOCALITY_ORDER_MIN_POINTS):
+        if point_order == "locality":
             self._order = locality_order(affinity.P)
             self._rank = inverse_permutation(self._order)
             internal = affinity.permuted(self._order)

@@ -4,7 +4,9 @@ A model owns
 
 * its output kernel's row-block kernels ``attraction``, ``repulsion``, ``curvature``, ``cross_repulsion`` (the
   signatures of ``scalemb.models.kernels.make_kernels``'s; a model may compile its own with the same
-  signatures, e.g. a kernel of a non-Euclidean distance),
+  signatures, e.g. a kernel of a non-Euclidean distance; ``repulsion`` must own the pairs as those do, each
+  row with its next ``(N - 1) // 2`` rows mod N, and write only the columns of
+  ``scalemb.engine.blocks.repulsion_window``),
 * ``objective``: how the blocks' partial sums reduce to its value and gradient (``scalemb.models.objective``),
 * ``geometry``: the space the coordinates live in (``scalemb.geometry``: initialisation, Riemannian gradient,
   retraction, re-centring); ``EUCLIDEAN`` by default (None is read as Euclidean too),

@@ -43,4 +43,4 @@ def knn_affinity_of(path, settings: dict, n_jobs=None):
     from ..estimator import knn_features_affinity
 
     return knn_features_affinity(read_features(path), settings["perplexity"], settings["n_neighbors"],
-                                 settings["metric"], settings["seed"], n_jobs)
+                                 settings["metric"], settings["seed"], n_jobs, source=path)

@@ -18,7 +18,7 @@ from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
-from .features import knn_affinity_of, knn_settings
+from .features import knn_settings
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
@@ -147,15 +147,17 @@ class JobRunner:
                    if r["state"] in ("queued", "running"))
 
     def _source(self, job_id: str, params: dict):
-        """The input ``Embedder.fit`` reads: with a scheduler, an affinity store under the data root (a feature
-        file's kNN affinity is built into one, as edge lists are ingested); in-process, a feature file's kNN
-        ``Affinity`` (as ``scalemb.Embedder(affinity='knn')`` builds it) or the input path."""
+        """The input ``Embedder.fit`` reads: an affinity store input as is; with a scheduler, an affinity store
+        under the data root (``scalemb.service.stores``); in-process, the input path of a graph.  A feature file's
+        kNN affinity (as ``scalemb.Embedder(affinity='knn')`` builds it) is built into a data-root store on either
+        path, so the run names its store and features (a transform job places new rows against them) and a
+        resumed job reads the P it started with, whatever the neighbour search would find on a second try."""
         if params.get("store_path"):
             touch(Path(params["store_path"]))
             return params["store_path"]
         source, knn = params["input_path"], knn_settings(params)
-        if self.scheduler is None or is_affinity_store(source):
-            return source if knn is None else knn_affinity_of(source, knn, self.n_threads)
+        if is_affinity_store(source) or (self.scheduler is None and knn is None):
+            return source
         path = str(ensure_store(self.data_root, source, params["graph_affinity"], knn=knn, n_jobs=self.n_threads))
         self.store.update(job_id, params={**params, "store_path": path})
         return path

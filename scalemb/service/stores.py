@@ -1,10 +1,13 @@
-"""Affinity stores for service jobs that run on a Dask cluster: ``DATA_ROOT/stores/<key>.zarr``.
+"""Affinity stores for service jobs that run on a Dask cluster, and for feature jobs anywhere:
+``DATA_ROOT/stores/<key>.zarr``.
 
 Dask workers read P by path, so a job's input must be an affinity store on storage the workers see: the data
 root (a shared volume in ``deploy/kubernetes``), never the service's temporary directory.  A non-store input
 (an upload, an edge list under the data root, a built-in dataset) is ingested once into
 ``stores/<key>.zarr``, ``key`` the SHA-256 of (the input's bytes, or the dataset name and scalemb version;
-the graph affinity; the partition count), so later jobs on the same input reuse it.  Ingestion runs under an
+the graph affinity; the partition count; a feature file's kNN settings), so later jobs on the same input reuse
+it.  A feature job's kNN P is kept here in-process too: its run names the store and the feature file (a
+transform job reads both), and a resumed job reads the P it started with.  Ingestion runs under an
 exclusive ``flock`` on ``stores/<key>.lock`` and writes atomically, so concurrent jobs on one input ingest it
 once and nobody sees a half-written store.  The job records the store it used and resumes from it after a
 restart, whatever happened to the original file since.
