@@ -482,10 +482,13 @@ def cluster_main(args):
             "SCHOOL and uploaded edge lists, a new upload (ingested into DATA_ROOT/stores under the kills) every "
             f"12th submission ({soaked['uploads']} uploads in all); every {args.kill_min}-{args.kill_max} s a "
             "SIGKILL of either the service (restarted on the same data root) or one worker (a new one started). "
-            f"Then up to {args.drain_seconds} s for every accepted job to end ({soaked['drain_s']:.0f} s taken).",
+            f"Then up to {args.drain_seconds} s for every accepted job to end ({soaked['drain_s']:.0f} s taken).  "
+            "A kill happens between the benchmark's own requests (the service is restarted before the next one), "
+            "at a random point of the jobs' runs, ingestions and writes; \"resumed\" counts jobs picked up again "
+            "by a restarted service (from their last checkpoint, or from the start when they had none).",
             "",
-            "| submitted (201) | completed | identical embedding | identical KL history | equal | resumed from a "
-            "checkpoint | lost (failed, cancelled or vanished) | unfinished at the drain limit | service kills | "
+            "| submitted (201) | completed | identical embedding | identical KL history | equal | resumed after a "
+            "service kill | lost (failed, cancelled or vanished) | unfinished at the drain limit | service kills | "
             "worker kills |",
             "|---|---|---|---|---|---|---|---|---|---|",
             f"| {soaked['submitted']} | {soaked['done']} | {soaked['identical']} | {soaked['identical_kl']} | "
