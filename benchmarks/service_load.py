@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -318,14 +319,40 @@ def cluster_jobs(service, inputs, n_jobs, iterations, n_uploads=3, n_seeds=5):
             "peak_load1": peak_load, "errors": errors[:5]}
 
 
-def soak(service, dask, inputs, seconds, iterations, outstanding, kill_every, drain_seconds, seed=0):
-    """For ``seconds``: keep ``outstanding`` jobs queued or running (a submission whenever one ends: the rate
-    the system sustains), each on SCHOOL or an uploaded edge list (a new upload every 12th submission, so
-    ingestion into DATA_ROOT/stores also happens under the kills), and every ``kill_every`` (min, max) seconds
-    SIGKILL either the service (restarted on the same data root: queued jobs run, running ones resume from
-    their checkpoints) or one worker (a new worker started).  Then wait up to ``drain_seconds`` for every
-    accepted job to end, and compare each done job with the in-process run of the same request.
-    Bounded loop, loopback only."""
+class Killer(threading.Thread):
+    """Calls ``kill_one`` every uniform(``kill_every``) seconds from its own thread, so a kill can land at any
+    moment of the benchmark's requests too (a POST or an upload in flight); ``error`` holds what stopped it."""
+
+    def __init__(self, kill_one, kill_every, rng):
+        super().__init__(daemon=True)
+        self.kill_one, self.kill_every, self.rng = kill_one, kill_every, rng
+        self.halt, self.error = threading.Event(), None
+        self.start()
+
+    def run(self):
+        try:
+            while not self.halt.wait(self.rng.uniform(*self.kill_every)):
+                self.kill_one()
+        except Exception as exc:  # noqa: BLE001 - reported by the soak loop
+            self.error = exc
+
+    def finish(self):
+        self.halt.set()
+        self.join()
+        if self.error:
+            raise self.error
+
+
+def soak(service, dask, inputs, seconds, iterations, outstanding, kill_every, drain_seconds, seed=0,
+         anytime=False):
+    """For ``seconds``: keep ``outstanding`` jobs queued or running (a submission whenever one ends: the rate the system
+    sustains), each on SCHOOL or an uploaded edge list (a new upload every 12th submission, so ingestion into
+    DATA_ROOT/stores also happens under the kills), and every ``kill_every`` (min, max) seconds SIGKILL either the
+    service (restarted on the same data root: queued jobs run, running ones resume from their checkpoints) or one
+    worker (a new worker started); with ``anytime`` from a separate thread (a kill may then land during the
+    benchmark's own POST or upload), else between the benchmark's requests. Then wait up to ``drain_seconds`` for
+    every accepted job to end, and compare each done job with the in-process run of the same request. Bounded loop,
+    loopback only."""
     rng = random.Random(seed)
     names = ["school"] + [n for n in inputs.local if n.startswith("uploads/")]
     next_upload = 1000
@@ -336,6 +363,23 @@ def soak(service, dask, inputs, seconds, iterations, outstanding, kill_every, dr
     peak_load = max(os.getloadavg())
     t0 = time.perf_counter()
     next_kill = t0 + rng.uniform(*kill_every)
+
+    def kill_one():
+        if rng.random() < 0.5:
+            service.kill()
+            service.start()
+            kills["service"] += 1
+        else:
+            k = rng.randrange(len(dask.workers))
+            dask.workers[k].kill()
+            dask.workers[k].wait()
+            dask.workers[k] = dask.worker()
+            kills["worker"] += 1
+        print(f"soak: {time.perf_counter() - t0:.0f} s, kills {kills}, accepted {len(accepted)}, ended "
+              f"{len(records)} ({sum(r['state'] == 'done' for r in records.values())} done), load "
+              f"{load_average()}", file=sys.stderr, flush=True)
+
+    killer = Killer(kill_one, kill_every, random.Random(seed + 1)) if anytime else None
 
     def poll():
         client = Client(service.port)
@@ -365,23 +409,15 @@ def soak(service, dask, inputs, seconds, iterations, outstanding, kill_every, dr
                 accepted[job["id"]] = (name, job_seed)
         except (OSError, ValueError, http.client.HTTPException):
             post_errors += 1
-        if time.perf_counter() >= next_kill:
-            if rng.random() < 0.5:
-                service.kill()
-                service.start()
-                kills["service"] += 1
-            else:
-                k = rng.randrange(len(dask.workers))
-                dask.workers[k].kill()
-                dask.workers[k].wait()
-                dask.workers[k] = dask.worker()
-                kills["worker"] += 1
-            print(f"soak: {time.perf_counter() - t0:.0f} s, kills {kills}, accepted {len(accepted)}, ended "
-                  f"{len(records)} ({sum(r['state'] == 'done' for r in records.values())} done), load "
-                  f"{load_average()}", file=sys.stderr, flush=True)
+        if killer is None and time.perf_counter() >= next_kill:
+            kill_one()
             next_kill = time.perf_counter() + rng.uniform(*kill_every)
+        if killer is not None and killer.error:
+            raise killer.error
         peak_load = max(peak_load, max(os.getloadavg()))
         time.sleep(0.5)
+    if killer is not None:
+        killer.finish()
     submit_end = time.perf_counter()
     while time.perf_counter() - submit_end < drain_seconds and len(records) + len(vanished) < len(accepted):
         try:
@@ -441,7 +477,7 @@ def cluster_main(args):
                 for k in range(3):
                     inputs.upload(service.port, k)
                 soaked = soak(service, dask, inputs, args.soak_seconds, args.soak_iterations, args.soak_outstanding,
-                              (args.kill_min, args.kill_max), args.drain_seconds)
+                              (args.kill_min, args.kill_max), args.drain_seconds, anytime=args.kill_anytime)
             finally:
                 service.stop()
     finally:
@@ -483,8 +519,10 @@ def cluster_main(args):
             f"12th submission ({soaked['uploads']} uploads in all); every {args.kill_min}-{args.kill_max} s a "
             "SIGKILL of either the service (restarted on the same data root) or one worker (a new one started). "
             f"Then up to {args.drain_seconds} s for every accepted job to end ({soaked['drain_s']:.0f} s taken).  "
-            "A kill happens between the benchmark's own requests (the service is restarted before the next one), "
-            "at a random point of the jobs' runs, ingestions and writes; \"resumed\" counts jobs picked up again "
+            + ("Kills come from a separate thread at any moment, also during the benchmark's own POSTs and "
+               "uploads" if args.kill_anytime else "A kill happens between the benchmark's own requests (the "
+               "service is restarted before the next one)")
+            + ", at a random point of the jobs' runs, ingestions and writes; \"resumed\" counts jobs picked up again "
             "by a restarted service (from their last checkpoint, or from the start when they had none).",
             "",
             "| submitted (201) | completed | identical embedding | identical KL history | equal | resumed after a "
@@ -497,7 +535,8 @@ def cluster_main(args):
             "",
             f"Job database at the end (every job of this data root, also those whose POST answer was lost to a kill, "
             "and the load phase's when it ran first): "
-            f"{soaked['database']}.  Submissions that got no 201 (service being killed or restarting): "
+            f"{soaked['database']} ({sum(soaked['database'].values()) - soaked['submitted']} more than the 201s seen "
+            "by the benchmark).  Submissions that got no 201 (service being killed or restarting): "
             f"{soaked['post_errors']}.  Load average before: {soaked['load_before']}, after: "
             f"{soaked['load_after']}; peak 1-min: {soaked['peak_load1']:.2f}.",
             "",
@@ -536,6 +575,8 @@ def main():
     parser.add_argument("--soak-outstanding", type=int, default=4, help="jobs kept queued or running in the soak")
     parser.add_argument("--kill-min", type=float, default=20, help="seconds between kills: uniform(min, max)")
     parser.add_argument("--kill-max", type=float, default=60)
+    parser.add_argument("--kill-anytime", action="store_true",
+                        help="kill from a separate thread, also during the benchmark's own requests")
     parser.add_argument("--drain-seconds", type=int, default=600, help="wait for the soak's jobs to end")
     parser.add_argument("--work-dir", default=tempfile.gettempdir(),
                         help="where the run's data root and logs go (removed after a clean run)")
