@@ -1,11 +1,13 @@
 """CLI defects of issue 23: one-line errors (status 2) instead of tracebacks or "diverged", checkpoints and
 results checked on load, resume never connecting to a scheduler address it read from a checkpoint."""
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,6 +59,15 @@ def test_unwritable_output_is_one_line(tmp_path):
     target = tmp_path / "no" / "such" / "R.zarr"
     proc = run_cli("embed", "school", "--iterations", "5", "--out", str(target), "--quiet")
     assert one_line_error(proc, "output directory"), proc.stderr
+    # a read-only output directory (as root, mode bits do not stop writes: /sys refuses even root)
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0 and os.path.isdir("/sys"):
+        read_only = Path("/sys")
+    proc = run_cli("embed", "school", "--iterations", "5", "--out", str(read_only / "R.zarr"), "--quiet")
+    assert one_line_error(proc, str(read_only)), proc.stderr
+    assert not (read_only / "R.zarr").exists()
     blocker = tmp_path / "file"
     blocker.write_text("x")
     proc = run_cli("plot", str(tmp_path / "none.zarr"), "--out", str(blocker / "p.png"))
