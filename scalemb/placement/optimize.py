@@ -125,6 +125,8 @@ class PlacementRun:
     seconds: float
     evaluations: int = 0
     settings: dict = field(default_factory=dict)
+    moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # stored rows freed
+    moved_coords: np.ndarray | None = None  # their new coordinates, ``(d, len(moved))``
 
 
 @dataclass
