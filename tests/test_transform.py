@@ -87,6 +87,20 @@ def test_start_is_weighted_median_and_placement_lowers_kl():
     assert np.all(np.diff(run.kl_history) <= 1e-12)  # Armijo: never up
 
 
+def test_start_jitter_follows_each_coordinates_scale():
+    """SNEST: a map spread over 1e4 units in space but ~0.1 in time jitters the new points' time by ~1e-4,
+    not by the space scale (exp(|Δt|²) would overflow)."""
+    rng = np.random.default_rng(0)
+    n, m = 50, 4
+    old = np.concatenate([1e4 * rng.standard_normal((2, n)), 0.1 * rng.standard_normal((1, n))])
+    P = sp.lil_matrix((n + m, n + m))
+    for k in range(m):
+        P[n + k, k] = P[k, n + k] = 1.0
+    X0, _ = initial_positions(sp.csr_matrix(P)[n:], old, 2, seed=0)
+    assert np.abs(X0[2] - old[2, :m]).max() < 1e-3
+    assert np.abs(X0[:2] - old[:2, :m]).max() < 1e2
+
+
 def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
     n, m = 40, 5
     affinity = random_affinity(n + m, seed=3)
@@ -122,6 +136,42 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
         place("tsne", 2, old, P, free_hops=-1)
     with pytest.raises(ScalembError, match="frees every stored point"):
         place("tsne", 2, old, P, free_hops=n)
+
+
+@pytest.mark.parametrize("name,far", [("tsne", False), ("tsne", True), ("sne", True), ("snest", False)])
+def test_frozen_fft_grid_matches_the_exact_objective(name, far):
+    """The fixed map's repulsion through one FFT grid (``placement.frozen``): the same KL and gradient as the
+    exact sums, on an uncapped and a split (capped, near field) grid, with new points inside the map, far
+    outside the grid (exact fallback) and beyond the old points' cells."""
+    ds, dt = DIMS[name]
+    rng = np.random.default_rng(3)
+    n, m = 800, 60
+    scale = 3.0 if far else 1.0  # the unspread map fits an uncapped grid
+    centres = scale * rng.standard_normal((8, ds))
+    Y = centres[rng.integers(8, size=n)] + rng.standard_normal((n, ds))
+    if far:
+        Y[:n // 20] *= 200.0  # a spread-out map: the grid is capped and split
+    old = np.concatenate([Y.T, 0.3 * rng.standard_normal((dt, n))])
+    X = np.concatenate([(centres[rng.integers(8, size=m)] + rng.standard_normal((m, ds))).T,
+                        0.3 * rng.standard_normal((dt, m))])
+    X[:ds, 0] = 1e7  # outside the grid
+    X[:ds, 1] = old[:ds].max(axis=1) + 5.0  # just beyond the old points
+    A = sp.random(n + m, n + m, density=6 / (n + m), random_state=1)
+    A = (A + A.T).tocsr()
+    A.setdiag(0)
+    A.eliminate_zeros()
+    P = A / A.sum()
+    model = get_model(name)
+    with PlacementObjective(model, ds, P, old) as exact, PlacementObjective(model, ds, P, old, repulsion="fft") as fft:
+        assert fft.field.grid.capped == far or name == "sne"
+        assert fft.z_old == pytest.approx(exact.z_old, rel=1e-5)
+        e, f = exact.evaluate(X), fft.evaluate(X)
+    assert f.kl == pytest.approx(e.kl, rel=1e-6)
+    assert np.linalg.norm(f.gradient - e.gradient) <= 1e-3 * np.linalg.norm(e.gradient)
+    assert np.abs(f.gradient[:, 0] - e.gradient[:, 0]).max() <= 1e-9 * np.abs(e.gradient[:, 0]).max()
+    if name == "tsne" and far:
+        run, _ = place(name, ds, old, P, repulsion="fft")
+        assert run.settings["repulsion"] == "fft" and run.kl < run.kl_history[0]
 
 
 def _school_split(tmp_path, new_nodes=(3, 4, 30)):

@@ -25,6 +25,9 @@ def add_parser(commands):
                           "the stored map stays fixed)")
     tra.add_argument("--free-iterations", type=int, default=30,
                      help="iterations of that second phase at most (default 30)")
+    tra.add_argument("--repulsion", choices=("auto", "exact", "fft"), default="auto",
+                     help="repulsion from the stored points: exact sums or one frozen FFT grid of the stored map "
+                          "(default auto: fft from 20000 stored points or 2e7 stored x new pairs)")
     tra.add_argument("--quiet", action="store_true")
     return tra
 
@@ -44,7 +47,8 @@ def run_transform(args) -> int:
     result = transform_run(args.run, args.new, args.out, overwrite=args.overwrite,
                            optimizer=PlacementOptimizer(iterations=args.iterations, tol=args.tol), seed=args.seed,
                            n_threads=args.threads, refuse_unattached=args.refuse_unattached,
-                           free_hops=args.free_hops, free_iterations=args.free_iterations)
+                           free_hops=args.free_hops, free_iterations=args.free_iterations,
+                           repulsion=args.repulsion)
     prov = result.provenance
     moved = f", {prov['n_moved']} stored points moved" if prov.get("n_moved") else ""
     print(f"wrote {args.out}: placed {prov['n_new']} new points into {prov['n_old']} "

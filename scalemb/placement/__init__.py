@@ -30,7 +30,7 @@ from .objective import PlacementObjective
 from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
 
 __all__ = ["FREE_ITERATIONS", "Reference", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
-           "freed_points", "place", "place_into", "reference_of", "transform_run"]
+           "freed_points", "place", "placement_repulsion", "place_into", "reference_of", "transform_run"]
 
 
 @dataclass
@@ -116,6 +116,20 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
 
 
 FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (benchmarks/results/transform.md)
+# repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
+# has an FFT repulsion); below, the exact sums (cheap there, and exact)
+FFT_MIN_OLD = 20_000
+FFT_MIN_PAIRS = 20_000_000
+
+
+def placement_repulsion(model, n_old: int, n_new: int, repulsion: str = "auto") -> str:
+    """``"exact"`` or ``"fft"`` for ``repulsion`` ``"auto"`` / ``"exact"`` / ``"fft"`` (module constants)."""
+    if repulsion not in ("auto", "exact", "fft"):
+        raise ValueError(f"placement repulsion must be 'auto', 'exact' or 'fft', got {repulsion!r}")
+    if repulsion != "auto":
+        return repulsion
+    big = n_old >= FFT_MIN_OLD or n_old * n_new >= FFT_MIN_PAIRS
+    return "fft" if big and model.fft is not None else "exact"
 
 
 def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
@@ -134,7 +148,7 @@ def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
 
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
           n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int = 0,
-          free_iterations: int = FREE_ITERATIONS):
+          free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
     """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
     ``old`` (``(ds + dt, N)``).  Returns ``(PlacementRun, n_unattached)``.
 
@@ -147,19 +161,24 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     held-out 10 % into the full re-embedding's own stored rows reaches its neighbourhood preservation, into the
     map of the other 90 % it cannot (``benchmarks/results/transform.md``): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
-    ``moved_coords``; every other stored row stays exactly where it was."""
+    ``moved_coords``; every other stored row stays exactly where it was.
+
+    ``repulsion``: ``"exact"`` sums, the frozen FFT grid of the fixed map (``"fft"``, ``placement.frozen``), or
+    ``"auto"`` (``placement_repulsion``)."""
     if free_hops < 0 or free_iterations < 1:
         raise ValueError(f"free_hops must be >= 0 and free_iterations >= 1, got {free_hops}, {free_iterations}")
     model = get_model(model_name)
     n = old.shape[1]
     P = sp.csr_matrix(P)
+    method = placement_repulsion(model, n, P.shape[0] - n, repulsion)
     X0, unattached = initial_positions(P[n:], old, space_dims, seed)
     if unattached and refuse_unattached:
         raise ScalembError(f"{unattached} new nodes share no edge path with the stored map (placing them is "
                            "refused; without the refusal: " + UNATTACHED_RULE + ")")
     optimizer = optimizer or PlacementOptimizer()
-    with PlacementObjective(model, space_dims, P, old, n_threads=n_threads) as objective:
+    with PlacementObjective(model, space_dims, P, old, n_threads=n_threads, repulsion=method) as objective:
         run = optimizer.optimize(objective, X0, space_dims, callback=callback)
+    run.settings["repulsion"] = method
     if free_hops == 0:
         return run, unattached
     free = freed_points(P, n, free_hops)
@@ -172,7 +191,7 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
                                 max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
-                            n_threads=n_threads) as objective:
+                            n_threads=n_threads, repulsion=method) as objective:
         run2 = second.optimize(objective, start, space_dims)
     settings = dict(run.settings, free_hops=int(free_hops), free_iterations=int(free_iterations),
                     n_moved=int(free.size))
@@ -245,12 +264,13 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            time_dims=result.time_dims, iterations=run.iterations, seed=result.seed,
                            restart_kls=[run.kl], wall_time=run.seconds, provenance=provenance,
                            optimizer=run.settings,
-                           repulsion={} if "eigenmap" in result.model else {"method": "exact"})
+                           repulsion={} if "eigenmap" in result.model else
+                           {"method": run.settings.get("repulsion", "exact")})
 
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
-               free_hops: int = 0, free_iterations: int = FREE_ITERATIONS):
+               free_hops: int = 0, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
     ``EmbeddingResult`` (old rows first, unchanged unless ``free_hops > 0``: see ``place``)."""
@@ -265,7 +285,7 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
                               "start_kl": float("nan")})
     placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
                                optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
-                               free_iterations=free_iterations)
+                               free_iterations=free_iterations, repulsion=repulsion)
     provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
                   "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
                   "n_moved": int(placed.moved.size), "run_provenance": result.provenance,
@@ -275,7 +295,7 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
 
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
                   n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int = 0,
-                  free_iterations: int = FREE_ITERATIONS):
+                  free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
     from ..embedding import EmbeddingResult
@@ -288,6 +308,6 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
     except Exception as exc:  # noqa: BLE001 - zarr raises many types for what is not a result group
         raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
     combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run,
-                          free_hops=free_hops, free_iterations=free_iterations)
+                          free_hops=free_hops, free_iterations=free_iterations, repulsion=repulsion)
     combined.save(out, overwrite=overwrite)
     return combined

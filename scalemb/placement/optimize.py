@@ -5,7 +5,8 @@ Start: each new point at the weighted median (per coordinate, weights ``p_ij``) 
 neighbours take, round by round, the weighted median of their already placed neighbours; points whose
 component of the new edges reaches no old point ("unattached") are placed by ``UNATTACHED_RULE``.  A jitter
 of ``1e-3`` times the old map's spread separates points that start at the same place (their mutual force is
-zero there).
+zero there): the space coordinates' mean standard deviation in space, each time coordinate's own in time (a
+time jitter at the space scale, ~10 units on GrQc's maps, would start SNEST's ``exp(|Δt|²)`` at ~e^100).
 
 Optimisation: descent along ``-G_i / (h_i + mu)`` per point, ``h_i`` the diagonal of the attractive partial
 Hessian (the Jacobi form of the spectral direction of Vladymyrov & Carreira-Perpinan 2012: with old
@@ -108,8 +109,11 @@ def initial_positions(new_rows: sp.csr_matrix, old: np.ndarray, space_dims: int,
             start = centre.copy()
             start[:ds] += radius * direction
             out[:, unattached[labels == label]] = start[:, None]
-    spread = float(old.std(axis=1).mean()) or 1.0
-    out += 1e-3 * spread * rng.standard_normal(out.shape)
+    std = old.std(axis=1)
+    spread = np.empty(d)  # per coordinate kind: the space spread, and each time coordinate's own
+    spread[:space_dims] = float(std[:space_dims].mean()) or 1.0
+    spread[space_dims:] = np.where(std[space_dims:] > 0, std[space_dims:], 1.0)
+    out += 1e-3 * spread[:, None] * rng.standard_normal(out.shape)
     return out, int(unattached.size)
 
 
