@@ -27,7 +27,7 @@ from scalemb.embedding import Embedder
 from scalemb.engine import LocalExecutor
 from scalemb.io.edgelist import graph_from_edges, read_edge_list
 from scalemb.models import get_model
-from scalemb.placement import PlacementObjective, PlacementOptimizer, place
+from scalemb.placement import PlacementObjective, PlacementOptimizer, place, placement_repulsion
 from scalemb.placement.affinity import _knn_against, extended_graph_affinity, extended_knn_affinity
 
 DIMS = {"tsne": (2, 0), "sne": (2, 0), "snest": (2, 1)}
@@ -209,14 +209,15 @@ def knn_section(report, n_points: int, k_np: int = 15):
                                       30.0)
             run, _ = place("tsne", 2, old_coords, P, optimizer(300))
             times[map_name, label] = time.perf_counter() - t0
-            rows.append([map_name, f"scalemb transform ({label})", f"{run.kl:.4f}",
+            rows.append([map_name, f"scalemb transform ({label}, {run.settings['repulsion']})", f"{run.kl:.4f}",
                          f"{np_of(np.concatenate([Y_map, run.coords.T])):.3f}", f"{times[map_name, label]:.2f}",
                          f"{run.iterations} (start KL {run.kl_history[0]:.4f})"])
             print(rows[-1], flush=True)
         t0 = time.perf_counter()
         Y_ot = np.asarray(ot_embedding.transform(X_new))
         times[map_name, "openTSNE"] = time.perf_counter() - t0
-        with PlacementObjective(get_model("tsne"), 2, P, old_coords) as objective:
+        with PlacementObjective(get_model("tsne"), 2, P, old_coords,
+                                repulsion=placement_repulsion(get_model("tsne"), n, m)) as objective:
             kl_ot = objective.evaluate(np.ascontiguousarray(Y_ot.T)).kl
         rows.append([map_name, "openTSNE transform", f"{kl_ot:.4f}", f"{np_of(np.concatenate([Y_map, Y_ot])):.3f}",
                      f"{times[map_name, 'openTSNE']:.2f}", 250])
