@@ -11,7 +11,7 @@ from scalemb.embedding import EmbeddingResult
 from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 from scalemb.models import get_model
-from scalemb.placement import PlacementObjective, freed_points, place
+from scalemb.placement import PlacementObjective, PlacementOptimizer, freed_points, place
 from scalemb.placement.optimize import initial_positions
 
 from .cli_runner import run_cli
@@ -134,6 +134,9 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
         assert objective.evaluate(freed.coords).kl == pytest.approx(freed.kl, rel=1e-10)
     with pytest.raises(ValueError, match="free_hops"):
         place("tsne", 2, old, P, free_hops=-1)
+    with pytest.raises(ValueError, match="time coordinates"):
+        place("snest", 2, np.concatenate([old, np.zeros((1, n))]), P,
+              PlacementOptimizer(exaggeration=4.0, exaggeration_iterations=10))
     with pytest.raises(ScalembError, match="frees every stored point"):
         place("tsne", 2, old, P, free_hops=n)
 

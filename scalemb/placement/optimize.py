@@ -160,6 +160,9 @@ class PlacementOptimizer:
         ``it`` steps).  The iterations are ``optim.loop.run_loop``'s (no re-centring: the old points are fixed);
         converged: the stall test held (also after the last iteration) or no step along the direction lowered
         the KL."""
+        if self.exaggeration != 1.0 and self.exaggeration_iterations > 0 and X0.shape[0] > space_dims:
+            raise ValueError("an exaggerated placement phase is not supported for models with time coordinates "
+                             "(SNEST on GrQc: the new points' time coordinates diverged)")
         start = time.perf_counter()
         X = np.array(X0, dtype=np.float64, order="C")
         alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
