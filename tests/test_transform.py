@@ -9,8 +9,9 @@ from scalemb.affinity import Affinity
 from scalemb.datasets import school_edges
 from scalemb.embedding import EmbeddingResult
 from scalemb.engine import LocalExecutor
+from scalemb.errors import ScalembError
 from scalemb.models import get_model
-from scalemb.placement import PlacementObjective, place
+from scalemb.placement import PlacementObjective, PlacementOptimizer, freed_points, place
 from scalemb.placement.optimize import initial_positions
 
 from .cli_runner import run_cli
@@ -86,6 +87,96 @@ def test_start_is_weighted_median_and_placement_lowers_kl():
     assert np.all(np.diff(run.kl_history) <= 1e-12)  # Armijo: never up
 
 
+def test_start_jitter_follows_each_coordinates_scale():
+    """SNEST: a map spread over 1e4 units in space but ~0.1 in time jitters the new points' time by ~1e-4,
+    not by the space scale (exp(|Δt|²) would overflow)."""
+    rng = np.random.default_rng(0)
+    n, m = 50, 4
+    old = np.concatenate([1e4 * rng.standard_normal((2, n)), 0.1 * rng.standard_normal((1, n))])
+    P = sp.lil_matrix((n + m, n + m))
+    for k in range(m):
+        P[n + k, k] = P[k, n + k] = 1.0
+    X0, _ = initial_positions(sp.csr_matrix(P)[n:], old, 2, seed=0)
+    assert np.abs(X0[2] - old[2, :m]).max() < 1e-3
+    assert np.abs(X0[:2] - old[:2, :m]).max() < 1e2
+
+
+def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
+    n, m = 40, 5
+    affinity = random_affinity(n + m, seed=3)
+    P = affinity.P.tolil()
+    P[n:, :] = 0
+    P[:, n:] = 0
+    for k, j in enumerate((0, 1, 2, 3, 3)):  # new point n + k attached to stored point j (and n + k - 1)
+        P[n + k, j] = P[j, n + k] = 0.02
+        if k:
+            P[n + k, n + k - 1] = P[n + k - 1, n + k] = 0.01
+    P = sp.csr_matrix(P)
+    P.eliminate_zeros()
+    P = P / P.sum()
+    assert list(freed_points(P, n, 1)) == [0, 1, 2, 3]
+    two = freed_points(P, n, 2)
+    B = P[:n, :n].tocsr()
+    expected = set(range(4)) | set(B[:4].indices)
+    assert set(two) == expected
+    old = np.random.default_rng(1).standard_normal((2, n))
+    fixed, _ = place("tsne", 2, old, P)
+    freed, _ = place("tsne", 2, old, P, free_hops=1, free_iterations=20)
+    assert fixed.moved.size == 0 and list(freed.moved) == [0, 1, 2, 3]
+    assert freed.kl < fixed.kl
+    assert np.all(np.diff(freed.kl_history) <= 1e-12)  # both phases descend the same whole-map KL
+    assert not np.allclose(freed.moved_coords, old[:, :4])
+    with PlacementObjective(get_model("tsne"), 2, P, old) as objective:  # moved rows make the returned map
+        assert objective.evaluate(fixed.coords).kl == pytest.approx(fixed.kl, rel=1e-10)
+    moved_old = old.copy()
+    moved_old[:, freed.moved] = freed.moved_coords
+    with PlacementObjective(get_model("tsne"), 2, P, moved_old) as objective:
+        assert objective.evaluate(freed.coords).kl == pytest.approx(freed.kl, rel=1e-10)
+    with pytest.raises(ValueError, match="free_hops"):
+        place("tsne", 2, old, P, free_hops=-1)
+    with pytest.raises(ValueError, match="time coordinates"):
+        place("snest", 2, np.concatenate([old, np.zeros((1, n))]), P,
+              PlacementOptimizer(exaggeration=4.0, exaggeration_iterations=10))
+    with pytest.raises(ScalembError, match="frees every stored point"):
+        place("tsne", 2, old, P, free_hops=n)
+
+
+@pytest.mark.parametrize("name,far", [("tsne", False), ("tsne", True), ("sne", True), ("snest", False)])
+def test_frozen_fft_grid_matches_the_exact_objective(name, far):
+    """The fixed map's repulsion through one FFT grid (``placement.frozen``): the same KL and gradient as the
+    exact sums, on an uncapped and a split (capped, near field) grid, with new points inside the map, far
+    outside the grid (exact fallback) and beyond the old points' cells."""
+    ds, dt = DIMS[name]
+    rng = np.random.default_rng(3)
+    n, m = 800, 60
+    scale = 3.0 if far else 1.0  # the unspread map fits an uncapped grid
+    centres = scale * rng.standard_normal((8, ds))
+    Y = centres[rng.integers(8, size=n)] + rng.standard_normal((n, ds))
+    if far:
+        Y[:n // 20] *= 200.0  # a spread-out map: the grid is capped and split
+    old = np.concatenate([Y.T, 0.3 * rng.standard_normal((dt, n))])
+    X = np.concatenate([(centres[rng.integers(8, size=m)] + rng.standard_normal((m, ds))).T,
+                        0.3 * rng.standard_normal((dt, m))])
+    X[:ds, 0] = 1e7  # outside the grid
+    X[:ds, 1] = old[:ds].max(axis=1) + 5.0  # just beyond the old points
+    A = sp.random(n + m, n + m, density=6 / (n + m), random_state=1)
+    A = (A + A.T).tocsr()
+    A.setdiag(0)
+    A.eliminate_zeros()
+    P = A / A.sum()
+    model = get_model(name)
+    with PlacementObjective(model, ds, P, old) as exact, PlacementObjective(model, ds, P, old, repulsion="fft") as fft:
+        assert fft.field.grid.capped == far or name == "sne"
+        assert fft.z_old == pytest.approx(exact.z_old, rel=1e-5)
+        e, f = exact.evaluate(X), fft.evaluate(X)
+    assert f.kl == pytest.approx(e.kl, rel=1e-6)
+    assert np.linalg.norm(f.gradient - e.gradient) <= 1e-3 * np.linalg.norm(e.gradient)
+    assert np.abs(f.gradient[:, 0] - e.gradient[:, 0]).max() <= 1e-9 * np.abs(e.gradient[:, 0]).max()
+    if name == "tsne" and far:
+        run, _ = place(name, ds, old, P, repulsion="fft")
+        assert run.settings["repulsion"] == "fft" and run.kl < run.kl_history[0]
+
+
 def _school_split(tmp_path, new_nodes=(3, 4, 30)):
     """SCHOOL with ``new_nodes`` held out: the old edge list and the new nodes' edges (new id first)."""
     src, dst = school_edges()
@@ -129,6 +220,15 @@ def test_cli_places_new_graph_nodes(school_run):
         d = np.linalg.norm(Y[:39] - Y[39 + k], axis=1)
         nearest = ids[:39][np.argsort(d)[:3]]
         assert np.all((nearest <= 20) == (node <= 20)), (node, nearest)
+    freed = tmp_path / "freed.zarr"
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(freed), "--free-hops", "1", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    moved_result = EmbeddingResult.load(freed)
+    n_moved = moved_result.provenance["n_moved"]
+    assert f"{n_moved} stored points moved" in proc.stdout and 0 < n_moved < 39
+    still = np.all(moved_result.embedding[:39] == before.embedding, axis=1)
+    assert np.count_nonzero(~still) <= n_moved and np.count_nonzero(still) >= 39 - n_moved
+    assert moved_result.kl <= after.kl + 1e-12
 
 
 def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
@@ -152,6 +252,8 @@ def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     proc = run_cli("transform", str(run), str(lonely), "--out", str(out), "--refuse-unattached")
     assert proc.returncode == 2 and "2 new nodes share no edge path" in proc.stderr
     assert not out.exists()
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--free-hops", "-1")
+    assert proc.returncode == 2 and "--free-hops must be >= 0" in proc.stderr and not out.exists()
     proc = run_cli("transform", str(run), str(lonely), "--out", str(out), "--quiet")
     assert proc.returncode == 0 and "(2 unattached)" in proc.stdout
     assert list(sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))) == []

@@ -4,11 +4,11 @@
 def add_parser(commands):
     tra = commands.add_parser(
         "transform", help="place new nodes (edge list) or points (feature rows) into a stored map",
-        description="The stored map's points stay fixed; the new ones start at the weighted median of their old "
-                    "neighbours and are optimised against it (the whole map's KL).  Graph runs: NEW is an edge "
-                    "list 'NEW_ID OTHER_ID [weight]' (first column: a new node; second: a stored node or another "
-                    "new one).  kNN runs: NEW holds feature rows (.npy, .csv, Zarr array) of the reference's "
-                    "width.  Writes the whole map (old rows first) as a result group.")
+        description="The stored map's points stay fixed (unless --free-hops); the new ones start at the weighted "
+                    "median of their old neighbours and are optimised against it (the whole map's KL).  Graph "
+                    "runs: NEW is an edge list 'NEW_ID OTHER_ID [weight]' (first column: a new node; second: a "
+                    "stored node or another new one).  kNN runs: NEW holds feature rows (.npy, .csv, Zarr array) "
+                    "of the reference's width.  Writes the whole map (old rows first) as a result group.")
     tra.add_argument("run", help="the stored run (an embed --out result group)")
     tra.add_argument("new", help="new nodes' edge list (graph runs) or new feature rows (kNN runs)")
     tra.add_argument("--out", required=True, help="output result group (Zarr)")
@@ -20,6 +20,14 @@ def add_parser(commands):
     tra.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs)")
     tra.add_argument("--refuse-unattached", action="store_true",
                      help="refuse new nodes with no edge path to the stored map instead of placing them at the rim")
+    tra.add_argument("--free-hops", type=int, default=0,
+                     help="then let the stored points within this many edges of a new node move too (default 0: "
+                          "the stored map stays fixed)")
+    tra.add_argument("--free-iterations", type=int, default=30,
+                     help="iterations of that second phase at most (default 30)")
+    tra.add_argument("--repulsion", choices=("auto", "exact", "fft"), default="auto",
+                     help="repulsion from the stored points: exact sums or one frozen FFT grid of the stored map "
+                          "(default auto: fft from 20000 stored points or 2e7 stored x new pairs)")
     tra.add_argument("--quiet", action="store_true")
     return tra
 
@@ -30,13 +38,20 @@ def run_transform(args) -> int:
 
     if args.iterations < 1:
         raise ScalembError(f"--iterations must be >= 1, got {args.iterations}")
+    if args.free_hops < 0:
+        raise ScalembError(f"--free-hops must be >= 0, got {args.free_hops}")
+    if args.free_iterations < 1:
+        raise ScalembError(f"--free-iterations must be >= 1, got {args.free_iterations}")
     if args.threads is not None and args.threads < 1:
         raise ScalembError(f"--threads must be >= 1, got {args.threads}")
     result = transform_run(args.run, args.new, args.out, overwrite=args.overwrite,
                            optimizer=PlacementOptimizer(iterations=args.iterations, tol=args.tol), seed=args.seed,
-                           n_threads=args.threads, refuse_unattached=args.refuse_unattached)
+                           n_threads=args.threads, refuse_unattached=args.refuse_unattached,
+                           free_hops=args.free_hops, free_iterations=args.free_iterations,
+                           repulsion=args.repulsion)
     prov = result.provenance
+    moved = f", {prov['n_moved']} stored points moved" if prov.get("n_moved") else ""
     print(f"wrote {args.out}: placed {prov['n_new']} new points into {prov['n_old']} "
-          f"({prov['n_unattached']} unattached), KL {prov['start_kl']:.4f} -> {result.kl:.4f}, "
+          f"({prov['n_unattached']} unattached{moved}), KL {prov['start_kl']:.4f} -> {result.kl:.4f}, "
           f"{result.iterations} iterations, {result.wall_time:.1f} s")
     return 0

@@ -29,6 +29,10 @@ affinities ``p_j|i`` to the reference (summing to 1) and its own normaliser ``Z_
 KL that a full re-embedding minimises, so the two can be compared directly.  For kNN affinities the new
 rows of ``P'`` are openTSNE's ``p_j|i / (2 (N + M))`` (the reference's neighbour lists do not change).
 
+Repulsion from the old points: exact (``cross_repulsion``, O(M N) per evaluation) or, with ``repulsion="fft"``,
+through one FFT grid of the fixed map computed once (``placement.frozen.FrozenField``: O(M) per evaluation, and
+``Z_oo`` by one FFT pass instead of O(N²)); the new points' repulsion among themselves is exact either way.
+
 Work is split into blocks of ``BLOCK_ROWS`` new rows (a layout fixed by the data, not by the thread count),
 evaluated on a thread pool; each block costs O(rows x (N + M)) for the repulsion.
 """
@@ -74,8 +78,11 @@ class PlacementObjective:
     """
 
     def __init__(self, model: Model, space_dims: int, P: sp.csr_matrix, old: np.ndarray, n_threads: int | None = None,
-                 z_old: float | None = None):
+                 z_old: float | None = None, repulsion: str = "exact"):
+        if repulsion not in ("exact", "fft"):
+            raise ValueError(f"placement repulsion must be 'exact' or 'fft', got {repulsion!r}")
         self.model = model
+        self.repulsion = repulsion
         self.space_dims = space_dims
         self.old = np.ascontiguousarray(old, dtype=np.float64)
         n = self.old.shape[1]
@@ -97,7 +104,15 @@ class PlacementObjective:
         indptr = old_block.indptr.astype(np.int64)
         self.plogw_old = float(model.attraction(indptr, old_block.indices.astype(np.int64), old_block.data, 0,
                                                 point_major(self.old), space_dims, A, True))
-        self.z_old = self._z_old() if z_old is None else float(z_old)
+        self.field = None
+        if repulsion == "fft":
+            from .frozen import FrozenField
+
+            self.field = FrozenField(model, space_dims, self.old, workers=self.n_threads)
+        if z_old is not None:
+            self.z_old = float(z_old)
+        else:
+            self.z_old = self.field.z_old() if self.field is not None else self._z_old()
 
     def _z_old(self) -> float:
         """``Z_oo``: the exact all-pairs kernel over the old points, in blocks of rows."""
@@ -126,7 +141,10 @@ class PlacementObjective:
         s_on = self.model.attraction(*rows.b, r0, Yt, ds, A, with_kl)
         s_nn = self.model.attraction(*rows.e, r0, Yt, ds, A, with_kl)
         R = np.zeros((d, rows.r1 - rows.r0))
-        z_on = self.model.cross_repulsion(X, rows.r0, rows.r1, self.old, ds, False, R)
+        if self.field is not None:
+            z_on = self.field.add(X, rows.r0, rows.r1, R)
+        else:
+            z_on = self.model.cross_repulsion(X, rows.r0, rows.r1, self.old, ds, False, R)
         z_nn = self.model.cross_repulsion(X, rows.r0, rows.r1, X, ds, True, R)
         return rows, A, R, float(s_on), float(s_nn), float(z_on), float(z_nn)
 

@@ -5,7 +5,8 @@ Start: each new point at the weighted median (per coordinate, weights ``p_ij``) 
 neighbours take, round by round, the weighted median of their already placed neighbours; points whose
 component of the new edges reaches no old point ("unattached") are placed by ``UNATTACHED_RULE``.  A jitter
 of ``1e-3`` times the old map's spread separates points that start at the same place (their mutual force is
-zero there).
+zero there): the space coordinates' mean standard deviation in space, each time coordinate's own in time (a
+time jitter at the space scale, ~10 units on GrQc's maps, would start SNEST's ``exp(|Δt|²)`` at ~e^100).
 
 Optimisation: descent along ``-G_i / (h_i + mu)`` per point, ``h_i`` the diagonal of the attractive partial
 Hessian (the Jacobi form of the spectral direction of Vladymyrov & Carreira-Perpinan 2012: with old
@@ -108,8 +109,11 @@ def initial_positions(new_rows: sp.csr_matrix, old: np.ndarray, space_dims: int,
             start = centre.copy()
             start[:ds] += radius * direction
             out[:, unattached[labels == label]] = start[:, None]
-    spread = float(old.std(axis=1).mean()) or 1.0
-    out += 1e-3 * spread * rng.standard_normal(out.shape)
+    std = old.std(axis=1)
+    spread = np.empty(d)  # per coordinate kind: the space spread, and each time coordinate's own
+    spread[:space_dims] = float(std[:space_dims].mean()) or 1.0
+    spread[space_dims:] = np.where(std[space_dims:] > 0, std[space_dims:], 1.0)
+    out += 1e-3 * spread[:, None] * rng.standard_normal(out.shape)
     return out, int(unattached.size)
 
 
@@ -125,6 +129,8 @@ class PlacementRun:
     seconds: float
     evaluations: int = 0
     settings: dict = field(default_factory=dict)
+    moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # stored rows freed
+    moved_coords: np.ndarray | None = None  # their new coordinates, ``(d, len(moved))``
 
 
 @dataclass
@@ -154,6 +160,9 @@ class PlacementOptimizer:
         ``it`` steps).  The iterations are ``optim.loop.run_loop``'s (no re-centring: the old points are fixed);
         converged: the stall test held (also after the last iteration) or no step along the direction lowered
         the KL."""
+        if self.exaggeration != 1.0 and self.exaggeration_iterations > 0 and X0.shape[0] > space_dims:
+            raise ValueError("an exaggerated placement phase is not supported for models with time coordinates "
+                             "(SNEST on GrQc: the new points' time coordinates diverged)")
         start = time.perf_counter()
         X = np.array(X0, dtype=np.float64, order="C")
         alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0

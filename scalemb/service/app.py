@@ -163,6 +163,9 @@ class TransformRequest(BaseModel):
     new: str = Field(description="path relative to the data root (e.g. uploads/NAME): the new nodes' edge list "
                                  "'NEW_ID OTHER_ID [weight]' (graph jobs) or feature rows (kNN jobs)")
     iterations: int = Field(300, ge=1, le=100_000)
+    free_hops: int = Field(0, ge=0, le=100, description="stored points within this many edges of a new node move "
+                                                        "too, in a second phase (0: the stored map stays fixed)")
+    free_iterations: int = Field(30, ge=1, le=100_000)
 
 
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
@@ -332,6 +335,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         source = _done(job_id)
         params = {"kind": "transform", "source_job": job_id, "input": request.new,
                   "input_path": str(confine(root, request.new)), "iterations": request.iterations,
+                  "free_hops": request.free_hops, "free_iterations": request.free_iterations,
                   "model": source["params"].get("model")}
         try:
             record = state["runner"].submit(params)

@@ -319,7 +319,8 @@ class JobRunner:
             try:
                 transform_run(self.run_dir(params["source_job"]) / "run.zarr", params["input_path"], run,
                               optimizer=PlacementOptimizer(iterations=params["iterations"]),
-                              n_threads=self.n_threads)
+                              n_threads=self.n_threads, free_hops=params.get("free_hops", 0),
+                              free_iterations=params.get("free_iterations", 30))
             except Exception as exc:  # bad input included: the job fails with the message
                 message = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 logger.warning("job %s failed: %s", job_id, message)
