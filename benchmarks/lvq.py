@@ -107,6 +107,16 @@ def lvq_params(dataset, M, X_fit, y_fit, seed, select):
     base = dict(LVQ[dataset], rank=int(M))
     if not select:
         return base, None
+    key = (dataset, int(M), seed, hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
+    if key not in _SELECTED:  # the choice depends only on these; the NE maps reuse their projection's choice
+        _SELECTED[key] = _select(base, X_fit, y_fit, seed)
+    return _SELECTED[key]
+
+
+_SELECTED = {}
+
+
+def _select(base, X_fit, y_fit, seed):
     inner = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(X_fit, y_fit))
     scores = []
     for option in SELECT_GRID:
@@ -179,8 +189,9 @@ def evaluate(dataset, X, y, methods, seeds, raw, select=False, first_seed=0):
                     err = loo_error(Z, y)
                     if name in DETERMINISTIC:
                         cached = err, t
+                computed = not (name in DETERMINISTIC and seed > first_seed)
                 write_raw(raw, dict(dataset=dataset, method=name, protocol="transductive", seed=seed, error=err,
-                                    seconds=t, select=select, computed=not (name in DETERMINISTIC and seed > first_seed)))
+                                    seconds=t, select=select, computed=computed))
                 train, test = folds[seed % 10]
                 Zf, Zt, t, notes = run_method(name, X, y, train, test, seed, dataset, select)
                 idx = NearestNeighbors(n_neighbors=1).fit(Zf).kneighbors(Zt, return_distance=False)[:, 0]

@@ -7,7 +7,8 @@ one reader, ``scalemb.io.edgelist``: text, CSV, Parquet, Arrow; integer or strin
 column is a new node and whose second column is an old node or another new node (``read_new_edges``).
 
 kNN runs (``scalemb affinity --knn``): each new row's ``k`` nearest reference rows (exact search; same ``k``,
-metric -- for supervised runs the learned LiRaM dissimilarity of the stored model -- and perplexity or uniform weights as the run's provenance), conditional affinities ``p_j|i``
+metric -- for supervised runs the learned LiRaM dissimilarity of the stored model -- and perplexity or uniform
+weights as the run's provenance), conditional affinities ``p_j|i``
 calibrated as ``affinity.knn.conditional_affinities`` does, and, the reference's own neighbour lists being
 unchanged, ``P' = [[N P / (N + M), C^T / (2(N + M))], [C / (2(N + M)), 0]]`` with ``C`` the ``M x N``
 conditional rows: the joint ``(P_cond + P_cond^T) / (2 N')`` of all ``N' = N + M`` points.
