@@ -20,6 +20,7 @@ Run from the repository root:
 ``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -258,6 +259,51 @@ def _time_fit(n_epochs_fit, X, y, **options):
     return ((t2 - t1) - (t1 - t0)) / (n_epochs_fit - 1), t2 - t1, model
 
 
+@contextlib.contextmanager
+def dask_processes(n_workers, timeout=600):
+    """A real ``dask scheduler`` and ``n_workers`` single-threaded ``dask worker`` processes (no nanny) on
+    loopback; yields the scheduler address.  Generous start timeouts: on a loaded machine a LocalCluster's
+    nanny can miss its default start limit."""
+    import subprocess
+    import tempfile
+
+    from distributed import Client
+
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=f"{timeout}s")
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        file = os.path.join(tmp, "scheduler.json")
+        try:
+            procs.append(subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                           "--no-dashboard", "--scheduler-file", file], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(file) or not open(file).read().strip():
+                if time.monotonic() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError("dask scheduler did not start")
+                time.sleep(0.2)
+            time.sleep(0.5)
+            address = json.loads(open(file).read())["address"]
+            for _ in range(n_workers):
+                procs.append(subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny",
+                                               "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "4GB"],
+                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            with Client(address, timeout=timeout) as client:
+                client.wait_for_workers(n_workers, timeout=timeout)
+            yield address
+        finally:
+            for proc in procs[::-1]:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in procs[::-1]:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 def large(report, n, epochs):
     X, y = three_tip_star(n, random_state=0)
     rows = []
@@ -270,12 +316,10 @@ def large(report, n, epochs):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.modules.pop("distributed", None)
     try:
-        from distributed import LocalCluster
-
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-            per_epoch, total, model = _time_fit(epochs, X, y, partitions=2, scheduler=cluster.scheduler_address)
-            rows.append(["Dask, 2 workers x 1 thread, 2 partitions", f"{per_epoch * 1e3:.0f}", f"{total:.1f}",
-                         f"{1 - model.score(X, y):.3f}"])
+        with dask_processes(2) as address:
+            per_epoch, total, model = _time_fit(epochs, X, y, partitions=2, scheduler=address)
+            rows.append(["Dask, 2 worker processes x 1 thread (dask scheduler / dask worker on loopback), "
+                         "2 partitions", f"{per_epoch * 1e3:.0f}", f"{total:.1f}", f"{1 - model.score(X, y):.3f}"])
     except Exception as exc:  # noqa: BLE001 - report, keep the rest of the run
         rows.append(["Dask, 2 workers", f"failed: {exc}", "", ""])
     print(rows[-1], flush=True)
