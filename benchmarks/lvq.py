@@ -7,12 +7,15 @@ and scalemb SNE+ / t-SNE+ / SNEST+ (space R^2 for SNEST+) on affinities under th
 
 Two protocols, each repeated over seeds (mean +- std):
 * transductive (as the paper): everything fitted on all points, leave-one-out 1-NN error of the 2-D map;
-* honest: seed s holds out fold s of a stratified 10-fold split; every supervised step (LVQ, LDA, NCA, sklvq) sees
-  only the training labels.  Linear maps and LVQ projections are fitted on the training fold and applied to the
-  held-out points.  The neighbour-embedding maps are built on all points' features (placing new points into a
-  stored map is not available yet), with affinities under the metric learned from the training labels only, so no
-  held-out label enters; the error is the share of held-out points whose nearest training point in the map has
-  another label.
+* honest: seed s holds out fold s of a stratified 10-fold split (so 10 seeds = the 10 folds).  Every method is
+  fitted on the training fold alone (LVQ, LDA, NCA, sklvq see only its labels; the neighbour-embedding maps are
+  built on its points only) and the held-out points are mapped into it: linear maps and LVQ projections applied
+  to them, neighbour-embedding maps place them with ``Embedder.transform`` (kNN under the same -- for SNE+ /
+  t-SNE+ / SNEST+ the learned -- dissimilarity, the map's perplexity, KL against the fixed map).  The error is
+  the share of held-out points whose nearest training point in the map has another label.  Per fold the number
+  of held-out errors is compared with NCA's (folds better / equal / worse).
+``--select``: the LVQ settings are chosen per training fold by inner 5-fold cross-validation on that fold
+(``SELECT_GRID``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one global matrix).
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
 partitions) and the end-to-end time to a supervised t-SNE+ map.
 

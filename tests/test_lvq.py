@@ -284,6 +284,14 @@ def test_cli_supervised_affinity_then_embed(star_files):
     run = zarr.open_group(str(star_files / "run.zarr"), mode="r")
     assert run["embedding"].shape == (180, 2)
     assert dict(run.attrs)["provenance"]["lvq"]["kind"] == "liram_lvq"
+    # new points are placed under the stored learned metric
+    np.save(star_files / "X_new.npy", three_tip_star(20, random_state=5)[0])
+    proc = run_cli("transform", "run.zarr", "X_new.npy", "--iterations", "20", "--out", "placed.zarr",
+                   cwd=star_files)
+    assert proc.returncode == 0, proc.stderr
+    placed = zarr.open_group(str(star_files / "placed.zarr"), mode="r")
+    assert placed["embedding"].shape == (200, 2)
+    np.testing.assert_array_equal(placed["embedding"][:180], run["embedding"][:])
 
 
 @pytest.mark.parametrize("args, message", [
