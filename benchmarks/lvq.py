@@ -181,8 +181,15 @@ def evaluate(dataset, X, y, methods, seeds, raw, select=False, first_seed=0):
     ``raw``: the error, and for the honest protocol the fold's wrong / held-out counts."""
     folds = list(StratifiedKFold(10, shuffle=True, random_state=0).split(X, y))
     everything = np.arange(len(y))
+    done = {}  # deterministic transductive maps computed by an earlier run into the same raw file
+    if os.path.exists(raw):
+        for line in open(raw):
+            r = json.loads(line)
+            if r["dataset"] == dataset and r["protocol"] == "transductive" and r.get("computed") \
+                    and r["method"] in DETERMINISTIC:
+                done[r["method"]] = r["error"], r["seconds"]
     for name in methods:
-        cached = None
+        cached = done.get(name)
         for seed in range(first_seed, first_seed + seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -193,7 +200,7 @@ def evaluate(dataset, X, y, methods, seeds, raw, select=False, first_seed=0):
                     err = loo_error(Z, y)
                     if name in DETERMINISTIC:
                         cached = err, t
-                computed = not (name in DETERMINISTIC and seed > first_seed)
+                computed = not (name in DETERMINISTIC and (seed > first_seed or name in done))
                 write_raw(raw, dict(dataset=dataset, method=name, protocol="transductive", seed=seed, error=err,
                                     seconds=t, select=select, computed=computed))
                 train, test = folds[seed % 10]
