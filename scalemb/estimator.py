@@ -287,7 +287,8 @@ class Embedder(TransformerMixin, BaseEstimator):
         if unknown:
             raise ValueError(f"metric_params: unknown LiRaMLVQ setting(s) {', '.join(unknown)}")
         options.setdefault("random_state", self._seed())
-        X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, reset=True)
+        # non-finite values are left to scalemb.lvq's check, which names the row and column
+        X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, ensure_all_finite=False, reset=True)
         if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
             raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
         n = X.shape[0]

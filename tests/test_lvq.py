@@ -339,7 +339,7 @@ def test_estimator_metric_liram_fits_supervised_affinities(wine):
 @pytest.mark.parametrize("X, y, params, message", [
     (np.zeros((10, 3)), np.arange(9) % 2, {}, "labels have length 9 but X has 10 rows"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.zeros(10), {}, "at least 2 classes"),
-    (np.where(np.eye(10, 3) > 0, np.nan, 0.0), np.arange(10) % 2, {}, "NaN"),
+    (np.where(np.eye(10, 3) > 0, np.nan, 0.0), np.arange(10) % 2, {}, "non-finite value (nan) at row 0, column 0"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.r_[np.zeros(8), np.ones(2)], {"prototypes_per_class": 3},
      "class 1.0 has 2 points, fewer than prototypes_per_class=3"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.arange(10) % 2, {"rank": 4}, "rank must be in 1..3"),
