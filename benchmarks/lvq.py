@@ -314,8 +314,15 @@ def dask_processes(n_workers, timeout=600):
                     proc.wait()
 
 
-def large(report, n, epochs):
+def large(report, n, epochs, parts=("epochs", "e2e")):
     X, y = three_tip_star(n, random_state=0)
+    if "epochs" in parts:
+        large_epochs(report, X, y, n, epochs)
+    if "e2e" in parts:
+        large_end_to_end(report, X, y, n, epochs)
+
+
+def large_epochs(report, X, y, n, epochs):
     rows = []
     for label, options in (("local, 1 partition (sequential SGD)", {}), ("local, 2 partitions", {"partitions": 2})):
         per_epoch, total, model = _time_fit(epochs, X, y, **options)
@@ -338,12 +345,20 @@ def large(report, n, epochs):
     report(markdown_table(["runner", "ms per epoch (E-epoch fit minus 1-epoch fit, / (E - 1))",
                            f"fit time, {epochs} epochs, s", "training error"], rows))
     report()
+
+
+def large_end_to_end(report, X, y, n, epochs):
+    """LVQ, supervised affinities and a t-SNE+ map at ``n`` points; every stage's time is printed as it ends
+    (the map's progress too), so a stopped run still tells how far it got."""
     t0 = time.perf_counter()
     model = LiRaMLVQ(rank=2, random_state=0, **dict(LVQ["star"], metric_start=5, epochs=epochs)).fit(X, y)
     t1 = time.perf_counter()
+    print(f"e2e: LVQ {epochs} epochs {t1 - t0:.1f} s", flush=True)
     aff = supervised_affinity(X, model=model, perplexity=30)
     t2 = time.perf_counter()
-    e = EngineEmbedder(model="tsne", iterations=300, seed=0).fit(aff)
+    print(f"e2e: affinities ({aff.provenance['knn']}, k = {aff.provenance['n_neighbors']}) {t2 - t1:.1f} s",
+          flush=True)
+    e = EngineEmbedder(model="tsne", iterations=300, seed=0, quiet=False).fit(aff)
     t3 = time.perf_counter()
     report(f"End to end, {n:,} points to a t-SNE+ map (M = 2): LVQ {epochs} epochs {t1 - t0:.1f} s, affinities "
            f"({aff.provenance['knn']}, k = {aff.provenance['n_neighbors']}) {t2 - t1:.1f} s, t-SNE "
@@ -360,6 +375,7 @@ def main():
     parser.add_argument("--star-n", type=int, default=3000)
     parser.add_argument("--large-n", type=int, default=100_000)
     parser.add_argument("--large-epochs", type=int, default=20)
+    parser.add_argument("--large-parts", default="epochs,e2e", help="comma list of: epochs, e2e")
     parser.add_argument("--skip", default="", help="comma list of: wine, star, large")
     parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
     parser.add_argument("--select", action="store_true",
@@ -390,7 +406,7 @@ def main():
     if "wine" not in skip or "star" not in skip:
         tables(report, [args.raw], ["wine", "star"])
     if "large" not in skip:
-        large(report, args.large_n, args.large_epochs)
+        large(report, args.large_n, args.large_epochs, args.large_parts.split(","))
     report.save(args.out)
 
 
