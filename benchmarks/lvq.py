@@ -236,8 +236,9 @@ def tables(report, raw_paths, datasets, against="NCA"):
         ref = {k[3]: records[k]["wrong"] for k in keys if k[1] == against and k[2] == "honest"}
         rows = []
         for m in methods:
-            tr = [records[k] for k in keys if k[1] == m and k[2] == "transductive"]
             ho = [records[k] for k in keys if k[1] == m and k[2] == "honest"]
+            seeds = {r["seed"] for r in ho}  # whole seeds only (a stopped run may leave one protocol of a seed)
+            tr = [records[k] for k in keys if k[1] == m and k[2] == "transductive" and k[3] in seeds]
             te = np.array([r["error"] for r in tr])
             he = np.array([r["error"] for r in ho])
             wrong = sum(r["wrong"] for r in ho)
