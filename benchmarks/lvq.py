@@ -7,12 +7,15 @@ and scalemb SNE+ / t-SNE+ / SNEST+ (space R^2 for SNEST+) on affinities under th
 
 Two protocols, each repeated over seeds (mean +- std):
 * transductive (as the paper): everything fitted on all points, leave-one-out 1-NN error of the 2-D map;
-* honest: seed s holds out fold s of a stratified 10-fold split; every supervised step (LVQ, LDA, NCA, sklvq) sees
-  only the training labels.  Linear maps and LVQ projections are fitted on the training fold and applied to the
-  held-out points.  The neighbour-embedding maps are built on all points' features (placing new points into a
-  stored map is not available yet), with affinities under the metric learned from the training labels only, so no
-  held-out label enters; the error is the share of held-out points whose nearest training point in the map has
-  another label.
+* honest: seed s holds out fold s of a stratified 10-fold split (so 10 seeds = the 10 folds).  Every method is
+  fitted on the training fold alone (LVQ, LDA, NCA, sklvq see only its labels; the neighbour-embedding maps are
+  built on its points only) and the held-out points are mapped into it: linear maps and LVQ projections applied
+  to them, neighbour-embedding maps place them with ``Embedder.transform`` (kNN under the same -- for SNE+ /
+  t-SNE+ / SNEST+ the learned -- dissimilarity, the map's perplexity, KL against the fixed map).  The error is
+  the share of held-out points whose nearest training point in the map has another label.  Per fold the number
+  of held-out errors is compared with NCA's (folds better / equal / worse).
+``--select``: the LVQ settings are chosen per training fold by inner 5-fold cross-validation on that fold
+(``SELECT_GRID``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one global matrix).
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
 partitions) and the end-to-end time to a supervised t-SNE+ map.
 
@@ -20,6 +23,8 @@ Run from the repository root:
 ``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
 """
 import argparse
+import contextlib
+import json
 import os
 import sys
 import time
@@ -33,7 +38,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import NearestNeighbors, NeighborhoodComponentsAnalysis
 
 from common import Report, markdown_table
-from scalemb import Embedder
+from scalemb.embedding import Embedder as EngineEmbedder
 from scalemb.affinity import knn_affinity
 from scalemb.lvq import LiRaMLVQ, supervised_affinity, three_tip_star
 
@@ -52,6 +57,7 @@ def loo_error(Z, y):
 
 
 def heldout_error(Z, y, train, test):
+    """Share of the rows ``test`` whose nearest ``train`` row of ``Z`` has another label."""
     idx = NearestNeighbors(n_neighbors=1).fit(Z[train]).kneighbors(Z[test], return_distance=False)[:, 0]
     return float(np.mean(y[train][idx] != y[test]))
 
@@ -71,75 +77,185 @@ def _sklvq_for_current_sklearn():
         LVQBaseClass._validate_data = _validate
 
 
-def sklvq_projection(X_fit, y_fit, X, ppc, seed):
-    """sklvq's LGMLVQ (rank 2), points mapped by the matrix of their closest prototype (Eq. 4)."""
+def sklvq_projection(X_fit, y_fit, ppc, seed):
+    """sklvq's LGMLVQ (rank 2) fitted on ``(X_fit, y_fit)``; returns the map ``X -> Omega_j x`` with ``j`` the
+    closest prototype of ``x`` (Eq. 4)."""
     from sklvq import LGMLVQ
 
     _sklvq_for_current_sklearn()
 
     model = LGMLVQ(prototype_n_per_class=ppc, relevance_n_components=2, random_state=seed).fit(X_fit, y_fit)
     W, O = model.prototypes_, model.omega_  # noqa: E741 - the paper's Omega
-    d = np.stack([(((X - W[j]) @ O[j].T) ** 2).sum(axis=1) for j in range(W.shape[0])], axis=1)
-    win = d.argmin(axis=1)
-    return np.einsum("nd,nmd->nm", X, O[win])
+
+    def project(X):
+        d = np.stack([(((X - W[j]) @ O[j].T) ** 2).sum(axis=1) for j in range(W.shape[0])], axis=1)
+        return np.einsum("nd,nmd->nm", X, O[d.argmin(axis=1)])
+
+    return project
 
 
 def embed(affinity, model, seed):
-    e = Embedder(model=model, space_dims=2, time_dims=1 if model == "snest" else 0, iterations=ITERATIONS[model],
-                 seed=seed).fit(affinity)
-    return e.embedding_[:, :2]
+    """Engine-level runner fitted on ``affinity`` (its ``transform`` places new points into the map)."""
+    return EngineEmbedder(model=model, space_dims=2, time_dims=1 if model == "snest" else 0,
+                          iterations=ITERATIONS[model], seed=seed).fit(affinity)
 
 
-def run_method(name, X, y, fit_idx, seed, dataset):
-    """2-D map of all points from a method fitted on rows ``fit_idx``; returns (map, seconds)."""
+NE = {"SNE+": "sne", "t-SNE+": "tsne", "SNEST+": "snest"}
+DETERMINISTIC = ("PCA", "LDA", "NCA")  # no seed enters the transductive map (NCA's init='auto' is PCA or LDA)
+
+
+def lvq_params(dataset, M, X_fit, y_fit, seed, select):
+    """The LVQ settings of a fit on ``(X_fit, y_fit)``: the paper's schedule, or with ``select`` the one of
+    ``SELECT_GRID`` whose inner 5-fold cross-validated 1-NN error of the Eq. (4) projection on the fit rows
+    is lowest (ties: the first; only these rows and labels are seen)."""
+    base = dict(LVQ[dataset], rank=int(M))
+    if not select:
+        return base, None
+    key = (dataset, int(M), seed, hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
+    if key not in _SELECTED:  # the choice depends only on these; the NE maps reuse their projection's choice
+        _SELECTED[key] = _select(base, X_fit, y_fit, seed)
+    return _SELECTED[key]
+
+
+_SELECTED = {}
+
+
+def _select(base, X_fit, y_fit, seed):
+    inner = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(X_fit, y_fit))
+    scores = []
+    for option in SELECT_GRID:
+        wrong = 0
+        for tr, te in inner:
+            lvq = LiRaMLVQ(random_state=seed, **dict(base, **option)).fit(X_fit[tr], y_fit[tr])
+            wrong += round(heldout_error(lvq.transform(X_fit), y_fit, tr, te) * len(te))
+        scores.append(wrong / len(y_fit))
+    best = int(np.argmin(scores))
+    return dict(base, **SELECT_GRID[best]), {"choice": best, "inner_errors": scores}
+
+
+# candidate LVQ settings for --select (chosen per outer training fold by inner cross-validation)
+SELECT_GRID = [{}, {"regularization": 0.01}, {"regularization": 0.1}, {"localized": False},
+               {"localized": False, "regularization": 0.01}]
+
+
+def run_method(name, X, y, train, test, seed, dataset, select=False):
+    """2-D map of the rows ``train`` fitted on them alone, and the rows ``test`` mapped into it (linear maps and
+    LVQ projections applied to them; neighbour-embedding maps place them by ``Embedder.transform``).
+    Returns ``(Z_train, Z_test or None, seconds, notes)``."""
     t0 = time.perf_counter()
-    Xf, yf = X[fit_idx], y[fit_idx]
+    Xf, yf = X[train], y[train]
+    Xt = None if test is None else X[test]
+    notes = None
+
+    def both(f):
+        return f(Xf), None if Xt is None else f(Xt)
+
     if name == "PCA":
-        Z = PCA(2).fit(Xf).transform(X)
-    elif name == "LDA":  # two classes give one discriminant: pad with zeros
+        Zf, Zt = both(PCA(2).fit(Xf).transform)
+    elif name.startswith("LDA"):  # two classes give one discriminant: pad with zeros
         lda = LinearDiscriminantAnalysis(n_components=min(2, len(np.unique(y)) - 1)).fit(Xf, yf)
-        Z = lda.transform(X)
-        Z = np.hstack([Z, np.zeros((len(X), 2 - Z.shape[1]))])
+        Zf, Zt = both(lambda A: np.hstack([lda.transform(A), np.zeros((len(A), 2 - lda.transform(A[:1]).shape[1]))]))
     elif name == "NCA":
-        Z = NeighborhoodComponentsAnalysis(2, random_state=seed).fit(Xf, yf).transform(X)
+        nca = NeighborhoodComponentsAnalysis(2, random_state=seed).fit(Xf, yf)
+        Zf, Zt = both(nca.transform)
     elif name == "t-SNE (unsupervised)":
-        Z = embed(knn_affinity(X, perplexity=30, random_state=seed), "tsne", seed)
+        e = embed(knn_affinity(Xf, perplexity=30, random_state=seed), "tsne", seed)
+        Zf, Zt = e.embedding_[:, :2], None if Xt is None else e.transform(Xt, reference=Xf)[:, :2]
     elif name == "sklvq LGMLVQ":
-        Z = sklvq_projection(Xf, yf, X, LVQ[dataset]["prototypes_per_class"], seed)
+        proj = sklvq_projection(Xf, yf, LVQ[dataset]["prototypes_per_class"], seed)
+        Zf, Zt = both(proj)
     else:  # "LiRaM LVQ proj. M=2", "t-SNE+ M=4", ...
         label, M = name.rsplit(" M=", 1)
-        lvq = LiRaMLVQ(rank=int(M), random_state=seed, **LVQ[dataset]).fit(Xf, yf)
+        params, notes = lvq_params(dataset, M, Xf, yf, seed, select)
+        lvq = LiRaMLVQ(random_state=seed, **params).fit(Xf, yf)
         if label == "LiRaM LVQ proj.":
-            Z = lvq.transform(X)
+            Zf, Zt = both(lvq.transform)
         else:
-            model = {"SNE+": "sne", "t-SNE+": "tsne", "SNEST+": "snest"}[label]
-            Z = embed(supervised_affinity(X, model=lvq, perplexity=30), model, seed)
-    return Z, time.perf_counter() - t0
+            e = embed(supervised_affinity(Xf, model=lvq, perplexity=30), NE[label], seed)
+            Zf, Zt = e.embedding_[:, :2], None if Xt is None else e.transform(Xt, reference=Xf)[:, :2]
+    return Zf, Zt, time.perf_counter() - t0, notes
 
 
-def evaluate(report, dataset, X, y, methods, seeds):
+def evaluate(dataset, X, y, methods, seeds, raw, select=False, first_seed=0):
+    """Run every method over seeds ``first_seed ..``; append one JSON line per (method, seed, protocol) to
+    ``raw``: the error, and for the honest protocol the fold's wrong / held-out counts."""
     folds = list(StratifiedKFold(10, shuffle=True, random_state=0).split(X, y))
-    rows = []
     everything = np.arange(len(y))
+    done = {}  # deterministic transductive maps computed by an earlier run into the same raw file
+    if os.path.exists(raw):
+        for line in open(raw):
+            r = json.loads(line)
+            if r["dataset"] == dataset and r["protocol"] == "transductive" and r.get("computed") \
+                    and r["method"] in DETERMINISTIC:
+                done[r["method"]] = r["error"], r["seconds"]
     for name in methods:
-        trans, honest, secs = [], [], []
-        for seed in range(seeds):
+        cached = done.get(name)
+        for seed in range(first_seed, first_seed + seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                Z, t = run_method(name, X, y, everything, seed, dataset)
-                trans.append(loo_error(Z, y))
-                secs.append(t)
+                if name in DETERMINISTIC and cached is not None:
+                    err, t = cached
+                else:
+                    Z, _, t, notes = run_method(name, X, y, everything, None, seed, dataset, select)
+                    err = loo_error(Z, y)
+                    if name in DETERMINISTIC:
+                        cached = err, t
+                computed = not (name in DETERMINISTIC and (seed > first_seed or name in done))
+                write_raw(raw, dict(dataset=dataset, method=name, protocol="transductive", seed=seed, error=err,
+                                    seconds=t, select=select, computed=computed))
                 train, test = folds[seed % 10]
-                Z, _ = run_method(name, X, y, train, seed, dataset)
-                honest.append(heldout_error(Z, y, train, test))
-        rows.append([name, f"{np.mean(trans):.3f} ± {np.std(trans):.3f}", f"{np.mean(honest):.3f} ± "
-                     f"{np.std(honest):.3f}", f"{np.median(secs):.1f}"])
-        print(dataset, rows[-1], flush=True)
-    report(f"### {dataset}: N = {len(y)}, D = {X.shape[1]}, {len(np.unique(y))} classes, {seeds} seeds")
-    report()
-    report(markdown_table(["method", "1-NN error transductive (LOO)", "1-NN error honest (held-out fold)",
-                           "time per map, s (median)"], rows))
-    report()
+                Zf, Zt, t, notes = run_method(name, X, y, train, test, seed, dataset, select)
+                idx = NearestNeighbors(n_neighbors=1).fit(Zf).kneighbors(Zt, return_distance=False)[:, 0]
+                wrong = int(np.sum(y[train][idx] != y[test]))
+                write_raw(raw, dict(dataset=dataset, method=name, protocol="honest", seed=seed, fold=seed % 10,
+                                    wrong=wrong, n_test=int(len(test)), error=wrong / len(test), seconds=t,
+                                    select=select, notes=notes))
+            print(dataset, name, seed, f"{err:.3f}", f"{wrong}/{len(test)}", f"{t:.1f}s", flush=True)
+
+
+def write_raw(path, record):
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def tables(report, raw_paths, datasets, against="NCA"):
+    """Tables from the raw records (several runs' files may be merged; the last record of a (dataset, method,
+    protocol, seed, select) key wins): mean +- std over seeds, and for the honest protocol the per-fold paired
+    comparison against ``against`` (folds where the method has fewer / as many / more held-out errors)."""
+    records = {}
+    for path in raw_paths:
+        for line in open(path):
+            r = json.loads(line)
+            records[(r["dataset"], r["method"] + (" (inner-CV LVQ settings)" if r.get("select") else ""),
+                     r["protocol"], r["seed"])] = r
+    for dataset in datasets:
+        keys = [k for k in records if k[0] == dataset]
+        if not keys:
+            continue
+        methods = list(dict.fromkeys(k[1] for k in keys))
+        ref = {k[3]: records[k]["wrong"] for k in keys if k[1] == against and k[2] == "honest"}
+        rows = []
+        for m in methods:
+            ho = [records[k] for k in keys if k[1] == m and k[2] == "honest"]
+            seeds = {r["seed"] for r in ho}  # whole seeds only (a stopped run may leave one protocol of a seed)
+            tr = [records[k] for k in keys if k[1] == m and k[2] == "transductive" and k[3] in seeds]
+            te = np.array([r["error"] for r in tr])
+            he = np.array([r["error"] for r in ho])
+            wrong = sum(r["wrong"] for r in ho)
+            total = sum(r["n_test"] for r in ho)
+            paired = [(r["wrong"] > ref[r["seed"]]) - (r["wrong"] < ref[r["seed"]]) for r in ho if r["seed"] in ref]
+            secs = [r["seconds"] for r in tr if r.get("computed", True)] + [r["seconds"] for r in ho]
+            rows.append([m, len(ho), f"{te.mean():.3f} ± {te.std():.3f}" if te.size else "",
+                         f"{he.mean():.3f} ± {he.std():.3f}" if he.size else "", f"{wrong}/{total}",
+                         "" if m == against or not paired else
+                         f"{paired.count(-1)}/{paired.count(0)}/{paired.count(1)}",
+                         f"{np.median(secs):.1f}" if secs else ""])
+        report(f"#### {dataset}: raw records {', '.join(raw_paths)}")
+        report()
+        report(markdown_table(["method", "seeds", "1-NN error transductive (LOO)", "1-NN error honest (held-out "
+                               "fold)", "honest: wrong / held out, all folds",
+                               f"folds better / equal / worse than {against}", "time per map, s (median)"], rows))
+        report()
 
 
 def _time_fit(n_epochs_fit, X, y, **options):
@@ -154,8 +270,60 @@ def _time_fit(n_epochs_fit, X, y, **options):
     return ((t2 - t1) - (t1 - t0)) / (n_epochs_fit - 1), t2 - t1, model
 
 
-def large(report, n, epochs):
+@contextlib.contextmanager
+def dask_processes(n_workers, timeout=600):
+    """A real ``dask scheduler`` and ``n_workers`` single-threaded ``dask worker`` processes (no nanny) on
+    loopback; yields the scheduler address.  Generous start timeouts: on a loaded machine a LocalCluster's
+    nanny can miss its default start limit."""
+    import subprocess
+    import tempfile
+
+    from distributed import Client
+
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=f"{timeout}s")
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        file = os.path.join(tmp, "scheduler.json")
+        try:
+            procs.append(subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                           "--no-dashboard", "--scheduler-file", file], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(file) or not open(file).read().strip():
+                if time.monotonic() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError("dask scheduler did not start")
+                time.sleep(0.2)
+            time.sleep(0.5)
+            address = json.loads(open(file).read())["address"]
+            for _ in range(n_workers):
+                procs.append(subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny",
+                                               "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "4GB"],
+                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            with Client(address, timeout=timeout) as client:
+                client.wait_for_workers(n_workers, timeout=timeout)
+            yield address
+        finally:
+            for proc in procs[::-1]:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in procs[::-1]:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def large(report, n, epochs, parts=("epochs", "e2e")):
     X, y = three_tip_star(n, random_state=0)
+    if "epochs" in parts:
+        large_epochs(report, X, y, n, epochs)
+    if "e2e" in parts:
+        large_end_to_end(report, X, y, n, epochs)
+
+
+def large_epochs(report, X, y, n, epochs):
     rows = []
     for label, options in (("local, 1 partition (sequential SGD)", {}), ("local, 2 partitions", {"partitions": 2})):
         per_epoch, total, model = _time_fit(epochs, X, y, **options)
@@ -166,12 +334,10 @@ def large(report, n, epochs):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.modules.pop("distributed", None)
     try:
-        from distributed import LocalCluster
-
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-            per_epoch, total, model = _time_fit(epochs, X, y, partitions=2, scheduler=cluster.scheduler_address)
-            rows.append(["Dask, 2 workers x 1 thread, 2 partitions", f"{per_epoch * 1e3:.0f}", f"{total:.1f}",
-                         f"{1 - model.score(X, y):.3f}"])
+        with dask_processes(2) as address:
+            per_epoch, total, model = _time_fit(epochs, X, y, partitions=2, scheduler=address)
+            rows.append(["Dask, 2 worker processes x 1 thread (dask scheduler / dask worker on loopback), "
+                         "2 partitions", f"{per_epoch * 1e3:.0f}", f"{total:.1f}", f"{1 - model.score(X, y):.3f}"])
     except Exception as exc:  # noqa: BLE001 - report, keep the rest of the run
         rows.append(["Dask, 2 workers", f"failed: {exc}", "", ""])
     print(rows[-1], flush=True)
@@ -180,12 +346,20 @@ def large(report, n, epochs):
     report(markdown_table(["runner", "ms per epoch (E-epoch fit minus 1-epoch fit, / (E - 1))",
                            f"fit time, {epochs} epochs, s", "training error"], rows))
     report()
+
+
+def large_end_to_end(report, X, y, n, epochs):
+    """LVQ, supervised affinities and a t-SNE+ map at ``n`` points; every stage's time is printed as it ends
+    (the map's progress too), so a stopped run still tells how far it got."""
     t0 = time.perf_counter()
     model = LiRaMLVQ(rank=2, random_state=0, **dict(LVQ["star"], metric_start=5, epochs=epochs)).fit(X, y)
     t1 = time.perf_counter()
+    print(f"e2e: LVQ {epochs} epochs {t1 - t0:.1f} s", flush=True)
     aff = supervised_affinity(X, model=model, perplexity=30)
     t2 = time.perf_counter()
-    e = Embedder(model="tsne", iterations=300, seed=0).fit(aff)
+    print(f"e2e: affinities ({aff.provenance['knn']}, k = {aff.provenance['n_neighbors']}) {t2 - t1:.1f} s",
+          flush=True)
+    e = EngineEmbedder(model="tsne", iterations=300, seed=0, quiet=False).fit(aff)
     t3 = time.perf_counter()
     report(f"End to end, {n:,} points to a t-SNE+ map (M = 2): LVQ {epochs} epochs {t1 - t0:.1f} s, affinities "
            f"({aff.provenance['knn']}, k = {aff.provenance['n_neighbors']}) {t2 - t1:.1f} s, t-SNE "
@@ -198,15 +372,26 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--star-seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. (split runs over processes)")
     parser.add_argument("--star-n", type=int, default=3000)
     parser.add_argument("--large-n", type=int, default=100_000)
     parser.add_argument("--large-epochs", type=int, default=20)
+    parser.add_argument("--large-parts", default="epochs,e2e", help="comma list of: epochs, e2e")
     parser.add_argument("--skip", default="", help="comma list of: wine, star, large")
     parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
+    parser.add_argument("--select", action="store_true",
+                        help="LVQ settings chosen per training fold by inner 5-fold cross-validation (SELECT_GRID)")
+    parser.add_argument("--raw", default="lvq_raw.jsonl", help="JSON lines of per-seed results (appended)")
+    parser.add_argument("--tables-from", default=None,
+                        help="comma list of raw files: only build the tables from them (no runs)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = Report.start("Supervised maps from LiRaM LVQ metrics",
-                          __doc__.split("\n\n", 1)[1].split("Run:")[0].strip())
+                          __doc__.split("\n\n", 1)[1].split("Run from")[0].strip())
+    if args.tables_from:
+        tables(report, args.tables_from.split(","), ["wine", "star"])
+        report.save(args.out)
+        return
     supervised = [f"{m} M={M}" for M in (2, 4) for m in ("LiRaM LVQ proj.", "SNE+", "t-SNE+", "SNEST+")]
     methods = ["PCA", "LDA", "NCA", "t-SNE (unsupervised)", "sklvq LGMLVQ"] + supervised
     if args.methods:
@@ -214,12 +399,15 @@ def main():
     skip = set(filter(None, args.skip.split(",")))
     if "wine" not in skip:
         X, y = load_wine(return_X_y=True)
-        evaluate(report, "wine", (X - X.mean(axis=0)) / X.std(axis=0), y, methods, args.seeds)
+        evaluate("wine", (X - X.mean(axis=0)) / X.std(axis=0), y, methods, args.seeds, args.raw, args.select,
+                 args.first_seed)
     if "star" not in skip:
         X, y = three_tip_star(args.star_n, random_state=0)
-        evaluate(report, "star", X, y, methods, args.star_seeds)
+        evaluate("star", X, y, methods, args.star_seeds, args.raw, args.select, args.first_seed)
+    if "wine" not in skip or "star" not in skip:
+        tables(report, [args.raw], ["wine", "star"])
     if "large" not in skip:
-        large(report, args.large_n, args.large_epochs)
+        large(report, args.large_n, args.large_epochs, args.large_parts.split(","))
     report.save(args.out)
 
 

@@ -308,7 +308,7 @@ class Embedder:
             affinity = data if isinstance(data, Affinity) else load_affinity(data)
             placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
                                   knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
-                                                                                   "perplexity")})
+                                                                                   "perplexity", "lvq")})
         self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
                                             seed=self.seed, n_threads=self.n_threads, free_hops=free_hops,
                                             free_iterations=free_iterations)

@@ -21,6 +21,10 @@ Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
 * a path (edge list, feature file with ``affinity='knn'``, affinity store), a built-in dataset name, an
   ``Affinity``, or None (bundled GrQc), as ``scalemb.embed`` takes them.
 
+``metric='liram'`` with ``fit(X, y)`` (a feature array and its labels): supervised affinities under a LiRaM LVQ
+metric learned from ``y`` (``scalemb.lvq.supervised_affinity``; ``metric_params`` are the ``LiRaMLVQ`` settings,
+its seed defaults to ``random_state``); the fitted LVQ model is ``lvq_`` and sits in ``result_.provenance['lvq']``.
+
 ``transform`` (placing new points into a fitted map) is not part of this estimator yet: the engine-level
 ``scalemb.embedding.Embedder.transform`` is where it lives; until it is wired here the estimator has no
 ``transform`` method (``fit_transform`` embeds the training input).
@@ -271,8 +275,41 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
+    def _liram(self, X, y):
+        """Supervised affinities of the feature array ``X`` under the LiRaM LVQ metric learned from ``y``."""
+        from sklearn.utils.validation import validate_data
+
+        from .lvq import LiRaMLVQ, supervised_affinity
+
+        if y is None:
+            raise ValueError("metric='liram' learns the metric from labels: call fit(X, y) with one label per row")
+        if X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X) or _is_anndata(X) \
+                or _is_networkx(X):
+            raise ValueError("metric='liram' needs a dense feature array X (points x features) with labels y")
+        if self.affinity not in ("auto", "knn"):
+            raise ValueError(f"metric='liram' builds kNN affinities; affinity={self.affinity!r} does not apply")
+        if not isinstance(self.metric_params or {}, dict):
+            raise ValueError(f"metric_params must be a dict of LiRaMLVQ settings, got {self.metric_params!r}")
+        options = dict(self.metric_params or {})
+        unknown = sorted(set(options) - set(LiRaMLVQ().get_params()))
+        if unknown:
+            raise ValueError(f"metric_params: unknown LiRaMLVQ setting(s) {', '.join(unknown)}")
+        options.setdefault("random_state", self._seed())
+        # non-finite values are left to scalemb.lvq's check, which names the row and column
+        X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, ensure_all_finite=False, reset=True)
+        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
+            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
+        n = X.shape[0]
+        neighbours = min(n - 1, int(self.n_neighbors) if self.n_neighbors is not None
+                         else max(1, int(3 * self.perplexity)))
+        affinity = supervised_affinity(X, y, perplexity=_fitting_perplexity(self.perplexity, neighbours),
+                                       n_neighbors=neighbours, n_jobs=self._threads(), **options)
+        self.lvq_ = LiRaMLVQ.from_dict(affinity.provenance["lvq"])
+        return affinity
+
     def fit(self, X=None, y=None, *, checkpoint=None, graph_affinity=None):
-        """Embed ``X`` (see the module docstring for the inputs); ``y`` is ignored.  ``checkpoint``: a
+        """Embed ``X`` (see the module docstring for the inputs); ``y``: the labels with ``metric='liram'``,
+        otherwise ignored.  ``checkpoint``: a
         ``scalemb.io.checkpoint.Checkpointer`` (as ``scalemb.embed`` uses).  ``graph_affinity``: overrides the
         parameter for this call (the earlier ``fit(data, graph_affinity)`` form)."""
         if isinstance(y, str):  # the earlier fit(data, graph_affinity) form: y is a label vector here
@@ -280,7 +317,12 @@ class Embedder(TransformerMixin, BaseEstimator):
                             "keyword or set the estimator's graph_affinity")
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
-        data, node_ids, adata = self._as_input(X)
+        if self.metric_params is not None and self.metric != "liram":
+            raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
+        if self.metric == "liram":
+            data, node_ids, adata = self._liram(X, y), None, None
+        else:
+            data, node_ids, adata = self._as_input(X)
         runner.fit(data, graph_affinity or self.graph_affinity, checkpoint=checkpoint)
         self._set_fitted(runner, data, node_ids)
         if adata is not None:

@@ -57,7 +57,10 @@ PARAMS = (
           "--perplexity", "perplexity", float, {"ge": 1.0, "le": 1e6}),
     Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
           "--n-neighbors", "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
-    Param("metric", "euclidean", "kNN affinities: distance", tuple(KNN_METRICS), "--metric", "metric"),
+    Param("metric", "euclidean", "kNN affinities: distance (in Python also 'liram': learned from the labels of "
+          "fit(X, y), scalemb.lvq)", tuple(KNN_METRICS), "--metric", "metric"),
+    Param("metric_params", None, "metric='liram': the scalemb.lvq.LiRaMLVQ settings, a dict (prototypes_per_class, "
+          "rank, epochs, ...; default: LiRaMLVQ's)"),
     Param("init", None, "initial coordinates (None: the SNEST paper's small random start)"),
     Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
           {"ge": 1, "le": 1_000_000}),

@@ -284,6 +284,14 @@ def test_cli_supervised_affinity_then_embed(star_files):
     run = zarr.open_group(str(star_files / "run.zarr"), mode="r")
     assert run["embedding"].shape == (180, 2)
     assert dict(run.attrs)["provenance"]["lvq"]["kind"] == "liram_lvq"
+    # new points are placed under the stored learned metric
+    np.save(star_files / "X_new.npy", three_tip_star(20, random_state=5)[0])
+    proc = run_cli("transform", "run.zarr", "X_new.npy", "--iterations", "20", "--out", "placed.zarr",
+                   cwd=star_files)
+    assert proc.returncode == 0, proc.stderr
+    placed = zarr.open_group(str(star_files / "placed.zarr"), mode="r")
+    assert placed["embedding"].shape == (200, 2)
+    np.testing.assert_array_equal(placed["embedding"][:180], run["embedding"][:])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -301,3 +309,70 @@ def test_cli_bad_input_exit_2_nothing_written(star_files, args, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not any(p.name.startswith(("bad.zarr", ".bad.zarr")) for p in star_files.iterdir())
+
+
+# -------------------------------------------------------------------------- estimator and placing new points
+
+LIRAM_FAST = {"epochs": 20, "lr_prototypes": 0.1, "lr_metric": 0.01, "metric_start": 5}
+
+
+def test_estimator_metric_liram_fits_supervised_affinities(wine):
+    from scalemb import Embedder
+    from scalemb.lvq import supervised_affinity
+
+    X, y = wine
+    est = Embedder(model="tsne", metric="liram", metric_params=LIRAM_FAST, perplexity=10, iterations=60,
+                   random_state=1).fit(X, y)
+    assert est.embedding_.shape == (178, 2) and np.isfinite(est.kl_)
+    assert est.result_.provenance["metric"] == "liram" and est.lvq_.omegas_.shape == (3, 2, 13)
+    reference = supervised_affinity(X, y, perplexity=10, random_state=1, **LIRAM_FAST)
+    assert est.result_.provenance["lvq"] == reference.provenance["lvq"]  # the seed reaches the LVQ fit
+    np.testing.assert_array_equal(est.lvq_.transform(X), LiRaMLVQ.from_dict(reference.provenance["lvq"]).transform(X))
+    with pytest.raises(ValueError, match="call fit\\(X, y\\)"):
+        Embedder(metric="liram").fit(X)
+    with pytest.raises(ValueError, match="unknown LiRaMLVQ setting"):
+        Embedder(metric="liram", metric_params={"protos": 2}).fit(X, y)
+    with pytest.raises(ValueError, match="settings of metric='liram'"):
+        Embedder(metric_params={"rank": 2}).fit(X)
+
+
+@pytest.mark.parametrize("X, y, params, message", [
+    (np.zeros((10, 3)), np.arange(9) % 2, {}, "labels have length 9 but X has 10 rows"),
+    (np.random.default_rng(0).normal(size=(10, 3)), np.zeros(10), {}, "at least 2 classes"),
+    (np.where(np.eye(10, 3) > 0, np.nan, 0.0), np.arange(10) % 2, {}, "non-finite value (nan) at row 0, column 0"),
+    (np.random.default_rng(0).normal(size=(10, 3)), np.r_[np.zeros(8), np.ones(2)], {"prototypes_per_class": 3},
+     "class 1.0 has 2 points, fewer than prototypes_per_class=3"),
+    (np.random.default_rng(0).normal(size=(10, 3)), np.arange(10) % 2, {"rank": 4}, "rank must be in 1..3"),
+])
+def test_estimator_metric_liram_bad_input(X, y, params, message):
+    from scalemb import Embedder
+
+    with pytest.raises(ValueError) as info:
+        Embedder(metric="liram", metric_params=dict(params, epochs=2), perplexity=3, iterations=5).fit(X, y)
+    assert message in str(info.value)
+
+
+def test_new_points_are_placed_under_the_learned_metric(wine):
+    from scalemb.embedding import Embedder
+    from scalemb.lvq import learned_neighbours, neighbours_against, supervised_affinity
+
+    X, y = wine
+    train, test = np.arange(178) % 6 != 0, np.arange(178) % 6 == 0
+    model = LiRaMLVQ(random_state=0, **LIRAM_FAST).fit(X[train], y[train])
+    # against the rows themselves: self first (s = 0), then the learned neighbours
+    idx, s = neighbours_against(model, X[train], X[train], 11)
+    idx0, s0 = learned_neighbours(model, X[train], 10, algorithm="exact")
+    np.testing.assert_array_equal(idx[:, 1:], idx0)
+    np.testing.assert_allclose(s[:, 1:], s0, rtol=1e-12)
+    S = np.array([[0.5 * (model.dissimilarity(a[None], b[None])[0, 0] + model.dissimilarity(b[None], a[None])[0, 0])
+                   for b in X[train]] for a in X[test][:3]])
+    idx, s = neighbours_against(model, X[test][:3], X[train], 5)
+    np.testing.assert_allclose(s, np.sort(S, axis=1)[:, :5], rtol=1e-9)
+    e = Embedder(model="tsne", iterations=100, seed=0).fit(supervised_affinity(X[train], model=model, perplexity=10))
+    placed = e.transform(X[test], reference=X[train], iterations=50)
+    assert placed.shape == (test.sum(), 2) and np.all(np.isfinite(placed))
+    # placed by the learned metric, the held-out points land next to their own class
+    from sklearn.neighbors import KNeighborsClassifier
+
+    knn = KNeighborsClassifier(1).fit(e.embedding_, y[train])
+    assert np.mean(knn.predict(placed) != y[test]) < 0.1

@@ -87,6 +87,40 @@ def _tree(r, Z, k, candidates):
     return b[take], s[take]
 
 
+def neighbours_against(model: LiRaMLVQ, X_new, X_ref, n_neighbors: int):
+    """``(indices, s)``: the ``n_neighbors`` nearest rows of ``X_ref`` of every row of ``X_new`` under the same
+    symmetrised learned dissimilarity ``s(x, x_k) = (d(x, x_k) + d(x_k, x)) / 2`` (``d(a, .)`` under the matrix
+    of ``a``'s winner), rows sorted by increasing ``s`` (ties: lower index).  Exact, by row blocks of ``X_new``:
+    what placing new points into a map built on ``X_ref``'s supervised affinities uses (``scalemb.placement``),
+    so a new point's neighbours are those it would have had as a row of the map's affinity."""
+    X_new = _check_X(X_new, model.n_features_in_, "new rows")
+    X_ref = _check_X(X_ref, model.n_features_in_, "reference rows")
+    n_ref = X_ref.shape[0]
+    k = int(n_neighbors)
+    if not 1 <= k <= n_ref:
+        raise ValueError(f"n_neighbors must be in 1..{n_ref} (the reference rows), got {n_neighbors}")
+    r_new, Z_new = _projections(model, X_new)
+    r_ref, Z_ref = _projections(model, X_ref)
+    m = X_new.shape[0]
+    indices = np.empty((m, k), dtype=np.int64)
+    values = np.empty((m, k))
+    for r0, r1 in row_partition(m, -(-m * n_ref // _BLOCK_ENTRIES)):
+        S = np.empty((r1 - r0, n_ref))
+        for q in np.unique(r_new[r0:r1]):  # forward d(x_new, x_k): the new row's matrix
+            rows = np.flatnonzero(r_new[r0:r1] == q)
+            S[rows] = squared_distances(Z_new[q, r0 + rows], Z_ref[q])
+        for q in np.unique(r_ref):  # reverse d(x_k, x_new): the reference row's matrix
+            cols = np.flatnonzero(r_ref == q)
+            S[:, cols] += squared_distances(Z_new[q, r0:r1], Z_ref[q, cols])
+        S *= 0.5
+        cand = np.argpartition(S, k - 1, axis=1)[:, :k]
+        vals = np.take_along_axis(S, cand, axis=1)
+        order = np.lexsort((cand, vals), axis=-1)
+        indices[r0:r1] = np.take_along_axis(cand, order, axis=1)
+        values[r0:r1] = np.take_along_axis(vals, order, axis=1)
+    return indices, values
+
+
 def learned_neighbours(model: LiRaMLVQ, X, n_neighbors: int, algorithm: str = "auto", candidates: int = 2):
     """``(indices, s)`` of the ``n_neighbors`` nearest points of every row under the symmetrised learned
     dissimilarity ``s`` (self excluded, rows sorted by increasing ``s``); see the module docstring."""

@@ -69,7 +69,7 @@ def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
         if features.shape[0] != affinity.n_points:
             raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
         return Reference("knn", affinity=affinity, features=features,
-                         knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")})
+                         knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity", "lvq")})
     if provenance.get("method") is not None:
         raise InputError(run, f"placing needs a graph or kNN run, this affinity is {provenance.get('method')!r}")
     if provenance.get("dataset") in DATASETS:
@@ -100,7 +100,8 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
         raise InputError(where, "non-finite values in the new rows")
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
-                              knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs)
+                              knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs,
+                              lvq=knn.get("lvq"))
     return P, new_point_ids(node_ids, X_new.shape[0])
 
 

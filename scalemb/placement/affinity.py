@@ -7,7 +7,8 @@ one reader, ``scalemb.io.edgelist``: text, CSV, Parquet, Arrow; integer or strin
 column is a new node and whose second column is an old node or another new node (``read_new_edges``).
 
 kNN runs (``scalemb affinity --knn``): each new row's ``k`` nearest reference rows (exact search; same ``k``,
-metric and perplexity or uniform weights as the run's provenance), conditional affinities ``p_j|i``
+metric -- for supervised runs the learned LiRaM dissimilarity of the stored model -- and perplexity or uniform
+weights as the run's provenance), conditional affinities ``p_j|i``
 calibrated as ``affinity.knn.conditional_affinities`` does, and, the reference's own neighbour lists being
 unchanged, ``P' = [[N P / (N + M), C^T / (2(N + M))], [C / (2(N + M)), 0]]`` with ``C`` the ``M x N``
 conditional rows: the joint ``(P_cond + P_cond^T) / (2 N')`` of all ``N' = N + M`` points.
@@ -102,15 +103,26 @@ def _knn_against(X_new: np.ndarray, X_ref: np.ndarray, k: int, metric: str):
 
 
 def extended_knn_affinity(old: Affinity, X_ref: np.ndarray, X_new: np.ndarray, n_neighbors: int, metric: str,
-                          perplexity, n_jobs: int | None = None) -> sp.csr_matrix:
+                          perplexity, n_jobs: int | None = None, lvq: dict | None = None) -> sp.csr_matrix:
     """``P'`` over ``[old, new]`` for new feature rows (module docstring); ``perplexity`` a number or
-    ``"uniform"``.  The caller has checked the widths."""
+    ``"uniform"``.  ``metric='liram'`` (supervised affinities, ``scalemb.lvq``): neighbours under the run's
+    learned dissimilarity, the fitted model ``lvq`` (``LiRaMLVQ.to_dict``, from the run's provenance), distance
+    ``sqrt(s)`` as the run's affinities used.  The caller has checked the widths."""
     n, m = old.n_points, X_new.shape[0]
     k = min(int(n_neighbors), n)
-    if metric not in METRICS:
+    X_new = np.ascontiguousarray(X_new, dtype=np.float64)
+    X_ref = np.ascontiguousarray(X_ref, dtype=np.float64)
+    if metric == "liram":
+        from ..lvq import LiRaMLVQ, neighbours_against
+
+        if not lvq:
+            raise ValueError("a run with metric 'liram' but no stored LVQ model in its provenance")
+        indices, s = neighbours_against(LiRaMLVQ.from_dict(lvq), X_new, X_ref, k)
+        distances = np.sqrt(s)
+    elif metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} in the run's provenance")
-    indices, distances = _knn_against(np.ascontiguousarray(X_new, dtype=np.float64),
-                                      np.ascontiguousarray(X_ref, dtype=np.float64), k, metric)
+    else:
+        indices, distances = _knn_against(X_new, X_ref, k, metric)
     D = sp.csr_matrix((distances.ravel(), indices.ravel(), np.arange(0, m * k + 1, k)), shape=(m, n))
     method = "uniform" if perplexity == "uniform" else "gaussian"
     C = conditional_affinities(D, 30.0 if method == "uniform" else float(perplexity), method, n_jobs)
