@@ -241,12 +241,17 @@ def exact_knn(X: np.ndarray, k: int, metric):
     for r0, r1 in row_partition(n, -(-n * n // _EXACT_BLOCK_ENTRIES)):
         D = metric(X[r0:r1], X) if callable(metric) else cdist(X[r0:r1], X, metric=metric)
         D[np.arange(r1 - r0), np.arange(r0, r1)] = np.inf
-        candidates = np.argpartition(D, k - 1, axis=1)[:, :k]
-        values = np.take_along_axis(D, candidates, axis=1)
-        order = np.lexsort((candidates, values), axis=-1)
-        indices[r0:r1] = np.take_along_axis(candidates, order, axis=1)
-        distances[r0:r1] = np.take_along_axis(values, order, axis=1)
+        indices[r0:r1], distances[r0:r1] = k_smallest(D, k)
     return indices, distances
+
+
+def k_smallest(D: np.ndarray, k: int) -> tuple:
+    """``(columns, values)`` of the ``k`` smallest entries of every row of ``D``, sorted by (value, column):
+    ties go to the lower index, so the neighbour lists do not depend on the partition's internals."""
+    candidates = np.argpartition(D, k - 1, axis=1)[:, :k]
+    values = np.take_along_axis(D, candidates, axis=1)
+    order = np.lexsort((candidates, values), axis=-1)
+    return np.take_along_axis(candidates, order, axis=1), np.take_along_axis(values, order, axis=1)
 
 
 def _nndescent_knn(X: np.ndarray, k: int, metric: str, random_state, n_jobs):

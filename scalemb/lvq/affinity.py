@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity.affinity import row_partition
-from ..affinity.knn import EXACT_MAX_POINTS, conditional_affinities, joint_affinity
+from ..affinity.knn import EXACT_MAX_POINTS, conditional_affinities, joint_affinity, k_smallest
 from .estimator import LiRaMLVQ, _check_X, check_labelled, squared_distances
 
 _BLOCK_ENTRIES = 1 << 22
@@ -31,26 +31,30 @@ def _projections(model: LiRaMLVQ, X: np.ndarray):
 
 
 def _exact(r, Z, k):
-    n = Z.shape[1]
-    indices = np.empty((n, k), dtype=np.int64)
-    values = np.empty((n, k))
-    used = np.unique(r)
-    for r0, r1 in row_partition(n, -(-n * n // _BLOCK_ENTRIES)):
-        block = np.arange(r0, r1)
+    """Every row's ``k`` nearest other rows under the symmetrised learned dissimilarity (``_learned_knn``)."""
+    return _learned_knn(r, Z, r, Z, k, exclude_self=True)
+
+
+def _learned_knn(r_new, Z_new, r_ref, Z_ref, k, exclude_self=False):
+    """``(indices, s)`` of the ``k`` nearest reference rows of every new row, ``s(x, x_k) = (d(x, x_k) +
+    d(x_k, x)) / 2`` with ``d(a, .)`` under the matrix of ``a``'s winner (``r``: winners' matrices, ``Z[q]``: the
+    rows projected by matrix ``q``), exact by row blocks of the new rows; ``exclude_self``: new rows are the
+    reference rows, each without itself."""
+    m, n = Z_new.shape[1], Z_ref.shape[1]
+    indices = np.empty((m, k), dtype=np.int64)
+    values = np.empty((m, k))
+    for r0, r1 in row_partition(m, -(-m * n // _BLOCK_ENTRIES)):
         S = np.empty((r1 - r0, n))
-        for q in used:  # forward d(x_i, x_k): row i's matrix
-            rows = np.flatnonzero(r[r0:r1] == q)
-            S[rows] = squared_distances(Z[q, r0 + rows], Z[q])
-        for q in used:  # reverse d(x_k, x_i): column k's matrix
-            cols = np.flatnonzero(r == q)
-            S[:, cols] += squared_distances(Z[q, block], Z[q, cols])
+        for q in np.unique(r_new[r0:r1]):  # forward d(x_i, x_k): row i's matrix
+            rows = np.flatnonzero(r_new[r0:r1] == q)
+            S[rows] = squared_distances(Z_new[q, r0 + rows], Z_ref[q])
+        for q in np.unique(r_ref):  # reverse d(x_k, x_i): column k's matrix
+            cols = np.flatnonzero(r_ref == q)
+            S[:, cols] += squared_distances(Z_new[q, r0:r1], Z_ref[q, cols])
         S *= 0.5
-        S[np.arange(r1 - r0), block] = np.inf
-        cand = np.argpartition(S, k - 1, axis=1)[:, :k]
-        vals = np.take_along_axis(S, cand, axis=1)
-        order = np.lexsort((cand, vals), axis=-1)
-        indices[r0:r1] = np.take_along_axis(cand, order, axis=1)
-        values[r0:r1] = np.take_along_axis(vals, order, axis=1)
+        if exclude_self:
+            S[np.arange(r1 - r0), np.arange(r0, r1)] = np.inf
+        indices[r0:r1], values[r0:r1] = k_smallest(S, k)
     return indices, values
 
 
@@ -101,24 +105,7 @@ def neighbours_against(model: LiRaMLVQ, X_new, X_ref, n_neighbors: int):
         raise ValueError(f"n_neighbors must be in 1..{n_ref} (the reference rows), got {n_neighbors}")
     r_new, Z_new = _projections(model, X_new)
     r_ref, Z_ref = _projections(model, X_ref)
-    m = X_new.shape[0]
-    indices = np.empty((m, k), dtype=np.int64)
-    values = np.empty((m, k))
-    for r0, r1 in row_partition(m, -(-m * n_ref // _BLOCK_ENTRIES)):
-        S = np.empty((r1 - r0, n_ref))
-        for q in np.unique(r_new[r0:r1]):  # forward d(x_new, x_k): the new row's matrix
-            rows = np.flatnonzero(r_new[r0:r1] == q)
-            S[rows] = squared_distances(Z_new[q, r0 + rows], Z_ref[q])
-        for q in np.unique(r_ref):  # reverse d(x_k, x_new): the reference row's matrix
-            cols = np.flatnonzero(r_ref == q)
-            S[:, cols] += squared_distances(Z_new[q, r0:r1], Z_ref[q, cols])
-        S *= 0.5
-        cand = np.argpartition(S, k - 1, axis=1)[:, :k]
-        vals = np.take_along_axis(S, cand, axis=1)
-        order = np.lexsort((cand, vals), axis=-1)
-        indices[r0:r1] = np.take_along_axis(cand, order, axis=1)
-        values[r0:r1] = np.take_along_axis(vals, order, axis=1)
-    return indices, values
+    return _learned_knn(r_new, Z_new, r_ref, Z_ref, k)
 
 
 def learned_neighbours(model: LiRaMLVQ, X, n_neighbors: int, algorithm: str = "auto", candidates: int = 2):
