@@ -173,14 +173,18 @@ def test_three_tip_star_shape():
     assert np.array_equal(X, X2) and np.array_equal(y, y2)
 
 
-@pytest.mark.parametrize("X, y, params, message", [
+# the bad inputs, for LiRaMLVQ itself and for Embedder(metric='liram')
+BAD_INPUT = [
     (np.zeros((10, 3)), np.arange(9) % 2, {}, "labels have length 9 but X has 10 rows"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.zeros(10), {}, "at least 2 classes"),
     (np.where(np.eye(10, 3) > 0, np.nan, 0.0), np.arange(10) % 2, {}, "non-finite value (nan) at row 0, column 0"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.r_[np.zeros(8), np.ones(2)], {"prototypes_per_class": 3},
      "class 1.0 has 2 points, fewer than prototypes_per_class=3"),
     (np.random.default_rng(0).normal(size=(10, 3)), np.arange(10) % 2, {"rank": 4}, "rank must be in 1..3"),
-])
+]
+
+
+@pytest.mark.parametrize("X, y, params, message", BAD_INPUT)
 def test_bad_input_gives_one_clear_error(X, y, params, message):
     with pytest.raises(ValueError) as info:
         LiRaMLVQ(epochs=2, **params).fit(X, y)
@@ -336,14 +340,7 @@ def test_estimator_metric_liram_fits_supervised_affinities(wine):
         Embedder(metric_params={"rank": 2}).fit(X)
 
 
-@pytest.mark.parametrize("X, y, params, message", [
-    (np.zeros((10, 3)), np.arange(9) % 2, {}, "labels have length 9 but X has 10 rows"),
-    (np.random.default_rng(0).normal(size=(10, 3)), np.zeros(10), {}, "at least 2 classes"),
-    (np.where(np.eye(10, 3) > 0, np.nan, 0.0), np.arange(10) % 2, {}, "non-finite value (nan) at row 0, column 0"),
-    (np.random.default_rng(0).normal(size=(10, 3)), np.r_[np.zeros(8), np.ones(2)], {"prototypes_per_class": 3},
-     "class 1.0 has 2 points, fewer than prototypes_per_class=3"),
-    (np.random.default_rng(0).normal(size=(10, 3)), np.arange(10) % 2, {"rank": 4}, "rank must be in 1..3"),
-])
+@pytest.mark.parametrize("X, y, params, message", BAD_INPUT)
 def test_estimator_metric_liram_bad_input(X, y, params, message):
     from scalemb import Embedder
 
