@@ -133,13 +133,16 @@ def kl_fft_error(report, affinity, layouts):
 
 def cached(directory, name, label, run):
     """``run()`` -> ``(Y, seconds, extra)``, kept in ``directory`` (if given) under the input and layout names, so a
-    run that dies later (or is stopped) keeps the layouts it finished; a cached layout is reused as measured."""
+    run that dies later (or is stopped) keeps the layouts it finished; a cached layout is reused as measured.
+    ``run`` None: the cached layout or None."""
     if directory is None:
-        return run()
+        return None if run is None else run()
     path = Path(directory) / ("".join(c if c.isalnum() else "_" for c in f"{name}-{label}") + ".npz")
     if path.exists():
         kept = np.load(path, allow_pickle=False)
         return kept["Y"], float(kept["seconds"]), str(kept["extra"])
+    if run is None:
+        return None
     Y, seconds, extra = run()
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, Y=Y, seconds=seconds, extra=extra)
@@ -153,6 +156,9 @@ def main():
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip the warm-up: numba compilation then counts in the first scalemb and UMAP fits")
     parser.add_argument("--cache", default=None, help="directory keeping each finished layout (reused when present)")
+    parser.add_argument("--only", type=lambda v: [x for x in v.split(",") if x], default=None,
+                        help="comma-separated layout labels to run (e.g. 'openTSNE,UMAP'); the others come from "
+                             "--cache where it has them")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = Report.start("Map quality: NP@deg and KL, scalemb against openTSNE and UMAP on the same P")
@@ -176,6 +182,11 @@ def main():
     for name, affinity in inputs:
         layouts = {}
         for label, runner in runners.items():
+            if args.only and label not in args.only:  # not run here: taken from the cache if it has it
+                kept = cached(args.cache, name, label, None)
+                if kept is not None:
+                    layouts[label] = kept
+                continue
             layouts[label] = cached(args.cache, name, label, lambda: runner(affinity))
             print(f"{label}: {layouts[label][1]:.1f} s, {layouts[label][2]}", flush=True)
         score(report, name, affinity, layouts)
