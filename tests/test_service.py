@@ -229,17 +229,23 @@ def test_queue_full_is_429_and_jobs_cancel(tmp_path):
         svc.stop()
 
 
+def _kill_running_job_and_restart(svc, tmp_path, params, start_timeout=60, end_timeout=90):
+    """Submit ``params``, SIGKILL the service once the job runs past iteration 45 (the database must still say
+    running), restart it on the same data root and wait for the job: ``(job, final record)``."""
+    _, job = svc.json("POST", "/jobs", params)
+    svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 45, timeout=start_timeout)
+    svc.stop(signal.SIGKILL)
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+        assert db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0] == "running"
+    svc.start()
+    return job, svc.wait(job["id"], timeout=end_timeout)
+
+
 def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
     svc = Service(tmp_path, "--checkpoint-every", "20")
     try:
         params = {"input": "grqc", "optimizer": "dbd", "iterations": 150, "seed": 4}
-        _, job = svc.json("POST", "/jobs", params)
-        svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 45, timeout=60)
-        svc.stop(signal.SIGKILL)
-        with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-            assert db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0] == "running"
-        svc.start()
-        record = svc.wait(job["id"])
+        job, record = _kill_running_job_and_restart(svc, tmp_path, params)
         assert record["state"] == "done", record
         assert record["resumed_from"] >= 40 and record["resumed_from"] % 20 == 0
         assert record["iteration"] == 150 and len(record["kl_history"]) == 151
@@ -297,13 +303,7 @@ def test_killed_service_resumes_an_in_process_feature_job(tmp_path):
     try:
         params = {"input": "uploads/feats.npy", "model": "tsne", "optimizer": "dbd", "iterations": 300, "seed": 4,
                   "perplexity": 20.0}
-        _, job = svc.json("POST", "/jobs", params)
-        svc.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 45, timeout=120)
-        svc.stop(signal.SIGKILL)
-        with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-            assert db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0] == "running"
-        svc.start()
-        record = svc.wait(job["id"], timeout=180)
+        job, record = _kill_running_job_and_restart(svc, tmp_path, params, start_timeout=120, end_timeout=180)
         assert record["state"] == "done", record
         assert record["resumed_from"] >= 40 and record["resumed_from"] % 20 == 0
         assert record["iteration"] == 300 and len(record["kl_history"]) == 301
