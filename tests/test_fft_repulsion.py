@@ -18,6 +18,7 @@ from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.repulsion import (AUTO_FFT_MIN_POINTS, DEFAULT_INTERPOLATION, FFTParams, block_extent, convolve,
                                fft_repulsion, interpolate, make_grid, resolve_repulsion, spread)
+from scalemb.repulsion.fft import fixed_charges, spread_fixed
 
 CASES = [("tsne", 1, 0), ("tsne", 2, 0), ("tsne", 3, 0), ("sne", 1, 0), ("sne", 2, 0), ("sne", 3, 0),
          ("snest", 1, 1), ("snest", 2, 1), ("snest", 3, 1)]
@@ -103,7 +104,26 @@ def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
     for bounds in (row_partition(n, 2), row_partition(n, 7), [(0, 1), (1, 300), (300, n)]):
         R, z = fft_repulsion(model, Y, ds, bounds=bounds)
         assert z == pytest.approx(z1, rel=1e-12)
-        np.testing.assert_allclose(R, R1, rtol=1e-10, atol=1e-12 * np.abs(R1).max())
+        np.testing.assert_array_equal(R, R1)  # the charges sum exactly (fixed point), the rows are read alike
+
+
+@pytest.mark.parametrize("model,ds,dt", [("tsne", 2, 0), ("snest", 2, 1)])
+def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt, monkeypatch):
+    """Fixed-point spreading: partial grids of any row split, summed in any order, and ``spread`` on any number
+    of threads give the same charges bit for bit (what lets Dask workers each spread their own rows)."""
+    from scalemb.repulsion import fft
+
+    n = 20_000
+    Y = _clustered_layout(n, ds, dt, 30.0, np.random.default_rng(3))
+    grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), n_points=n)
+    one = spread(grid, Y, 0, n, workers=1)
+    for threads in (2, 3):
+        monkeypatch.setattr(fft, "_thread_count", lambda workers, t=threads: t)
+        np.testing.assert_array_equal(spread(grid, Y, 0, n, workers=threads), one)
+    parts = [spread_fixed(grid, Y, r0, r1) for r0, r1 in [(0, 7), (7, 9000), (9000, 9000), (9000, n)]]
+    np.testing.assert_array_equal(fixed_charges(grid, parts[3] + parts[0] + parts[2] + parts[1]), one)
+    if not dt:  # unit charges: the weights of a point sum to 1
+        assert one.sum() == pytest.approx(n, rel=1e-9)
 
 
 def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
@@ -113,7 +133,7 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
     extents = [block_extent(Y, r0, r1) for r0, r1 in bounds]
     grid = make_grid("snest", 2, np.min([e[0] for e in extents], 0), np.max([e[1] for e in extents], 0),
                      n_points=300)
-    potentials, grid_z = convolve(grid, sum(spread(grid, Y, r0, r1) for r0, r1 in bounds))
+    potentials, grid_z = convolve(grid, fixed_charges(grid, sum(spread_fixed(grid, Y, r0, r1) for r0, r1 in bounds)))
     parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
     R, z = fft_repulsion("snest", Y, 2)
     np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10,
@@ -190,8 +210,11 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt, by
     Y = _clustered_layout(40, ds, dt, 2.0, rng)
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
     assert len(grid.plan.outputs) <= MAX_OUTPUTS
-    np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), _node_weights(grid, Y, grid.time_in).sum(axis=0),
-                               rtol=1e-12, atol=1e-12)
+    dense = _node_weights(grid, Y, grid.time_in)
+    # fixed point: each weight rounded to 1 / charge_scale, and every weight well inside the int64 headroom
+    np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), dense.sum(axis=0), rtol=0,
+                               atol=0.5 * Y.shape[1] / grid.charge_scale)
+    assert np.abs(dense).sum(axis=1).max() < 2.0 ** fft.CHARGE_HEADROOM_BITS
     potentials = rng.normal(size=(len(grid.plan.potentials), grid.n_nodes))
     maps = [None] if grid.time_out is None else list(grid.time_out)
     phi = np.stack([_node_weights(grid, Y, maps[time_map]) @ potentials[column]

@@ -26,6 +26,7 @@ them apart.
 import dataclasses
 import hashlib
 import logging
+import operator
 import time
 import uuid
 
@@ -35,7 +36,10 @@ from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
 from ..repulsion.fft import FFTParams
+from . import halo as halo_fns
 from .base import Executor
+from .blocks import reduce_blocks
+from .fft_pass import fft_grid
 from .laplacian import laplacian_matrix
 
 logger = logging.getLogger("scalemb")
@@ -142,7 +146,7 @@ class DaskExecutor(Executor):
     """
 
     def __init__(self, store, model, space_dims: int, time_dims: int, client, retries: int = 3,
-                 repulsion: str = "exact", fft_params: FFTParams | None = None):
+                 repulsion: str = "exact", fft_params: FFTParams | None = None, halo: bool = True):
         if model is not None:
             model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
@@ -155,7 +159,10 @@ class DaskExecutor(Executor):
         self.partitions = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self.bounds = self.partitions
         self._scattered = {}
-        self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "recoveries": 0}
+        self.halo = bool(halo)
+        self._halo = None  # (HaloPlan, {worker: view future}, {(v, w): needs future}) for the current holders
+        self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "bytes_between_workers": 0,
+                      "halo_evaluations": 0, "recoveries": 0}
         self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
         if not workers:
@@ -165,8 +172,11 @@ class DaskExecutor(Executor):
         # service's concurrent jobs) sharing keys deadlocked in set_curvature, so each run loads its own rows
         token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}-" \
                 f"{uuid.uuid4().hex[:8]}"
+        # contiguous runs of partitions per worker: neighbouring rows share columns, so a worker's halo is
+        # smaller than with the partitions dealt round robin (placement never changes a result)
+        n_parts = len(self.partitions)
         self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
-                                      workers=[workers[k % len(workers)]], allow_other_workers=True)
+                                      workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
         try:
             self._holders = self._run(self._wait_for_partitions)
@@ -233,6 +243,7 @@ class DaskExecutor(Executor):
     def _recover(self) -> None:
         """After a worker loss: wait until every partition is held again, recompute the curvature weights."""
         self.stats["recoveries"] += 1
+        self._halo = None  # the partitions may have moved: plan the halos again
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -331,11 +342,156 @@ class DaskExecutor(Executor):
         self._check_curvature()
         return RemoteFactorization(self, mu, ordering, kind)
 
+    # --- halo exchange (scalemb.engine.halo)
+
+    def _submit(self, fn, *args, worker=None):
+        return self.client.submit(fn, *args, workers=None if worker is None else [worker], allow_other_workers=True,
+                                  pure=False)
+
+    def _halo_state(self):
+        """The ``HaloPlan`` of the current holders, each worker's relabelled partitions (``WorkerView``
+        futures) and the positions each worker cuts for each other one; built once, again after a recovery."""
+        if self._halo is not None:
+            return self._halo
+        holders = list(self._holders)
+        if any(h is None for h in holders):
+            holders = self._wait_for_partitions()
+            self._holders = holders
+        workers = sorted(set(holders))
+        parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
+        halos = dict(zip(workers, self.client.gather([
+            self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
+                         *[self._blocks[k] for k in parts[w]], worker=w) for w in workers])))
+        plan = halo_fns.plan_halos(self.n_points, self.partitions, holders, halos)
+        views, needs = {}, {}
+        for w in workers:
+            args = self.client.scatter((plan.columns[w], plan.own_positions[w],
+                                        [plan.fills[v, w] for v in plan.sources(w)]), workers=[w], hash=False)
+            views[w] = self._submit(_make_view, args, *[self._blocks[k] for k in plan.parts[w]], worker=w)
+        for (v, w), positions in plan.needs.items():
+            needs[v, w] = self.client.scatter(positions, workers=[v], hash=False)
+        self.client.gather(list(views.values()))
+        self._halo = (plan, views, needs)
+        return self._halo
+
+    def _assemble(self, X: np.ndarray) -> dict:
+        """Each worker's compact columns of ``X`` (``(d, N)``, internal order): its own rows from the client,
+        its halo from the workers that own it (futures, one per worker)."""
+        plan, views, needs = self._halo_state()
+        own = {w: self.client.scatter(np.ascontiguousarray(X[:, plan.own[w]]), workers=[w], hash=False)
+               for w in plan.workers}
+        self.stats["bytes_sent"] += X.nbytes
+        pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
+                  for key in needs}
+        self.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * X.shape[0] * 8
+        return {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
+                                worker=w) for w in plan.workers}
+
+    def _evaluate_blocks(self, coords, exaggeration, with_kl, use_fft, choice):
+        """With FFT repulsion on an uncapped grid: the halo exchange (``_evaluate_halo``); otherwise every
+        worker gets all of Y (the exact all-pairs repulsion and a capped grid's near field read every point)."""
+        if self.halo and use_fft:
+            grid = fft_grid(self.model, self.space_dims, coords, self.fft_params,
+                            None if choice is None else choice.grid, self._warn_capped)
+            if grid is not None and not grid.capped:
+                return self._evaluate_halo(coords, grid, exaggeration, with_kl)
+        return super()._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice)
+
+    def _evaluate_halo(self, coords, grid, exaggeration, with_kl):
+        plan, views, _ = self._halo_state()
+        self.stats["calls"] += 1
+        self.stats["halo_evaluations"] += 1
+        X = self._assemble(coords)
+        workers = plan.workers
+        grids = [self._submit(halo_fns.spread_view, views[w], X[w], grid, worker=w) for w in workers]
+        for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
+            for i, j in round_:
+                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
+        convolution = self._submit(halo_fns.convolve_total, grid, grids[0], self._fft_workers, worker=workers[0])
+        copies = self._broadcast(convolution, workers)
+        futures = [self._submit(halo_fns.evaluate_view, views[w], X[w], self._model_arg, self.space_dims, grid,
+                                copies[i], with_kl, worker=w) for i, w in enumerate(workers)]
+        z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
+        batches = self.client.gather(futures)
+        grid_z = z_future.result()
+        results = [None] * len(self.partitions)
+        for w, batch in zip(workers, batches):
+            for k, res in zip(plan.parts[w], batch):
+                results[k] = res
+        node_bytes = grid.n_nodes * 8
+        self.stats["bytes_between_workers"] += (len(workers) - 1) * node_bytes * (1 + grid.n_potentials)
+        self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
+        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
+                             with_kl=with_kl, objective=self.model.objective)
+
+    def _broadcast(self, future, workers: list) -> list:
+        """``future``'s value on every worker, by a tree of copies (round r: workers ``0 .. 2^r - 1`` send to
+        ``2^r .. 2^{r+1} - 1``): the root sends log2(W) times, not W."""
+        copies = [future] + [None] * (len(workers) - 1)
+        step = 1
+        while step < len(workers):
+            for i in range(min(step, len(workers) - step)):
+                copies[i + step] = self._submit(halo_fns.relay, copies[i], worker=workers[i + step])
+            step *= 2
+        return copies
+
+    def _compute_curvature(self) -> None:
+        if not self.halo:
+            return super()._compute_curvature()
+        coords, exaggeration, fixed = self._curvature_args
+        if self.model is None and not fixed:
+            raise RuntimeError("this executor has no model: only the fixed curvature 4 P is available")
+        self._weights = None
+        plan, views, _ = self._halo_state()
+        X = self._assemble(coords)
+        weights = [None] * len(self.partitions)
+        for w in plan.workers:
+            batch = self._submit(halo_fns.curvature_view, views[w], X[w], self._model_arg, self.space_dims,
+                                 exaggeration, fixed, worker=w)
+            for i, k in enumerate(plan.parts[w]):
+                weights[k] = self._submit(operator.getitem, batch, i, worker=w)
+        self.client.gather(weights)  # a failure surfaces here, not in a later use
+        self._weights = weights
+
+    def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
+        """``L(C) V`` by row blocks, each worker receiving its own rows of V and its halo (``_assemble``)."""
+        if not self.halo:
+            return super().laplacian_matvec(V)
+        self._check_curvature()
+        V = self._to_internal(V)
+
+        def product():
+            plan, views, _ = self._halo_state()
+            X = self._assemble(V)
+            futures = [self._submit(halo_fns.laplacian_view, views[w], X[w],
+                                    *[self._weights[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
+            self.stats["calls"] += 1
+            out = np.empty_like(V)
+            for w, batch in zip(plan.workers, self.client.gather(futures)):
+                for k, rows in zip(plan.parts[w], batch):
+                    r0, r1 = self.partitions[k]
+                    out[:, r0:r1] = rows
+            self.stats["bytes_received"] += out.nbytes
+            return out
+
+        return self._to_input(self._call(product))
+
     def close(self) -> None:
+        if self._halo is not None:
+            _, views, needs = self._halo
+            for f in list(views.values()) + list(needs.values()):
+                f.release()
+            self._halo = None
         for futures in (self._blocks, self._weights or []):
             for f in futures:
                 f.release()
         self._blocks, self._weights = [], None
+
+
+def _make_view(args, *blocks):
+    """``halo.make_view`` with its arrays scattered as one tuple."""
+    columns, own, sources = args
+    return halo_fns.make_view(columns, own, sources, *blocks)
 
 
 

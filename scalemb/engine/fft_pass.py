@@ -45,6 +45,19 @@ def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, c
     return evaluate_block_fft(model, block, coords, space_dims, grid, potentials, cells, with_kl, Yt)
 
 
+def fft_grid(model, space_dims: int, coords: np.ndarray, params: FFTParams, grid=None, on_capped=None):
+    """The grid of one evaluation at ``coords`` (``grid``: one already built for them), None for a layout that
+    is not finite; ``on_capped(grid, lo, hi)`` is called when the grid is capped."""
+    lo, hi = block_extent(coords, 0, coords.shape[1])
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        return None
+    if grid is None:
+        grid = make_grid(model, space_dims, lo, hi, params, coords.shape[1])
+    if grid.capped and on_capped is not None:
+        on_capped(grid, lo, hi)
+    return grid
+
+
 def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy: float,
                  exaggeration: float, params: FFTParams, fft_workers: int = 1, on_capped=None,
                  with_kl: bool = True, point_major_copy=None, grid=None, cells=None, block_model=None) -> Evaluation:
@@ -57,15 +70,13 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
     workers; default ``model``).  Block partials (Z, sum p log w) are summed in block order, whatever ran
     them, and the charges are spread here over all rows (module docstring): the result depends on the data-
     determined blocks only."""
-    lo, hi = block_extent(coords, 0, coords.shape[1])
-    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+    if grid is None:
+        cells = None
+    grid = fft_grid(model, space_dims, coords, params, grid, on_capped)
+    if grid is None:
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
-    if grid is None:
-        grid, cells = make_grid(model, space_dims, lo, hi, params, coords.shape[1]), None
-    if grid.capped and on_capped is not None:
-        on_capped(grid, lo, hi)
-    charges = spread(grid, coords, 0, coords.shape[1])
+    charges = spread(grid, coords, 0, coords.shape[1], workers=fft_workers)
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     if cells is None:
         cells = near_cells(grid, coords)

@@ -92,6 +92,9 @@ from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, inte
                             spread_rows)
 
 MAX_TIME_POINTS = 64
+# a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
+# ~1.2 per space axis, and the time map's row sums), checked in tests/test_fft_repulsion.py
+CHARGE_HEADROOM_BITS = 8
 # FFTParams.accuracy: (extra Lagrange points per box, factor on the box width) applied to the model's default
 # interpolation where the user gave none.  Relative error of the full t-SNE R^2 gradient on a 7.7e4-point
 # co-authorship layout (openTSNE's schedule, 750 iterations, extent 208), benchmarks/results/scale.md "FFT
@@ -392,6 +395,7 @@ class Grid:
     cutoff: float = 0.0
     time_in: np.ndarray | None = field(default=None, repr=False)
     time_out: np.ndarray | None = field(default=None, repr=False)
+    charge_scale: float = field(default=2.0 ** 30, repr=False)
 
     @property
     def self_weight(self) -> float:
@@ -536,16 +540,53 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
     if len(plan.outputs) > MAX_OUTPUTS:  # the interpolation loop's scalars
         raise ValueError(f"fft repulsion: {len(plan.outputs)} outputs exceed the interpolation loop's {MAX_OUTPUTS}")
     return Grid(spec, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
-                time_in, time_out)
+                time_in, time_out, charge_scale(n_points))
 
 
-def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
-    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)``: partial (sum over blocks)."""
+def charge_scale(n_points: int | None) -> float:
+    """The fixed-point scale ``2^S`` of spread charges (``interpolation.spread_rows``) for ``n_points`` points:
+    ``S = 62 - CHARGE_HEADROOM_BITS - ceil(log2(N + 1))``, at most 40, so that a node's total charge (at most N
+    points times a per-point weight below ``2^CHARGE_HEADROOM_BITS``) fits an int64.  Rounding each weight to
+    ``2^-S`` (S = 34 at N = 1e6, 27 at 1e8) is far below the interpolation's own error (>= 1e-4 relative); it buys
+    charges that sum exactly, in any order: a function of the coordinates alone, however the rows are split among
+    threads or workers.  ``n_points`` None: ``2^30``."""
+    if n_points is None:
+        return 2.0 ** 30
+    bits = 62 - CHARGE_HEADROOM_BITS - int(np.ceil(np.log2(int(n_points) + 1)))
+    return 2.0 ** min(40, max(8, bits))
+
+
+def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Unit charges of rows ``[r0, r1)`` of ``Y`` added to ``out`` (int64 fixed point at ``grid.charge_scale``,
+    ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
-    out = np.zeros(grid.n_nodes)
-    spread_rows(Y, grid.visit_order(Y, r0, r1), *grid._loop_args(None if grid.time_in is None else grid.time_in[None]),
-                out)
+    out = np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
+    if r1 > r0:
+        spread_rows(Y, grid.visit_order(Y, r0, r1),
+                    *grid._loop_args(None if grid.time_in is None else grid.time_in[None]), grid.charge_scale, out)
     return out
+
+
+def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
+    """The float64 charges of a summed fixed-point grid (``spread_fixed``)."""
+    return total.astype(np.float64) / grid.charge_scale
+
+
+def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> np.ndarray:
+    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks).
+    ``workers`` threads each spread a contiguous share of the rows; the fixed-point sum makes the result the same
+    for any ``workers``."""
+    workers = max(1, min(_thread_count(workers), (r1 - r0) // 4096 or 1))
+    if workers == 1:
+        return fixed_charges(grid, spread_fixed(grid, Y, r0, r1))
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    cuts = np.linspace(r0, r1, workers + 1).astype(np.int64)
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(lambda k: spread_fixed(grid, Y, int(cuts[k]), int(cuts[k + 1])), range(workers)))
+    total = parts[0]
+    for part in parts[1:]:
+        total += part
+    return fixed_charges(grid, total)
 
 
 def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
@@ -795,7 +836,7 @@ def fft_repulsion(model, Y: np.ndarray, space_dims: int, params: FFTParams = FFT
     lo = np.min([e[0] for e in extents], axis=0)
     hi = np.max([e[1] for e in extents], axis=0)
     grid = make_grid(model, space_dims, lo, hi, params, n)
-    charges = sum(spread(grid, Y, r0, r1) for r0, r1 in bounds)
+    charges = fixed_charges(grid, sum(spread_fixed(grid, Y, r0, r1) for r0, r1 in bounds))
     potentials, z = convolve(grid, charges, workers)
     cells = near_cells(grid, Y)
     R = np.empty_like(Y)

@@ -15,9 +15,10 @@ Grids are flat, C order over the node multi-index of the loop axes (the time axi
 the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
 each time component is a contiguous space grid for the FFTs.  The loops visit the rows in the order they are
 given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
+Charges are spread in fixed point (int64 multiples of a power of two, ``spread_rows``) so that partial grids sum
+exactly; every other accumulation is float64; no ``fastmath``.
 A point's node weights are kept factorised (the weights per axis and their tensor product over the leading
 axes), so the loops over its box run along the last axis, contiguous in the grid.
-Accumulation is float64; no ``fastmath``.
 """
 import numpy as np
 from numba import njit
@@ -144,10 +145,12 @@ MAX_OUTPUTS = 5
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
-                outer_offsets, time_maps, timed, grid):
-    """Add the unit charges of rows ``order`` to ``grid`` (flat, ``(n_nodes,)``): each point adds its
-    interpolation weight to the nodes of its box (time axis: through ``time_maps[0]``).  ``outer_offsets``:
-    ``box_offsets`` of the leading axes."""
+                outer_offsets, time_maps, timed, scale, grid):
+    """Add the unit charges of rows ``order`` to ``grid`` (flat, ``(n_nodes,)``, int64 fixed point): each point
+    adds its interpolation weight to the nodes of its box (time axis: through ``time_maps[0]``), each weight
+    rounded to a multiple of ``1 / scale`` (a power of two).  Integer addition is associative, so the grid is the
+    same bit for bit whatever rows are spread where and summed in what order (threads, row blocks, Dask workers:
+    ``scalemb.repulsion.fft.spread``).  ``outer_offsets``: ``box_offsets`` of the leading axes."""
     dims = axes.shape[0]
     last = dims - 1
     inner = counts[last]
@@ -162,7 +165,7 @@ def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides,
             first = base + outer_offsets[o]
             wo = outer_weights[0, o]
             for c in range(inner):
-                grid[first + c] += wo * axis_weights[row_last + c]
+                grid[first + c] += np.int64(np.rint(wo * axis_weights[row_last + c] * scale))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -1,0 +1,205 @@
+"""Halo exchange: what each Dask worker needs of the coordinates, and the functions it runs on them.
+
+A worker w holds some of P's row partitions (its *own* rows: the union of their row ranges).  Its rows' columns
+touch its own rows and a set of other rows, its *halo* ``H_w``.  The attractive term, the curvature weights and
+the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w + H_w``; so, per evaluation:
+
+1. the client sends each worker the coordinates of its own rows (N·d numbers in all, not W·N·d);
+2. each worker cuts, for every other worker, the columns of its own rows that the other's halo holds
+   (``take_columns``), and the other worker assembles its compact ``(d, |U_w|)`` array (``assemble``): the halo
+   travels worker to worker, never through the client;
+3. with FFT repulsion, each worker spreads its own rows' charges (``spread_view``: fixed point, so partial grids
+   sum exactly in any order), the grids are summed pairwise among the workers (a tree, ``add_grids``), one worker
+   convolves (``convolve_total``), the potentials travel back down a tree (``relay``), and each worker
+   interpolates its own rows (``evaluate_view``);
+4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
+
+The worker's partitions are relabelled once (``make_view``): column indices into ``U_w`` (sorted, so a
+partition's own rows are a contiguous run of it) and ``r0`` its position there; the block kernels run unchanged
+on the compact array (``scalemb.engine.blocks``), in the same order on the same numbers, so the result is bit
+for bit the in-process executor's.  What this leaves out: the exact all-pairs repulsion and a capped FFT grid's
+near field read every point's coordinates, so those evaluations still broadcast Y (``DaskExecutor``).
+
+Communication per evaluation, for W workers, N points, d coordinates, G grid nodes: ``docs/scaling.md``.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..affinity.affinity import RowBlock
+from ..repulsion.fft import Convolution, convolve, fixed_charges, spread_fixed
+from .blocks import curvature_block, evaluate_block_fft, laplacian_block, point_major
+
+
+@dataclass
+class WorkerView:
+    """One worker's partitions relabelled to its compact columns ``columns`` (``U_w``, sorted global rows).
+
+    ``own``: positions in ``columns`` of the worker's own rows, in the order the client sends them (ascending);
+    ``sources``: per source worker (in the client's order) the positions its piece fills; ``blocks``: the
+    partitions with ``indices`` into ``columns`` and ``r0, r1`` their positions; ``bounds``: their global rows.
+    """
+
+    columns: np.ndarray
+    own: np.ndarray
+    sources: list
+    blocks: list
+    bounds: list
+
+
+# --------------------------------------------------------------------------- functions run on the workers
+
+def own_halo(bounds: list, *blocks: RowBlock) -> np.ndarray:
+    """Sorted distinct columns of ``blocks`` outside the row ranges ``bounds`` (a worker's halo)."""
+    columns = np.unique(np.concatenate([b.indices for b in blocks])) if blocks else np.empty(0, np.int64)
+    inside = np.zeros(columns.shape, dtype=bool)
+    for r0, r1 in bounds:
+        inside |= (columns >= r0) & (columns < r1)
+    return columns[~inside].astype(np.int64)
+
+
+def make_view(columns: np.ndarray, own: np.ndarray, sources: list, *blocks: RowBlock) -> WorkerView:
+    """The worker's partitions relabelled to ``columns`` (see ``WorkerView``)."""
+    local = []
+    for b in blocks:
+        r0 = int(np.searchsorted(columns, b.r0))
+        local.append(RowBlock(r0, r0 + (b.r1 - b.r0), b.indptr, np.searchsorted(columns, b.indices), b.data))
+    return WorkerView(columns, own, sources, local, [(b.r0, b.r1) for b in blocks])
+
+
+def take_columns(X: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Columns ``positions`` of a worker's own rows ``X`` (``(d, rows)``): the piece another worker needs."""
+    return np.ascontiguousarray(X[:, positions])
+
+
+def assemble(view: WorkerView, own: np.ndarray, *pieces: np.ndarray) -> np.ndarray:
+    """The worker's compact coordinates ``(d, |U_w|)``: its own rows and the pieces of its halo."""
+    X = np.empty((own.shape[0], view.columns.shape[0]))
+    X[:, view.own] = own
+    for positions, piece in zip(view.sources, pieces):
+        X[:, positions] = piece
+    return X
+
+
+def spread_view(view: WorkerView, X: np.ndarray, grid) -> np.ndarray:
+    """The fixed-point charges of the worker's own rows (``scalemb.repulsion.fft.spread_fixed``)."""
+    out = None
+    for b in view.blocks:
+        out = spread_fixed(grid, X, b.r0, b.r1, out)
+    return np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
+
+
+def add_grids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One step of the tree reduction of fixed-point charge grids (exact: integer addition)."""
+    return a + b
+
+
+def convolve_total(grid, total: np.ndarray, workers: int = -1) -> Convolution:
+    """The potentials (and t-SNE's grid part of Z) from the summed fixed-point charges."""
+    return convolve(grid, fixed_charges(grid, total), workers=workers)
+
+
+def relay(value):
+    """A copy of ``value`` on this worker (one step of the tree broadcast of the potentials)."""
+    return value
+
+
+def convolution_z(convolution: Convolution) -> float:
+    return float(convolution.z)
+
+
+def evaluate_view(view: WorkerView, X: np.ndarray, model, space_dims: int, grid, convolution: Convolution,
+                  with_kl: bool) -> list:
+    """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates; the results carry
+    the partitions' global rows."""
+    from .base import block_model
+
+    if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
+        raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
+    model = block_model(model)
+    Yt = point_major(X)
+    results = []
+    for b, (r0, r1) in zip(view.blocks, view.bounds):
+        res = evaluate_block_fft(model, b, X, space_dims, grid, convolution.potentials, None, with_kl, Yt)
+        res.r0, res.r1 = r0, r1
+        results.append(res)
+    return results
+
+
+def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exaggeration: float,
+                   fixed: bool) -> list:
+    """``curvature_block`` of each of the worker's partitions (per non-zero: the same arrays as on the rows'
+    global labels)."""
+    from .base import block_model
+
+    model = block_model(model)
+    return [curvature_block(model, b, X, space_dims, exaggeration, fixed) for b in view.blocks]
+
+
+def laplacian_view(view: WorkerView, V: np.ndarray, *weights: np.ndarray) -> list:
+    """Rows of ``L(C) V`` of each of the worker's partitions, from their curvature weights."""
+    return [laplacian_block(b, w, V) for b, w in zip(view.blocks, weights)]
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+@dataclass
+class HaloPlan:
+    """Who needs what, built once per placement of the partitions (``plan_halos``).
+
+    ``workers``: the workers holding partitions (sorted); ``parts[w]``: their partitions (ascending); ``own[w]``:
+    their own rows (ascending global rows); ``columns[w]``: ``U_w``; ``own_positions[w]``: positions of ``own[w]``
+    in ``columns[w]``; ``needs[(v, w)]``: positions in ``own[v]`` of the rows w needs from v, and
+    ``fills[(v, w)]`` where they go in ``columns[w]``.
+    """
+
+    workers: list
+    parts: dict
+    own: dict
+    columns: dict
+    own_positions: dict
+    needs: dict
+    fills: dict
+
+    def sources(self, w) -> list:
+        """The workers w receives a piece from, in a fixed order."""
+        return [v for v in self.workers if (v, w) in self.needs]
+
+    def halo_rows(self) -> dict:
+        return {w: self.columns[w].shape[0] - self.own[w].shape[0] for w in self.workers}
+
+
+def plan_halos(n_points: int, bounds: list, holders: list, halos: dict) -> HaloPlan:
+    """The ``HaloPlan`` for partitions ``bounds`` held by ``holders`` (a worker address per partition) and each
+    worker's halo ``halos[w]`` (``own_halo``)."""
+    workers = sorted(set(holders))
+    parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
+    own = {w: np.concatenate([np.arange(*bounds[k], dtype=np.int64) for k in parts[w]]) for w in workers}
+    owner = np.empty(n_points, dtype=np.int64)
+    rank = np.empty(n_points, dtype=np.int64)  # position of a row among its owner's own rows
+    for i, w in enumerate(workers):
+        owner[own[w]] = i
+        rank[own[w]] = np.arange(own[w].shape[0])
+    columns, own_positions, needs, fills = {}, {}, {}, {}
+    for w in workers:
+        halo = halos[w]
+        columns[w] = np.union1d(own[w], halo)
+        own_positions[w] = np.searchsorted(columns[w], own[w])
+        source = owner[halo]
+        for i, v in enumerate(workers):
+            rows = halo[source == i]
+            if rows.size:
+                needs[v, w] = rank[rows]
+                fills[v, w] = np.searchsorted(columns[w], rows)
+    return HaloPlan(workers, parts, own, columns, own_positions, needs, fills)
+
+
+def tree_pairs(items: list) -> list:
+    """The rounds of a pairwise tree reduction over ``items`` (indices): ``[[(left, right), ...], ...]``, each
+    left index keeping the sum, until index 0 holds everything."""
+    rounds = []
+    step = 1
+    while step < len(items):
+        rounds.append([(i, i + step) for i in range(0, len(items) - step, 2 * step)])
+        step *= 2
+    return rounds
