@@ -3,14 +3,21 @@
 Same interface and same numbers as ``LocalExecutor`` given the same row blocks: the optimiser cannot tell
 them apart.
 
-* **Placement.**  Partition ``k`` of the affinity store (``AffinityStore.partitions``) is read by a task
-  pinned to worker ``k mod W`` (``AffinityStore.read_rows``: only that partition's chunks); the client reads
+* **Partitions.**  Partition ``k`` of the affinity store (``AffinityStore.partitions``) is read by a task
+  pinned to its worker (``AffinityStore.read_rows``: only that partition's chunks); the client reads
   the store's metadata only.  The executor holds the partitions' futures, so they stay in worker memory for
   the whole run; no graph is rebuilt and nothing is reloaded per iteration.
-* **Broadcast of Y.**  Each call sends the coordinates once to every worker holding partitions, as one
-  scattered key *per worker*.  A single ``scatter(..., broadcast=True)`` key would be thinned out by the
-  Active Memory Manager's ReduceReplicas policy (on by default), after which tasks fetch it again from the
-  one remaining holder; a key with a single replica is never touched by it.
+* **Placement.**  Partition ``k`` of K goes to worker ``k W / K``: contiguous runs of partitions per worker,
+  whose rows share columns, so the workers' halos are smaller than with partitions dealt round robin.
+* **Halo exchange** (``scalemb.engine.halo``, the default; ``halo=False`` turns it off).  Per evaluation the
+  client sends each worker only its own rows of Y (N·d numbers in all); each worker receives the rows of its
+  halo from the workers that own them.  With FFT repulsion each worker spreads its own rows' charges (fixed
+  point: partial grids sum exactly in any order), the grids are summed pairwise among the workers, one worker
+  convolves, the potentials go back down a tree, and each worker interpolates its own rows.  The curvature
+  weights and the Laplacian products of the spectral direction use the same exchange.  The exact all-pairs
+  repulsion and a capped FFT grid (whose near field reads every point) still send all of Y to every worker,
+  as one scattered key *per worker*: a single ``scatter(..., broadcast=True)`` key would be thinned out by the
+  Active Memory Manager's ReduceReplicas policy, after which tasks fetch it again from the one remaining holder.
 * **Reduction.**  One task per partition runs next to its block; partials are gathered in partition order
   and reduced by the same functions as the local executor (``reduce_blocks``), so the result is identical
   for any number of workers and equals ``LocalExecutor(..., blocks=store partitions)`` bit for bit.
@@ -19,8 +26,8 @@ them apart.
   ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P.
 * **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
   (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
-  so the call is repeated after re-scattering and recomputing the curvature at the coordinates it was
-  last set at (same numbers, same result), at most ``retries`` times.  A lost scheduler raises
+  so the call is repeated after planning the halos for the new placement and recomputing the curvature at the
+  coordinates it was last set at (same numbers, same result), at most ``retries`` times.  A lost scheduler raises
   ``SchedulerLostError``.
 """
 import dataclasses
@@ -35,7 +42,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
-from ..repulsion.fft import FFTParams
+from ..repulsion.fft import FFTParams, fft_dtype
 from . import halo as halo_fns
 from .base import Executor
 from .blocks import reduce_blocks
@@ -138,9 +145,10 @@ class DaskExecutor(Executor):
 
     ``store``: an affinity store path (``scalemb affinity``); its partitions are the row blocks.  ``client``:
     a ``distributed.Client``.  ``repulsion``/``fft_params`` and the coordinate layout and every method are
-    those of ``LocalExecutor`` (``scalemb.engine.base.Executor``); with ``fft`` the charges are spread on the
-    client, which holds the coordinates (``scalemb.engine.fft_pass``), one FFT there, potentials sent once to
-    each worker.
+    those of ``LocalExecutor`` (``scalemb.engine.base.Executor``).  ``halo``: exchange halos among the workers
+    (module docstring); False: send all of Y to every worker and spread the charges on the client (kept for
+    measurements, ``benchmarks/halo_traffic.py``).  ``stats``: calls, payload bytes sent to and gathered from
+    the workers, bytes between workers (halo pieces, grids, potentials), evaluations by halo, recoveries.
     The workers get the model as a ``ModelRef`` (``Model.ref()``: name, parameters, and where a registered model
     was defined) and rebuild it once per process.
     """
@@ -374,9 +382,9 @@ class DaskExecutor(Executor):
         self._halo = (plan, views, needs)
         return self._halo
 
-    def _assemble(self, X: np.ndarray) -> dict:
-        """Each worker's compact columns of ``X`` (``(d, N)``, internal order): its own rows from the client,
-        its halo from the workers that own it (futures, one per worker)."""
+    def _exchange(self, X: np.ndarray) -> tuple:
+        """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client, and the pieces of
+        each worker's halo, cut by the workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
         plan, views, needs = self._halo_state()
         own = {w: self.client.scatter(np.ascontiguousarray(X[:, plan.own[w]]), workers=[w], hash=False)
                for w in plan.workers}
@@ -384,6 +392,12 @@ class DaskExecutor(Executor):
         pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
                   for key in needs}
         self.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * X.shape[0] * 8
+        return own, pieces
+
+    def _assemble(self, X: np.ndarray) -> dict:
+        """Each worker's compact columns of ``X`` (futures, one per worker: ``halo.assemble``)."""
+        plan, views, _ = self._halo_state()
+        own, pieces = self._exchange(X)
         return {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
                                 worker=w) for w in plan.workers}
 
@@ -418,8 +432,8 @@ class DaskExecutor(Executor):
         for w, batch in zip(workers, batches):
             for k, res in zip(plan.parts[w], batch):
                 results[k] = res
-        node_bytes = grid.n_nodes * 8
-        self.stats["bytes_between_workers"] += (len(workers) - 1) * node_bytes * (1 + grid.n_potentials)
+        potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
+        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
                              with_kl=with_kl, objective=self.model.objective)
@@ -462,8 +476,9 @@ class DaskExecutor(Executor):
 
         def product():
             plan, views, _ = self._halo_state()
-            X = self._assemble(V)
-            futures = [self._submit(halo_fns.laplacian_view, views[w], X[w],
+            own, pieces = self._exchange(V)
+            futures = [self._submit(halo_fns.laplacian_view, views[w], own[w], len(plan.sources(w)),
+                                    *[pieces[v, w] for v in plan.sources(w)],
                                     *[self._weights[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
             self.stats["calls"] += 1
             out = np.empty_like(V)

@@ -136,9 +136,12 @@ def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exag
     return [curvature_block(model, b, X, space_dims, exaggeration, fixed) for b in view.blocks]
 
 
-def laplacian_view(view: WorkerView, V: np.ndarray, *weights: np.ndarray) -> list:
-    """Rows of ``L(C) V`` of each of the worker's partitions, from their curvature weights."""
-    return [laplacian_block(b, w, V) for b, w in zip(view.blocks, weights)]
+def laplacian_view(view: WorkerView, own: np.ndarray, n_pieces: int, *pieces_and_weights: np.ndarray) -> list:
+    """Rows of ``L(C) V`` of each of the worker's partitions: ``V``'s compact columns assembled from the worker's
+    own rows and its ``n_pieces`` halo pieces (in one task: a Laplacian product is too cheap to pay for a
+    separate assembly step), then the partitions' curvature weights (the rest of ``pieces_and_weights``)."""
+    V = assemble(view, own, *pieces_and_weights[:n_pieces])
+    return [laplacian_block(b, w, V) for b, w in zip(view.blocks, pieces_and_weights[n_pieces:])]
 
 
 # ------------------------------------------------------------------------------------------------ client
