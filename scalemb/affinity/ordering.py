@@ -59,21 +59,26 @@ def metis_parts(P: sp.csr_matrix, n_parts: int, target_fractions=None, weights=N
     """Part (0..n_parts-1) of every point of P's graph by METIS multilevel recursive bisection (Karypis & Kumar
     1998, via pymetis), minimising the edges cut under a balance of ``METIS_UFACTOR``/1000 per bisection.
 
-    Each cut edge puts its endpoints into the other part's halo, so fewer cut edges mean smaller halos; recursive
-    bisection balances the parts to ~0.1 % (k-way refinement, tried too, left parts up to 2 % off at 64 parts and
-    minimising the communication volume directly, ``objtype=vol``, found halos no smaller: benchmarks/results/
-    scale.md), and it numbers the parts hierarchically (parts ``[0, K/2)`` are the first bisection's first side),
-    so contiguous ranges of parts are good coarser partitions too.  ``target_fractions``: each part's share of the
+    Part k's halo is ``h_k = |{j not in V_k : p_ij > 0 for some i in V_k}|``; every halo entry needs a cut
+    edge and every cut edge adds at most one entry to each side's halo, so ``sum_k h_k <= 2 cut``: fewer cut
+    edges, smaller halos.  Recursive bisection balances the parts to ~0.1 %; METIS k-way minimising the
+    communication volume ``sum_k h_k`` directly (``objtype=vol``) found halo sums within 2.5 % of it at K = 4-47
+    on generated co-authorship graphs (12 % larger at K = 64), 1.2-6x slower, with parts up to 2 % off their size
+    (benchmarks/results/scale.md).  Bisection numbers the parts hierarchically (parts ``[0, K/2)`` are the first bisection's first
+    side), so contiguous ranges of parts are good coarser partitions too.  ``target_fractions``: each part's share of the
     total vertex weight (``weights``: per point, default 1).  Deterministic: METIS's seed is fixed."""
     pymetis = _pymetis()
     n = P.shape[0]
     if n_parts <= 1 or n <= 1:
         return np.zeros(n, dtype=np.int64)
     P = sp.csr_matrix(P)
-    adjacency = pymetis.CSRAdjacency(P.indptr.astype(np.int32), P.indices.astype(np.int32))
+    dtype = np.dtype(pymetis.zero_copy_dtype()) if hasattr(pymetis, "zero_copy_dtype") else np.dtype(np.int32)
+    if P.nnz >= np.iinfo(dtype).max:
+        raise ScalembError(f"P has {P.nnz} non-zeros, more than this METIS build's {dtype} indices hold")
+    adjacency = pymetis.CSRAdjacency(P.indptr.astype(dtype), P.indices.astype(dtype))
     options = pymetis.Options(seed=METIS_SEED, ufactor=METIS_UFACTOR)
     tpwgts = None if target_fractions is None else [float(f) for f in target_fractions]
-    vweights = None if weights is None else np.asarray(weights, dtype=np.int32)
+    vweights = None if weights is None else np.asarray(weights, dtype=dtype)
     _, parts = pymetis.part_graph(int(n_parts), adjacency, vweights=vweights, tpwgts=tpwgts, recursive=True,
                                   options=options)
     return np.asarray(parts, dtype=np.int64)
