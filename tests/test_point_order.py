@@ -72,6 +72,9 @@ def test_store_in_a_point_order_round_trips(tmp_path, graph, order, n_partitions
         assert np.array_equal(store.partitions, layout_partitions(n)) and store.partitions.size == 17
     else:
         assert store.partitions.size == n_partitions + 1 and np.all(np.diff(store.partitions) > 0)
+        if order == "partition":  # the parts balance the non-zeros, as balanced_partitions does
+            nnz = np.diff(store.indptr[store.partitions])
+            assert nnz.max() < 1.1 * nnz.min()
     _recorded_halos_are_real(store)
 
 

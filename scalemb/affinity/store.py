@@ -9,7 +9,9 @@ Layout of a store (a Zarr v3 group):
   ``partitions`` (int64, K + 1 row boundaries); ``halo`` (int64, K: per partition the distinct columns outside
   its rows, the coordinate rows a worker holding it needs besides its own; checked where a partition is read);
 * optional ``radii`` (float64, N): per-point target radii (``Affinity.radii``);
-* attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
+* attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``; a store
+  written in another point order than the input's (``write_affinity_store(point_order=...)``) records it as
+  ``provenance["point_order"]`` (name, method, parts, partitioner version), its ``node_ids`` renumbered alike.
 
 ``data`` and ``indices`` are chunked by ``chunk_nnz`` non-zeros.  By default the partitions are the
 data-determined layout every executor uses (``layout_partitions``: equal row ranges, a function of N only);
