@@ -252,7 +252,8 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
 
     ``point_order`` other than ``'given'`` (see ``write_affinity_store``): the store is first written in the
     given order inside the temporary directory, then read back whole (the orders need all of P's graph: O(nnz)
-    memory, ~0.1 GB at 1e6 generated authors) and written renumbered at ``out``.
+    memory; peak RSS 0.83 GB against 0.61 GB in the given order at 1e6 generated authors) and written renumbered
+    at ``out``.
     """
     from .ordering import check_point_order
 

@@ -110,8 +110,8 @@ def store_point_order(P: sp.csr_matrix, name: str, layout_bounds: np.ndarray | N
     data-determined layout, when ``n_partitions`` is None), never of the worker count:
 
     * default layout: METIS parts with the layout's row shares as targets, and the store keeps the layout's
-      boundaries exactly (so runs on the store and on the in-memory P block alike); the ~0.1 % of points of a part
-      beyond its target spill into the neighbouring partition;
+      boundaries exactly (the data-determined blocks every executor uses, equal row counts balancing the
+      repulsion); the ~0.1 % of points of a part beyond its target spill into the neighbouring partition;
     * ``n_partitions`` K: METIS parts balancing non-zeros (vertex weight = row length, as
       ``balanced_partitions``), and the partitions are the parts themselves.
     """
