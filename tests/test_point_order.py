@@ -169,3 +169,15 @@ def test_missing_partitioner_one_error_nothing_written(tmp_path, graph, monkeypa
     # the other orders do not need it
     proc = run_cli("affinity", str(source), "--out", str(out), "--point-order", "rcm", "--quiet", *extra)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_string_ids_and_radii_follow_the_order(tmp_path, graph):
+    _, affinity = graph
+    from scalemb.affinity import Affinity
+
+    n = affinity.n_points
+    named = Affinity(affinity.P, np.array([f"author-{i}" for i in range(n)]), {}, np.linspace(0, 0.9, n))
+    store = AffinityStore(write_affinity_store(tmp_path / "P.zarr", named, point_order="partition"))
+    rank = _back_to_input(store, named)
+    assert np.array_equal(store.radii[rank], named.radii)
+    assert (store.to_affinity().P[rank][:, rank] != named.P).nnz == 0
