@@ -19,6 +19,12 @@ Sections:
 * ``halo``: halo sizes (``scalemb.affinity.store.halo_size``) of ``--halo-store`` split into 2-16 row partitions
   balanced by non-zeros, in the store's order and in P's reverse Cuthill-McKee order: what a worker would
   receive per evaluation with a halo exchange instead of all N coordinate rows.
+* ``partition``: halo sizes of each of ``--partition-stores`` split into K = 2, 4, 8, 16, 64 (and the store's own
+  count) equal row ranges (the data-determined layout's convention) in the store's order, in reverse
+  Cuthill-McKee order and in the ``--point-order partition`` order (METIS recursive bisection into K parts, RCM
+  within each part; and METIS k-way minimising the communication volume, for comparison): halo sum / N,
+  largest halo / N, seconds to compute each order; then the wall time of ``scalemb affinity`` on the store's
+  source edge list with ``--point-order given`` and ``partition`` (``--partition-edges``), child processes.
 * ``chain``: the end-to-end command chain with defaults (``--chain-authors N``): ``scalemb generate coauthor``,
   ``scalemb affinity``, ``scalemb embed --model M`` for each of ``--chain-models`` and ``scalemb metrics
   --sample``, each a child process: wall seconds, peak RSS (``getrusage`` of the child), iterations, KL,
@@ -303,6 +309,90 @@ def halo_section(store, lines):
     lines.append("")
 
 
+def _equal_range_halos(Q, k):
+    """Halo sizes of ``Q`` (CSR) split into ``k`` equal row ranges (``row_partition``, as ``layout_partitions``)."""
+    from scalemb.affinity.affinity import row_partition
+    from scalemb.affinity.store import halo_size
+
+    n = Q.shape[0]
+    return np.array([halo_size(Q.indices[Q.indptr[a]:Q.indptr[b]], a, b, n) for a, b in row_partition(n, k)])
+
+
+def partition_section(stores, edges, ks, lines):
+    """Halo sizes per partition count: store order, RCM, METIS recursive bisection + RCM, METIS k-way (vol).
+    Each order's cost as wall and CPU seconds (the orders are single-threaded: CPU seconds are what they cost on
+    an idle core when the machine is shared)."""
+    from scalemb.affinity.ordering import locality_order, metis_parts, partition_order
+    from scalemb.affinity.store import layout_block_count
+
+    def clocks():
+        return time.perf_counter(), time.process_time()
+
+    def since(start):
+        return time.perf_counter() - start[0], time.process_time() - start[1]
+
+    for path in stores:
+        P = AffinityStore(path).to_affinity().P
+        n = P.shape[0]
+        own = layout_block_count(n)
+        counts = sorted(set(ks) | {own})
+        lines += [f"## Halo sizes by point order: {Path(path).name} (N = {n}, nnz = {P.nnz}, layout K = {own})", "",
+                  "K equal row ranges; halo = distinct columns outside a partition that its rows touch; order "
+                  "seconds: wall / CPU.", "",
+                  "| order | K | halo sum / N | largest halo / N | largest halo / rows of its partition | "
+                  "order s (wall / CPU) |", "|---|---|---|---|---|---|"]
+
+        def row(name, k, order, seconds):
+            Q = P if order is None else P[order][:, order]
+            halos = _equal_range_halos(Q, k)
+            lines.append(f"| {name} | {k} | {halos.sum() / n:.3f} | {halos.max() / n:.3f} | "
+                         f"{(halos / (n / k)).max():.2f} | {seconds[0]:.2f} / {seconds[1]:.2f} |")
+            print(lines[-1], flush=True)
+
+        start = clocks()
+        rcm = locality_order(P)
+        rcm_seconds = since(start)
+        for k in counts:
+            row("given", k, None, (0.0, 0.0))
+            row("RCM", k, rcm, rcm_seconds)
+            start = clocks()
+            parts = metis_parts(P, k, target_fractions=np.full(k, 1.0 / k))
+            metis_cpu = since(start)[1]
+            order = partition_order(P, parts)
+            total = since(start)
+            row(f"METIS bisection + RCM per part (CPU {metis_cpu:.2f} + {total[1] - metis_cpu:.2f} s)", k, order,
+                total)
+            if k > 2:
+                import pymetis
+
+                start = clocks()
+                adjacency = pymetis.CSRAdjacency(P.indptr.astype(np.int64), P.indices.astype(np.int64))
+                options = pymetis.Options(seed=0, ufactor=1, objtype=int(pymetis.ObjType.VOL))
+                _, kway = pymetis.part_graph(k, adjacency, recursive=False, options=options)
+                kway = np.asarray(kway, dtype=np.int64)
+                row("METIS k-way, objtype vol (grouped by part)", k, np.lexsort((np.arange(n), kway)), since(start))
+        lines.append("")
+    if edges:
+        lines += ["## `scalemb affinity` time by point order", "", "| edge list | point order | wall s | CPU s | "
+                  "peak RSS GB | output |", "|---|---|---|---|---|---|"]
+        wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+                   "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+                   "print('USAGE', u.ru_utime + u.ru_stime, u.ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
+        for path in edges:
+            for order in ("given", "partition"):
+                out = Path(path).parent / f"bench_{order}.zarr"
+                t = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-c", wrapper, "scalemb", "affinity", str(path), "--out",
+                                       str(out), "--overwrite", "--quiet", "--point-order", order],
+                                      capture_output=True, text=True, check=True)
+                seconds = time.perf_counter() - t
+                cpu, rss = next(x.split()[1:] for x in proc.stderr.splitlines() if x.startswith("USAGE"))
+                lines.append(f"| {Path(path).name} | {order} | {seconds:.1f} | {float(cpu):.1f} | "
+                             f"{int(rss) / 2 ** 20:.2f} | {proc.stdout.strip().splitlines()[-1]} |")
+                print(lines[-1], flush=True)
+        lines.append("")
+
+
 def _child(argv, label):
     """Run ``argv`` as a child process: ``(seconds, peak RSS GB, stdout)``.  Each step runs under a fresh Python
     wrapper that reports its one child's ``ru_maxrss`` (``RUSAGE_CHILDREN`` of this process would mix steps)."""
@@ -378,6 +468,10 @@ def main():
                         "for the FFT accuracy table")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--halo-store", default=None, help="affinity store for the halo-size table")
+    parser.add_argument("--partition-stores", default="", help="comma-separated stores for the point-order table")
+    parser.add_argument("--partition-edges", default="", help="comma-separated edge lists: scalemb affinity wall "
+                        "time with --point-order given / partition")
+    parser.add_argument("--partition-ks", default="2,4,8,16,64")
     parser.add_argument("--chain-authors", type=int, default=None, help="authors of the end-to-end chain")
     parser.add_argument("--chain-models", default="tsne,snest")
     parser.add_argument("--chain-dir", default="/tmp/scalemb-chain")
@@ -397,6 +491,9 @@ def main():
         accuracy_section(args.cap_store, split(args.accuracy_layouts), args.rounds, lines)
     if args.halo_store:
         halo_section(args.halo_store, lines)
+    if args.partition_stores or args.partition_edges:
+        partition_section(split(args.partition_stores), split(args.partition_edges),
+                          [int(k) for k in split(args.partition_ks)], lines)
     if args.chain_authors:
         chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines)
     if args.repulsion_stores:

@@ -9,7 +9,9 @@ Layout of a store (a Zarr v3 group):
   ``partitions`` (int64, K + 1 row boundaries); ``halo`` (int64, K: per partition the distinct columns outside
   its rows, the coordinate rows a worker holding it needs besides its own; checked where a partition is read);
 * optional ``radii`` (float64, N): per-point target radii (``Affinity.radii``);
-* attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``.
+* attribute ``scalemb``: ``{"kind": "affinity", "version", "provenance", "content_hash", "chunk_nnz"}``; a store
+  written in another point order than the input's (``write_affinity_store(point_order=...)``) records it as
+  ``provenance["point_order"]`` (name, method, parts, partitioner version), its ``node_ids`` renumbered alike.
 
 ``data`` and ``indices`` are chunked by ``chunk_nnz`` non-zeros.  By default the partitions are the
 data-determined layout every executor uses (``layout_partitions``: equal row ranges, a function of N only);
@@ -106,13 +108,16 @@ def _halo_mismatch(k, r0, r1, recorded, found) -> str:
 
 
 def write_store_metadata(group, indptr, node_ids, n_partitions: int | None, chunk_nnz: int, provenance: dict,
-                         digest: str):
+                         digest: str, partitions: np.ndarray | None = None):
     """Write ``indptr``, ``node_ids``, ``partitions`` (with each partition's ``halo`` size) and the group
-    attributes of a store whose ``data`` and ``indices`` arrays are already in ``group``."""
+    attributes of a store whose ``data`` and ``indices`` arrays are already in ``group``.  ``partitions``: row
+    boundaries to record as they are (a graph partitioner's parts), else from ``n_partitions``."""
     group.create_array("indptr", data=indptr)
     group.create_array("node_ids", data=to_stored(node_ids))
-    partitions = (layout_partitions(indptr.size - 1) if n_partitions is None
-                  else balanced_partitions(indptr, n_partitions, chunk_nnz))
+    if partitions is None:
+        partitions = (layout_partitions(indptr.size - 1) if n_partitions is None
+                      else balanced_partitions(indptr, n_partitions, chunk_nnz))
+    partitions = np.asarray(partitions, dtype=np.int64)
     group.create_array("partitions", data=partitions)
     group.create_array("halo", data=partition_halos(group, indptr, partitions))
     n = int(indptr.size - 1)
@@ -138,17 +143,34 @@ def balanced_partitions(indptr: np.ndarray, n_partitions: int, chunk_nnz: int) -
 
 
 def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = None, chunk_nnz: int | None = None,
-                         overwrite: bool = False, extra_arrays: dict | None = None) -> Path:
+                         overwrite: bool = False, extra_arrays: dict | None = None, point_order: str = "given") -> Path:
     """Write ``affinity`` as an affinity store at ``path`` (atomic: temporary sibling, then rename);
     ``n_partitions``: that many partitions balanced by non-zeros; None: the data-determined layout
     (``layout_partitions``) every run uses without a store, so that runs on the store and on ``affinity`` agree.
-    ``extra_arrays``: further named 1-D per-point arrays stored alongside (e.g. ``labels``)."""
+    ``extra_arrays``: further named 1-D per-point arrays stored alongside (e.g. ``labels``).
+
+    ``point_order`` (``scalemb.affinity.ordering.STORE_POINT_ORDERS``): ``'given'`` keeps ``affinity``'s order;
+    ``'rcm'`` renumbers the points in reverse Cuthill-McKee order; ``'partition'`` so that the parts of a graph
+    partitioner (METIS, optional dependency pymetis) are the store's partitions, which keeps each partition's halo
+    small (``store_point_order``).  Rows, columns, node ids, radii and ``extra_arrays`` all follow the order (so
+    results, indexed by node id, map back to the input's points); the provenance records it as ``point_order``
+    and the content hash covers the renumbered arrays and ids."""
+    from .ordering import check_point_order, store_point_order
+
+    check_point_order(point_order)
     extra_arrays = dict(extra_arrays or {})
     for name, array in extra_arrays.items():
         if name in ("data", "indices", "indptr", "node_ids", "partitions", "halo", "radii"):
             raise ValueError(f"extra array name {name!r} is reserved by the store layout")
         if np.shape(array)[:1] != (affinity.n_points,):
             raise ValueError(f"extra array {name!r} must have one entry per point ({affinity.n_points})")
+    order, partitions, info = store_point_order(affinity.P, point_order, layout_partitions(affinity.n_points),
+                                                n_partitions)
+    if order is not None:
+        affinity = affinity.permuted(order)
+        extra_arrays = {name: np.asarray(array)[order] for name, array in extra_arrays.items()}
+    if point_order != "given":
+        affinity.provenance = dict(affinity.provenance, point_order=info)
     P = affinity.P
     if chunk_nnz is None:
         chunk_nnz = default_chunk_nnz(int(P.nnz), n_partitions or layout_block_count(P.shape[0]))
@@ -159,7 +181,7 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
         group.create_array("data", data=P.data, chunks=(chunk_nnz,))
         group.create_array("indices", data=indices, chunks=(chunk_nnz,))
         write_store_metadata(group, indptr, affinity.node_ids, n_partitions, chunk_nnz, affinity.provenance,
-                             content_hash(indptr, indices, P.data, affinity.node_ids, affinity.radii))
+                             content_hash(indptr, indices, P.data, affinity.node_ids, affinity.radii), partitions)
         if affinity.radii is not None:
             group.create_array("radii", data=affinity.radii)
         for name, array in extra_arrays.items():

@@ -88,4 +88,5 @@ def liram_affinity(args) -> None:
     affinity.provenance["labels"] = str(args.labels)
     classes = np.asarray(affinity.provenance["lvq"]["classes"])
     write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
+                         point_order=args.point_order,
                          extra_arrays={"labels": np.searchsorted(classes, y).astype(np.int64)})

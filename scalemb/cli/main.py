@@ -5,6 +5,7 @@ import signal
 import sys
 
 from .._version import __version__
+from ..affinity.ordering import STORE_POINT_ORDERS
 from ..datasets import DATASETS
 from ..embedding import GRAPH_AFFINITIES, Embedder
 from ..engine.distributed import SchedulerLostError
@@ -216,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     aff.add_argument("--partitions", type=_positive_int, default=None,
                      help="row partitions balanced by nnz (default: the data-determined layout of equal row ranges "
                      "that every run without a store uses)")
+    aff.add_argument("--point-order", choices=STORE_POINT_ORDERS, default="given",
+                     help="number the points as given (default); in reverse Cuthill-McKee order (rcm); or so that "
+                          "a graph partitioner's parts (METIS, needs pymetis: pip install 'scalemb[partition]') are "
+                          "the store's partitions, which keeps the rows each partition's worker needs from others "
+                          "(its halo) small (partition); node ids follow the order")
     aff.add_argument("--seed", type=int, default=0)
     aff.add_argument("--threads", type=_positive_int, default=None)
     aff.add_argument("--overwrite", action="store_true")
@@ -282,7 +288,10 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
 
 
 def _affinity(args) -> int:
+    from ..affinity.ordering import check_point_order
+
     _refuse_existing(args.out, args.overwrite, (args.input,))
+    check_point_order(args.point_order)  # a missing partitioner fails here, before any work
     if args.metric == "liram" or args.labels:
         liram_affinity(args)
     elif args.knn and args.metric == "poincare":  # points in the Poincaré ball (CO-SNE's input similarities)
@@ -292,7 +301,8 @@ def _affinity(args) -> int:
 
         affinity = hyperbolic_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
                                        random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite)
+        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
+                             point_order=args.point_order)
     elif args.knn:
         from ..affinity.knn import knn_affinity, read_features
         from ..affinity.store import write_affinity_store
@@ -300,16 +310,20 @@ def _affinity(args) -> int:
         affinity = knn_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
                                 metric=args.metric, method="uniform" if args.uniform else "gaussian",
                                 random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite)
+        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
+                             point_order=args.point_order)
     else:
         from ..affinity.ingest import ingest_edge_list
 
         ingest_edge_list(args.input, args.out, affinity=args.graph_affinity, n_partitions=args.partitions,
-                         overwrite=args.overwrite)
+                         overwrite=args.overwrite, point_order=args.point_order)
     from ..affinity.store import AffinityStore
 
     store = AffinityStore(args.out)
-    print(f"wrote {args.out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions")
+    halo = store.halo
+    print(f"wrote {args.out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
+          f"order {args.point_order}, halos {halo.sum() / store.n_points:.3f} N in all, largest "
+          f"{halo.max() / store.n_points:.3f} N")
     return 0
 
 
