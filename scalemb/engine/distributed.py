@@ -352,9 +352,14 @@ class DaskExecutor(Executor):
 
     # --- halo exchange (scalemb.engine.halo)
 
-    def _submit(self, fn, *args, worker=None):
-        return self.client.submit(fn, *args, workers=None if worker is None else [worker], allow_other_workers=True,
-                                  pure=False)
+    def _submit(self, fn, *args, worker=None, strict=True):
+        """``fn(*args)`` as a task on ``worker``.  ``strict``: only there -- the halo exchange's tasks must run
+        where their data is (a loosely restricted task may be stolen by another worker, which then fetches the
+        inputs: measured, every worker's own rows crossed over in Laplacian products).  They all read data
+        scattered to their worker, so a lost worker fails them (and ``_run`` recovers) instead of leaving them
+        waiting for it."""
+        return self.client.submit(fn, *args, workers=None if worker is None else [worker],
+                                  allow_other_workers=not strict, pure=False)
 
     def _halo_state(self):
         """The ``HaloPlan`` of the current holders, each worker's relabelled partitions (``WorkerView``
@@ -369,7 +374,7 @@ class DaskExecutor(Executor):
         parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
         halos = dict(zip(workers, self.client.gather([
             self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
-                         *[self._blocks[k] for k in parts[w]], worker=w) for w in workers])))
+                         *[self._blocks[k] for k in parts[w]], worker=w, strict=False) for w in workers])))
         plan = halo_fns.plan_halos(self.n_points, self.partitions, holders, halos)
         views, needs = {}, {}
         for w in workers:
