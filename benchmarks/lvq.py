@@ -15,7 +15,8 @@ Two protocols, each repeated over seeds (mean +- std):
   the share of held-out points whose nearest training point in the map has another label.  Per fold the number
   of held-out errors is compared with NCA's (folds better / equal / worse).
 ``--select``: the LVQ settings are chosen per training fold by inner 5-fold cross-validation on that fold
-(``SELECT_GRID``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one global matrix).
+(``SELECT_GRIDS``; ``--select-grid basic``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one
+global matrix; ``wide``: 1-3 prototypes per class x regulariser 0 / 0.01 / 0.1 x local or global matrices).
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
 partitions) and the end-to-end time to a supervised t-SNE+ map.
 
@@ -105,37 +106,42 @@ DETERMINISTIC = ("PCA", "LDA", "NCA")  # no seed enters the transductive map (NC
 
 
 def lvq_params(dataset, M, X_fit, y_fit, seed, select):
-    """The LVQ settings of a fit on ``(X_fit, y_fit)``: the paper's schedule, or with ``select`` the one of
-    ``SELECT_GRID`` whose inner 5-fold cross-validated 1-NN error of the Eq. (4) projection on the fit rows
-    is lowest (ties: the first; only these rows and labels are seen)."""
+    """The LVQ settings of a fit on ``(X_fit, y_fit)``: the paper's schedule, or with ``select`` the one of the
+    grid ``SELECT_GRIDS[select]`` (``True``: basic) whose inner 5-fold cross-validated 1-NN error of the Eq. (4)
+    projection on the fit rows is lowest (ties: the first; only these rows and labels are seen)."""
     base = dict(LVQ[dataset], rank=int(M))
     if not select:
         return base, None
-    key = (dataset, int(M), seed, hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
+    grid = SELECT_GRIDS["basic" if select is True else select]
+    key = (dataset, int(M), seed, str(select), hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
     if key not in _SELECTED:  # the choice depends only on these; the NE maps reuse their projection's choice
-        _SELECTED[key] = _select(base, X_fit, y_fit, seed)
+        _SELECTED[key] = _select(base, X_fit, y_fit, seed, grid)
     return _SELECTED[key]
 
 
 _SELECTED = {}
 
 
-def _select(base, X_fit, y_fit, seed):
+def _select(base, X_fit, y_fit, seed, grid):
     inner = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(X_fit, y_fit))
     scores = []
-    for option in SELECT_GRID:
+    for option in grid:
         wrong = 0
         for tr, te in inner:
             lvq = LiRaMLVQ(random_state=seed, **dict(base, **option)).fit(X_fit[tr], y_fit[tr])
             wrong += round(heldout_error(lvq.transform(X_fit), y_fit, tr, te) * len(te))
         scores.append(wrong / len(y_fit))
     best = int(np.argmin(scores))
-    return dict(base, **SELECT_GRID[best]), {"choice": best, "inner_errors": scores}
+    return dict(base, **grid[best]), {"choice": best, "setting": grid[best], "inner_errors": scores}
 
 
-# candidate LVQ settings for --select (chosen per outer training fold by inner cross-validation)
-SELECT_GRID = [{}, {"regularization": 0.01}, {"regularization": 0.1}, {"localized": False},
-               {"localized": False, "regularization": 0.01}]
+# candidate LVQ settings for --select (chosen per outer training fold by inner cross-validation); "wide": every
+# combination of 1-3 prototypes per class, the -ln det regulariser 0 / 0.01 / 0.1, local or one global matrix
+# (the paper's setting first, so ties keep it)
+SELECT_GRIDS = {"basic": [{}, {"regularization": 0.01}, {"regularization": 0.1}, {"localized": False},
+                          {"localized": False, "regularization": 0.01}],
+                "wide": [dict(prototypes_per_class=p, regularization=r, localized=loc)
+                         for loc in (True, False) for p in (1, 2, 3) for r in (0.0, 0.01, 0.1)]}
 
 
 def run_method(name, X, y, train, test, seed, dataset, select=False):
@@ -226,7 +232,9 @@ def tables(report, raw_paths, datasets, against="NCA"):
     for path in raw_paths:
         for line in open(path):
             r = json.loads(line)
-            records[(r["dataset"], r["method"] + (" (inner-CV LVQ settings)" if r.get("select") else ""),
+            label = {True: " (inner-CV LVQ settings)", "basic": " (inner-CV LVQ settings)",
+                     "wide": " (inner-CV LVQ settings, wide grid)"}.get(r.get("select"), "")
+            records[(r["dataset"], r["method"] + label,
                      r["protocol"], r["seed"])] = r
     for dataset in datasets:
         keys = [k for k in records if k[0] == dataset]
@@ -389,8 +397,8 @@ def large_cli(report, n, workdir, lvq_epochs=100, knn=90):
                  ["scalemb", "affinity", xf, "--knn", str(knn), "--labels", yf, "--metric", "liram",
                   "--prototypes-per-class", "3", "--rank", "2", "--lvq-epochs", str(lvq_epochs), "--threads", "1",
                   "--overwrite", "--out", store]),
-                ("embed (t-SNE, engine defaults: optimizer auto)", ["scalemb", "embed", store, "--model", "tsne", "--threads", "1",
-                                                            "--overwrite", "--out", run])]
+                ("embed (t-SNE, engine defaults: optimizer auto)",
+                 ["scalemb", "embed", store, "--model", "tsne", "--threads", "1", "--overwrite", "--out", run])]
     rows, total = [], 0.0
     for label, cmd in commands:
         print(" ".join(cmd), flush=True)
@@ -432,12 +440,18 @@ def main():
     parser.add_argument("--skip", default="", help="comma list of: wine, star, large")
     parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
     parser.add_argument("--select", action="store_true",
-                        help="LVQ settings chosen per training fold by inner 5-fold cross-validation (SELECT_GRID)")
+                        help="LVQ settings chosen per training fold by inner 5-fold cross-validation (SELECT_GRIDS)")
+    parser.add_argument("--select-grid", default="basic", choices=sorted(SELECT_GRIDS),
+                        help="the candidate settings of --select (default basic: the paper's schedule, -ln det "
+                             "0.01 / 0.1, one global matrix; wide: 1-3 prototypes per class x -ln det 0 / 0.01 / "
+                             "0.1 x local or global)")
     parser.add_argument("--raw", default="lvq_raw.jsonl", help="JSON lines of per-seed results (appended)")
     parser.add_argument("--tables-from", default=None,
                         help="comma list of raw files: only build the tables from them (no runs)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.select and args.select_grid != "basic":
+        args.select = args.select_grid
     report = Report.start("Supervised maps from LiRaM LVQ metrics",
                           __doc__.split("\n\n", 1)[1].split("Run from")[0].strip())
     if args.tables_from:
