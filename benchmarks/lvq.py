@@ -18,7 +18,8 @@ Two protocols, each repeated over seeds (mean +- std):
 (``SELECT_GRIDS``; ``--select-grid basic``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one
 global matrix; ``wide``: 1-3 prototypes per class x regulariser 0 / 0.01 / 0.1 x local or global matrices).
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
-partitions) and the end-to-end time to a supervised t-SNE+ map.
+partitions) and the end-to-end time to a supervised t-SNE+ map (``--large-parts cli``: through ``scalemb affinity
+--metric liram`` and ``scalemb embed``, the way a user runs it).
 
 Run from the repository root:
 ``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
