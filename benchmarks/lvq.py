@@ -15,9 +15,11 @@ Two protocols, each repeated over seeds (mean +- std):
   the share of held-out points whose nearest training point in the map has another label.  Per fold the number
   of held-out errors is compared with NCA's (folds better / equal / worse).
 ``--select``: the LVQ settings are chosen per training fold by inner 5-fold cross-validation on that fold
-(``SELECT_GRID``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one global matrix).
+(``SELECT_GRIDS``; ``--select-grid basic``: the paper's schedule, with the -ln det regulariser 0.01 or 0.1, or one
+global matrix; ``wide``: 1-3 prototypes per class x regulariser 0 / 0.01 / 0.1 x local or global matrices).
 Also a 1e5-point labelled Three Tip Star: LVQ epoch time (local, partitions 1 and 2; Dask with 2 workers and 2
-partitions) and the end-to-end time to a supervised t-SNE+ map.
+partitions) and the end-to-end time to a supervised t-SNE+ map (``--large-parts cli``: through ``scalemb affinity
+--metric liram`` and ``scalemb embed``, the way a user runs it).
 
 Run from the repository root:
 ``python benchmarks/lvq.py [--seeds 10] [--star-seeds 3] [--out benchmarks/results/lvq.md]``
@@ -105,37 +107,42 @@ DETERMINISTIC = ("PCA", "LDA", "NCA")  # no seed enters the transductive map (NC
 
 
 def lvq_params(dataset, M, X_fit, y_fit, seed, select):
-    """The LVQ settings of a fit on ``(X_fit, y_fit)``: the paper's schedule, or with ``select`` the one of
-    ``SELECT_GRID`` whose inner 5-fold cross-validated 1-NN error of the Eq. (4) projection on the fit rows
-    is lowest (ties: the first; only these rows and labels are seen)."""
+    """The LVQ settings of a fit on ``(X_fit, y_fit)``: the paper's schedule, or with ``select`` the one of the
+    grid ``SELECT_GRIDS[select]`` (``True``: basic) whose inner 5-fold cross-validated 1-NN error of the Eq. (4)
+    projection on the fit rows is lowest (ties: the first; only these rows and labels are seen)."""
     base = dict(LVQ[dataset], rank=int(M))
     if not select:
         return base, None
-    key = (dataset, int(M), seed, hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
+    grid = SELECT_GRIDS["basic" if select is True else select]
+    key = (dataset, int(M), seed, str(select), hash(X_fit.tobytes()), hash(np.asarray(y_fit).tobytes()))
     if key not in _SELECTED:  # the choice depends only on these; the NE maps reuse their projection's choice
-        _SELECTED[key] = _select(base, X_fit, y_fit, seed)
+        _SELECTED[key] = _select(base, X_fit, y_fit, seed, grid)
     return _SELECTED[key]
 
 
 _SELECTED = {}
 
 
-def _select(base, X_fit, y_fit, seed):
+def _select(base, X_fit, y_fit, seed, grid):
     inner = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(X_fit, y_fit))
     scores = []
-    for option in SELECT_GRID:
+    for option in grid:
         wrong = 0
         for tr, te in inner:
             lvq = LiRaMLVQ(random_state=seed, **dict(base, **option)).fit(X_fit[tr], y_fit[tr])
             wrong += round(heldout_error(lvq.transform(X_fit), y_fit, tr, te) * len(te))
         scores.append(wrong / len(y_fit))
     best = int(np.argmin(scores))
-    return dict(base, **SELECT_GRID[best]), {"choice": best, "inner_errors": scores}
+    return dict(base, **grid[best]), {"choice": best, "setting": grid[best], "inner_errors": scores}
 
 
-# candidate LVQ settings for --select (chosen per outer training fold by inner cross-validation)
-SELECT_GRID = [{}, {"regularization": 0.01}, {"regularization": 0.1}, {"localized": False},
-               {"localized": False, "regularization": 0.01}]
+# candidate LVQ settings for --select (chosen per outer training fold by inner cross-validation); "wide": every
+# combination of 1-3 prototypes per class, the -ln det regulariser 0 / 0.01 / 0.1, local or one global matrix
+# (the paper's setting first, so ties keep it)
+SELECT_GRIDS = {"basic": [{}, {"regularization": 0.01}, {"regularization": 0.1}, {"localized": False},
+                          {"localized": False, "regularization": 0.01}],
+                "wide": [dict(prototypes_per_class=p, regularization=r, localized=loc)
+                         for loc in (True, False) for p in (1, 2, 3) for r in (0.0, 0.01, 0.1)]}
 
 
 def run_method(name, X, y, train, test, seed, dataset, select=False):
@@ -226,7 +233,9 @@ def tables(report, raw_paths, datasets, against="NCA"):
     for path in raw_paths:
         for line in open(path):
             r = json.loads(line)
-            records[(r["dataset"], r["method"] + (" (inner-CV LVQ settings)" if r.get("select") else ""),
+            label = {True: " (inner-CV LVQ settings)", "basic": " (inner-CV LVQ settings)",
+                     "wide": " (inner-CV LVQ settings, wide grid)"}.get(r.get("select"), "")
+            records[(r["dataset"], r["method"] + label,
                      r["protocol"], r["seed"])] = r
     for dataset in datasets:
         keys = [k for k in records if k[0] == dataset]
@@ -315,12 +324,14 @@ def dask_processes(n_workers, timeout=600):
                     proc.wait()
 
 
-def large(report, n, epochs, parts=("epochs", "e2e")):
+def large(report, n, epochs, parts=("epochs", "e2e"), workdir="/tmp/scalemb_lvq"):
     X, y = three_tip_star(n, random_state=0)
     if "epochs" in parts:
         large_epochs(report, X, y, n, epochs)
     if "e2e" in parts:
         large_end_to_end(report, X, y, n, epochs)
+    if "cli" in parts:
+        large_cli(report, n, workdir)
 
 
 def large_epochs(report, X, y, n, epochs):
@@ -368,6 +379,55 @@ def large_end_to_end(report, X, y, n, epochs):
     report()
 
 
+def large_cli(report, n, workdir, lvq_epochs=100, knn=90):
+    """End to end through the command line, as a user runs it: ``scalemb affinity X.npy --labels y.npy --metric
+    liram`` then ``scalemb embed P.zarr --model tsne`` with the engine's defaults (at this size
+    ``optimizer='auto'`` picks delta-bar-delta with the 750-iteration schedule and FFT repulsion).  Each command's
+    wall time (and child CPU time) is measured around its process; the LOO 1-NN error of the map is computed from
+    the run's coordinates and the labels."""
+    import resource
+    import subprocess
+
+    os.makedirs(workdir, exist_ok=True)
+    X, y = three_tip_star(n, random_state=0)
+    xf, yf = os.path.join(workdir, "X.npy"), os.path.join(workdir, "y.npy")
+    np.save(xf, X)
+    np.save(yf, y)
+    store, run = os.path.join(workdir, "P.zarr"), os.path.join(workdir, "run.zarr")
+    commands = [("affinity (LVQ + supervised kNN affinities)",
+                 ["scalemb", "affinity", xf, "--knn", str(knn), "--labels", yf, "--metric", "liram",
+                  "--prototypes-per-class", "3", "--rank", "2", "--lvq-epochs", str(lvq_epochs), "--threads", "1",
+                  "--overwrite", "--out", store]),
+                ("embed (t-SNE, engine defaults: optimizer auto)",
+                 ["scalemb", "embed", store, "--model", "tsne", "--threads", "1", "--overwrite", "--out", run])]
+    rows, total = [], 0.0
+    for label, cmd in commands:
+        print(" ".join(cmd), flush=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        total += wall
+        rows.append([label, "`" + " ".join(os.path.basename(c) if os.sep in c else c for c in cmd) + "`",
+                     f"{wall:.1f}", f"{cpu:.1f}", os.popen("uptime").read().split("load average:")[1].strip()])
+        print(rows[-1], flush=True)
+    from scalemb.io.results import read_result
+
+    arrays, attrs = read_result(run)
+    Z, ids = arrays["embedding"][:, :2], np.asarray(arrays["node_ids"]).astype(np.int64)
+    rows.append(["total", "", f"{total:.1f}", "", ""])
+    report(f"### {n:,} points end to end through the CLI (Three Tip Star scaled up, 3 prototypes per class, M = 2, "
+           f"{lvq_epochs} LVQ epochs, k = {knn})")
+    report()
+    report(markdown_table(["stage", "command", "wall s", "CPU s", "load average after"], rows))
+    report()
+    kept = {k: attrs.get(k) for k in ("model", "iterations", "kl", "optimizer")}
+    report(f"LOO 1-NN error of the map: {loo_error(Z, y[ids]):.3f}; run attributes: {json.dumps(kept, default=str)}")
+    report()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=10)
@@ -376,16 +436,23 @@ def main():
     parser.add_argument("--star-n", type=int, default=3000)
     parser.add_argument("--large-n", type=int, default=100_000)
     parser.add_argument("--large-epochs", type=int, default=20)
-    parser.add_argument("--large-parts", default="epochs,e2e", help="comma list of: epochs, e2e")
+    parser.add_argument("--large-parts", default="epochs,e2e", help="comma list of: epochs, e2e, cli")
+    parser.add_argument("--workdir", default="/tmp/scalemb_lvq", help="data and stores of --large-parts cli")
     parser.add_argument("--skip", default="", help="comma list of: wine, star, large")
     parser.add_argument("--methods", default=None, help="comma list of method names (default: all)")
     parser.add_argument("--select", action="store_true",
-                        help="LVQ settings chosen per training fold by inner 5-fold cross-validation (SELECT_GRID)")
+                        help="LVQ settings chosen per training fold by inner 5-fold cross-validation (SELECT_GRIDS)")
+    parser.add_argument("--select-grid", default="basic", choices=sorted(SELECT_GRIDS),
+                        help="the candidate settings of --select (default basic: the paper's schedule, -ln det "
+                             "0.01 / 0.1, one global matrix; wide: 1-3 prototypes per class x -ln det 0 / 0.01 / "
+                             "0.1 x local or global)")
     parser.add_argument("--raw", default="lvq_raw.jsonl", help="JSON lines of per-seed results (appended)")
     parser.add_argument("--tables-from", default=None,
                         help="comma list of raw files: only build the tables from them (no runs)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.select and args.select_grid != "basic":
+        args.select = args.select_grid
     report = Report.start("Supervised maps from LiRaM LVQ metrics",
                           __doc__.split("\n\n", 1)[1].split("Run from")[0].strip())
     if args.tables_from:
@@ -407,7 +474,7 @@ def main():
     if "wine" not in skip or "star" not in skip:
         tables(report, [args.raw], ["wine", "star"])
     if "large" not in skip:
-        large(report, args.large_n, args.large_epochs, args.large_parts.split(","))
+        large(report, args.large_n, args.large_epochs, args.large_parts.split(","), args.workdir)
     report.save(args.out)
 
 

@@ -6,6 +6,8 @@ Run from ``benchmarks/``: ``python lvq_wine_diagnosis.py``
 """
 import warnings
 
+import numpy as np
+
 from sklearn.datasets import load_wine
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.model_selection import StratifiedKFold
@@ -59,3 +61,15 @@ for name, f in rows:
     per_fold, points = missed(f)
     extra = f" (LVQ classification errors {f.classification})" if hasattr(f, "classification") else ""
     print(f"{name}: held-out 1-NN errors per fold {per_fold}, total {sum(per_fold)}, points {points}{extra}")
+
+# the points the maps miss, seen in the full 13-D space of their training fold: LDA's class posterior (all 13
+# dimensions, not the 2-D map) and the labels / distances of the 7 nearest training points
+print("point: label, fold, LDA posterior (13-D), labels and distances of its 7 nearest training points (13-D)")
+for p in (68, 96, 130, 59, 38, 121):
+    s = next(i for i, (_, te) in enumerate(folds) if p in te)
+    tr = folds[s][0]
+    post = LinearDiscriminantAnalysis().fit(X[tr], y[tr]).predict_proba(X[[p]])[0]
+    d = np.linalg.norm(X[tr] - X[p], axis=1)
+    near = np.argsort(d)[:7]
+    print(f"{p}: label {y[p]}, fold {s}, LDA posterior {np.round(post, 3).tolist()}, neighbours {y[tr][near].tolist()} "
+          f"at {np.round(d[near], 2).tolist()}")
