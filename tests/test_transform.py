@@ -141,6 +141,52 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
         place("tsne", 2, old, P, free_hops=n)
 
 
+@pytest.mark.parametrize("name", sorted(DIMS))
+def test_curvature_matrix_is_the_attractive_partial_hessian(name):
+    """``B = diag(h) - C_nn``: symmetric, its diagonal ``curvature_diagonal``, and with the fixed points at the
+    origin ``B X`` is the attractive part of the new rows' gradient (as ``L(C) S`` is the embedding's)."""
+    ds, dt = DIMS[name]
+    n, m = 30, 12
+    P = random_affinity(n + m, seed=5).P
+    P = P / P.sum()
+    rng = np.random.default_rng(6)
+    old = np.concatenate([np.zeros((ds, n)), 0.3 * rng.standard_normal((dt, n))])
+    X = np.concatenate([rng.standard_normal((ds, m)), 0.3 * rng.standard_normal((dt, m))])
+    with PlacementObjective(get_model(name), ds, P, old) as objective:
+        B = objective.curvature_matrix(X)
+        assert B.shape == (m, m) and B[:, :].nnz > m  # the new-new weights are there
+        np.testing.assert_allclose(B.toarray(), B.T.toarray(), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(B.diagonal(), objective.curvature_diagonal(X), rtol=1e-12)
+        attractive = objective.evaluate(X, 2.0).gradient - objective.evaluate(X, 1.0).gradient
+        np.testing.assert_allclose(B @ X[:ds].T, attractive[:ds].T, rtol=1e-9, atol=1e-13)
+
+
+def test_spectral_direction_places_and_frees_like_the_jacobi_one():
+    """The spectral direction (``direction='spectral'``): the same objective descended; with no edge among the
+    moving points it is the Jacobi direction exactly."""
+    n, m = 40, 6
+    P = random_affinity(n + m, seed=7).P
+    P = P / P.sum()
+    old = np.random.default_rng(8).standard_normal((2, n))
+    jacobi, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40))
+    spectral, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"))
+    assert spectral.settings["optimizer"] == "placement-spectral"
+    assert np.all(np.diff(spectral.kl_history) <= 1e-12) and spectral.kl < spectral.kl_history[0]
+    assert spectral.kl == pytest.approx(jacobi.kl, rel=2e-3)
+    freed, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"), free_hops=1,
+                     free_iterations=10)
+    assert freed.moved.size and freed.kl < spectral.kl and np.all(np.diff(freed.kl_history) <= 1e-12)
+    lone = P.tolil()
+    lone[n:, n:] = 0
+    lone = sp.csr_matrix(lone)
+    lone.eliminate_zeros()
+    runs = [place("tsne", 2, old, lone, PlacementOptimizer(iterations=15, direction=d))[0]
+            for d in ("jacobi", "spectral")]
+    np.testing.assert_array_equal(runs[0].coords, runs[1].coords)
+    with pytest.raises(ValueError, match="direction"):
+        PlacementOptimizer(direction="newton")
+
+
 @pytest.mark.parametrize("name,far", [("tsne", False), ("tsne", True), ("sne", True), ("snest", False)])
 def test_frozen_fft_grid_matches_the_exact_objective(name, far):
     """The fixed map's repulsion through one FFT grid (``placement.frozen``): the same KL and gradient as the

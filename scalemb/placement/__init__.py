@@ -189,7 +189,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     order = np.concatenate([fixed, free, np.arange(n, P.shape[0])])
     second = PlacementOptimizer(iterations=free_iterations, tol=optimizer.tol, window=optimizer.window,
                                 mu=optimizer.mu, time_ratio=optimizer.time_ratio, growth=optimizer.growth,
-                                max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho)
+                                max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho,
+                                direction=optimizer.direction)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
                             n_threads=n_threads, repulsion=method) as objective:

@@ -183,6 +183,29 @@ class PlacementObjective:
                 h[rows.r0:rows.r1] += row_sums(indptr, weights)
         return h
 
+    def curvature_matrix(self, X: np.ndarray) -> sp.csr_matrix:
+        """``B = diag(h) - C_nn`` (``(M, M)``): the attractive partial Hessian in space of the moving points
+        at ``X``, old points held fixed (``C`` the curvature weights ``c_ij`` of the new rows, ``C_nn`` its
+        new-new block, ``h`` = ``curvature_diagonal``: every row's weights summed, old columns included).  It
+        is the Laplacian of the new-new weights plus each point's weights to the fixed points on the diagonal,
+        i.e. the spectral direction's ``L`` with the fixed points as a Dirichlet boundary; positive definite
+        on every component of the moving points that touches the fixed map."""
+        Yt = point_major(self.combined(np.ascontiguousarray(X, dtype=np.float64)))
+        h = np.zeros(self.n_new)
+        rows, cols, vals = [], [], []
+        for part in self.rows:
+            for k, (indptr, indices, data) in enumerate((part.b, part.e)):
+                weights = np.empty_like(data)
+                self.model.curvature(indptr, indices, data, self.n_old + part.r0, Yt, self.space_dims, weights)
+                h[part.r0:part.r1] += row_sums(indptr, weights)
+                if k == 1 and data.size:
+                    rows.append(part.r0 + np.repeat(np.arange(part.r1 - part.r0), np.diff(indptr)))
+                    cols.append(indices - self.n_old)
+                    vals.append(-weights)
+        off = (sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(self.n_new, self.n_new)) if vals else sp.csr_matrix((self.n_new, self.n_new)))
+        return (sp.diags(h) + off).tocsr()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()

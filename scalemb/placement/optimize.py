@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 from numba import njit
 
 from ..optim.base import OptimizerState, stalled
 from ..optim.linesearch import armijo
 from ..optim.loop import CONVERGED, KEPT, MOVED, StepRun, run_loop
 
+DIRECTIONS = ("jacobi", "spectral")
 UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
                    "of the circle (sphere) of 1.1 times the map's largest radius around its centre, time "
                    "coordinates at the map's mean, and is then optimised like the others")
@@ -148,9 +150,14 @@ class PlacementOptimizer:
     rho: float = 0.5
     exaggeration: float = 1.0
     exaggeration_iterations: int = 0
+    direction: str = "jacobi"
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"placement direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
 
     def params(self) -> dict:
-        return {"optimizer": "placement-jacobi", "iterations": self.iterations, "tol": self.tol,
+        return {"optimizer": f"placement-{self.direction}", "iterations": self.iterations, "tol": self.tol,
                 "window": self.window, "mu": self.mu, "time_ratio": self.time_ratio, "growth": self.growth,
                 "max_step": self.max_step, "exaggeration": self.exaggeration,
                 "exaggeration_iterations": self.exaggeration_iterations}
@@ -211,9 +218,19 @@ class _PlacementRun(StepRun):
 
     def advance(self, it: int) -> str:
         r, s, alpha = self.rule, self.state, self.state.alpha
-        h = alpha * self.executor.curvature_diagonal(s.coords)
-        scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
-        direction = -self.ev.gradient * scale[None, :]
+        if r.direction == "spectral":
+            B = alpha * self.executor.curvature_matrix(s.coords)
+            h = B.diagonal()
+            shift = r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0)
+            if B.nnz > B.shape[0]:  # coupled moving points: solve (B + shift I) D = -G^T
+                solve = spla.splu((B + shift * sp.identity(B.shape[0])).tocsc()).solve
+                direction = -np.ascontiguousarray(solve(np.ascontiguousarray(self.ev.gradient.T)).T)
+            else:  # no edge among the moving points: B is diagonal, the Jacobi direction
+                direction = -self.ev.gradient * (1.0 / (h + shift))[None, :]
+        else:
+            h = alpha * self.executor.curvature_diagonal(s.coords)
+            scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
+            direction = -self.ev.gradient * scale[None, :]
         direction[self.space_dims:] *= r.time_ratio
         result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
                         retract=self.geometry.retract)
