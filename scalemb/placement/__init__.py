@@ -116,6 +116,10 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
     return np.arange(m, dtype=np.int64) + (int(np.max(node_ids)) + 1 if len(node_ids) else 0)
 
 
+# the free phase's descent direction: 'spectral' (the moving stored points are coupled by their edges: the solved
+# partial Hessian moves a freed region as a whole where Jacobi moves each point alone; chosen on GrQc's random
+# split, benchmarks/results/transform.md)
+FREE_DIRECTION = "spectral"
 FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (benchmarks/results/transform.md)
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
@@ -149,7 +153,7 @@ def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
 
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
           n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int = 0,
-          free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
+          free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", free_direction: str = FREE_DIRECTION):
     """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
     ``old`` (``(ds + dt, N)``).  Returns ``(PlacementRun, n_unattached)``.
 
@@ -162,7 +166,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     held-out 10 % into the full re-embedding's own stored rows reaches its neighbourhood preservation, into the
     map of the other 90 % it cannot (``benchmarks/results/transform.md``): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
-    ``moved_coords``; every other stored row stays exactly where it was.
+    ``moved_coords``; every other stored row stays exactly where it was.  The free phase descends along
+    ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one).
 
     ``repulsion``: ``"exact"`` sums, the frozen FFT grid of the fixed map (``"fft"``, ``placement.frozen``), or
     ``"auto"`` (``placement_repulsion``)."""
@@ -190,7 +195,7 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     second = PlacementOptimizer(iterations=free_iterations, tol=optimizer.tol, window=optimizer.window,
                                 mu=optimizer.mu, time_ratio=optimizer.time_ratio, growth=optimizer.growth,
                                 max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho,
-                                direction=optimizer.direction)
+                                direction=free_direction)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
                             n_threads=n_threads, repulsion=method) as objective:

@@ -13,8 +13,13 @@ Hessian (the Jacobi form of the spectral direction of Vladymyrov & Carreira-Perp
 neighbours only, each new point's block of L(C) is that diagonal), with a backtracking Armijo line search on
 the whole map's KL (``optim.linesearch.armijo``), so the KL never increases.  Time coordinates (SNEST) have a
 concave attractive term: their direction is the same scaled gradient times ``time_ratio`` (the SNEST paper's
-smaller time rate).  Stops after ``iterations`` or when the KL fell by less than ``tol`` (relative to the
-KL, per iteration, averaged over the last ``window`` iterations).
+smaller time rate).  ``direction="spectral"`` solves ``(B + mu I) D = -G`` instead, ``B = diag(h) - C_nn``
+the attractive partial Hessian of the moving points with the fixed map as boundary
+(``PlacementObjective.curvature_matrix``): the spectral direction proper, which moves points joined by edges
+together (a freed region of the stored map, a component of new points) where Jacobi moves each alone; with no
+edge among the moving points (kNN placement) it is the Jacobi direction.  Stops after ``iterations`` or when
+the KL fell by less than ``tol`` (relative to the KL,
+per iteration, averaged over the last ``window`` iterations).
 """
 import time
 from dataclasses import dataclass, field
@@ -223,7 +228,9 @@ class _PlacementRun(StepRun):
             h = B.diagonal()
             shift = r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0)
             if B.nnz > B.shape[0]:  # coupled moving points: solve (B + shift I) D = -G^T
-                solve = spla.splu((B + shift * sp.identity(B.shape[0])).tocsc()).solve
+                # SPD: a symmetric minimum-degree ordering and no pivoting (4x less fill than COLAMD on GrQc)
+                solve = spla.splu((B + shift * sp.identity(B.shape[0])).tocsc(), permc_spec="MMD_AT_PLUS_A",
+                                  diag_pivot_thresh=0.0, options={"SymmetricMode": True}).solve
                 direction = -np.ascontiguousarray(solve(np.ascontiguousarray(self.ev.gradient.T)).T)
             else:  # no edge among the moving points: B is diagonal, the Jacobi direction
                 direction = -self.ev.gradient * (1.0 / (h + shift))[None, :]
