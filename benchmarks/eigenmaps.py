@@ -27,7 +27,19 @@ CHILD = """
 import json, resource, sys, time
 from scalemb.eigenmaps import Eigenmap
 
+from scalemb.eigenmaps import graph
+
 data, executor, method, components = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+l_sym, t0 = graph._ProjectedLaplacian.l_sym, time.perf_counter()
+
+
+def progress(op, U):  # how far a run got: products so far on stderr (the parent relays it)
+    if op.matvecs // 100 != (op.matvecs + U.shape[1]) // 100:
+        print(f"{op.matvecs + U.shape[1]} products, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return l_sym(op, U)
+
+
+graph._ProjectedLaplacian.l_sym = progress
 scheduler = executor if executor.startswith("tcp://") else None
 start = time.perf_counter()
 model = Eigenmap(components, method=method, workers=2 if executor == "dask" else None, scheduler=scheduler).fit(data)
@@ -52,9 +64,9 @@ def graph_run(data, executor, method, components):
     """One graph eigenmap in a fresh process (``python -c``, run from the repository root: this folder holds a
     distributed.py benchmark that would shadow the Dask package in the process and its spawned workers)."""
     cmd = [sys.executable, "-c", CHILD, str(data), executor, method, str(components)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), cwd=HERE.parent)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ), cwd=HERE.parent)
     if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
+        raise RuntimeError(f"eigenmap run failed ({out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -34,6 +34,7 @@ from ..optim.linesearch import armijo
 from ..optim.loop import CONVERGED, KEPT, MOVED, StepRun, run_loop
 
 DIRECTIONS = ("jacobi", "spectral")
+TIME_STEPS = ("joint", "separate")
 UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
                    "of the circle (sphere) of 1.1 times the map's largest radius around its centre, time "
                    "coordinates at the map's mean, and is then optimised like the others")
@@ -156,16 +157,19 @@ class PlacementOptimizer:
     exaggeration: float = 1.0
     exaggeration_iterations: int = 0
     direction: str = "jacobi"
+    time_step: str = "joint"
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise ValueError(f"placement direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
+        if self.time_step not in TIME_STEPS:
+            raise ValueError(f"placement time_step must be one of {', '.join(TIME_STEPS)}, got {self.time_step!r}")
 
     def params(self) -> dict:
         return {"optimizer": f"placement-{self.direction}", "iterations": self.iterations, "tol": self.tol,
                 "window": self.window, "mu": self.mu, "time_ratio": self.time_ratio, "growth": self.growth,
                 "max_step": self.max_step, "exaggeration": self.exaggeration,
-                "exaggeration_iterations": self.exaggeration_iterations}
+                "exaggeration_iterations": self.exaggeration_iterations, "time_step": self.time_step}
 
     def optimize(self, objective, X0: np.ndarray, space_dims: int, callback=None) -> PlacementRun:
         """Place from ``X0`` (``(d, M)``); ``callback(it, kl)`` at the start of every iteration (the KL after
@@ -194,6 +198,7 @@ class PlacementState(OptimizerState):
 
     alpha: float
     step: float
+    time_step: float = 1.0  # the next first trial step of the time coordinates (``time_step="separate"``)
 
 
 class _PlacementRun(StepRun):
@@ -239,6 +244,8 @@ class _PlacementRun(StepRun):
             scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
             direction = -self.ev.gradient * scale[None, :]
         direction[self.space_dims:] *= r.time_ratio
+        if r.time_step == "separate" and direction.shape[0] > self.space_dims:
+            return self._separate(it, alpha, direction)
         result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
                         retract=self.geometry.retract)
         s.evaluations += result.trials
@@ -252,6 +259,34 @@ class _PlacementRun(StepRun):
         s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r.max_step)
         s.coords, self.ev = result.coords, result.evaluation
         return MOVED
+
+    def _separate(self, it: int, alpha: float, direction: np.ndarray) -> str:
+        """``time_step="separate"``: one Armijo search along the space rows of ``direction``, then one along
+        the time rows of the direction at the new point, each with its own step memory (one step length for
+        both lets a poor time direction cut the space step, and the reverse)."""
+        r, s, ds = self.rule, self.state, self.space_dims
+        moved = False
+        for rows, attr in ((slice(0, ds), "step"), (slice(ds, None), "time_step")):
+            part = np.zeros_like(direction)
+            if rows.start == 0:
+                part[rows] = direction[rows]
+            else:  # the time direction at the point the space search reached
+                h = alpha * self.executor.curvature_diagonal(s.coords)
+                scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
+                part[rows] = -self.ev.gradient[rows] * scale[None, :] * r.time_ratio
+            result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, part, self.ev, getattr(s, attr),
+                            r.c, r.rho, retract=self.geometry.retract)
+            s.evaluations += result.trials
+            if result.accepted:
+                moved = True
+                setattr(s, attr, min(result.step * (r.growth if result.trials == 1 else 1.0), r.max_step))
+                s.coords, self.ev = result.coords, result.evaluation
+        if not moved and alpha != 1.0:
+            s.alpha, s.step, s.time_step = 1.0, 1.0, 1.0
+            self.ev = self.evaluate(s.coords, 1.0, it + 1)
+            s.evaluations += 1
+            return KEPT
+        return MOVED if moved else CONVERGED
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
         return self.ev.kl
