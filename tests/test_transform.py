@@ -448,3 +448,26 @@ def test_new_point_ids_follow_the_maps_id_kind():
     assert new_point_ids(np.array(["a", "b"]), 2).tolist() == ["new-0", "new-1"]
     with pytest.raises(ScalembError, match="already has ids of the form 'new-K'"):
         new_point_ids(np.array(["new-1", "b"]), 2)
+
+
+@pytest.mark.parametrize("name,repulsion", [("tsne", "fft"), ("snest", "exact")])
+def test_dask_placement_is_bit_identical_to_local(dask_cluster, name, repulsion):
+    """``place(client=...)``: the row blocks on real `dask worker` processes give the local result bit for bit
+    (both phases: the placement and the free phase; exact sums and the frozen grid)."""
+    ds, dt = DIMS[name]
+    n, m = 400, 300  # two row blocks of new points
+    A = sp.random(n + m, n + m, density=0.01, random_state=9).tolil()
+    A[n:, 200:n] = 0  # the new points touch only the first 200 stored ones: the free phase frees some
+    A = sp.csr_matrix(A + A.T)
+    A.setdiag(0)
+    A.eliminate_zeros()
+    P = A / A.sum()
+    rng = np.random.default_rng(10)
+    old = np.concatenate([3.0 * rng.standard_normal((ds, n)), 0.3 * rng.standard_normal((dt, n))])
+    options = dict(optimizer=PlacementOptimizer(iterations=5), free_hops=1, free_iterations=3, repulsion=repulsion)
+    local, _ = place(name, ds, old, P, n_threads=2, **options)
+    dask, _ = place(name, ds, old, P, client=dask_cluster.client, **options)
+    np.testing.assert_array_equal(dask.coords, local.coords)
+    np.testing.assert_array_equal(dask.moved_coords, local.moved_coords)
+    np.testing.assert_array_equal(dask.kl_history, local.kl_history)
+    assert local.settings["repulsion"] == repulsion and local.iterations == 8
