@@ -12,7 +12,7 @@ from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 from scalemb.models import get_model
 from scalemb.placement import PlacementObjective, PlacementOptimizer, freed_points, place
-from scalemb.placement.optimize import initial_positions
+from scalemb.placement.optimize import TIME_STEPS, initial_positions
 
 from .cli_runner import run_cli
 
@@ -448,6 +448,25 @@ def test_new_point_ids_follow_the_maps_id_kind():
     assert new_point_ids(np.array(["a", "b"]), 2).tolist() == ["new-0", "new-1"]
     with pytest.raises(ScalembError, match="already has ids of the form 'new-K'"):
         new_point_ids(np.array(["new-1", "b"]), 2)
+
+
+def test_separate_time_step_descends_space_and_time_on_their_own_steps():
+    """``time_step="separate"`` (SNEST): the KL never rises, both kinds of coordinate move, and for a model
+    without time coordinates it is the joint step exactly."""
+    n, m = 40, 6
+    P = random_affinity(n + m, seed=11).P
+    P = P / P.sum()
+    rng = np.random.default_rng(12)
+    old = np.concatenate([rng.standard_normal((2, n)), 0.3 * rng.standard_normal((1, n))])
+    start, _ = initial_positions(sp.csr_matrix(P)[n:], old, 2)
+    run, _ = place("snest", 2, old, P, PlacementOptimizer(iterations=30, time_step="separate", time_ratio=1.0))
+    assert run.settings["time_step"] == "separate"
+    assert np.all(np.diff(run.kl_history) <= 1e-12) and run.kl < run.kl_history[0]
+    assert not np.allclose(run.coords[2], start[2]) and not np.allclose(run.coords[:2], start[:2])
+    flat = [place("tsne", 2, old[:2], P, PlacementOptimizer(iterations=10, time_step=t))[0] for t in TIME_STEPS]
+    np.testing.assert_array_equal(flat[0].coords, flat[1].coords)
+    with pytest.raises(ValueError, match="time_step"):
+        PlacementOptimizer(time_step="alternate")
 
 
 @pytest.mark.parametrize("name,repulsion", [("tsne", "fft"), ("snest", "exact")])
