@@ -490,3 +490,28 @@ def test_dask_placement_is_bit_identical_to_local(dask_cluster, name, repulsion)
     np.testing.assert_array_equal(dask.moved_coords, local.moved_coords)
     np.testing.assert_array_equal(dask.kl_history, local.kl_history)
     assert local.settings["repulsion"] == repulsion and local.iterations == 8
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "manhattan"])
+def test_exact_knn_of_new_rows_matches_brute_force(metric):
+    """The fused top-k search (``placement.affinity._knn_against``): the k nearest by (distance, index), ties
+    included, the same on 1 and 2 threads and over several row blocks."""
+    from scipy.spatial.distance import cdist
+
+    from scalemb.placement import affinity as placement_affinity
+
+    rng = np.random.default_rng(13)
+    X_ref = rng.integers(0, 3, size=(700, 4)).astype(float)  # many exact ties
+    X_new = rng.integers(0, 3, size=(90, 4)).astype(float)
+    D = cdist(X_new, X_ref, "euclidean" if metric == "euclidean" else "cityblock")
+    expected = np.lexsort((np.broadcast_to(np.arange(700), D.shape), D), axis=-1)[:, :25]
+    blocks = placement_affinity._BLOCK_ENTRIES
+    try:
+        placement_affinity._BLOCK_ENTRIES = 700 * 20  # 5 blocks of new rows
+        runs = [placement_affinity._knn_against(X_new, X_ref, 25, metric, n_jobs) for n_jobs in (1, 2)]
+    finally:
+        placement_affinity._BLOCK_ENTRIES = blocks
+    for indices, distances in runs:
+        np.testing.assert_array_equal(indices, expected)
+        np.testing.assert_allclose(distances, np.take_along_axis(D, expected, axis=1), rtol=1e-12, atol=1e-7)
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
