@@ -277,6 +277,19 @@ def test_cli_places_new_graph_nodes(school_run):
     assert moved_result.kl <= after.kl + 1e-12
 
 
+def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster):
+    """``scalemb transform --scheduler``: the same whole map as on local threads, bit for bit."""
+    tmp_path, run, new_path = school_run
+    outs = [tmp_path / "local-free.zarr", tmp_path / "dask-free.zarr"]
+    for out, extra in zip(outs, ([], ["--scheduler", dask_cluster.address])):
+        proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--free-hops", "1", "--quiet",
+                       *extra)
+        assert proc.returncode == 0, proc.stderr
+    local, dask = (EmbeddingResult.load(out) for out in outs)
+    np.testing.assert_array_equal(dask.embedding, local.embedding)
+    assert dask.kl == local.kl
+
+
 def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     _, run, new_path = school_run
     out = tmp_path / "placed.zarr"
