@@ -27,11 +27,33 @@ CHILD = """
 import json, resource, sys, time
 from scalemb.eigenmaps import Eigenmap
 
+from scalemb.eigenmaps import graph
+
 data, executor, method, components = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+l_sym, t0 = graph._ProjectedLaplacian.l_sym, time.perf_counter()
+
+
+def progress(op, U):  # how far a run got: products so far on stderr (the parent relays it)
+    if op.matvecs // 100 != (op.matvecs + U.shape[1]) // 100:
+        print(f"{op.matvecs + U.shape[1]} products, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return l_sym(op, U)
+
+
+graph._ProjectedLaplacian.l_sym = progress
+scheduler = executor if executor.startswith("tcp://") else None
 start = time.perf_counter()
-model = Eigenmap(components, method=method, workers=2 if executor == "dask" else None).fit(data)
+model = Eigenmap(components, method=method, workers=2 if executor == "dask" else None, scheduler=scheduler).fit(data)
 wall = time.perf_counter() - start
+workers_mb = []
+if scheduler:
+    from distributed import Client
+    def peak():
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with Client(scheduler) as client:
+        workers_mb = sorted(client.run(peak).values())
 print(json.dumps({"wall": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "workers_mb": workers_mb,
                   "eigenvalues": model.eigenvalues_.tolist(), "residuals": model.residuals_.tolist(),
                   "matvecs": model.solution_.matvecs, "graph_components": model.n_graph_components_,
                   "n": int(model.embedding_.shape[0])}))
@@ -42,9 +64,9 @@ def graph_run(data, executor, method, components):
     """One graph eigenmap in a fresh process (``python -c``, run from the repository root: this folder holds a
     distributed.py benchmark that would shadow the Dask package in the process and its spawned workers)."""
     cmd = [sys.executable, "-c", CHILD, str(data), executor, method, str(components)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), cwd=HERE.parent)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ), cwd=HERE.parent)
     if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
+        raise RuntimeError(f"eigenmap run failed ({out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -146,6 +168,11 @@ def main():
     parser.add_argument("--workdir", default="/tmp/scalemb-eigenmaps-bench")
     parser.add_argument("--dask", default="GrQc", help="graphs also run on 2 Dask workers (comma separated names, "
                                                         "'all'; 'none')")
+    parser.add_argument("--dask-processes", default="none",
+                        help="graphs also run on a real `dask scheduler` + 2 `dask worker` processes on loopback "
+                             "(names as --dask)")
+    parser.add_argument("--solvers", default="lanczos,lobpcg", help="local solvers (comma separated)")
+    parser.add_argument("--no-grqc", action="store_true")
     parser.add_argument("--part", choices=("all", "graph", "roll"), default="all")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -161,24 +188,37 @@ def graph_part(args, report):
     report("## Graph eigenmaps (bottom 2 non-trivial eigenpairs of L_sym; residual |L_sym u - lambda u|, |u| = 1)\n")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    inputs = [("GrQc", "grqc", 0.0)]
+    inputs = [] if args.no_grqc else [("GrQc", "grqc", 0.0)]
     for size in [int(s) for s in args.sizes.split(",") if s]:
         store, prep = generated_store(size, workdir)
         inputs.append((f"coauthor {size}", store, prep))
     rows = []
     for name, data, prep in inputs:
-        configs = [("local", "lanczos"), ("local", "lobpcg")]
+        configs = [("local", method) for method in args.solvers.split(",")]
         if args.dask == "all" or name in args.dask.split(","):
             configs.append(("dask", "lanczos"))
+        if args.dask_processes == "all" or name in args.dask_processes.split(","):
+            configs.append(("dask processes", "lanczos"))
         for executor, method in configs:
-            r = graph_run(data, executor, method, args.components)
-            row = [name, r["n"], r["graph_components"], executor + (" (2 workers)" if executor == "dask" else ""),
-                   method, f"{r['wall']:.1f}", f"{r['rss_mb']:.0f}", r["matvecs"],
+            if executor == "dask processes":  # a fresh real cluster per run: the workers' peak RSS is this run's
+                from lvq import dask_processes
+
+                # this folder holds benchmarks/distributed.py, which would shadow the dask package (as lvq.py)
+                sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != str(HERE)]
+                sys.modules.pop("distributed", None)
+                with dask_processes(2) as address:
+                    r = graph_run(data, address, method, args.components)
+                label = "dask, 2 `dask worker` processes x 1 thread"
+            else:
+                r = graph_run(data, executor, method, args.components)
+                label = executor + (" (LocalCluster, 2 workers)" if executor == "dask" else " (2 threads)")
+            row = [name, r["n"], r["graph_components"], label, method, f"{r['wall']:.1f}", f"{r['rss_mb']:.0f}",
+                   " / ".join(f"{v:.0f}" for v in r["workers_mb"]) or "-", r["matvecs"],
                    ", ".join(f"{v:.3e}" for v in r["eigenvalues"]), ", ".join(f"{v:.1e}" for v in r["residuals"])]
             rows.append(row)
             print(row, flush=True)
     report(markdown_table(["graph", "N", "components", "executor", "solver", "wall s", "peak RSS MB (client)",
-                           "products (vectors)", "eigenvalues", "residuals"], rows))
+                           "peak RSS MB (workers)", "products (vectors)", "eigenvalues", "residuals"], rows))
     report("\nGeneration + ingest (not timed above): "
            + ", ".join(f"{name} {prep:.0f} s" for name, _, prep in inputs if prep) + "\n")
 

@@ -86,7 +86,7 @@ def split_graph(graph, held_ids):
     return old, new_ids, src, dst
 
 
-def grqc_section(report, models, optimizer_iterations):
+def grqc_section(report, models, optimizer_iterations, only=None):
     graph = read_edge_list(grqc_path())
     full = coauthorship_affinity(graph)
     n = graph.n_nodes
@@ -100,9 +100,9 @@ def grqc_section(report, models, optimizer_iterations):
     rows = []
     for model in models:
         ds, dt = DIMS[model]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         everything = Embedder(model=model, space_dims=ds, time_dims=dt, seed=0).fit(full)
-        t_full = time.perf_counter() - t0
+        t_full, c_full = time.perf_counter() - t0, time.process_time() - c0
         Y_full = everything.embedding_
         for name, held in splits.items():
             old, new_ids, src, dst = split_graph(graph, held)
@@ -113,22 +113,27 @@ def grqc_section(report, models, optimizer_iterations):
             placed_rows = where[len(stored.result_.node_ids):]
             attached = attached_mask(extended_graph_affinity(old, "coauthorship", stored.result_.node_ids, new_ids,
                                                              src, dst, np.ones(src.size)), old.n_nodes)
-            runs = [(label, optimizer, 0, old_coords) for label, optimizer in VARIANTS.items()
+            runs = [(label, optimizer, 0, old_coords, "spectral") for label, optimizer in VARIANTS.items()
                     if dt == 0 or label == "default"]  # no exaggerated phase with time coordinates
-            runs += [(label, VARIANTS["default"], hops, old_coords) for label, hops in FREE_VARIANTS.items()]
+            runs.append(("spectral direction", lambda its: PlacementOptimizer(iterations=its, direction="spectral"),
+                         0, old_coords, "spectral"))
+            runs += [(f"{label}, {free_direction}", VARIANTS["default"], hops, old_coords, free_direction)
+                     for label, hops in FREE_VARIANTS.items() for free_direction in ("jacobi", "spectral")]
             # diagnostic: the same placement into the re-embedding's own rows of the stored nodes
             runs.append(("default, into the re-embedding's stored rows", VARIANTS["default"], 0,
-                         np.ascontiguousarray(Y_full[where[:len(stored.result_.node_ids)]].T)))
-            for label, optimizer, hops, into in runs:
+                         np.ascontiguousarray(Y_full[where[:len(stored.result_.node_ids)]].T), "spectral"))
+            runs = [run for run in runs if only is None or any(part in run[0] for part in only)]
+            for label, optimizer, hops, into, free_direction in runs:
                 P = extended_graph_affinity(old, "coauthorship", stored.result_.node_ids, new_ids, src, dst,
                                             np.ones(src.size))
-                place(model, ds, into, P, PlacementOptimizer(iterations=1), free_hops=hops,
+                place(model, ds, into, P, PlacementOptimizer(iterations=1, direction="spectral"), free_hops=hops,
                       free_iterations=1)  # compile the kernels first
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 P = extended_graph_affinity(old, "coauthorship", stored.result_.node_ids, new_ids, src, dst,
                                             np.ones(src.size))
-                run, unattached = place(model, ds, into, P, optimizer(optimizer_iterations), free_hops=hops)
-                t_place = time.perf_counter() - t0
+                run, unattached = place(model, ds, into, P, optimizer(optimizer_iterations), free_hops=hops,
+                                        free_direction=free_direction)
+                t_place, c_place = time.perf_counter() - t0, time.process_time() - c0
                 stored_coords = into.T.copy()
                 if run.moved.size:
                     stored_coords[run.moved] = run.moved_coords.T
@@ -143,18 +148,22 @@ def grqc_section(report, models, optimizer_iterations):
                 rows.append([model, name, label, len(new_ids), unattached, run.moved.size, f"{everything.kl_:.4f}",
                              f"{kl_placed:.4f}", f"{run.kl_history[0]:.4f}", f"{np_full:.3f}", f"{np_placed:.3f}",
                              f"{(np_placed / np_full - 1) * 100:+.1f} %", *split, f"{t_full:.1f}",
-                             f"{t_place:.2f}", f"{t_full / t_place:.0f}x", run.iterations])
+                             f"{t_place:.2f}", f"{t_full / t_place:.0f}x", f"{c_full:.1f}", f"{c_place:.2f}",
+                             f"{c_full / c_place:.0f}x", run.iterations])
                 print(rows[-1], flush=True)
     report("## GrQc: place the held-out 10 % vs re-embed all 5241 nodes")
     report()
     report("Stored map: the same model and defaults on the graph without the held-out nodes (nodes left edgeless "
            "are new too). KL: of the whole map under the full graph's P. NP: neighbourhood preservation of the "
-           "placed nodes (same nodes in both maps). Place time: P' of the grown graph + start + optimisation.")
+           "placed nodes (same nodes in both maps). Place time: P' of the grown graph + start + optimisation; "
+           "wall seconds and the process's CPU seconds (all its threads: less sensitive to a shared machine's "
+           "load than wall time).")
     report()
     report(markdown_table(["model", "held out", "placement", "new nodes", "unattached", "stored moved",
                            "KL re-embed", "KL placed", "KL at start", "NP re-embed", "NP placed", "NP diff",
                            "NP attached placed / re-embed", "NP unattached placed / re-embed", "re-embed s",
-                           "place s", "speed-up", "place iters"], rows))
+                           "place s", "speed-up", "re-embed CPU s", "place CPU s", "CPU speed-up", "place iters"],
+                          rows))
     report()
 
 
@@ -165,7 +174,25 @@ def gaussian_mixture(n: int, dims: int = 50, clusters: int = 20, seed: int = 0) 
     return centres[labels] + rng.standard_normal((n, dims))
 
 
-def knn_section(report, n_points: int, k_np: int = 15):
+def _cached(cache, name, fn):
+    """``fn() -> (array, seconds, extra)``, or its earlier result from ``cache/name.npz`` (so a stopped run
+    resumes; the seconds are those of the run that computed it)."""
+    import os
+
+    path = None if cache is None else os.path.join(cache, name + ".npz")
+    if path is not None and os.path.exists(path):
+        got = np.load(path)
+        return got["coords"], float(got["seconds"]), float(got["extra"])
+    coords, seconds, extra = fn()
+    if path is not None:
+        os.makedirs(cache, exist_ok=True)
+        np.savez(path, coords=coords, seconds=seconds, extra=extra)
+    return coords, seconds, extra
+
+
+def knn_section(report, n_points: int, k_np: int = 15, cache: str | None = None):
+    """Both libraries, in one run: each embeds the 90 % reference and re-embeds all points with its defaults;
+    each places the 10 % into each reference map (scalemb ``place``, openTSNE ``TSNEEmbedding.transform``)."""
     import openTSNE
 
     X = gaussian_mixture(n_points)
@@ -174,14 +201,39 @@ def knn_section(report, n_points: int, k_np: int = 15):
     held[rng.choice(n_points, n_points // 10, replace=False)] = True
     X_ref, X_new = X[~held], X[held]
     n, m = X_ref.shape[0], X_new.shape[0]
-    reference = knn_affinity(X_ref, perplexity=30)
-    stored = Embedder(model="tsne", seed=0).fit(reference)
-    Y_ref = stored.embedding_
-    t0 = time.perf_counter()
-    everything = Embedder(model="tsne", seed=0).fit(knn_affinity(np.concatenate([X_ref, X_new]), perplexity=30))
-    t_full = time.perf_counter() - t0
-    # ground truth neighbours of each new point among all points (feature space), in [ref, new] numbering
     X_all = np.concatenate([X_ref, X_new])
+    t0 = time.perf_counter()
+    reference = knn_affinity(X_ref, perplexity=30)
+    t_ref_affinity = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = knn_affinity(X_all, perplexity=30)
+    t_full_affinity = time.perf_counter() - t0
+    print(f"affinities: reference {t_ref_affinity:.1f} s, all {t_full_affinity:.1f} s", flush=True)
+
+    def scalemb_fit(affinity, seconds_before):
+        def fit():
+            t0 = time.perf_counter()
+            run = Embedder(model="tsne", seed=0).fit(affinity)
+            return run.embedding_, time.perf_counter() - t0 + seconds_before, run.kl_
+        return fit
+
+    def opentsne_fit(data):
+        def fit():
+            t0 = time.perf_counter()
+            Y = np.asarray(openTSNE.TSNE(n_jobs=-1, random_state=0).fit(data))
+            return Y, time.perf_counter() - t0, float("nan")
+        return fit
+
+    Y_ref, t_ref, kl_ref = _cached(cache, f"scalemb_ref_{n_points}", scalemb_fit(reference, t_ref_affinity))
+    print(f"scalemb reference {t_ref:.1f} s", flush=True)
+    Y_full, t_full, _ = _cached(cache, f"scalemb_all_{n_points}", scalemb_fit(full, t_full_affinity))
+    print(f"scalemb re-embedding {t_full:.1f} s", flush=True)
+    Y_otref, t_otref, _ = _cached(cache, f"opentsne_ref_{n_points}", opentsne_fit(X_ref))
+    print(f"openTSNE reference {t_otref:.1f} s", flush=True)
+    Y_otfull, t_otfull, _ = _cached(cache, f"opentsne_all_{n_points}", opentsne_fit(X_all))
+    print(f"openTSNE re-embedding {t_otfull:.1f} s", flush=True)
+
+    # ground truth neighbours of each new point among all points (feature space), in [ref, new] numbering
     truth, _ = _knn_against(X_new, X_all, k_np + 1, "euclidean")
     truth = [[j for j in row if j != n + i][:k_np] for i, row in enumerate(truth)]
 
@@ -190,17 +242,24 @@ def knn_section(report, n_points: int, k_np: int = 15):
         _, idx = tree.query(Y_all[n:], k=k_np + 1)
         return float(np.mean([len(set(r) - {n + i} & set(t)) / k_np for i, (r, t) in enumerate(zip(idx, truth))]))
 
+    def kl_full(Y_all):  # the whole map under the kNN P of all points (FFT normaliser: exact within ~1e-5)
+        with LocalExecutor(full, get_model("tsne"), 2, 0, repulsion="fft") as executor:
+            return executor.evaluate(np.ascontiguousarray(Y_all.T)).kl
+
     P = extended_knn_affinity(reference, X_ref, X_new, reference.provenance["n_neighbors"], "euclidean", 30.0)
     place("tsne", 2, np.ascontiguousarray(Y_ref.T), P, PlacementOptimizer(iterations=1))  # compile first
-    ot_affinity = openTSNE.affinity.PerplexityBasedNN(X_ref, perplexity=30, n_jobs=-1, random_state=0)
     t0 = time.perf_counter()
-    ot_reference = openTSNE.TSNE(n_jobs=-1, random_state=0).fit(X_ref)
-    t_ot_fit = time.perf_counter() - t0
+    ot_affinity = openTSNE.affinity.PerplexityBasedNN(X_ref, perplexity=30, n_jobs=-1, random_state=0)
+    t_ot_index = time.perf_counter() - t0
+    ot_reference = openTSNE.TSNEEmbedding(np.ascontiguousarray(Y_otref), ot_affinity, n_jobs=-1, random_state=0)
     maps = {"scalemb t-SNE": (Y_ref, openTSNE.TSNEEmbedding(np.ascontiguousarray(Y_ref), ot_affinity, n_jobs=-1,
                                                                random_state=0)),
-            "openTSNE": (np.asarray(ot_reference), ot_reference)}
-    rows = [["-", "re-embed all (scalemb t-SNE)", f"{everything.kl_:.4f}", f"{np_of(everything.embedding_):.3f}",
-             f"{t_full:.1f}", "-"]]
+            "openTSNE": (Y_otref, ot_reference)}
+    np_full, np_otfull = np_of(Y_full), np_of(Y_otfull)
+    rows = [["-", "re-embed all (scalemb t-SNE)", f"{kl_full(Y_full):.4f}", "-", f"{np_full:.3f}", "-",
+             f"{t_full:.1f}", "-", "750 (auto)"],
+            ["-", "re-embed all (openTSNE)", f"{kl_full(Y_otfull):.4f}", "-", f"{np_otfull:.3f}", "-",
+             f"{t_otfull:.1f}", "-", "750 (250 EE + 500)"]]
     times = {}
     for map_name, (Y_map, ot_embedding) in maps.items():
         old_coords = np.ascontiguousarray(Y_map.T)
@@ -209,35 +268,45 @@ def knn_section(report, n_points: int, k_np: int = 15):
             P = extended_knn_affinity(reference, X_ref, X_new, reference.provenance["n_neighbors"], "euclidean",
                                       30.0)
             run, _ = place("tsne", 2, old_coords, P, optimizer(300))
-            times[map_name, label] = time.perf_counter() - t0
-            rows.append([map_name, f"scalemb transform ({label}, {run.settings['repulsion']})", f"{run.kl:.4f}",
-                         f"{np_of(np.concatenate([Y_map, run.coords.T])):.3f}", f"{times[map_name, label]:.2f}",
-                         f"{run.iterations} (start KL {run.kl_history[0]:.4f})"])
+            times[map_name, label] = t = time.perf_counter() - t0
+            Y_all = np.concatenate([Y_map, run.coords.T])
+            npl = np_of(Y_all)
+            rows.append([map_name, f"scalemb transform ({label}, {run.settings['repulsion']})", f"{kl_full(Y_all):.4f}",
+                         f"{run.kl:.4f}", f"{npl:.3f}", f"{(npl / np_full - 1) * 100:+.1f} %", f"{t:.2f}",
+                         f"{t_full / t:.0f}x", f"{run.iterations} (start KL' {run.kl_history[0]:.4f})"])
             print(rows[-1], flush=True)
         t0 = time.perf_counter()
         Y_ot = np.asarray(ot_embedding.transform(X_new))
-        times[map_name, "openTSNE"] = time.perf_counter() - t0
+        times[map_name, "openTSNE"] = t = time.perf_counter() - t0
         with PlacementObjective(get_model("tsne"), 2, P, old_coords,
                                 repulsion=placement_repulsion(get_model("tsne"), n, m)) as objective:
             kl_ot = objective.evaluate(np.ascontiguousarray(Y_ot.T)).kl
-        rows.append([map_name, "openTSNE transform", f"{kl_ot:.4f}", f"{np_of(np.concatenate([Y_map, Y_ot])):.3f}",
-                     f"{times[map_name, 'openTSNE']:.2f}", 250])
+        Y_all = np.concatenate([Y_map, Y_ot])
+        npl = np_of(Y_all)
+        rows.append([map_name, "openTSNE transform", f"{kl_full(Y_all):.4f}", f"{kl_ot:.4f}", f"{npl:.3f}",
+                     f"{(npl / np_otfull - 1) * 100:+.1f} %", f"{t:.2f}", f"{t_otfull / t:.0f}x", 250])
         print(rows[-1], flush=True)
     report(f"## kNN: Gaussian mixture, {n_points} points in 50-D (20 clusters), 10 % held out at random")
     report()
-    report(f"Reference maps of the other {n} points: scalemb t-SNE (defaults, KL {stored.kl_:.4f}) and openTSNE's "
-           f"TSNE().fit ({t_ot_fit:.1f} s). Both placements go into the same reference map, row by row. KL: of the "
-           f"whole map of {n + m} points under P' (the reference's P plus the new rows' kNN affinities, perplexity "
-           "30; the re-embedding's under its own kNN P of all points). NP: each placed point's 15 nearest points "
-           "in feature space found among its 15 nearest in the map. Times: scalemb = the new rows' exact kNN + "
-           "calibration + start + optimisation; openTSNE = its transform (its reference kNN index built "
-           "beforehand, 250 iterations, its defaults).")
+    report(f"Data: `gaussian_mixture({n_points})` (20 centres 3·N(0, I_50), unit-variance clusters, seed 0), "
+           f"{m} rows held out at random (seed 1).  Reference maps of the other {n} points: scalemb t-SNE "
+           f"(defaults, optimizer 'auto'; {t_ref:.1f} s with its kNN affinity, KL {kl_ref:.4f}) and openTSNE's "
+           f"TSNE(n_jobs=-1).fit ({t_otref:.1f} s).  Re-embeddings of all {n + m} points: scalemb's (kNN "
+           f"affinity {t_full_affinity:.1f} s + fit) and openTSNE's, each with its defaults.  Both placements go "
+           "into each reference map.  KL: of the whole map under the kNN P of all points (the re-embedding's "
+           "input; FFT normaliser); KL': under P' (the reference's P plus the new rows' conditional affinities "
+           "on the reference, what the placement minimises).  NP@15: each placed point's 15 nearest points in "
+           "feature space (among all points) found among its 15 nearest in the map; 'vs re-embed': against the "
+           "same library's re-embedding (scalemb's placements against scalemb's, openTSNE's against openTSNE's). "
+           "Seconds: scalemb = the new rows' exact kNN + calibration + start + optimisation; openTSNE = its "
+           f"transform (its reference kNN index, built beforehand in {t_ot_index:.1f} s, not counted; 250 "
+           "iterations, its defaults).  Speed-up: the same library's re-embedding time / placement time.")
     report()
-    report(markdown_table(["reference map", "method", "KL", f"NP@{k_np}", "seconds", "iterations"], rows))
+    report(markdown_table(["reference map", "method", "KL", "KL'", f"NP@{k_np}", "NP vs re-embed", "seconds",
+                           "speed-up vs re-embed", "iterations"], rows))
     report()
-    report(f"Speed-up of scalemb's placement (default) over re-embedding: "
-           f"{t_full / times['scalemb t-SNE', 'default']:.0f}x; over openTSNE's transform into the same map: "
-           f"{times['scalemb t-SNE', 'openTSNE'] / times['scalemb t-SNE', 'default']:.1f}x (scalemb's map), "
+    report(f"scalemb's placement (default) over openTSNE's transform into the same map: "
+           f"{times['scalemb t-SNE', 'openTSNE'] / times['scalemb t-SNE', 'default']:.1f}x faster (scalemb's map), "
            f"{times['openTSNE', 'openTSNE'] / times['openTSNE', 'default']:.1f}x (openTSNE's map).")
     report()
 
@@ -248,14 +317,18 @@ def main():
     parser.add_argument("--sections", default="grqc,knn")
     parser.add_argument("--models", default="tsne,snest,sne")
     parser.add_argument("--iterations", type=int, default=300, help="placement iterations at most")
-    parser.add_argument("--knn-points", type=int, default=20_000)
+    parser.add_argument("--grqc-only", default=None, help="GrQc placements whose label contains one of these "
+                                                            "';'-separated parts (default: all)")
+    parser.add_argument("--knn-points", type=int, default=100_000)
+    parser.add_argument("--cache", default=None, help="directory keeping the kNN section's four fits (resumable)")
     args = parser.parse_args()
     report = Report.start("Placing new nodes into a stored map (scalemb transform)")
     sections = args.sections.split(",")
     if "grqc" in sections:
-        grqc_section(report, args.models.split(","), args.iterations)
+        grqc_section(report, args.models.split(","), args.iterations,
+                     args.grqc_only.split(";") if args.grqc_only else None)
     if "knn" in sections:
-        knn_section(report, args.knn_points)
+        knn_section(report, args.knn_points, cache=args.cache)
     report.save(args.out)
 
 

@@ -12,7 +12,7 @@ from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 from scalemb.models import get_model
 from scalemb.placement import PlacementObjective, PlacementOptimizer, freed_points, place
-from scalemb.placement.optimize import initial_positions
+from scalemb.placement.optimize import TIME_STEPS, initial_positions
 
 from .cli_runner import run_cli
 
@@ -141,6 +141,52 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
         place("tsne", 2, old, P, free_hops=n)
 
 
+@pytest.mark.parametrize("name", sorted(DIMS))
+def test_curvature_matrix_is_the_attractive_partial_hessian(name):
+    """``B = diag(h) - C_nn``: symmetric, its diagonal ``curvature_diagonal``, and with the fixed points at the
+    origin ``B X`` is the attractive part of the new rows' gradient (as ``L(C) S`` is the embedding's)."""
+    ds, dt = DIMS[name]
+    n, m = 30, 12
+    P = random_affinity(n + m, seed=5).P
+    P = P / P.sum()
+    rng = np.random.default_rng(6)
+    old = np.concatenate([np.zeros((ds, n)), 0.3 * rng.standard_normal((dt, n))])
+    X = np.concatenate([rng.standard_normal((ds, m)), 0.3 * rng.standard_normal((dt, m))])
+    with PlacementObjective(get_model(name), ds, P, old) as objective:
+        B = objective.curvature_matrix(X)
+        assert B.shape == (m, m) and B[:, :].nnz > m  # the new-new weights are there
+        np.testing.assert_allclose(B.toarray(), B.T.toarray(), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(B.diagonal(), objective.curvature_diagonal(X), rtol=1e-12)
+        attractive = objective.evaluate(X, 2.0).gradient - objective.evaluate(X, 1.0).gradient
+        np.testing.assert_allclose(B @ X[:ds].T, attractive[:ds].T, rtol=1e-9, atol=1e-13)
+
+
+def test_spectral_direction_places_and_frees_like_the_jacobi_one():
+    """The spectral direction (``direction='spectral'``): the same objective descended; with no edge among the
+    moving points it is the Jacobi direction exactly."""
+    n, m = 40, 6
+    P = random_affinity(n + m, seed=7).P
+    P = P / P.sum()
+    old = np.random.default_rng(8).standard_normal((2, n))
+    jacobi, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40))
+    spectral, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"))
+    assert spectral.settings["optimizer"] == "placement-spectral"
+    assert np.all(np.diff(spectral.kl_history) <= 1e-12) and spectral.kl < spectral.kl_history[0]
+    assert spectral.kl == pytest.approx(jacobi.kl, rel=2e-3)
+    freed, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"), free_hops=1,
+                     free_iterations=10)
+    assert freed.moved.size and freed.kl < spectral.kl and np.all(np.diff(freed.kl_history) <= 1e-12)
+    lone = P.tolil()
+    lone[n:, n:] = 0
+    lone = sp.csr_matrix(lone)
+    lone.eliminate_zeros()
+    runs = [place("tsne", 2, old, lone, PlacementOptimizer(iterations=15, direction=d))[0]
+            for d in ("jacobi", "spectral")]
+    np.testing.assert_array_equal(runs[0].coords, runs[1].coords)
+    with pytest.raises(ValueError, match="direction"):
+        PlacementOptimizer(direction="newton")
+
+
 @pytest.mark.parametrize("name,far", [("tsne", False), ("tsne", True), ("sne", True), ("snest", False)])
 def test_frozen_fft_grid_matches_the_exact_objective(name, far):
     """The fixed map's repulsion through one FFT grid (``placement.frozen``): the same KL and gradient as the
@@ -229,6 +275,19 @@ def test_cli_places_new_graph_nodes(school_run):
     still = np.all(moved_result.embedding[:39] == before.embedding, axis=1)
     assert np.count_nonzero(~still) <= n_moved and np.count_nonzero(still) >= 39 - n_moved
     assert moved_result.kl <= after.kl + 1e-12
+
+
+def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster):
+    """``scalemb transform --scheduler``: the same whole map as on local threads, bit for bit."""
+    tmp_path, run, new_path = school_run
+    outs = [tmp_path / "local-free.zarr", tmp_path / "dask-free.zarr"]
+    for out, extra in zip(outs, ([], ["--scheduler", dask_cluster.address])):
+        proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--free-hops", "1", "--quiet",
+                       *extra)
+        assert proc.returncode == 0, proc.stderr
+    local, dask = (EmbeddingResult.load(out) for out in outs)
+    np.testing.assert_array_equal(dask.embedding, local.embedding)
+    assert dask.kl == local.kl
 
 
 def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
@@ -402,3 +461,70 @@ def test_new_point_ids_follow_the_maps_id_kind():
     assert new_point_ids(np.array(["a", "b"]), 2).tolist() == ["new-0", "new-1"]
     with pytest.raises(ScalembError, match="already has ids of the form 'new-K'"):
         new_point_ids(np.array(["new-1", "b"]), 2)
+
+
+def test_separate_time_step_descends_space_and_time_on_their_own_steps():
+    """``time_step="separate"`` (SNEST): the KL never rises, both kinds of coordinate move, and for a model
+    without time coordinates it is the joint step exactly."""
+    n, m = 40, 6
+    P = random_affinity(n + m, seed=11).P
+    P = P / P.sum()
+    rng = np.random.default_rng(12)
+    old = np.concatenate([rng.standard_normal((2, n)), 0.3 * rng.standard_normal((1, n))])
+    start, _ = initial_positions(sp.csr_matrix(P)[n:], old, 2)
+    run, _ = place("snest", 2, old, P, PlacementOptimizer(iterations=30, time_step="separate", time_ratio=1.0))
+    assert run.settings["time_step"] == "separate"
+    assert np.all(np.diff(run.kl_history) <= 1e-12) and run.kl < run.kl_history[0]
+    assert not np.allclose(run.coords[2], start[2]) and not np.allclose(run.coords[:2], start[:2])
+    flat = [place("tsne", 2, old[:2], P, PlacementOptimizer(iterations=10, time_step=t))[0] for t in TIME_STEPS]
+    np.testing.assert_array_equal(flat[0].coords, flat[1].coords)
+    with pytest.raises(ValueError, match="time_step"):
+        PlacementOptimizer(time_step="alternate")
+
+
+@pytest.mark.parametrize("name,repulsion", [("tsne", "fft"), ("snest", "exact")])
+def test_dask_placement_is_bit_identical_to_local(dask_cluster, name, repulsion):
+    """``place(client=...)``: the row blocks on real `dask worker` processes give the local result bit for bit
+    (both phases: the placement and the free phase; exact sums and the frozen grid)."""
+    ds, dt = DIMS[name]
+    n, m = 400, 300  # two row blocks of new points
+    A = sp.random(n + m, n + m, density=0.01, random_state=9).tolil()
+    A[n:, 200:n] = 0  # the new points touch only the first 200 stored ones: the free phase frees some
+    A = sp.csr_matrix(A + A.T)
+    A.setdiag(0)
+    A.eliminate_zeros()
+    P = A / A.sum()
+    rng = np.random.default_rng(10)
+    old = np.concatenate([3.0 * rng.standard_normal((ds, n)), 0.3 * rng.standard_normal((dt, n))])
+    options = dict(optimizer=PlacementOptimizer(iterations=5), free_hops=1, free_iterations=3, repulsion=repulsion)
+    local, _ = place(name, ds, old, P, n_threads=2, **options)
+    dask, _ = place(name, ds, old, P, client=dask_cluster.client, **options)
+    np.testing.assert_array_equal(dask.coords, local.coords)
+    np.testing.assert_array_equal(dask.moved_coords, local.moved_coords)
+    np.testing.assert_array_equal(dask.kl_history, local.kl_history)
+    assert local.settings["repulsion"] == repulsion and local.iterations == 8
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "manhattan"])
+def test_exact_knn_of_new_rows_matches_brute_force(metric):
+    """The fused top-k search (``placement.affinity._knn_against``): the k nearest by (distance, index), ties
+    included, the same on 1 and 2 threads and over several row blocks."""
+    from scipy.spatial.distance import cdist
+
+    from scalemb.placement import affinity as placement_affinity
+
+    rng = np.random.default_rng(13)
+    X_ref = rng.integers(0, 3, size=(700, 4)).astype(float)  # many exact ties
+    X_new = rng.integers(0, 3, size=(90, 4)).astype(float)
+    D = cdist(X_new, X_ref, "euclidean" if metric == "euclidean" else "cityblock")
+    expected = np.lexsort((np.broadcast_to(np.arange(700), D.shape), D), axis=-1)[:, :25]
+    blocks = placement_affinity._BLOCK_ENTRIES
+    try:
+        placement_affinity._BLOCK_ENTRIES = 700 * 20  # 5 blocks of new rows
+        runs = [placement_affinity._knn_against(X_new, X_ref, 25, metric, n_jobs) for n_jobs in (1, 2)]
+    finally:
+        placement_affinity._BLOCK_ENTRIES = blocks
+    for indices, distances in runs:
+        np.testing.assert_array_equal(indices, expected)
+        np.testing.assert_allclose(distances, np.take_along_axis(D, expected, axis=1), rtol=1e-12, atol=1e-7)
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])

@@ -28,6 +28,10 @@ def add_parser(commands):
     tra.add_argument("--repulsion", choices=("auto", "exact", "fft"), default="auto",
                      help="repulsion from the stored points: exact sums or one frozen FFT grid of the stored map "
                           "(default auto: fft from 20000 stored points or 2e7 stored x new pairs)")
+    where = tra.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="optimise on the Dask cluster of this scheduler (bit-identical to local threads)")
+    where.add_argument("--workers", type=int, metavar="N", help="optimise on a local Dask cluster of N processes")
     tra.add_argument("--quiet", action="store_true")
     return tra
 
@@ -42,13 +46,15 @@ def run_transform(args) -> int:
         raise ScalembError(f"--free-hops must be >= 0, got {args.free_hops}")
     if args.free_iterations < 1:
         raise ScalembError(f"--free-iterations must be >= 1, got {args.free_iterations}")
+    if args.workers is not None and args.workers < 1:
+        raise ScalembError(f"--workers must be >= 1, got {args.workers}")
     if args.threads is not None and args.threads < 1:
         raise ScalembError(f"--threads must be >= 1, got {args.threads}")
     result = transform_run(args.run, args.new, args.out, overwrite=args.overwrite,
                            optimizer=PlacementOptimizer(iterations=args.iterations, tol=args.tol), seed=args.seed,
                            n_threads=args.threads, refuse_unattached=args.refuse_unattached,
                            free_hops=args.free_hops, free_iterations=args.free_iterations,
-                           repulsion=args.repulsion)
+                           repulsion=args.repulsion, scheduler=args.scheduler, workers=args.workers)
     prov = result.provenance
     moved = f", {prov['n_moved']} stored points moved" if prov.get("n_moved") else ""
     print(f"wrote {args.out}: placed {prov['n_new']} new points into {prov['n_old']} "

@@ -13,6 +13,7 @@ exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the
 raises ``InputError`` / ``ScalembError`` before anything is written; the output is written atomically.
 """
 from dataclasses import dataclass, field
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,10 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
     return np.arange(m, dtype=np.int64) + (int(np.max(node_ids)) + 1 if len(node_ids) else 0)
 
 
+# the free phase's descent direction: 'spectral' (the moving stored points are coupled by their edges: the solved
+# partial Hessian moves a freed region as a whole where Jacobi moves each point alone; chosen on GrQc's random
+# split, benchmarks/results/transform.md)
+FREE_DIRECTION = "spectral"
 FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (benchmarks/results/transform.md)
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
@@ -149,7 +154,8 @@ def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
 
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
           n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int = 0,
-          free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
+          free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", free_direction: str = FREE_DIRECTION,
+          client=None):
     """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
     ``old`` (``(ds + dt, N)``).  Returns ``(PlacementRun, n_unattached)``.
 
@@ -162,10 +168,13 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     held-out 10 % into the full re-embedding's own stored rows reaches its neighbourhood preservation, into the
     map of the other 90 % it cannot (``benchmarks/results/transform.md``): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
-    ``moved_coords``; every other stored row stays exactly where it was.
+    ``moved_coords``; every other stored row stays exactly where it was.  The free phase descends along
+    ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one).
 
     ``repulsion``: ``"exact"`` sums, the frozen FFT grid of the fixed map (``"fft"``, ``placement.frozen``), or
-    ``"auto"`` (``placement_repulsion``)."""
+    ``"auto"`` (``placement_repulsion``).  ``client``: a ``distributed.Client``; the objective's row blocks
+    (``placement.objective.block_terms``, the same function as on local threads) then run on its workers, the
+    old map and its frozen grid broadcast to them once: the result is bit-identical to the local one."""
     if free_hops < 0 or free_iterations < 1:
         raise ValueError(f"free_hops must be >= 0 and free_iterations >= 1, got {free_hops}, {free_iterations}")
     model = get_model(model_name)
@@ -177,7 +186,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
         raise ScalembError(f"{unattached} new nodes share no edge path with the stored map (placing them is "
                            "refused; without the refusal: " + UNATTACHED_RULE + ")")
     optimizer = optimizer or PlacementOptimizer()
-    with PlacementObjective(model, space_dims, P, old, n_threads=n_threads, repulsion=method) as objective:
+    with PlacementObjective(model, space_dims, P, old, n_threads=n_threads, repulsion=method,
+                            client=client) as objective:
         run = optimizer.optimize(objective, X0, space_dims, callback=callback)
     run.settings["repulsion"] = method
     if free_hops == 0:
@@ -189,10 +199,11 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     order = np.concatenate([fixed, free, np.arange(n, P.shape[0])])
     second = PlacementOptimizer(iterations=free_iterations, tol=optimizer.tol, window=optimizer.window,
                                 mu=optimizer.mu, time_ratio=optimizer.time_ratio, growth=optimizer.growth,
-                                max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho)
+                                max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho,
+                                direction=free_direction)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
-                            n_threads=n_threads, repulsion=method) as objective:
+                            n_threads=n_threads, repulsion=method, client=client) as objective:
         run2 = second.optimize(objective, start, space_dims)
     settings = dict(run.settings, free_hops=int(free_hops), free_iterations=int(free_iterations),
                     n_moved=int(free.size))
@@ -271,10 +282,12 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
-               free_hops: int = 0, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
+               free_hops: int = 0, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
+               scheduler: str | None = None, workers: int | None = None):
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
-    ``EmbeddingResult`` (old rows first, unchanged unless ``free_hops > 0``: see ``place``)."""
+    ``EmbeddingResult`` (old rows first, unchanged unless ``free_hops > 0``: see ``place``).  ``scheduler`` /
+    ``workers``: optimise on a Dask cluster (``engine.cluster.dask_client``; ``place``'s ``client``)."""
     if result.model == "kernel-eigenmap":
         return _kernel_map(result, new, run_name)
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
@@ -284,9 +297,15 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
                              {"transform_of": str(run_name), "method": "nystrom", "n_old": int(result.node_ids.size),
                               "n_new": int(new_ids.size), "n_unattached": 0, "run_provenance": result.provenance,
                               "start_kl": float("nan")})
-    placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
-                               optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
-                               free_iterations=free_iterations, repulsion=repulsion)
+    with ExitStack() as stack:
+        client = None
+        if scheduler is not None or workers is not None:
+            from ..engine.cluster import dask_client
+
+            client = stack.enter_context(dask_client(scheduler, workers))
+        placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
+                                   optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
+                                   free_iterations=free_iterations, repulsion=repulsion, client=client)
     provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
                   "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
                   "n_moved": int(placed.moved.size), "run_provenance": result.provenance,
@@ -296,7 +315,8 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
 
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
                   n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int = 0,
-                  free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto"):
+                  free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", scheduler: str | None = None,
+                  workers: int | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
     from ..embedding import EmbeddingResult
@@ -309,6 +329,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
     except Exception as exc:  # noqa: BLE001 - zarr raises many types for what is not a result group
         raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
     combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run,
-                          free_hops=free_hops, free_iterations=free_iterations, repulsion=repulsion)
+                          free_hops=free_hops, free_iterations=free_iterations, repulsion=repulsion,
+                          scheduler=scheduler, workers=workers)
     combined.save(out, overwrite=overwrite)
     return combined

@@ -51,6 +51,39 @@ from ..models.base import Model
 BLOCK_ROWS = 256
 
 
+def block_terms(model: Model, space_dims: int, n_old: int, rows: "_Rows", Yt: np.ndarray, X: np.ndarray,
+                old: np.ndarray, field, with_kl: bool):
+    """One block of new rows: ``(rows, A, R, S_on, S_nn, Z_on, Z_nn)`` (module docstring); ``Yt`` the whole
+    map point-major, ``field`` the frozen grid or None (exact sums).  The same function on local threads and on
+    Dask workers (``_remote_block``)."""
+    d, ds = X.shape[0], space_dims
+    A = np.zeros((rows.r1 - rows.r0, d))
+    r0 = n_old + rows.r0
+    s_on = model.attraction(*rows.b, r0, Yt, ds, A, with_kl)
+    s_nn = model.attraction(*rows.e, r0, Yt, ds, A, with_kl)
+    R = np.zeros((d, rows.r1 - rows.r0))
+    if field is not None:
+        z_on = field.add(X, rows.r0, rows.r1, R)
+    else:
+        z_on = model.cross_repulsion(X, rows.r0, rows.r1, old, ds, False, R)
+    z_nn = model.cross_repulsion(X, rows.r0, rows.r1, X, ds, True, R)
+    return rows, A, R, float(s_on), float(s_nn), float(z_on), float(z_nn)
+
+
+def _remote_block(model: Model, space_dims: int, rows: "_Rows", old: np.ndarray, X: np.ndarray, field,
+                  with_kl: bool):
+    """``block_terms`` on a Dask worker, from the broadcast old map and new coordinates (``Yt`` built as the
+    client builds it: the same values)."""
+    Yt = point_major(np.ascontiguousarray(np.concatenate([old, X], axis=1)))
+    return block_terms(model, space_dims, old.shape[1], rows, Yt, X, old, field, with_kl)
+
+
+def z_old_part(model: Model, old: np.ndarray, space_dims: int, r0: int, r1: int) -> float:
+    """``sum_{i in [r0, r1), j != i} w_ij`` over the old points (exact), one block of ``Z_oo``."""
+    R = np.zeros_like(old)
+    return float(model.repulsion(old, space_dims, r0, r1, R))
+
+
 @dataclass
 class _Rows:
     """New rows ``[r0, r1)`` (0-based among the new points) of ``P'``: ``B`` (old columns) and ``E`` (new
@@ -78,7 +111,7 @@ class PlacementObjective:
     """
 
     def __init__(self, model: Model, space_dims: int, P: sp.csr_matrix, old: np.ndarray, n_threads: int | None = None,
-                 z_old: float | None = None, repulsion: str = "exact"):
+                 z_old: float | None = None, repulsion: str = "exact", client=None):
         if repulsion not in ("exact", "fft"):
             raise ValueError(f"placement repulsion must be 'exact' or 'fft', got {repulsion!r}")
         self.model = model
@@ -109,6 +142,12 @@ class PlacementObjective:
             from .frozen import FrozenField
 
             self.field = FrozenField(model, space_dims, self.old, workers=self.n_threads)
+        self.client = client
+        if client is not None:  # the old map (and its frozen grid) on every worker, the row blocks spread
+            self._remote_old = client.scatter(self.old, broadcast=True)
+            self._remote_field = client.scatter(self.field, broadcast=True) if self.field is not None else None
+            self._remote_model = client.scatter(model, broadcast=True)
+            self._remote_rows = client.scatter(self.rows)
         if z_old is not None:
             self.z_old = float(z_old)
         else:
@@ -118,12 +157,12 @@ class PlacementObjective:
         """``Z_oo``: the exact all-pairs kernel over the old points, in blocks of rows."""
         n = self.n_old
         blocks = row_partition(n, -(-n // BLOCK_ROWS))
-
-        def part(bounds):
-            R = np.zeros_like(self.old)
-            return self.model.repulsion(self.old, self.space_dims, bounds[0], bounds[1], R)
-
-        return float(sum(self._map(part, blocks)))
+        if self.client is not None:
+            futures = [self.client.submit(z_old_part, self._remote_model, self._remote_old, self.space_dims, r0, r1,
+                                          pure=False) for r0, r1 in blocks]
+            return float(sum(self.client.gather(futures)))
+        return float(sum(self._map(lambda bounds: z_old_part(self.model, self.old, self.space_dims, *bounds),
+                                   blocks)))
 
     def _map(self, fn, items):
         if self._pool is None:
@@ -135,18 +174,19 @@ class PlacementObjective:
         return np.ascontiguousarray(np.concatenate([self.old, X], axis=1))
 
     def _block(self, rows: _Rows, Yt: np.ndarray, X: np.ndarray, with_kl: bool):
-        d, ds = X.shape[0], self.space_dims
-        A = np.zeros((rows.r1 - rows.r0, d))
-        r0 = self.n_old + rows.r0
-        s_on = self.model.attraction(*rows.b, r0, Yt, ds, A, with_kl)
-        s_nn = self.model.attraction(*rows.e, r0, Yt, ds, A, with_kl)
-        R = np.zeros((d, rows.r1 - rows.r0))
-        if self.field is not None:
-            z_on = self.field.add(X, rows.r0, rows.r1, R)
-        else:
-            z_on = self.model.cross_repulsion(X, rows.r0, rows.r1, self.old, ds, False, R)
-        z_nn = self.model.cross_repulsion(X, rows.r0, rows.r1, X, ds, True, R)
-        return rows, A, R, float(s_on), float(s_nn), float(z_on), float(z_nn)
+        return block_terms(self.model, self.space_dims, self.n_old, rows, Yt, X, self.old, self.field, with_kl)
+
+    def _blocks(self, X: np.ndarray, with_kl: bool) -> list:
+        """Every row block's ``block_terms``, in block order: on the thread pool, or on the Dask workers
+        holding the blocks (``client``; the new coordinates broadcast, the results gathered in order)."""
+        if self.client is None:
+            Yt = point_major(self.combined(X))
+            return self._map(lambda rows: self._block(rows, Yt, X, with_kl), self.rows)
+        remote_X = self.client.scatter(X, broadcast=True)
+        futures = [self.client.submit(_remote_block, self._remote_model, self.space_dims, rows, self._remote_old,
+                                      remote_X, self._remote_field, with_kl, pure=False)
+                   for rows in self._remote_rows]
+        return self.client.gather(futures)
 
     def evaluate(self, X: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True) -> Evaluation:
         """KL of the whole map and its gradient with respect to the new coordinates ``X`` (``(ds + dt, M)``);
@@ -155,8 +195,7 @@ class PlacementObjective:
         X = np.ascontiguousarray(X, dtype=np.float64)
         if X.shape != (self.old.shape[0], self.n_new):
             raise ValueError(f"new coordinates must have shape {(self.old.shape[0], self.n_new)}, got {X.shape}")
-        Yt = point_major(self.combined(X))
-        results = self._map(lambda rows: self._block(rows, Yt, X, with_kl), self.rows)
+        results = self._blocks(X, with_kl)
         attraction = np.zeros_like(X)
         repulsion = np.zeros_like(X)
         s_on = s_nn = z_on = z_nn = 0.0
@@ -183,7 +222,32 @@ class PlacementObjective:
                 h[rows.r0:rows.r1] += row_sums(indptr, weights)
         return h
 
+    def curvature_matrix(self, X: np.ndarray) -> sp.csr_matrix:
+        """``B = diag(h) - C_nn`` (``(M, M)``): the attractive partial Hessian in space of the moving points
+        at ``X``, old points held fixed (``C`` the curvature weights ``c_ij`` of the new rows, ``C_nn`` its
+        new-new block, ``h`` = ``curvature_diagonal``: every row's weights summed, old columns included).  It
+        is the Laplacian of the new-new weights plus each point's weights to the fixed points on the diagonal,
+        i.e. the spectral direction's ``L`` with the fixed points as a Dirichlet boundary; positive definite
+        on every component of the moving points that touches the fixed map."""
+        Yt = point_major(self.combined(np.ascontiguousarray(X, dtype=np.float64)))
+        h = np.zeros(self.n_new)
+        rows, cols, vals = [], [], []
+        for part in self.rows:
+            for k, (indptr, indices, data) in enumerate((part.b, part.e)):
+                weights = np.empty_like(data)
+                self.model.curvature(indptr, indices, data, self.n_old + part.r0, Yt, self.space_dims, weights)
+                h[part.r0:part.r1] += row_sums(indptr, weights)
+                if k == 1 and data.size:
+                    rows.append(part.r0 + np.repeat(np.arange(part.r1 - part.r0), np.diff(indptr)))
+                    cols.append(indices - self.n_old)
+                    vals.append(-weights)
+        off = (sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(self.n_new, self.n_new)) if vals else sp.csr_matrix((self.n_new, self.n_new)))
+        return (sp.diags(h) + off).tocsr()
+
     def close(self) -> None:
+        if self.client is not None:  # release the workers' copies
+            self._remote_old = self._remote_field = self._remote_model = self._remote_rows = None
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
