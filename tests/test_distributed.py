@@ -24,13 +24,17 @@ from scalemb.repulsion import FFTParams, make_grid
 from .cli_runner import run_cli
 
 
+def coauthor_store(directory, n_authors: int, seed: int, n_partitions: int):
+    """An affinity store of a generated co-authorship graph, in ``directory``."""
+    edges = write_coauthor_edge_list(directory / "edges.txt", n_authors, seed=seed)
+    path = directory / "P.zarr"
+    write_affinity_store(path, coauthorship_affinity(read_edge_list(edges)), n_partitions=n_partitions)
+    return path
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dask")
-    edges = write_coauthor_edge_list(tmp / "edges.txt", 1500, seed=4)
-    path = tmp / "P.zarr"
-    write_affinity_store(path, coauthorship_affinity(read_edge_list(edges)), n_partitions=5)
-    return path
+    return coauthor_store(tmp_path_factory.mktemp("dask"), 1500, seed=4, n_partitions=5)
 
 
 def local_executor(store, model="snest", space=2, time_dims=1):

@@ -3,26 +3,22 @@ its halo from the other workers; charge grids are summed among the workers.  Sam
 import numpy as np
 import pytest
 
-from scalemb.affinity import AffinityStore, coauthorship_affinity, write_affinity_store
+from scalemb.affinity import AffinityStore
 from scalemb.engine import LocalExecutor
 from scalemb.engine import halo
 from scalemb.engine.blocks import evaluate_block_fft
 from scalemb.engine.distributed import DaskExecutor
-from scalemb.io.coauthor_generator import write_coauthor_edge_list
-from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.repulsion import FFTParams, make_grid
 from scalemb.repulsion.fft import convolve, fixed_charges
 
+from .test_distributed import coauthor_store
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("halo")
-    edges = write_coauthor_edge_list(tmp / "edges.txt", 2000, seed=7)
-    path = tmp / "P.zarr"
-    write_affinity_store(path, coauthorship_affinity(read_edge_list(edges)), n_partitions=7)
-    return path
+    return coauthor_store(tmp_path_factory.mktemp("halo"), 2000, seed=7, n_partitions=7)
 
 
 def _layout(n, space, time_dims=0, seed=0):
