@@ -352,9 +352,12 @@ def test_cli_repulsion_fft(tmp_path, capsys):
     assert stored["accuracy"] == "fast" and stored["box_width"] == pytest.approx(0.9)
 
 
-def test_accuracy_setting_orders_the_error(converged, coauthor_affinity):
+def test_accuracy_setting_orders_the_error(coauthor_affinity):
     """``FFTParams.accuracy``: 'fast' widens the default boxes, 'high' adds a point in narrower boxes; on a converged
-    t-SNE layout the gradient error orders fast > default > high, and explicit points / widths are kept."""
+    t-SNE layout the gradient error orders fast > default > high, and explicit points / widths are kept.  The
+    layout is the one the presets were measured on at 7.7e4 points: openTSNE's schedule (compact), on an uncapped
+    grid (a capped grid sums the near pairs exactly: its error says little of the interpolation's)."""
+    from scalemb.models.base import OPENTSNE_SCHEDULE
     from scalemb.repulsion.fft import FFT_ACCURACY
 
     assert FFTParams(accuracy="fast").resolved("tsne", 2) == FFTParams(points=5, box_width=0.9, accuracy="fast")
@@ -365,12 +368,15 @@ def test_accuracy_setting_orders_the_error(converged, coauthor_affinity):
     with pytest.raises(ValueError, match="fft accuracy"):
         FFTParams(accuracy="medium")
     assert "accuracy" not in FFTParams().as_dict() and FFTParams(accuracy="high").as_dict()["accuracy"] == "high"
-    Y = converged["tsne", 2, 0]
-    exact = LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="exact").evaluate(Y)
+    with LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="exact") as ex:
+        start = initial_coords(coauthor_affinity.n_points, 2, 0, np.random.default_rng(0))
+        Y = make_optimizer("dbd", "tsne", **OPENTSNE_SCHEDULE).optimize(ex, start, 300).coords
+        exact = ex.evaluate(Y)
     errors = {}
     for accuracy in FFT_ACCURACY:
-        with LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="fft",
-                           fft_params=FFTParams(accuracy=accuracy)) as ex:
+        params = FFTParams(accuracy=accuracy, max_nodes=1 << 21)
+        assert not make_grid("tsne", 2, Y.min(1), Y.max(1), params.resolved("tsne", 2), Y.shape[1]).capped
+        with LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="fft", fft_params=params) as ex:
             errors[accuracy] = _rel(ex.evaluate(Y).gradient, exact.gradient)
     assert errors["fast"] > errors["default"] > errors["high"]
-    assert errors["fast"] < 5e-2
+    assert errors["fast"] < 5e-2 and errors["default"] < 1e-2 and errors["high"] < 2e-3

@@ -124,3 +124,37 @@ def test_three_workers_run_identical_to_local(store, start_dask):
         assert dask.stats["halo_evaluations"] >= 25
     assert np.array_equal(expected.coords, got.coords)
     assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
+
+
+@pytest.mark.parametrize("stage", ["take_columns", "add_grids", "relay"])
+def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask, monkeypatch, stage):
+    """SIGKILL a worker in the middle of an evaluation's halo exchange (``take_columns``: workers cutting each
+    other's halo pieces), its grid reduction (``add_grids``) or the potentials' broadcast (``relay``): the
+    evaluation is repeated on the two workers left and the run ends where the in-process run ends, bit for bit."""
+    import signal
+
+    st = AffinityStore(store)
+    start = np.random.default_rng(5).normal(size=(2, st.n_points)) * 1e-4
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local:
+        expected = make_optimizer("dbd", "tsne").optimize(local, start, 20)
+    processes = start_dask(3)
+    victim = processes.workers[1]
+    with DaskExecutor(store, get_model("tsne"), 2, 0, processes.client, repulsion="fft") as dask:
+        submit = dask._submit
+        target = getattr(halo, stage)
+
+        def submit_and_kill(fn, *args, **kwargs):
+            # the 8th evaluation is in flight (own rows scattered, earlier stages submitted) when the worker dies
+            if fn is target and dask.stats["halo_evaluations"] >= 8 and victim.poll() is None:
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(dask, "_submit", submit_and_kill)
+        got = make_optimizer("dbd", "tsne").optimize(dask, start, 20)
+        assert victim.poll() is not None
+        assert dask.stats["recoveries"] >= 1
+        assert len(dask._halo[0].workers) == 2
+    assert np.array_equal(expected.coords, got.coords)
+    assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)

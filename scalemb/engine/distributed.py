@@ -38,6 +38,7 @@ import time
 import uuid
 
 import numpy as np
+from distributed import wait
 
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
@@ -301,8 +302,16 @@ class DaskExecutor(Executor):
         futures = [self.client.submit(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
                                       allow_other_workers=True, pure=False)
                    for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
-        self.client.gather(futures)
+        self._settle(futures)
         return futures
+
+    def _settle(self, futures) -> None:
+        """Wait for ``futures`` to finish where they run and raise the first failure (a failure surfaces here,
+        not in a later use), without bringing their values to the client."""
+        wait(futures)
+        for f in futures:
+            if f.status != "finished":
+                f.result()
 
     def _map_kept(self, fn, kept, *args) -> list:
         """``fn(block_k, kept_k, *args)`` next to partition k, gathered in partition order."""
@@ -383,7 +392,7 @@ class DaskExecutor(Executor):
             views[w] = self._submit(_make_view, args, *[self._blocks[k] for k in plan.parts[w]], worker=w)
         for (v, w), positions in plan.needs.items():
             needs[v, w] = self.client.scatter(positions, workers=[v], hash=False)
-        self.client.gather(list(views.values()))
+        self._settle(list(views.values()))
         self._halo = (plan, views, needs)
         return self._halo
 
@@ -469,7 +478,7 @@ class DaskExecutor(Executor):
                                  exaggeration, fixed, worker=w)
             for i, k in enumerate(plan.parts[w]):
                 weights[k] = self._submit(operator.getitem, batch, i, worker=w)
-        self.client.gather(weights)  # a failure surfaces here, not in a later use
+        self._settle(weights)
         self._weights = weights
 
     def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:

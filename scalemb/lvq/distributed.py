@@ -20,8 +20,8 @@ class DaskRunner:
         self.parts = []
         for k, (r0, r1) in enumerate(blocks):  # partition k lives on worker k mod W, for the whole fit
             where = [workers[k % len(workers)]]
-            self.parts.append((self.client.scatter(np.ascontiguousarray(X[r0:r1]), workers=where),
-                               self.client.scatter(np.ascontiguousarray(y[r0:r1]), workers=where), where))
+            self.parts.append((self.client.scatter(np.ascontiguousarray(X[r0:r1]), workers=where, hash=False),
+                               self.client.scatter(np.ascontiguousarray(y[r0:r1]), workers=where, hash=False), where))
 
     def epoch(self, orders, W, proto_labels, omegas, omega_of, a1, a2):
         futures = [self.client.submit(partition_sweep, Xf, yf, order, W, proto_labels, omegas, omega_of, a1, a2,

@@ -143,11 +143,14 @@ class PlacementObjective:
 
             self.field = FrozenField(model, space_dims, self.old, workers=self.n_threads)
         self.client = client
-        if client is not None:  # the old map (and its frozen grid) on every worker, the row blocks spread
-            self._remote_old = client.scatter(self.old, broadcast=True)
-            self._remote_field = client.scatter(self.field, broadcast=True) if self.field is not None else None
-            self._remote_model = client.scatter(model, broadcast=True)
-            self._remote_rows = client.scatter(self.rows)
+        if client is not None:  # the old map (and its frozen grid) on every worker, the row blocks spread; keys
+            # not content-hashed: a key released by one call and scattered again by the next (the same X twice in a
+            # line search) could be forgotten by the scheduler after the new scatter ("lost dependencies")
+            self._remote_old = client.scatter(self.old, broadcast=True, hash=False)
+            self._remote_field = (client.scatter(self.field, broadcast=True, hash=False)
+                                  if self.field is not None else None)
+            self._remote_model = client.scatter(model, broadcast=True, hash=False)
+            self._remote_rows = client.scatter(self.rows, hash=False)
         if z_old is not None:
             self.z_old = float(z_old)
         else:
@@ -182,7 +185,7 @@ class PlacementObjective:
         if self.client is None:
             Yt = point_major(self.combined(X))
             return self._map(lambda rows: self._block(rows, Yt, X, with_kl), self.rows)
-        remote_X = self.client.scatter(X, broadcast=True)
+        remote_X = self.client.scatter(X, broadcast=True, hash=False)
         futures = [self.client.submit(_remote_block, self._remote_model, self.space_dims, rows, self._remote_old,
                                       remote_X, self._remote_field, with_kl, pure=False)
                    for rows in self._remote_rows]
