@@ -38,6 +38,7 @@ Sections:
 import argparse
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -408,7 +409,7 @@ def _child(argv, label):
     return seconds, rss, proc.stdout
 
 
-def chain_section(authors, models, workdir, sample, lines):
+def chain_section(authors, models, workdir, sample, lines, peers=(), time_models=()):
     """The command chain with defaults at ``authors`` authors, each step a child process."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -436,7 +437,68 @@ def chain_section(authors, models, workdir, sample, lines):
                      f"{np_deg['value']:.3f} ± {np_deg['stderr'] or 0:.3f} ({np_deg['n_rows']} rows; metrics "
                      f"{msec:.0f} s) |")
         print(lines[-1], flush=True)
+    if "opentsne" in peers:
+        _chain_opentsne(store, work / f"opentsne_{authors}.npy", sample, lines)
+    for model in time_models:
+        _chain_time_per_evaluation(store, model, lines)
     lines.append("")
+
+
+def run_opentsne_child(store, out):
+    """(In a child process of ``_chain_opentsne``.)  openTSNE with its defaults on the store's P
+    (``PrecomputedAffinities``, one job per core, seed 0); the layout saved to ``out``; prints the fit seconds."""
+    from openTSNE import TSNE
+    from openTSNE.affinity import PrecomputedAffinities
+
+    P = AffinityStore(store).to_affinity().P
+    start = time.perf_counter()
+    Y = TSNE(n_jobs=len(os.sched_getaffinity(0)), random_state=0).fit(affinities=PrecomputedAffinities(P))
+    seconds = time.perf_counter() - start
+    np.save(out, np.asarray(Y))
+    print(f"fit {seconds:.1f}")
+
+
+def _chain_opentsne(store, out, sample, lines):
+    """openTSNE on the chain's P in a child process (wall, peak RSS), then the same KL and sampled NP@deg as for
+    scalemb's runs (KL: ``scalemb.metrics.kl``, the t-SNE kernel with the FFT normaliser)."""
+    from scalemb.metrics import graph_metrics, kl
+
+    seconds, rss, out_text = _child([sys.executable, __file__, "--opentsne-run", str(store), str(out)], "openTSNE")
+    affinity = AffinityStore(store).to_affinity()
+    Y = np.load(out)
+    t = time.perf_counter()
+    value = kl(affinity, Y, "tsne")
+    np_deg = graph_metrics(affinity.P, Y, "tsne", sample=sample)["np@deg"]
+    lines.append(f"| openTSNE (defaults, same P, {len(os.sched_getaffinity(0))} jobs) | {seconds:.1f} | {rss:.2f} | "
+                 f"{out_text.strip()} s in TSNE.fit, 750 it. (250 EE + 500), KL {value:.4f}, NP@deg "
+                 f"{np_deg.value:.3f} ± {np_deg.stderr or 0:.3f} ({np_deg.n_rows} rows; metrics "
+                 f"{time.perf_counter() - t:.0f} s) |")
+    print(lines[-1], flush=True)
+
+
+def _chain_time_per_evaluation(store, model, lines, evaluations=3):
+    """Seconds per FFT evaluation of ``model`` (R^2, or R^{2,1} with time) on the chain's P at each accuracy
+    setting, at a layout of openTSNE's extent (Gaussian, std 30 in space; time N(0, 0.3²)): the cost of a
+    750-iteration run that was not made."""
+    from scalemb.repulsion.fft import FFT_ACCURACY
+
+    affinity = AffinityStore(store).to_affinity()
+    m = get_model(model)
+    dt = 1 if m.has_time else 0
+    rng = np.random.default_rng(0)
+    Y = np.concatenate([rng.normal(size=(2, affinity.n_points)) * 30, rng.normal(size=(dt, affinity.n_points)) * 0.3])
+    for accuracy in FFT_ACCURACY:
+        with LocalExecutor(affinity, m, 2, dt, repulsion="fft", fft_params=FFTParams(accuracy=accuracy)) as ex:
+            ex.evaluate(Y, with_kl=False)  # warm-up
+            times = []
+            for _ in range(evaluations):
+                t = time.perf_counter()
+                ex.evaluate(Y, with_kl=False)
+                times.append(time.perf_counter() - t)
+        seconds = float(np.median(times))
+        lines.append(f"| {model} R^{{2,{dt}}} one evaluation, --fft-accuracy {accuracy} | {seconds:.2f} | - | "
+                     f"median of {evaluations}; 750 iterations ≈ {750 * seconds / 60:.0f} min |")
+        print(lines[-1], flush=True)
 
 
 def _layouts(make, iterations, every):
@@ -476,8 +538,14 @@ def main():
     parser.add_argument("--chain-models", default="tsne,snest")
     parser.add_argument("--chain-dir", default="/tmp/scalemb-chain")
     parser.add_argument("--chain-sample", type=int, default=20000)
+    parser.add_argument("--chain-peers", default="", help="'opentsne': openTSNE on the chain's P in the same run")
+    parser.add_argument("--chain-time-models", default="", help="models whose FFT evaluation is timed per accuracy "
+                        "setting on the chain's P (instead of a full run)")
+    parser.add_argument("--opentsne-run", nargs=2, default=None, metavar=("STORE", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.opentsne_run:
+        return run_opentsne_child(*args.opentsne_run)
     lines = ["# Scaling the spectral direction and repulsion='auto' (issue 22)", "", machine_description() + "  ",
              run_description(), ""]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
@@ -495,7 +563,8 @@ def main():
         partition_section(split(args.partition_stores), split(args.partition_edges),
                           [int(k) for k in split(args.partition_ks)], lines)
     if args.chain_authors:
-        chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines)
+        chain_section(args.chain_authors, split(args.chain_models), args.chain_dir, args.chain_sample, lines,
+                      split(args.chain_peers), split(args.chain_time_models))
     if args.repulsion_stores:
         repulsion_section(split(args.repulsion_stores), args.layout_iterations, args.layout_every, lines)
     text = "\n".join(lines) + "\n"

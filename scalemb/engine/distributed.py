@@ -38,7 +38,6 @@ import time
 import uuid
 
 import numpy as np
-from distributed import wait
 
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
@@ -307,11 +306,11 @@ class DaskExecutor(Executor):
 
     def _settle(self, futures) -> None:
         """Wait for ``futures`` to finish where they run and raise the first failure (a failure surfaces here,
-        not in a later use), without bringing their values to the client."""
-        wait(futures)
+        not in a later use), without bringing their values to the client (``Future.exception`` waits and fetches
+        only an error; no module-level ``distributed`` import: ``benchmarks/distributed.py`` would shadow it)."""
         for f in futures:
-            if f.status != "finished":
-                f.result()
+            if f.exception() is not None:
+                f.result()  # raises the task's error
 
     def _map_kept(self, fn, kept, *args) -> list:
         """``fn(block_k, kept_k, *args)`` next to partition k, gathered in partition order."""
