@@ -380,3 +380,38 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
             errors[accuracy] = _rel(ex.evaluate(Y).gradient, exact.gradient)
     assert errors["fast"] > errors["default"] > errors["high"]
     assert errors["fast"] < 5e-2 and errors["default"] < 1e-2 and errors["high"] < 2e-3
+
+
+def test_time_extent_past_the_kernels_range_is_a_blow_up_not_a_crash(coauthor_affinity, caplog):
+    """SNEST's ``exp(Δt²)`` overflows float64 beyond |Δt| ~ 26: a layout whose time axis spans more has no FFT
+    grid; the evaluation is then not finite (fixed and 'auto' repulsion alike), which delta-bar-delta treats as
+    a blow-up (back to the best iterate, learning rates halved) instead of failing inside the grid's SVD."""
+    from scalemb.repulsion.fft import time_factors
+    from scalemb.repulsion.method import AutoRepulsion
+
+    n = coauthor_affinity.n_points
+    Y = _layout_with_time(n, spread=0.3)
+    with pytest.raises(FloatingPointError, match="time extent"):
+        make_grid("snest", 2, np.array([0.0, 0.0, 0.0]), np.array([1.0, 1.0, 40.0]), FFTParams(), n)
+    plan = get_model("snest").fft.plan(2)
+    assert np.isfinite(time_factors(plan.time_kernels, 20, 3.0)[0]).all()
+    bad = Y.copy()
+    bad[2, 0] = 40.0
+    choice = AutoRepulsion("snest", 2, 1, FFTParams()).predict(bad)
+    assert choice.grid is None
+    for repulsion in ("fft", "auto"):
+        with LocalExecutor(coauthor_affinity, get_model("snest"), 2, 1, repulsion=repulsion) as ex:
+            assert np.isfinite(ex.evaluate(Y).kl)
+            if repulsion == "fft":
+                assert not np.isfinite(ex.evaluate(bad).kl)
+    # a run whose time coordinates jump past the range backs off and ends finite
+    rule = make_optimizer("dbd", "snest", learning_rate=50.0, time_ratio=1.0)
+    with LocalExecutor(coauthor_affinity, get_model("snest"), 2, 1, repulsion="fft") as ex:
+        result = rule.optimize(ex, Y, 30)
+    assert np.isfinite(result.kl) and np.isfinite(result.coords).all()
+    assert "overflows the time kernels" in caplog.text and "back to the best iterate" in caplog.text
+
+
+def _layout_with_time(n, spread):
+    rng = np.random.default_rng(2)
+    return np.concatenate([rng.normal(size=(2, n)) * 3.0, rng.normal(size=(1, n)) * spread])

@@ -109,14 +109,20 @@ def test_halo_evaluation_sends_each_row_once_and_matches_local(store, dask_clust
         assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
 
 
+def _in_process_run(store, model, space, time_dims, seed, iterations):
+    """A start of scale 1e-4 and the in-process delta-bar-delta run from it (FFT repulsion, the store's
+    partitions): what a Dask run from the same start must reproduce bit for bit."""
+    st = AffinityStore(store)
+    start = np.random.default_rng(seed).normal(size=(space + time_dims, st.n_points)) * 1e-4
+    with LocalExecutor(st.to_affinity(), get_model(model), space, time_dims, partitions=st.partitions,
+                       repulsion="fft") as local:
+        return start, make_optimizer("dbd", model).optimize(local, start, iterations)
+
+
 def test_three_workers_run_identical_to_local(store, start_dask):
     """A whole delta-bar-delta run with FFT repulsion on three workers (a two-round grid reduction and
     broadcast) ends where the in-process run ends, bit for bit."""
-    st = AffinityStore(store)
-    start = np.random.default_rng(3).normal(size=(3, st.n_points)) * 1e-4
-    with LocalExecutor(st.to_affinity(), get_model("snest"), 2, 1, partitions=st.partitions,
-                       repulsion="fft") as local:
-        expected = make_optimizer("dbd", "snest").optimize(local, start, 25)
+    start, expected = _in_process_run(store, "snest", 2, 1, seed=3, iterations=25)
     processes = start_dask(3)
     with DaskExecutor(store, get_model("snest"), 2, 1, processes.client, repulsion="fft") as dask:
         got = make_optimizer("dbd", "snest").optimize(dask, start, 25)
@@ -133,11 +139,7 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask,
     evaluation is repeated on the two workers left and the run ends where the in-process run ends, bit for bit."""
     import signal
 
-    st = AffinityStore(store)
-    start = np.random.default_rng(5).normal(size=(2, st.n_points)) * 1e-4
-    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
-                       repulsion="fft") as local:
-        expected = make_optimizer("dbd", "tsne").optimize(local, start, 20)
+    start, expected = _in_process_run(store, "tsne", 2, 0, seed=5, iterations=20)
     processes = start_dask(3)
     victim = processes.workers[1]
     with DaskExecutor(store, get_model("tsne"), 2, 0, processes.client, repulsion="fft") as dask:

@@ -47,12 +47,18 @@ def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, c
 
 def fft_grid(model, space_dims: int, coords: np.ndarray, params: FFTParams, grid=None, on_capped=None):
     """The grid of one evaluation at ``coords`` (``grid``: one already built for them), None for a layout that
-    is not finite; ``on_capped(grid, lo, hi)`` is called when the grid is capped."""
+    is not finite or whose time extent overflows the time kernels (the evaluation is then not finite, which an
+    optimiser treats as a blow-up: delta-bar-delta backs off, a line search shortens its step);
+    ``on_capped(grid, lo, hi)`` is called when the grid is capped."""
     lo, hi = block_extent(coords, 0, coords.shape[1])
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         return None
     if grid is None:
-        grid = make_grid(model, space_dims, lo, hi, params, coords.shape[1])
+        try:
+            grid = make_grid(model, space_dims, lo, hi, params, coords.shape[1])
+        except FloatingPointError as exc:
+            logger.warning("%s", exc)
+            return None
     if grid.capped and on_capped is not None:
         on_capped(grid, lo, hi)
     return grid

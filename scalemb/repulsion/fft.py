@@ -659,7 +659,11 @@ def time_factors(time_kernels, time_points: int, width: float) -> tuple:
     both arguments), becomes ``sum_c u_c(t_i) v_c(t_j)`` with ``v = L @ into`` and ``u = L @ out_of[q]``: the
     grid holds r time components instead of m nodes, and the charges spread through ``into`` serve every
     kernel.  ``exp(Δt²)`` and ``2 Δt exp(Δt²)`` on a time axis 3.6 wide: rank 13 of 26 nodes."""
-    mats = [time_matrix(kernel, time_points, width) for kernel in time_kernels]
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        mats = [time_matrix(kernel, time_points, width) for kernel in time_kernels]
+    if not all(np.isfinite(T).all() for T in mats):
+        raise FloatingPointError(f"fft repulsion: a time extent of {width:.4g} overflows the time kernels "
+                                 "(exp(Δt²) beyond float64)")
     scales = [float(np.abs(T).max()) for T in mats]
     U, sv, Vt = np.linalg.svd(np.concatenate([T / sc for T, sc in zip(mats, scales)]))
     r = max(1, int(np.count_nonzero(sv > TIME_RANK_TOL * sv[0])))

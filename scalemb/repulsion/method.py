@@ -120,7 +120,10 @@ class AutoRepulsion:
         lo, hi = block_extent(coords, 0, n)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # fft reports the blow-up at once
             return Choice("fft", exact, 0.0)
-        grid = make_grid(self.spec, self.space_dims, lo, hi, self.params, n)
+        try:
+            grid = make_grid(self.spec, self.space_dims, lo, hi, self.params, n)
+        except FloatingPointError:  # a time extent past the kernels' range: fft reports the blow-up too
+            return Choice("fft", exact, 0.0)
         weights = grid.n_nodes / max(1, math.prod(int(b) for b in grid.n_boxes))  # nodes per box: p^ds r
         nodes = grid.n_nodes
         fft = FFT_WEIGHT_SECONDS * n * weights + FFT_NODE_SECONDS * nodes * math.log2(max(2, nodes))
