@@ -416,7 +416,8 @@ def chain_section(authors, models, workdir, sample, lines, peers=(), time_models
     edges, store = work / f"e{authors}.txt.gz", work / f"P{authors}.zarr"
     lines += [f"## End to end with defaults: {authors} generated authors", "",
               "| step | wall s | peak RSS GB | result |", "|---|---|---|---|"]
-    steps = [("generate", ["scalemb", "generate", "coauthor", "--authors", str(authors), "--out", str(edges)]),
+    steps = [("generate", ["scalemb", "generate", "coauthor", "--authors", str(authors), "--out", str(edges),
+                          "--overwrite"]),
              ("affinity", ["scalemb", "affinity", str(edges), "--out", str(store), "--overwrite", "--quiet"])]
     for label, argv in steps:
         seconds, rss, out = _child(argv, label)
