@@ -70,9 +70,11 @@ def _all_docs():
     return [(overlay, doc) for overlay in OVERLAYS for doc in _docs(overlay)]
 
 
+@functools.lru_cache(maxsize=None)
 def _crd(kind: str) -> dict:
+    """The operator's CRD of ``kind`` (read once: thousands of lines; do not modify)."""
     crds = resources.files("dask_kubernetes") / "operator" / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
-    crd = yaml.safe_load((crds / CRD_FILES[kind]).read_text())
+    crd = yaml.load((crds / CRD_FILES[kind]).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     assert crd["spec"]["names"]["kind"] == kind
     return crd
 
@@ -105,6 +107,13 @@ def _no_unknown_fields(schema):
     schema["properties"].update(apiVersion={"type": "string"}, kind={"type": "string"},
                                 metadata={"type": "object"})
     return schema
+
+
+@functools.lru_cache(maxsize=None)
+def _crd_validator(kind: str):
+    """A validator of ``kind``'s CRD schema with unknown fields rejected (built once: the schemas are large)."""
+    schema = _no_unknown_fields(_crd_schema(kind)[1])
+    return jsonschema.validators.validator_for(schema)(schema)
 
 
 def _pod_specs(doc):
@@ -180,10 +189,9 @@ def test_dask_operator_resources_match_the_operator_crds(overlay):
     custom = [doc for doc in _docs(overlay) if doc["kind"] in CRD_FILES]
     assert custom
     for doc in custom:
-        api, schema = _crd_schema(doc["kind"])
         assert _crd(doc["kind"])["spec"]["scope"] == "Namespaced"
-        assert doc["apiVersion"] == api
-        jsonschema.validate(doc, _no_unknown_fields(schema))
+        assert doc["apiVersion"] == _crd_schema(doc["kind"])[0]
+        _crd_validator(doc["kind"]).validate(doc)
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
 
 
@@ -194,19 +202,18 @@ def test_schema_validation_can_fail():
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, kubernetes_validate.latest_version(), strict=True)
     cluster = next(doc for doc in docs if doc["kind"] == "DaskCluster")
-    api, schema = _crd_schema("DaskCluster")
     broken = copy.deepcopy(cluster)
     broken["spec"]["worker"]["spec"]["containers"][0]["imagePullPolicy"] = 3
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, _no_unknown_fields(schema))
+        _crd_validator("DaskCluster").validate(broken)
     broken = copy.deepcopy(cluster)
     broken["spec"]["worker"]["replica"] = 2  # misspelt: would be pruned silently
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, _no_unknown_fields(schema))
+        _crd_validator("DaskCluster").validate(broken)
     autoscaler = next(doc for doc in docs if doc["kind"] == "DaskAutoscaler")
     del autoscaler["spec"]["maximum"]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(autoscaler, _no_unknown_fields(_crd_schema("DaskAutoscaler")[1]))
+        _crd_validator("DaskAutoscaler").validate(autoscaler)
 
 
 # ------------------------------------------------------------------------- the pods the operator makes of them
@@ -238,8 +245,8 @@ def _operator_pods(overlay):
         else:
             continue
         scheduler = op.build_scheduler_deployment_spec(name, cluster_spec["scheduler"]["spec"], {}, labels)
-        worker = op.build_worker_deployment_spec(f"{name}-default", namespace, name, "abc12", cluster_spec["worker"]["spec"],
-                                                 {}, labels)
+        worker = op.build_worker_deployment_spec(f"{name}-default", namespace, name, "abc12",
+                                                 cluster_spec["worker"]["spec"], {}, labels)
         for role, deployment in (("scheduler", scheduler), ("worker", worker)):
             template = deployment["spec"]["template"]
             pods.append((role, name, {"metadata": {**template["metadata"], "namespace": namespace},
@@ -388,7 +395,8 @@ def admits(policies, source: dict, target: dict, port: int, namespaces: dict) ->
     ``ports`` match (none: every port; a named port resolves on the target's containers)."""
     target_ns, labels = target["metadata"]["namespace"], target["metadata"].get("labels", {})
     selecting = [p for p in policies if p["metadata"]["namespace"] == target_ns
-                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and _selects(p["spec"]["podSelector"], labels)]
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and _selects(p["spec"]["podSelector"], labels)]
     if not selecting:
         return True
     named = {p["name"]: p["containerPort"] for c in target["spec"]["containers"] for p in c.get("ports", [])}
@@ -457,7 +465,8 @@ def test_network_policies_admit_only_the_service_and_the_clusters_own_pods(env):
         # the operator reaches a scheduler's HTTP API (adaptive target, retiring workers), no comm port
         is_scheduler = target in (scheduler, job_scheduler)
         assert admits(policies, operator, target, 8787, namespaces) is is_scheduler
-        assert not any(admits(policies, operator, target, port, namespaces) for port in comm["scheduler"] + comm["worker"])
+        assert not any(admits(policies, operator, target, port, namespaces)
+                       for port in comm["scheduler"] + comm["worker"])
     # the service's HTTP port is open (bearer token), nothing else of it
     assert admits(policies, stranger, service, 8000, namespaces)
     assert not admits(policies, stranger, service, 8786, namespaces)
@@ -560,7 +569,8 @@ def _certificates(directory: Path):
         now = datetime.datetime.now(datetime.timezone.utc)
         builder = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(issuer_name or name(subject))
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+                   .not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
         cert = builder.sign(issuer_key or key, hashes.SHA256())
         return key, cert
