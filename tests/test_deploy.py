@@ -743,3 +743,82 @@ def test_closure_follows_markers_and_extras(tmp_path):
     with pytest.raises(ValueError, match="c.txt:1"):
         constraints.read_constraints(bad)
 
+
+
+# ------------------------------------------------------------------------------ read-only root file system, for real
+_READ_ONLY_DRIVER = r'''
+import json, os, subprocess, sys, time, urllib.request
+spec = json.load(open("/srv/spec.json"))
+env = {**os.environ, **spec["env"]}
+out = {}
+# without the image's cache directory numba cannot cache its kernels on a read-only root: the check can fail
+bare = {k: v for k, v in env.items() if k != "NUMBA_CACHE_DIR"}
+out["bare"] = subprocess.run([sys.executable, "-c", "import scalemb.lvq.kernels"], env=bare,
+                             capture_output=True, text=True).returncode
+procs = [subprocess.Popen(argv, env={**env, "DASK_WORKER_NAME": "w0"}, stdout=subprocess.DEVNULL,
+                          stderr=open(f"/srv/{i}.log", "w")) for i, argv in enumerate(spec["daemons"])]
+try:
+    deadline = time.monotonic() + 120
+    for url in spec["health"]:
+        while True:
+            assert time.monotonic() < deadline, url
+            assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.3)
+    for name, argv in spec["commands"].items():
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        out[name] = [r.returncode, r.stderr[-3000:]]
+finally:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
+json.dump(out, open("/srv/out.json", "w"))
+'''
+
+
+@pytest.mark.slow
+def test_pods_run_with_a_read_only_root_file_system(tmp_path):
+    """L17: the dev overlay's scheduler and worker commands, and a ``scalemb embed`` on them, run in a mount
+    namespace whose root file system is read-only, with a fresh tmpfs at /tmp (the emptyDir) and the data volume
+    at /srv, under the image's environment (Dockerfile ENV): nothing needs to write anywhere else.  Without
+    the image's NUMBA_CACHE_DIR, importing the cached numba kernels fails there (the check can fail)."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -m (root or CAP_SYS_ADMIN) for a read-only root file system")
+    import json
+    block = (DEPLOY / "Dockerfile").read_text().split("ENV", 1)[1].split("\n\n")[0]
+    image_env = dict(re.findall(r"(\w+)=(\S+)", block))
+    pods = {role: pod for role, _, pod in _operator_pods("dev")}
+    ports = {8786: _free_port(), 8787: _free_port(), 8788: _free_port(), 8789: _free_port(), 8790: _free_port()}
+
+    def argv(role):
+        (container,) = pods[role]["spec"]["containers"]
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert "/tmp" in mounts and container["securityContext"]["readOnlyRootFilesystem"]
+        args = [re.sub(r"(?<![\d])(878[6-9]|8790)$", lambda m: str(ports[int(m[1])]), a) for a in container["args"]]
+        return [sys.executable, "-m", "dask"] + args[1:] + ["--host", "127.0.0.1"]
+
+    scheduler = f"tcp://127.0.0.1:{ports[8786]}"
+    spec = {"env": {**image_env, "HOME": "/root", "DASK_SCHEDULER_ADDRESS": scheduler},
+            "daemons": [argv("scheduler"), argv("worker")],
+            "health": [f"http://127.0.0.1:{ports[8787]}/health", f"http://127.0.0.1:{ports[8788]}/health"],
+            "commands": {"embed": [sys.executable, "-m", "scalemb", "embed", "school", "--scheduler", scheduler,
+                                   "--iterations", "20", "--out", "/srv/run.zarr", "--quiet"],
+                         "kernels": [sys.executable, "-c", "import scalemb.lvq.kernels"]}}
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "spec.json").write_text(json.dumps(spec))
+    (data / "driver.py").write_text(_READ_ONLY_DRIVER)
+    script = (f"mount --make-rprivate / && mount --bind {data} /srv && mount -o remount,bind,ro / && "
+              f"mount -t tmpfs -o size=2g tmpfs /tmp && cd /srv && exec {sys.executable} /srv/driver.py")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((data / "out.json").read_text())
+    assert out["embed"][0] == 0, out["embed"][1]
+    assert out["kernels"][0] == 0, out["kernels"][1]
+    assert out["bare"] != 0
+    assert (data / "run.zarr").is_dir()
