@@ -463,7 +463,7 @@ def test_network_policies_admit_only_the_service_and_the_clusters_own_pods(env):
             assert not any(admits(policies, source, target, port, namespaces) for port in ports), \
                 (cluster, source["metadata"]["labels"])
         # the operator reaches a scheduler's HTTP API (adaptive target, retiring workers), no comm port
-        is_scheduler = target in (scheduler, job_scheduler)
+        is_scheduler = target is scheduler or target is job_scheduler
         assert admits(policies, operator, target, 8787, namespaces) is is_scheduler
         assert not any(admits(policies, operator, target, port, namespaces)
                        for port in comm["scheduler"] + comm["worker"])
