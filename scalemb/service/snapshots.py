@@ -6,10 +6,11 @@ read the input again).  So ``POST /jobs`` copies the input once into ``DATA_ROOT
 and the job reads only that copy: ``sha256`` is the SHA-256 of the bytes copied (what ``sha256sum`` prints;
 for a directory, of each file's relative path and SHA-256, in sorted order), computed while copying, so the
 name is the content whatever happens to the original during or after the copy; ``suffix`` is the original's
-file suffixes (how readers tell ``.npy`` from ``.csv`` or ``.gz``).  The copy is written under a temporary name and renamed into
-place, then made read-only; an existing snapshot of the same content is reused.  The job record keeps the
-hash (``input_sha256``) and the snapshot path; a snapshot is kept while any job record references it
-(``clean_snapshots``, when the service starts, deletes the others and temporary copies a killed service left).
+file suffixes (how readers tell ``.npy`` from ``.csv`` or ``.gz``).  The copy is written under a temporary
+name and renamed into place, then made read-only; an existing snapshot of the same content is reused.  The
+job record keeps the hash (``input_sha256``) and the snapshot path; a snapshot is kept while any job record
+references it (``clean_snapshots``, when the service starts, deletes the others and the temporary copies a
+killed service left).
 Built-in datasets are package data, not files under the data root: they need no snapshot.
 """
 import hashlib
