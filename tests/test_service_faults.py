@@ -261,6 +261,7 @@ def test_full_disk_is_507_for_uploads_and_jobs_fail_with_a_reason_leaving_nothin
         record = svc.wait(running["id"], timeout=60)
         assert record["state"] == "failed" and record["error"].startswith("disk full"), record
         assert not (root / "jobs" / running["id"]).exists()  # no partial run.zarr
+        _fill(root / "filler")  # again: removing that output freed space
         status, err = svc.json("PUT", "/uploads/a.txt", raw=b"5 6\n" * 50000)
         assert status == 507 and "uploads/a.txt was not stored" in err["detail"]
         assert (root / "uploads" / "a.txt").read_bytes() == b"1 2\n2 3\n3 1\n"  # the old upload stays
