@@ -9,10 +9,12 @@ import sqlite3
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+import scalemb
 from scalemb.embedding import EmbeddingResult
 from scalemb.service.jobs import _SCHEMA
 from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
@@ -61,12 +63,22 @@ def test_stored_non_finite_numbers_read_back_as_null_never_500(tmp_path):
                                                                                     [2.0, INF, NAN, -INF]))
         db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", _old_record("b" * 16, "done", 1.25,
                                                                                     [2.0, 1.25]))
+        # a running job whose service died after writing a non-finite result: resumed, it must not be done
+        db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", _old_record("c" * 16, "running", 2.0,
+                                                                                    [2.0]))
     (tmp_path / "jobs" / ("b" * 16)).mkdir(parents=True)
     (tmp_path / "jobs" / ("b" * 16) / "metrics.json").write_text('{"kl": {"value": NaN, "stderr": Infinity}}')
+    result = scalemb.embed("school", iterations=5)
+    result.embedding[3, 1] = NAN
+    (tmp_path / "jobs" / ("c" * 16)).mkdir()
+    replace(result, kl=INF).save(tmp_path / "jobs" / ("c" * 16) / "run.zarr")
     svc = Service(tmp_path)
     try:
+        record = svc.wait("c" * 16)
+        assert record["state"] == "failed" and "the result is not finite" in record["error"], record
+        assert not (tmp_path / "jobs" / ("c" * 16)).exists()
         status, listing = svc.json("GET", "/jobs")
-        assert status == 200 and [j["kl"] for j in listing["jobs"]] == [None, 1.25]
+        assert status == 200 and [j["kl"] for j in listing["jobs"]] == [None, 1.25, 2.0]
         status, record = svc.json("GET", f"/jobs/{'a' * 16}")
         assert status == 200 and record["kl"] is None and record["kl_history"] == [2.0, None, None, None]
         status, record = svc.json("GET", f"/jobs/{'b' * 16}")
