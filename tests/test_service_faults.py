@@ -16,6 +16,7 @@ import pytest
 
 import scalemb
 from scalemb.embedding import EmbeddingResult
+from scalemb.service import ServiceConfig
 from scalemb.service.jobs import _SCHEMA
 from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
 from scalemb.service.snapshots import DIRECTORY, clean_snapshots, snapshot
@@ -304,4 +305,6 @@ def test_store_ttl_must_be_a_finite_number_of_hours(tmp_path, ttl):
     store.mkdir(parents=True)
     with pytest.raises(ValueError, match="finite number of hours"):
         clean_stores(tmp_path, [], float(ttl))
+    with pytest.raises(ValueError, match="store_ttl_hours"):
+        ServiceConfig(data_root=tmp_path, token=TOKEN, store_ttl_hours=float(ttl))
     assert store.exists()

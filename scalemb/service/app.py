@@ -60,6 +60,10 @@ class ServiceConfig:
     n_threads: int | None = None
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
 
+    def __post_init__(self):
+        if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
+            raise ValueError(f"store_ttl_hours must be a finite number >= 0, got {self.store_ttl_hours!r}")
+
 
 class _JobBase(BaseModel):
     """The service-only fields of a job and its checks; the embedding settings are added from the parameter table

@@ -66,7 +66,7 @@ class JobStore:
         self._db.execute(_SCHEMA)
         self._lock = threading.Lock()
         self._jobs = {}
-        self._unsaved = set()  # ids whose latest change SQLite refused (a full disk); written with the next
+        self._unsaved = set()  # ids whose latest change SQLite refused (a full disk): written by the next write
         for row in self._db.execute("SELECT * FROM jobs ORDER BY created"):
             record = dict(zip([c[0] for c in self._db.execute("SELECT * FROM jobs LIMIT 0").description], row))
             record["params"] = loads(record["params"])
