@@ -149,6 +149,7 @@ def _edges(n, step):
     return "".join(f"{i} {(i + 1) % n}\n{i} {(i + step) % n}\n" for i in range(n)).encode()
 
 
+@pytest.mark.slow
 def test_jobs_read_the_input_as_submitted_whatever_happens_to_the_upload(tmp_path):
     from scalemb.metrics import evaluate_run
 
