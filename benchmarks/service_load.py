@@ -5,12 +5,19 @@ job runs.  Starts its own service (a subprocess on a free port, temporary data r
 DATA_ROOT/stores) with status-call latency under that load, then a soak of ``--soak-seconds`` (30 min) with
 random SIGKILLs of the service (restarted on the same data root) and of workers (restarted): a bounded loop on
 loopback only that keeps a few jobs outstanding, counting jobs submitted / completed / bit-identical to the
-in-process run of the same request / lost.  Every process it starts is ended on exit.
+in-process run of the same request / lost.  With ``--faults``: a soak of ``--faults-seconds`` of an in-process
+service on a data root of its own tmpfs (root only) with the fault kinds of issue 34 -- diverging jobs, uploads
+racing the submissions that read them, inputs naming the service's own files, the disk full for
+``--full-seconds``, one SIGKILL and restart of the service -- counting jobs accepted / done / failed with a reason
+/ lost and every ``GET /jobs`` that was not 200; the section "Service faults" of ``--out`` is replaced (the
+file's other sections are kept).  Every process it starts is ended on exit.
 
     python benchmarks/service_load.py --out benchmarks/results/service.md
     python benchmarks/service_load.py --cluster --out benchmarks/results/service_cluster.md
+    python benchmarks/service_load.py --faults --out benchmarks/results/reliability.md
 """
 import argparse
+import hashlib
 import http.client
 import io
 import json
@@ -164,16 +171,17 @@ class ClusterService:
     """``scalemb serve --scheduler`` as a subprocess on loopback (log appended to ``DATA_ROOT/../service.log``);
     ``kill`` is SIGKILL, ``start`` restarts it on the same data root."""
 
-    def __init__(self, root, scheduler, *extra, max_queue=64):
+    def __init__(self, root, scheduler, *extra, max_queue=64, log=None):
         self.root, self.scheduler, self.extra, self.max_queue = root, scheduler, extra, max_queue
+        self.log = log or os.path.join(os.path.dirname(self.root), "service.log")
         self.start()
 
     def start(self):
         self.port = free_port()
+        where = ["--scheduler", self.scheduler] if self.scheduler else []  # None: jobs run in the service
         self.proc = spawn([sys.executable, "-m", "scalemb", "serve", "--data-root", self.root, "--port",
-                           str(self.port), "--max-running", "2", "--max-queue", str(self.max_queue), "--scheduler",
-                           self.scheduler, *self.extra], log=os.path.join(os.path.dirname(self.root), "service.log"),
-                          env=dict(os.environ, SCALEMB_TOKEN=TOKEN))
+                           str(self.port), "--max-running", "2", "--max-queue", str(self.max_queue), *where,
+                           *self.extra], log=self.log, env=dict(os.environ, SCALEMB_TOKEN=TOKEN))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -558,6 +566,292 @@ def cluster_main(args):
     return 0 if ok else 1
 
 
+FAULTS_HEADING = "## Service faults"
+
+
+def _edge_list(rng, n_nodes):
+    """A small connected graph on ``n_nodes`` nodes (a ring plus random chords), as edge-list bytes."""
+    edges = {(i, (i + 1) % n_nodes) for i in range(n_nodes)}
+    edges |= {tuple(sorted(rng.sample(range(n_nodes), 2))) for _ in range(2 * n_nodes)}
+    return "".join(f"{a} {b}\n" for a, b in sorted(edges)).encode()
+
+
+class Racer(threading.Thread):
+    """Streams ``content`` to ``PUT /uploads/NAME`` in 8 slices, ``pause`` s apart, so submissions reading
+    ``uploads/NAME`` happen while it streams; ``status`` is the answer (None: no answer)."""
+
+    def __init__(self, port, name, content, pause):
+        super().__init__(daemon=True)
+        self.port, self.name, self.content, self.pause, self.status = port, name, content, pause, None
+        self.start()
+
+    def run(self):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            conn.putrequest("PUT", f"/uploads/{self.name}")
+            conn.putheader("Authorization", f"Bearer {TOKEN}")
+            conn.putheader("Content-Length", str(len(self.content)))
+            conn.endheaders()
+            step = -(-len(self.content) // 8)
+            for k in range(0, len(self.content), step):
+                conn.send(self.content[k:k + step])
+                time.sleep(self.pause)
+            response = conn.getresponse()
+            response.read()
+            self.status = response.status
+            conn.close()
+        except (OSError, http.client.HTTPException):
+            pass
+
+
+def fault_soak(service, directory, seconds, full_at, full_seconds, kill_at, drain_seconds, iterations, seed=0):
+    """For ``seconds``: keep 4 jobs outstanding, each submission one of: a t-SNE job on SCHOOL or on an upload
+    (its upload replaced by a racing ``Racer`` upload while it is submitted, in half of them), a diverging CO-SNE
+    job (``lambda2`` 1e308), or an input naming the service's database (must be refused); from ``full_at`` for
+    ``full_seconds`` the data root's file system is full (a filler file); at ``kill_at`` the service is SIGKILLed
+    and restarted.  ``GET /jobs`` every 0.5 s (and at every poll) must answer 200.  Then drain; every done job's
+    embedding is compared with the in-process run on the content its record names (``input_sha256``)."""
+    rng = random.Random(seed)
+    contents = {}  # sha256 -> local file holding that content
+
+    def keep(content):
+        key = hashlib.sha256(content).hexdigest()
+        if key not in contents:
+            contents[key] = os.path.join(directory, f"{key}.txt")
+            with open(contents[key], "wb") as handle:
+                handle.write(content)
+        return key
+
+    root = service.root
+    accepted, records, vanished = {}, {}, set()
+    listing = {"calls": 0, "not_200": 0, "codes": {}}
+    answers = {}  # POST /jobs and PUT answers by kind and status
+    racers, full, killed = [], False, False
+    t0 = time.perf_counter()
+
+    def note(kind, status):
+        answers.setdefault(kind, {}).setdefault(status, 0)
+        answers[kind][status] += 1
+
+    def get_listing():
+        try:
+            status = Client(service.port).call("GET", "/jobs")[0]
+        except (OSError, http.client.HTTPException):
+            return  # the service is being restarted
+        listing["calls"] += 1
+        if status != 200:
+            listing["not_200"] += 1
+            listing["codes"][status] = listing["codes"].get(status, 0) + 1
+
+    def poll():
+        client = Client(service.port)
+        for job_id in [j for j in accepted if j not in records and j not in vanished]:
+            status, record = client.json("GET", f"/jobs/{job_id}")
+            if status == 404:
+                vanished.add(job_id)
+            elif status != 200:
+                listing["not_200"] += 1
+                listing["codes"][status] = listing["codes"].get(status, 0) + 1
+            elif record["state"] in ("done", "failed", "cancelled"):
+                records[job_id] = record
+
+    def submit():
+        kind = rng.choice(["school", "upload", "race", "race", "diverge", "own-file"])
+        client = Client(service.port)
+        if kind == "own-file":
+            note(kind, client.call("POST", "/jobs", {"input": "jobs.sqlite3", "iterations": 5})[0])
+            return
+        if kind == "diverge":
+            body = {"input": "school", "model": "cosne", "iterations": iterations,
+                    "model_params": {"lambda2": 1e308, "warmup": 5}}
+        elif kind == "school":
+            body = request_body("school", rng.randrange(3), iterations)
+        else:
+            name = f"up{rng.randrange(3)}.txt"
+            status = client.call("PUT", f"/uploads/{name}", raw=_edge_list(rng, rng.randrange(30, 80)))[0]
+            note("upload", status)
+            if status != 201:
+                return
+            if kind == "race":  # a new version of the same upload streams while the job is submitted
+                racers.append(Racer(service.port, name, _edge_list(rng, rng.randrange(30, 80)), 0.05))
+                time.sleep(rng.uniform(0, 0.4))
+            body = request_body(f"uploads/{name}", rng.randrange(3), iterations)
+        status, job = client.json("POST", "/jobs", body)
+        note(kind, status)
+        if status == 201:
+            accepted[job["id"]] = (kind, body)
+
+    while time.perf_counter() - t0 < seconds:
+        now = time.perf_counter() - t0
+        if not full and full_at <= now < full_at + full_seconds:
+            fd = os.open(os.path.join(root, "filler"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 65536)
+            except OSError:
+                pass
+            os.close(fd)
+            full = True
+            print(f"faults: {now:.0f} s, disk full", file=sys.stderr, flush=True)
+        elif full and now >= full_at + full_seconds:
+            os.remove(os.path.join(root, "filler"))
+            full = False
+            print(f"faults: {now:.0f} s, disk space again", file=sys.stderr, flush=True)
+        if not killed and now >= kill_at:
+            service.kill()
+            service.start()
+            killed = True
+            print(f"faults: {now:.0f} s, service SIGKILLed and restarted", file=sys.stderr, flush=True)
+        try:
+            poll()
+            get_listing()
+            while len(accepted) - len(records) - len(vanished) < 4 and time.perf_counter() - t0 < seconds:
+                before = len(accepted)
+                submit()
+                if len(accepted) == before and full:
+                    break  # refused (507): try again on the next round
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.5)
+    if full:
+        os.remove(os.path.join(root, "filler"))
+    for racer in racers:
+        racer.join(60)
+        note("racing upload", racer.status)
+    end = time.perf_counter()
+    while time.perf_counter() - end < drain_seconds and len(records) + len(vanished) < len(accepted):
+        try:
+            poll()
+            get_listing()
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.5)
+    # every done job against the in-process run of the content its record names
+    identical = mismatched = 0
+    reasons = {}
+    for job_id, (kind, body) in accepted.items():
+        record = records.get(job_id)
+        if record is None:
+            continue
+        if record["state"] == "failed":
+            reason = (record["error"] or "NO REASON").split(":")[0]
+            reasons[reason] = reasons.get(reason, 0) + 1
+            continue
+        if record["state"] != "done":
+            continue
+        content = Client(service.port).call("GET", f"/jobs/{job_id}/embedding?format=npy")[1]
+        sha = record["params"].get("input_sha256")
+        source = "school" if sha is None else contents.get(sha)
+        if source is None:  # the content of a (racing) upload: read back from its snapshot
+            snap = os.path.join(root, "snapshots", f"{sha}.txt")
+            with open(snap, "rb") as handle:
+                source = contents[keep(handle.read())]
+        expected = scalemb.embed(source, model=body["model"], iterations=body["iterations"], seed=body["seed"])
+        same = np.array_equal(np.load(io.BytesIO(content)), expected.embedding)
+        identical, mismatched = identical + same, mismatched + (not same)
+    by_state = {}
+    for record in records.values():
+        by_state[record["state"]] = by_state.get(record["state"], 0) + 1
+    no_reason = sum(1 for r in records.values() if r["state"] == "failed" and not r["error"])
+    return {"seconds": time.perf_counter() - t0, "accepted": len(accepted), "by_state": by_state,
+            "kinds": {k: sum(1 for kind, _ in accepted.values() if kind == k) for k in
+                      ("school", "upload", "race", "diverge")},
+            "identical": identical, "mismatched": mismatched, "reasons": reasons, "no_reason": no_reason,
+            "lost": len(vanished) + no_reason + sum(1 for r in records.values() if r["state"] == "cancelled"),
+            "unfinished": len(accepted) - len(records) - len(vanished), "listing": listing, "answers": answers,
+            "drain_s": time.perf_counter() - end}
+
+
+def faults_main(args):
+    """The fault soak on a tmpfs data root (mounted here, unmounted at the end), its section written to
+    ``--out``."""
+    import atexit
+    import shutil
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import machine_description
+
+    atexit.register(end_children)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.makedirs(args.work_dir, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="scalemb-faults-", dir=args.work_dir)
+    root = os.path.join(directory, "root")
+    os.mkdir(root)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs", root],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        print("cannot mount a tmpfs (needs root): no full-disk phase", file=sys.stderr)
+    load_before = load_average()
+    try:
+        service = ClusterService(root, None, "--checkpoint-every", "5", max_queue=256,
+                                 log=os.path.join(directory, "service.log"))
+        try:
+            result = fault_soak(service, directory, args.faults_seconds, args.full_at,
+                                args.full_seconds if mounted else 0, args.kill_at, args.drain_seconds,
+                                args.faults_iterations)
+        finally:
+            service.stop()
+    finally:
+        end_children()
+        if mounted:
+            subprocess.run(["umount", "-l", root])
+    uname = " ".join(platform.uname())
+    ok = (result["lost"] == 0 and result["unfinished"] == 0 and result["listing"]["not_200"] == 0
+          and result["mismatched"] == 0)
+    lines = [
+        FAULTS_HEADING,
+        "",
+        f"`python benchmarks/service_load.py --faults --faults-seconds {args.faults_seconds} --full-at "
+        f"{args.full_at} --full-seconds {args.full_seconds} --kill-at {args.kill_at} --out {args.out}`  ",
+        machine_description() + "  ",
+        f"`uname -a`: {uname}; nproc {os.cpu_count()}; load average before: {load_before}, after: "
+        f"{load_average()} (the machine is shared with other sessions' runs).",
+        "",
+        f"One `scalemb serve` (in-process jobs, `--max-running 2`, `--checkpoint-every 5`) on a data root that is "
+        f"its own {args.disk_mb} MB tmpfs{'' if mounted else ' (NOT mounted: no full-disk phase)'}.  For "
+        f"{args.faults_seconds} s, 4 jobs kept outstanding, each submission drawn from: t-SNE on SCHOOL; t-SNE on "
+        "an upload (3 names, replaced at every use); the same with a new version of that upload streaming in 8 "
+        "slices while the job is submitted (\"race\"); a diverging CO-SNE job (`lambda2` 1e308, `warmup` 5); an "
+        "input naming `jobs.sqlite3`.  "
+        f"From {args.full_at} s for {args.full_seconds} s the file system is full (a filler file written until "
+        f"ENOSPC, then deleted); at {args.kill_at} s the service is SIGKILLed and restarted on the same data root.  "
+        f"`GET /jobs` every 0.5 s, and `GET /jobs/{{id}}` of every pending job.  Then up to {args.drain_seconds} s "
+        f"for every accepted job to end ({result['drain_s']:.0f} s taken).  Every done job's embedding is compared "
+        "with `scalemb.embed` of the content its record names (`input_sha256`: the snapshot), bit for bit.",
+        "",
+        "| accepted (201) | done | failed with a reason | failed without one | lost (vanished, cancelled, no "
+        "reason) | unfinished | done jobs identical to the in-process run of their snapshot | `GET /jobs` calls | "
+        "not 200 |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {result['accepted']} | {result['by_state'].get('done', 0)} | "
+        f"{result['by_state'].get('failed', 0) - result['no_reason']} | {result['no_reason']} | {result['lost']} | "
+        f"{result['unfinished']} | {result['identical']} of {result['identical'] + result['mismatched']} | "
+        f"{result['listing']['calls']} | {result['listing']['not_200']} {result['listing']['codes'] or ''} |",
+        "",
+        f"Accepted jobs by kind: {result['kinds']}.  Failure reasons (first words): {result['reasons']}.  "
+        f"Answers by kind and HTTP status (507: disk full, 403: the service's own file): {result['answers']}.",
+        "",
+        "Result: " + ("every accepted job ended done or failed with a reason, none lost, `GET /jobs` never "
+                      "failed." if ok else "NOT MET (see the table)."),
+        "",
+    ]
+    section = "\n".join(lines)
+    print(section)
+    if args.out:
+        old = open(args.out).read() if os.path.exists(args.out) else "# Reliability\n\n"
+        start = old.find(FAULTS_HEADING + "\n")
+        if start >= 0:
+            following = old.find("\n## ", start + len(FAULTS_HEADING))
+            old = old[:start] + (old[following + 1:] if following >= 0 else "")
+        with open(args.out, "w") as handle:
+            handle.write(old.rstrip("\n") + "\n\n" + section)
+    if ok:
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"kept {directory} (service.log)", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="markdown report (default: print only)")
@@ -578,11 +872,20 @@ def main():
     parser.add_argument("--kill-anytime", action="store_true",
                         help="kill from a separate thread, also during the benchmark's own requests")
     parser.add_argument("--drain-seconds", type=int, default=600, help="wait for the soak's jobs to end")
+    parser.add_argument("--faults", action="store_true", help="the fault soak of issue 34 instead (root: tmpfs)")
+    parser.add_argument("--faults-seconds", type=int, default=360, help="submission period of the fault soak")
+    parser.add_argument("--faults-iterations", type=int, default=30)
+    parser.add_argument("--full-at", type=float, default=120, help="fault soak: the disk fills at this second")
+    parser.add_argument("--full-seconds", type=float, default=60, help="fault soak: and stays full this long")
+    parser.add_argument("--kill-at", type=float, default=200, help="fault soak: SIGKILL + restart at this second")
+    parser.add_argument("--disk-mb", type=int, default=64, help="fault soak: size of the data root's tmpfs")
     parser.add_argument("--work-dir", default=tempfile.gettempdir(),
                         help="where the run's data root and logs go (removed after a clean run)")
     args = parser.parse_args()
     if args.cluster:
         return cluster_main(args)
+    if args.faults:
+        return faults_main(args)
     with tempfile.TemporaryDirectory(prefix="scalemb-load-") as root:
         proc, port = start_service(root, args.max_running)
         try:

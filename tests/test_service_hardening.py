@@ -90,9 +90,8 @@ def test_cluster_jobs_on_uploads_edge_lists_and_datasets_read_data_root_stores(t
             status, job = svc.json("POST", "/jobs", {"input": name, "model": "tsne", "iterations": 40, "seed": 1})
             assert status == 201, job
             jobs.setdefault(name, []).append(job["id"])
-        # the upload is an input of a queued/running job: it cannot be replaced under it
-        status, err = svc.json("PUT", "/uploads/up.txt", raw=b"1 2\n")
-        assert status in (409, 201) and (status == 201 or "input of a queued or running job" in err["detail"])
+        # the upload is an input of a queued/running job: replacing it leaves the jobs their snapshot
+        assert svc.json("PUT", "/uploads/up.txt", raw=b"1 2\n")[0] == 201
         for name, ids in jobs.items():
             for job_id in ids:
                 record = svc.wait(job_id)
@@ -194,17 +193,18 @@ def test_cancel_survives_kill_9(tmp_path):
         svc.stop()
 
 
-def test_upload_cannot_be_replaced_while_a_job_reads_it(shared):
+def test_upload_replaced_while_a_job_reads_it_leaves_the_job_its_snapshot(shared):
     service, root = shared, shared.root
     edges = "".join(f"{i} {i + 1}\n{i} {(i * 7 + 3) % 300}\n" for i in range(300)).encode()
     assert service.json("PUT", "/uploads/busy.txt", raw=edges)[0] == 201
     _, job = service.json("POST", "/jobs", {"input": "uploads/busy.txt", "optimizer": "dbd",
                                             "iterations": 100000})
     service.wait(job["id"], until=("running",), predicate=lambda r: (r["iteration"] or 0) >= 1)
-    status, err = service.json("PUT", "/uploads/busy.txt", raw=b"1 2\n")
-    assert status == 409 and "input of a queued or running job" in err["detail"], err
-    assert (root / "uploads" / "busy.txt").read_bytes() == edges
-    assert service.json("GET", f"/jobs/{job['id']}")[1]["state"] == "running"
+    assert service.json("PUT", "/uploads/busy.txt", raw=b"1 2\n")[0] == 201  # jobs read snapshots (issue 34)
+    assert (root / "uploads" / "busy.txt").read_bytes() == b"1 2\n"
+    record = service.json("GET", f"/jobs/{job['id']}")[1]
+    assert record["state"] == "running"
+    snapshots = list((root / "snapshots").glob(f"{record['params']['input_sha256']}.txt"))
+    assert [p.read_bytes() for p in snapshots] == [edges]
     assert service.json("DELETE", f"/jobs/{job['id']}")[0] == 200
     assert service.wait(job["id"], timeout=30)["state"] == "cancelled"
-    assert service.json("PUT", "/uploads/busy.txt", raw=b"1 2\n2 3\n3 1\n")[0] == 201  # no longer in use

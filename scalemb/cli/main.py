@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"checkpoint running jobs every K iterations (default {DEFAULT_CHECKPOINT_EVERY})")
     srv.add_argument("--threads", type=_positive_int, default=None, help="threads per in-process job")
-    srv.add_argument("--store-ttl-hours", type=float, default=24.0,
+    srv.add_argument("--store-ttl-hours", type=_bounded(float, 0, _FINITE), default=24.0,
                      help="with --scheduler: delete DATA_ROOT/stores entries unused this long (default 24)")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
     srv.add_argument("--quiet", action="store_true")

@@ -5,12 +5,18 @@ quality metrics once done), ``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?fo
 ``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map`` (HTML pages),
 ``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
 ``PUT /uploads/{name}`` (raw body), ``GET /health`` and ``GET /openapi.json`` (both without a token).
+
+A job reads a snapshot of its input taken when it is submitted (``scalemb.service.snapshots``): an upload may be
+replaced at any time without changing what a queued, running or done job reads.  Every JSON body goes through
+``scalemb.service.jsonsafe`` (non-finite floats as ``null``).  A full disk answers 507 and leaves nothing
+half-written.
 """
 import csv
 import hmac
 import io
 import os
 import re
+import sqlite3
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -21,16 +27,22 @@ from typing import Literal
 import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
 from ..models import model_names
-from .jobs import JobRunner, JobStore, QueueFull
+from .jobs import JobRunner, JobStore, QueueFull, disk_full
+from .jsonsafe import JSONResponse
+from .snapshots import snapshot
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 UPLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# the service's own entries in the data root, never a job's input (with every name starting with '.': the
+# service's temporary files and lock); "jobs.sqlite3" covers its -wal, -shm and -journal files too
+SERVICE_ENTRIES = ("jobs", "stores", "snapshots", "jobs.sqlite3")
+DISK_FULL = "insufficient storage: the data root's file system is full"
 
 
 @dataclass
@@ -47,6 +59,10 @@ class ServiceConfig:
     max_upload_bytes: int = 256 * 1024 * 1024
     n_threads: int | None = None
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
+
+    def __post_init__(self):
+        if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
+            raise ValueError(f"store_ttl_hours must be a finite number >= 0, got {self.store_ttl_hours!r}")
 
 
 class _JobBase(BaseModel):
@@ -193,6 +209,12 @@ def confine(root: Path, relative: str) -> Path:
             raise HTTPException(403, f"input {relative!r} resolves outside the data root (symlink); refused")
         if not resolved.exists():
             raise HTTPException(404, f"input {relative!r}: no such file under the data root")
+        inside = resolved.relative_to(root).parts
+        if not inside:
+            raise HTTPException(400, f"input {relative!r} is the data root itself; name a file in it")
+        if inside[0].startswith(SERVICE_ENTRIES) or any(part.startswith(".") for part in inside):
+            raise HTTPException(403, f"input {relative!r} is one of the service's own files (its database, lock, "
+                                     "jobs, stores, snapshots or temporary files); refused")
     except OSError as exc:
         raise HTTPException(400, f"input {relative!r}: not a usable path ({exc.strerror})") from None
     return resolved
@@ -241,8 +263,22 @@ def _affinity_kind(job, input_path: str) -> str:
     return kind
 
 
+def _input_snapshot(root: Path, relative: str) -> dict:
+    """The job-record fields of input ``relative`` (a confined path): ``input_path``, the snapshot the job
+    reads, ``snapshot`` (the same: the reference that keeps it) and ``input_sha256``; 422 for a directory that
+    is not an affinity store."""
+    from ..affinity.store import is_affinity_store
+
+    path = confine(root, relative)
+    if path.is_dir() and not is_affinity_store(path):
+        raise HTTPException(422, f"input {relative!r} is a directory but not an affinity store")
+    key, copy = snapshot(root, path)
+    return {"input_path": str(copy), "snapshot": str(copy), "input_sha256": key}
+
+
 def _public(record: dict, history: bool = True) -> dict:
-    params = {k: v for k, v in record["params"].items() if k not in ("input_path", "store_path", "cancel_requested")}
+    hidden = ("input_path", "store_path", "snapshot", "cancel_requested")
+    params = {k: v for k, v in record["params"].items() if k not in hidden}
     started, finished = record["started"], record["finished"]
     end = finished if finished is not None else time.time()
     out = {"id": record["id"], "state": record["state"], "params": params, "iteration": record["iteration"],
@@ -274,13 +310,21 @@ def create_app(config: ServiceConfig) -> FastAPI:
         state["runner"].stop()
         store.close()
 
-    app = FastAPI(title="scalemb", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="scalemb", version=__version__, lifespan=lifespan, default_response_class=JSONResponse,
                   description="SNE-family embedding jobs (SNE, t-SNE, space-time SNE).")
     app.add_middleware(BodyLimit, limit=config.max_request_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         return _error(422, _one_line(exc))
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(sqlite3.Error)
+    async def storage(request: Request, exc: Exception):
+        """A full disk anywhere in a request: 507 (the handlers leave nothing half-written); else a 500."""
+        if disk_full(exc):
+            return _error(507, f"{DISK_FULL}; nothing was stored, retry once space is freed")
+        raise exc
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -317,9 +361,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Queue an embedding job; 429 when the queue is full."""
         params = job.model_dump()
         if job.input in DATASETS and not (root / job.input).exists():
-            params["input_path"] = job.input
+            params.update(input_path=job.input, input_sha256=None)  # package data: immutable
         else:
-            params["input_path"] = str(confine(root, job.input))
+            params.update(_input_snapshot(root, job.input))
         params["affinity"] = _affinity_kind(job, params["input_path"])
         try:
             record = state["runner"].submit(params)
@@ -334,7 +378,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         whole map (old rows first); 409 unless that job is done, 429 when the queue is full."""
         source = _done(job_id)
         params = {"kind": "transform", "source_job": job_id, "input": request.new,
-                  "input_path": str(confine(root, request.new)), "iterations": request.iterations,
+                  **_input_snapshot(root, request.new), "iterations": request.iterations,
                   "free_hops": request.free_hops, "free_iterations": request.free_iterations,
                   "model": source["params"].get("model")}
         try:
@@ -396,8 +440,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
             from ..plot import plot_png
 
             tmp = cached.with_name(f".plot.{os.getpid()}.{time.monotonic_ns()}.png")
-            tmp.write_bytes(plot_png(state["runner"].run_dir(job_id) / "run.zarr"))
-            os.replace(tmp, cached)
+            try:
+                tmp.write_bytes(plot_png(state["runner"].run_dir(job_id) / "run.zarr"))
+                os.replace(tmp, cached)
+            finally:
+                tmp.unlink(missing_ok=True)
         return Response(cached.read_bytes(), media_type="image/png")
 
     def _page(job_id: str, name: str, build) -> HTMLResponse:
@@ -431,23 +478,37 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.put("/uploads/{name}", status_code=201)
     async def upload(name: str, request: Request):
         """Store the raw request body as ``uploads/NAME`` (an edge list, optionally gzipped); use
-        ``"input": "uploads/NAME"`` in ``POST /jobs``."""
+        ``"input": "uploads/NAME"`` in ``POST /jobs``.  Replacing an upload never changes a job submitted
+        before: jobs read snapshots.  507 when the disk is full (the previous upload of NAME, if any, stays)."""
         if not UPLOAD_NAME.fullmatch(name):
             raise HTTPException(400, f"upload name {name[:80]!r}: use letters, digits, '.', '_' and '-' only")
         target = root / "uploads" / name
-        if state["runner"].in_use(target):
-            raise HTTPException(409, f"uploads/{name} is the input of a queued or running job; upload under "
-                                     "another name")
         tmp = target.with_name(f".{name}.{time.monotonic_ns()}.part")
-        size = 0
+        size, full = 0, None
         try:
             with open(tmp, "wb") as handle:
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > config.max_upload_bytes:
                         raise HTTPException(413, f"upload exceeds the limit of {config.max_upload_bytes} bytes")
-                    handle.write(chunk)
+                    if full is None:
+                        try:
+                            handle.write(chunk)
+                        except OSError as exc:  # read the rest, so the client gets the answer, not a reset
+                            if not disk_full(exc):
+                                raise
+                            full = exc
+                if full is None:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            if full is not None:
+                raise full
             os.replace(tmp, target)
+        except OSError as exc:
+            if disk_full(exc):
+                raise HTTPException(507, f"{DISK_FULL}: uploads/{name} was not stored; retry once space is "
+                                         "freed") from None
+            raise
         finally:
             tmp.unlink(missing_ok=True)
         return {"input": f"uploads/{name}", "bytes": size}

@@ -3,9 +3,20 @@
 A job's output store is ``DATA_ROOT/jobs/<id>/run.zarr``: a checkpointed run while it runs, the result once
 done.  A job found ``running`` or ``queued`` when the service starts is queued again; a running one continues
 from its last checkpoint (``Checkpointer(resume=True)``), or from the start if none was written yet.
+
+A job reads its input's snapshot (``scalemb.service.snapshots``), never the path the request named.  Records
+are JSON through ``scalemb.service.jsonsafe`` (a non-finite KL is stored and shown as ``null``).  A job that
+fails (bad input, a diverged optimisation, a full disk) is ``failed`` with a one-line reason naming paths
+relative to the data root, and its output directory is removed: a failed job has no result, and a partial
+``run.zarr`` is never left to be read as one.  A full disk (``ENOSPC``/``EDQUOT``) fails the job rather than
+retrying it: the space may not come back, and the client resubmits (a snapshot of its input is kept).  A
+record that cannot be written to SQLite (the disk is full) stays current in memory and is written with the next
+write that succeeds; a submission that cannot be written is refused (``disk_full`` tells the service to
+answer 507).
 """
-import json
+import errno
 import logging
+import os
 import queue
 import shutil
 import sqlite3
@@ -19,6 +30,8 @@ from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
 from .features import knn_settings
+from .jsonsafe import dumps, finite, loads
+from .snapshots import clean_snapshots
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
@@ -35,6 +48,15 @@ class QueueFull(Exception):
     """The queue holds ``max_queue`` jobs already."""
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the quota) is full: ``OSError`` ENOSPC/EDQUOT, or SQLite's FULL."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return False
+
+
 class JobStore:
     """Job records: an in-memory copy for fast reads, every change persisted to SQLite."""
 
@@ -44,19 +66,33 @@ class JobStore:
         self._db.execute(_SCHEMA)
         self._lock = threading.Lock()
         self._jobs = {}
+        self._unsaved = set()  # ids whose latest change SQLite refused (a full disk): written by the next write
         for row in self._db.execute("SELECT * FROM jobs ORDER BY created"):
             record = dict(zip([c[0] for c in self._db.execute("SELECT * FROM jobs LIMIT 0").description], row))
-            record["params"] = json.loads(record["params"])
-            record["kl_history"] = json.loads(record["kl_history"])
-            self._jobs[record["id"]] = record
+            record["params"] = loads(record["params"])
+            record["kl_history"] = loads(record["kl_history"])
+            self._jobs[record["id"]] = finite(record)  # rows written before non-finite floats became null
 
     def _persist(self, record):
-        values = dict(record, params=json.dumps(record["params"]), kl_history=json.dumps(record["kl_history"]))
+        values = dict(finite(record), params=dumps(record["params"]), kl_history=dumps(record["kl_history"]))
         names = list(values)
         self._db.execute(f"INSERT OR REPLACE INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                          [values[n] for n in names])
 
+    def _save(self, job_id: str) -> None:
+        """Persist ``job_id`` and any record a failed write left unsaved; a failure is logged, the records
+        stay unsaved (current in memory) until a later write succeeds."""
+        self._unsaved.add(job_id)
+        try:
+            for pending in sorted(self._unsaved):
+                self._persist(self._jobs[pending])
+                self._unsaved.discard(pending)
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("job records not saved (%d pending): %s", len(self._unsaved), exc)
+
     def add(self, params: dict, max_queue: int) -> dict:
+        """A new queued job; raises ``QueueFull``, or the database's error when it cannot be written (nothing
+        is added then)."""
         with self._lock:
             queued = sum(1 for r in self._jobs.values() if r["state"] == "queued")
             if queued >= max_queue:
@@ -64,8 +100,8 @@ class JobStore:
             record = {"id": uuid.uuid4().hex[:16], "state": "queued", "params": params, "created": time.time(),
                       "started": None, "finished": None, "iteration": None, "kl": None, "kl_history": [],
                       "error": None, "resumed_from": None, "n_points": None}
-            self._jobs[record["id"]] = record
             self._persist(record)
+            self._jobs[record["id"]] = record
             return dict(record)
 
     def get(self, job_id: str) -> dict | None:
@@ -82,7 +118,7 @@ class JobStore:
             record = self._jobs[job_id]
             record.update(changes)
             if persist:
-                self._persist(record)
+                self._save(job_id)
             return dict(record)
 
     def progress(self, job_id: str, iteration: int, kl: float) -> None:
@@ -96,7 +132,7 @@ class JobStore:
 
     def flush(self, job_id: str) -> None:
         with self._lock:
-            self._persist(self._jobs[job_id])
+            self._save(job_id)
 
     def close(self):
         with self._lock:
@@ -126,6 +162,10 @@ class JobRunner:
             elif record["state"] in ("queued", "running"):
                 store.update(record["id"], state="queued")
                 self._queue.put(record["id"])
+        try:
+            clean_snapshots(data_root, [r["params"].get("snapshot") for r in store.list()])
+        except OSError as exc:
+            logger.warning("cleaning %s/snapshots: %s", data_root.name, exc)
         self.clean_stores()
         self._threads = [threading.Thread(target=self._loop, name=f"scalemb-job-{i}", daemon=True)
                          for i in range(max_running)]
@@ -140,11 +180,26 @@ class JobRunner:
         except OSError as exc:
             logger.warning("cleaning %s/stores: %s", self.data_root.name, exc)
 
-    def in_use(self, path: Path) -> bool:
-        """Whether a queued or running job reads ``path`` (an upload must not change under it)."""
-        path = str(path)
-        return any(r["params"].get("input_path") == path for r in self.store.list()
-                   if r["state"] in ("queued", "running"))
+    def reason(self, exc: BaseException, params: dict) -> str:
+        """The one-line reason a job failed: the input's snapshot named as the request named the input, every
+        other path relative to the data root."""
+        if disk_full(exc):
+            return ("disk full: no space left on the data root's file system while the job ran; its partial "
+                    "output was removed, resubmit once space is freed")
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if isinstance(exc, FloatingPointError):
+            message = f"optimisation diverged: {exc}"
+        if params.get("snapshot"):
+            message = message.replace(params["snapshot"], params["input"])
+        root = str(self.data_root)
+        return message.replace(root + os.sep, "").replace(root, ".")[:2000]
+
+    def _fail(self, job_id: str, exc: BaseException, params: dict) -> None:
+        """Mark ``job_id`` failed with its reason and remove its output directory (a failed job has none)."""
+        message = self.reason(exc, params)
+        logger.warning("job %s failed: %s", job_id, message)
+        shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+        self.store.update(job_id, state="failed", error=message, finished=time.time())
 
     def _source(self, job_id: str, params: dict):
         """The input ``Embedder.fit`` reads: an affinity store input as is; with a scheduler, an affinity store
@@ -209,9 +264,13 @@ class JobRunner:
             try:
                 self._run(job_id)
             except Exception as exc:  # never lose a runner thread, never leave a job "running"
-                logger.exception("job %s: runner error", job_id)
-                self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
-                                  finished=time.time())
+                if disk_full(exc):
+                    self._fail(job_id, exc, {})
+                else:
+                    logger.exception("job %s: runner error", job_id)
+                    shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+                    self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
+                                      finished=time.time())
             self.clean_stores()
 
     def _run(self, job_id: str):
@@ -269,11 +328,7 @@ class JobRunner:
                 self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
             return
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}".splitlines()[0].replace(f"{self.data_root}/", "")
-            if isinstance(exc, FloatingPointError):
-                message = f"optimisation diverged: {exc}"
-            logger.warning("job %s failed: %s", job_id, message)
-            self.store.update(job_id, state="failed", error=message, finished=time.time())
+            self._fail(job_id, exc, params)
             return
         finally:
             with self._lock:
@@ -285,7 +340,7 @@ class JobRunner:
         started when the job finished (or here, for a job finished before a restart)."""
         path = self.run_dir(job_id) / "metrics.json"
         if path.exists():
-            return json.loads(path.read_text())
+            return loads(path.read_text())
         self._start_evaluation(job_id)
         return None
 
@@ -304,9 +359,12 @@ class JobRunner:
 
         try:
             metrics = to_json(evaluate_run(self.run_dir(job_id) / "run.zarr", n_threads=self.n_threads))
-            write_text_atomic(self.run_dir(job_id) / "metrics.json", json.dumps(metrics))
+            write_text_atomic(self.run_dir(job_id) / "metrics.json", dumps(metrics))
         except Exception as exc:  # noqa: BLE001 - metrics are an extra: never fail a finished job
-            logger.warning("job %s: no metrics (%s: %s)", job_id, type(exc).__name__, exc)
+            logger.warning("job %s: no metrics (%s)", job_id, self.reason(exc, self.store.get(job_id)["params"]))
+            if disk_full(exc):  # tried again on the next request for them
+                with self._lock:
+                    self._evaluating.discard(job_id)
 
     def _run_transform(self, job_id: str, params: dict):
         """A ``POST /jobs/{id}/transform`` job: place new nodes into a done job's map (``scalemb.placement``).
@@ -322,16 +380,22 @@ class JobRunner:
                               n_threads=self.n_threads, free_hops=params.get("free_hops", 0),
                               free_iterations=params.get("free_iterations", 30))
             except Exception as exc:  # bad input included: the job fails with the message
-                message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                logger.warning("job %s failed: %s", job_id, message)
-                self.store.update(job_id, state="failed", error=message, finished=time.time())
+                self._fail(job_id, exc, params)
                 return
         self._finish(job_id, run)
 
     def _finish(self, job_id: str, run: Path):
+        """Mark the job done with its result's KL, or failed if the result is not finite (a diverged run that
+        did not raise on the way: its numbers would be garbage)."""
+        import numpy as np
+
         from ..embedding import EmbeddingResult
 
         result = EmbeddingResult.load(run)
+        if not (np.isfinite(result.kl) and np.isfinite(result.embedding).all()):
+            self._fail(job_id, FloatingPointError(f"the result is not finite (KL {float(result.kl)})"),
+                       self.store.get(job_id)["params"])
+            return
         self.store.update(job_id, state="done", finished=time.time(), iteration=int(result.iterations),
                           kl=float(result.kl), kl_history=[float(v) for v in result.kl_history],
                           n_points=int(result.embedding.shape[0]))

@@ -86,7 +86,11 @@ def touch(path: Path) -> None:
 
 
 def clean_stores(root: Path, in_use, ttl_hours: float) -> list:
-    """Delete the stores no job in ``in_use`` (paths) uses and last used over ``ttl_hours`` ago; returns them."""
+    """Delete the stores no job in ``in_use`` (paths) uses and last used over ``ttl_hours`` ago; returns them.
+    ``ttl_hours`` must be a finite number >= 0 (``ValueError``): NaN or a negative age would delete every store
+    not in use."""
+    if not (isinstance(ttl_hours, (int, float)) and 0 <= ttl_hours < float("inf")):
+        raise ValueError(f"store ttl must be a finite number of hours >= 0, got {ttl_hours!r}")
     folder = Path(root) / DIRECTORY
     if not folder.is_dir():
         return []
