@@ -186,8 +186,9 @@ def expansion_limit(path: Path) -> int:
 
 
 def expansion_error(path: Path, what: str) -> InputError:
-    return InputError(path, f"{what} more than {expansion_limit(path):,} bytes, {max_gzip_ratio():g} times the "
-                            f"file's {path.stat().st_size:,} (set {MAX_GZIP_RATIO_ENV} higher to read it)")
+    return InputError(path, f"{what} more than {expansion_limit(path):,} bytes (the limit: {max_gzip_ratio():g} "
+                            f"times the file's {path.stat().st_size:,} bytes, at least 1 MiB; set "
+                            f"{MAX_GZIP_RATIO_ENV} higher to read it)")
 
 
 class _CappedGzip(io.RawIOBase):
@@ -660,7 +661,7 @@ class PairSet:
             return
         self.pending.append(unique_pairs(np.minimum(src, dst), np.maximum(src, dst), edges.weight[keep]))
         self.n_pending += self.pending[-1][0].size
-        if self.n_pending >= max(self.merged[0].size, 1 << 20):  # amortised: each merge at least doubles it
+        if self.n_pending >= max(self.merged[0].size, 1 << 16):  # amortised: each merge at least doubles it
             self._merge()
 
     def _merge(self) -> None:
