@@ -17,7 +17,15 @@ Node ids are all integers (0 .. 2**63 - 1) or all strings (any text without the 
 accessions).  The kind is set by the file's first id: a file whose ids are partly integers and partly strings
 is refused, naming the line of the first id of the other kind and the line that set the kind (an integer-looking
 token among names is usually a data error; to keep it, make every id a string, e.g. ``n1`` for ``1``).  String ids
-that differ only in case (``Alice``, ``alice``) are refused, naming both and their lines; empty ids are refused.
+pass one validator (``scalemb.io.nodeids``): ids that differ only in case or Unicode form (``Alice``/``alice``,
+``straße``/``STRASSE``, ``Alİce``/``Alice``, NFC/NFD spellings) are refused, naming both and their lines; so are
+empty ids, ids longer than ``SCALEMB_MAX_ID_CHARS`` (256) characters and ids holding control, line-break or
+bidirectional-formatting characters (NUL, newline, U+202E ...).
+
+Limits, so that a small file cannot take gigabytes: a ``.gz`` file may expand to ``SCALEMB_MAX_GZIP_RATIO`` (100)
+times its size (at least 1 MiB), a Parquet / Arrow file decode to as many bytes at 16 per row; a line is at most
+``2 SCALEMB_MAX_ID_CHARS + 1024`` characters (longer comment lines are skipped).  Repeated pairs are merged as
+the chunks stream in (``PairSet``), so memory follows the distinct pairs, not the rows.
 
 Self-loops are dropped; an unordered pair listed several times (duplicates or both directions, as SNAP does
 for undirected graphs) is one edge whose weight is the largest listed; nodes with no remaining edge are
@@ -145,12 +153,14 @@ class IdCodes:
         return table
 
     def sorted_ids(self):
-        """``(ids sorted by code point as <U, rank)``: ``rank[code]`` is the sorted position of a code's id."""
-        names = np.array(list(self.code_of), dtype=str) if self.code_of else np.empty(0, dtype="<U1")
-        order = np.argsort(names, kind="stable")
-        rank = np.empty(names.size, dtype=np.int64)
-        rank[order] = np.arange(names.size, dtype=np.int64)
-        return names[order], rank
+        """``(ids sorted by code point as <U, rank)``: ``rank[code]`` is the sorted position of a code's id (sorted
+        as Python strings, the order of ``np.sort`` on ``<U``, so that only the result is a fixed-width array)."""
+        names = list(self.code_of)
+        order = sorted(range(len(names)), key=names.__getitem__)
+        rank = np.empty(len(names), dtype=np.int64)
+        rank[order] = np.arange(len(names), dtype=np.int64)
+        ids = np.array([names[k] for k in order], dtype=str) if names else np.empty(0, dtype="<U1")
+        return ids, rank
 
 
 # --- limits on what a small file may cost ----------------------------------------------------------------------

@@ -145,12 +145,13 @@ def case_collision(ids: np.ndarray):
     Such ids almost always name one entity typed two ways; embedding them as two nodes splits its edges."""
     if not is_string_ids(ids) or ids.size < 2:
         return None
-    folded = np.array([s.lower() if s.isascii() else fold_key(s) for s in np.asarray(ids).tolist()], dtype=str)
-    order = np.argsort(folded, kind="stable")
-    same = np.flatnonzero(folded[order][1:] == folded[order][:-1])
-    if same.size == 0:
+    names = np.asarray(ids).tolist()
+    folded = [s.lower() if s.isascii() else fold_key(s) for s in names]
+    order = sorted(range(len(names)), key=folded.__getitem__)  # Python strings: no fixed-width copy of the ids
+    same = next((k for k in range(len(order) - 1) if folded[order[k]] == folded[order[k + 1]]), None)
+    if same is None:
         return None
-    return str(ids[order[same[0]]]), str(ids[order[same[0] + 1]])
+    return names[order[same]], names[order[same + 1]]
 
 
 def check_case_collision(ids: np.ndarray, source, first_lines=None, unit: str = "lines") -> None:

@@ -272,6 +272,8 @@ def check_params(gamma, lambda1, lambda2, warmup) -> dict:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"cosne: {name} must be a finite number, got {value!r}")
     low, high = GAMMA_RANGE
+    if gamma <= 0:
+        raise ValueError(f"cosne: gamma must be > 0, got {gamma}")
     if not low <= gamma <= high:
         raise ValueError(f"cosne: gamma must be in [{low:g}, {high:g}], got {gamma}")
     if lambda1 <= 0:
