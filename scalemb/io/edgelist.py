@@ -638,7 +638,20 @@ def read_edge_list(path) -> Graph:
 
 
 def unique_pairs(lo: np.ndarray, hi: np.ndarray, weight: np.ndarray):
-    """``(lo, hi, weight)`` sorted by ``(lo, hi)``, each pair once with its largest weight."""
+    """``(lo, hi, weight)`` sorted by ``(lo, hi)``, each pair once with its largest weight (``0 <= lo <= hi``).
+    Pairs of ids below 2^31 are sorted as one int64 key ``lo * 2^32 + hi``, by value alone when every weight is
+    equal (several times faster than the three-key sort)."""
+    if lo.size and int(hi.max()) < 2 ** 31:
+        key = (lo << 32) | hi
+        if weight.min() == weight.max():
+            key = np.sort(key)
+            first = np.concatenate([[True], key[1:] != key[:-1]])
+            key = key[first]
+            return key >> 32, key & 0xFFFFFFFF, np.full(key.size, weight[0])
+        order = np.lexsort((-weight, key))
+        key, weight = key[order], weight[order]
+        first = np.concatenate([[True], key[1:] != key[:-1]])
+        return key[first] >> 32, key[first] & 0xFFFFFFFF, weight[first]
     order = np.lexsort((-weight, hi, lo))  # per pair, largest weight first
     lo, hi, weight = lo[order], hi[order], weight[order]
     first = np.ones(lo.size, dtype=bool)
