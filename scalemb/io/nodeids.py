@@ -64,7 +64,8 @@ def id_problem(name: str, limit: int | None = None) -> str | None:
     match = _FORBIDDEN.search(name)
     if match:
         char = match.group()
-        what = unicodedata.name(char, f"category {unicodedata.category(char)}")
+        kinds = {"Cc": "a control character", "Cs": "a lone surrogate", "Cn": "a noncharacter"}
+        what = unicodedata.name(char, kinds.get(unicodedata.category(char), "unnamed"))
         return (f"node id {_shown(name)} holds U+{ord(char):04X} ({what}): control, line-break and "
                 "bidirectional-formatting characters are not allowed in ids")
     return None
