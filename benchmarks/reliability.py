@@ -117,7 +117,10 @@ def main():
         report("Peak RSS is the child's `ru_maxrss` (`os.wait4`); \"left on disk\" lists the entries the command "
                "added to its working directory and `TMPDIR` (a successful run's own output store apart).  The "
                "control rows are the floor: starting Python, numpy, numba and zarr.  Wall times are on a shared, "
-               "loaded machine (see the load average above).")
+               "loaded machine (see the load average above).  With the limits raised (last rows) the bomb is read: "
+               "its 25 M rows hold one distinct pair, so memory is the floor plus one chunk's working set (2 M rows "
+               "for `affinity`, 1 M for `embed`), not the rows; and the 100 KB id costs 400 KB for every one of the "
+               "3,000 ids in the fixed-width id array (the reason for the id-length cap).")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.out:
