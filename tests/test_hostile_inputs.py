@@ -179,10 +179,14 @@ def test_streamed_graph_equals_the_in_memory_one(tmp_path, string):
     for graph in (read_edge_list(path), read_edge_list_exact(path)):
         for name in ("node_ids", "src", "dst", "weight"):
             assert np.array_equal(getattr(graph, name), getattr(reference, name)), name
-    small = PairSet()
-    for edges in parse_edge_chunks(path, chunk_lines=97):  # many chunks, each with its own names
-        small.add(edges)
-    assert np.array_equal(small.graph(str(path)).src, reference.src)
+    table = _write(tmp_path, "g.parquet", {"src": names[a], "dst": names[b], "weight": w})
+    for source in (path, table):
+        small = PairSet()
+        for edges in parse_edge_chunks(source, chunk_lines=97):  # many chunks, each with its own names
+            small.add(edges)
+        graph = small.graph(str(source))
+        for name in ("node_ids", "src", "dst", "weight"):
+            assert np.array_equal(getattr(graph, name), getattr(reference, name)), (source, name)
 
 
 def test_parquet_string_ids_stay_dictionary_codes(tmp_path, monkeypatch):

@@ -823,22 +823,19 @@ def _arrow_string_ids(path: Path, columns: list, src, dst, row0: int, check: boo
     unified = pc.dictionary_encode(pa.concat_arrays([d0, d1]))
     table = unified.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     codes = (table[:len(d0)][i0], table[len(d0):][i1])
-    names = unified.dictionary
+    # only the ids this batch uses (a Parquet dictionary is its row group's, every batch of it shares it)
+    used = np.unique(np.concatenate(codes))
+    codes = tuple(np.searchsorted(used, c) for c in codes)
+    names = unified.dictionary.take(pa.array(used))
     if check:
-        used = np.unique(np.concatenate(codes))
-        values = names.take(pa.array(used))
-        lengths = pc.utf8_length(values)
-        if pc.min(lengths).as_py() == 0 or pc.max(lengths).as_py() > max_id_chars() or \
-                pc.any(pc.match_substring_regex(values, FORBIDDEN_RE2)).as_py():
-            limit = max_id_chars()
-            code = next(int(k) for k, name in zip(used, values.to_pylist()) if id_problem(name, limit))
-            name = names[code].as_py()
-            for column, ids in zip(columns, codes):
-                if (ids == code).any():
-                    row = int(np.flatnonzero(ids == code)[0])
-                    where = f"column {column!r}, row {row0 + row + 1}"
-                    raise InputError(path, f"column {column!r} has an empty node id at row {row0 + row + 1}"
-                                     if not name else f"{where}: {id_problem(name, limit)}")
+        lengths, limit = pc.utf8_length(names), max_id_chars()
+        if pc.min(lengths).as_py() == 0 or pc.max(lengths).as_py() > limit or \
+                pc.any(pc.match_substring_regex(names, FORBIDDEN_RE2)).as_py():
+            code, name = next((k, name) for k, name in enumerate(names.to_pylist()) if id_problem(name, limit))
+            row, column = min((int(np.flatnonzero(ids == code)[0]), column)
+                              for column, ids in zip(columns, codes) if (ids == code).any())
+            raise InputError(path, f"column {column!r} has an empty node id at row {row0 + row + 1}" if not name
+                             else f"column {column!r}, row {row0 + row + 1}: {id_problem(name, limit)}")
     return codes[0], codes[1], names.to_pylist()
 
 
@@ -857,8 +854,8 @@ def _arrow_ids(path: Path, columns: list, batch, row0: int, check: bool):
             raise InputError(path, f"column {name!r} has type {column.type}: node ids must be integers or strings")
     text = [_is_text(column.type) for column in (src, dst)]
     if text[0] != text[1]:
-        if not check:
-            return src, dst, None
+        if not check:  # (first_lines of a file the checked reading accepted: never mixed)
+            return src.to_numpy(zero_copy_only=False), dst.to_numpy(zero_copy_only=False), None
         raise InputError(path, f"column {columns[0]!r} holds {('integer', 'string')[text[0]]} ids and "
                                f"{columns[1]!r} {('integer', 'string')[text[1]]} ids: ids must be all integers or all "
                                "strings")
