@@ -205,28 +205,29 @@ ODD = [r"$\foo$", "<!--<script>", "a</script>b&c", "$x$y$"]
 
 
 @pytest.fixture(scope="module")
-def odd_run(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("odd")
-    names = ODD + [f"n{k}" for k in range(16)]
+def odd_run():
+    """A finished SNEST-like run whose largest |time| nodes (the ones labelled) have the odd ids."""
+    from scalemb.embedding import EmbeddingResult
+
     rng = np.random.default_rng(0)
-    lines = [f"{names[i]} {names[(i + 1 + rng.integers(0, 19)) % 20]}\n" for i in range(20) for _ in range(3)]
-    path = _write(directory, "odd.txt", "".join(lines))
-    return scalemb.embed(str(path), model="tsne", iterations=20)
+    emb = rng.normal(size=(20, 3))
+    emb[:len(ODD), 2] = 10.0 + np.arange(len(ODD))
+    return EmbeddingResult(emb, np.array(ODD + [f"n{k}" for k in range(16)]), 1.0, np.ones(3), "snest", 2, 1, 2, 0)
 
 
 def test_plot_draws_ids_with_dollars_and_backslashes_as_text(odd_run):
     from scalemb.plot.figure import plot_png, plot_embedding
 
-    fig = plot_embedding(odd_run, labels=20)
+    fig = plot_embedding(odd_run, labels=len(ODD), affinity=None)
     drawn = {t.get_text() for t in fig.axes[0].texts}
     assert set(ODD) <= drawn
-    assert plot_png(odd_run, labels=20).startswith(b"\x89PNG")
+    assert plot_png(odd_run, labels=len(ODD), affinity=None).startswith(b"\x89PNG")
 
 
 def test_map_page_escapes_script_embedded_json(odd_run):
     from scalemb.report.mappage import build_map_page
 
-    page = build_map_page(odd_run)
+    page = build_map_page(odd_run, affinity=None)
     data = re.search(r'<script id=map-data type="application/json">(.*?)</script>', page, re.S).group(1)
     assert not set("<>&") & set(data) and "\u2028" not in data
     payload = json.loads(data)
