@@ -12,13 +12,19 @@ Each command runs as a child process whose peak RSS is its ``wait4`` resource us
 run directory, and every file or directory the child leaves in the run directory (the input files apart) is
 listed.  The section ``## Hostile inputs`` of ``--out`` is replaced (other sections of the file are kept).
 
+A ``scalemb serve`` then runs one job on each hostile upload (jobs run in the service's threads: its peak RSS).
+
 Usage: ``python benchmarks/reliability.py --out benchmarks/results/reliability.md``
 """
 import argparse
 import gzip
+import http.client
+import json
 import os
 import random
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -70,6 +76,75 @@ def run(argv, cwd: Path, env: dict, timeout: float = 1800):
     return proc.returncode, usage.ru_maxrss / 1024, seconds, (err[-1] if err else ""), len(err)
 
 
+def _vm_hwm_mb(pid: int) -> float:
+    """Peak resident set (``VmHWM``) of a live process, MB."""
+    with open(f"/proc/{pid}/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM")) / 1024
+
+
+def _request(port: int, token: str, method: str, path: str, body=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Authorization": f"Bearer {token}"}
+    if isinstance(body, dict):
+        body, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    connection.request(method, path, body=body, headers=headers)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, (json.loads(data) if data.startswith((b"{", b"[")) else data)
+
+
+def _tree(root: Path) -> set:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def service_rows(paths: dict, work: Path, env: dict, names) -> list:
+    """One ``scalemb serve`` (jobs run in its threads): per input, upload it, submit a job on it and wait; the
+    service's peak RSS after each job, the job's state and error, the files the job added to the data root."""
+    root, token = work / "service-root", secrets.token_hex(16)
+    root.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "scalemb", "serve", "--data-root", str(root), "--port", str(port),
+                             "--threads", "2"], env=dict(env, SCALEMB_TOKEN=token), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if _request(port, token, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        base = _vm_hwm_mb(proc.pid)
+        rows.append(("(idle service)", "`scalemb serve`", "-", f"{base:,.0f}", "-", "-", "-"))
+        for name in names:
+            status, _ = _request(port, token, "PUT", f"/uploads/{name}", paths[name].read_bytes())
+            before = _tree(root)
+            t0 = time.perf_counter()
+            status, job = _request(port, token, "POST", "/jobs", {"input": f"uploads/{name}", "iterations": 20})
+            record = job
+            while status == 201 and record["state"] in ("queued", "running"):
+                time.sleep(0.5)
+                record = _request(port, token, "GET", f"/jobs/{job['id']}")[1]
+            seconds = time.perf_counter() - t0
+            left = sorted(entry + (" (empty directory)" if (root / entry).is_dir() and not any((root / entry).iterdir())
+                                   else "") for entry in _tree(root) - before)
+            state = record.get("state", status) if isinstance(record, dict) else status
+            error = (record.get("error") or "") if isinstance(record, dict) else str(record)[:200]
+            rows.append((f"`{name}`", "service job", state, f"{_vm_hwm_mb(proc.pid):,.0f}", f"{seconds:.1f}",
+                         ", ".join(left) or "nothing", error[:300]))
+            print(rows[-1], flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -111,12 +186,15 @@ def main():
             rows.append((f"`{name}`", f"`{setting + ' ' if setting else ''}scalemb {command}`", status,
                          f"{rss:,.0f}", f"{seconds:.1f}", ", ".join(left) or "nothing", f"{n_lines}: {message[:300]}"))
             print(rows[-1], flush=True)
-        report(markdown_table(("input", "command", "exit", "peak RSS (MB)", "wall s", "left on disk",
-                               "stderr lines: last"), rows))
+        rows += service_rows(paths, work, env, ("bomb.txt.gz", "bomb-names.csv.gz", "long-id.txt"))
+        report(markdown_table(("input", "command", "exit (job: state)", "peak RSS (MB)", "wall s", "left on disk",
+                               "stderr lines: last (job: error)"), rows))
         report()
         report("Peak RSS is the child's `ru_maxrss` (`os.wait4`); \"left on disk\" lists the entries the command "
                "added to its working directory and `TMPDIR` (a successful run's own output store apart).  The "
-               "control rows are the floor: starting Python, numpy, numba and zarr.  Wall times are on a shared, "
+               "control rows are the floor: starting Python, numpy, numba and zarr.  Service rows: one `scalemb serve` "
+               "whose jobs run in its threads; peak RSS is its `VmHWM` after each job (cumulative, from the idle "
+               "service's), \"left on disk\" what the job added under the data root.  Wall times are on a shared, "
                "loaded machine (see the load average above).  With the limits raised (last rows) the bomb is read: "
                "its 25 M rows hold one distinct pair, so memory is the floor plus one chunk's working set (2 M rows "
                "for `affinity`, 1 M for `embed`), not the rows; and the 100 KB id costs 400 KB for every one of the "
