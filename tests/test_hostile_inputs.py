@@ -56,6 +56,13 @@ CASES = [
      r"column name 'src' occurs 2 times \(columns \['src', 'dst', 'src'\]\)", None),
     ("Parquet: two unnamed columns named alike", "dup2.parquet", pa.Table.from_arrays(
         [pa.array([1, 2]), pa.array([2, 3])], names=["a", "a"]), r"column name 'a' occurs 2 times", None),
+    ("Feather: RTL override", "rtl.feather", {"src": ["a", "b"], "dst": ["b", "x\u202ey"]},
+     r"column 'dst', row 2: node id 'x\\u202ey' holds U\+202E", None),
+    ("Feather: duplicate column names", "dup.feather", pa.Table.from_arrays(
+        [pa.array([1, 2]), pa.array([2, 3]), pa.array([3, 1])], names=["src", "dst", "dst"]),
+     r"column name 'dst' occurs 2 times", None),
+    ("Feather: compressed rows bomb", "rows.feather", {"src": np.ones(1 << 21, np.int64), "dst": np.full(1 << 21, 2)},
+     r"its first [\d,]+ rows decode to more than [\d,]+ bytes \(the limit: 100 times", None),
     ("Parquet: run-length bomb", "rle.parquet", {"src": np.ones(1 << 21, np.int64), "dst": np.full(1 << 21, 2)},
      r"2,097,152 rows \([\d,]+ bytes of pages\) decode to more than [\d,]+ bytes \(the limit: 100 times", None),
 ]
@@ -69,7 +76,12 @@ def _write(tmp_path, name, content):
         path.write_text(content, encoding="utf-8")
     else:
         table = content if isinstance(content, pa.Table) else pa.table(content)
-        pq.write_table(table, path, compression="zstd")
+        if name.endswith(".feather"):
+            import pyarrow.feather as feather
+
+            feather.write_feather(table, path, compression="zstd", compression_level=19)
+        else:
+            pq.write_table(table, path, compression="zstd")
     return path
 
 
@@ -82,7 +94,7 @@ def test_hostile_edge_lists_are_refused_by_every_reader(tmp_path, name, file, co
     path = _write(tmp_path, file, content)
     readers = {"read_edge_list": lambda: read_edge_list(path),
                "streaming ingest": lambda: ingest_edge_list(path, tmp_path / "store.zarr")}
-    if not file.endswith(".parquet"):
+    if not file.endswith((".parquet", ".feather")):
         readers["exact reader"] = lambda: read_edge_list_exact(path)
     before = _entries(tmp_path)
     for reader, call in readers.items():

@@ -893,7 +893,7 @@ def _arrow_chunks(path: Path, chunk_rows: int, check: bool = True):
     row0, limit = 0, expansion_limit(path)
     for batch in batches:
         if check and (row0 + batch.num_rows) * _DECODED_ROW_BYTES > limit:
-            raise expansion_error(path, f"{row0 + batch.num_rows:,} rows and more decode to")
+            raise expansion_error(path, f"its first {row0 + batch.num_rows:,} rows decode to")
         src, dst, names = _arrow_ids(path, columns, batch, row0, check)
         weight = _arrow_weights(path, columns[2], batch.column(columns[2]), row0) if len(columns) == 3 \
             else np.ones(len(src))
