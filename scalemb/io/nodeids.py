@@ -7,6 +7,10 @@ without a warning, xarray opens it, zarrs (Rust) implements the codec).  Fixed-w
 ``fixed_length_utf32``, for which zarr-python 3.1 warns that it has no Zarr v3 specification.  Content hashes
 take integer ids as little-endian int64 bytes (the hashes of stores written before string ids existed are
 unchanged) and string ids as their UTF-8 bytes with their lengths, so the width of a ``<U`` array never matters.
+
+One validator for string ids from any source: ``id_problem`` (each distinct id: not empty, at most
+``SCALEMB_MAX_ID_CHARS`` characters, no ``FORBIDDEN_RANGES`` character) and ``case_collision`` (the set: no two
+ids with one ``fold_key``, Unicode case folding and NFC); ``check_node_ids`` applies both.
 """
 import os
 import re
