@@ -40,7 +40,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
-from .io.nodeids import as_node_ids, check_case_collision
+from .io.nodeids import as_node_ids, check_node_ids
 from .models import DEFAULT_MODEL
 from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
 
@@ -225,11 +225,11 @@ class Embedder(TransformerMixin, BaseEstimator):
             nodes = list(X.nodes())
             names = np.empty(len(nodes), dtype=object)
             names[:] = nodes
+            check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
             try:
                 names = as_node_ids(names, "node names")
             except ValueError as exc:  # mixed or other node types
                 raise InputError("networkx graph", str(exc)) from None
-            check_case_collision(names, "networkx graph", unit="nodes")
             A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
             return _graph_affinity(A, self.graph_affinity, "networkx graph", names), names, None
         if isinstance(X, tuple) and len(X) == 2:

@@ -29,7 +29,7 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path
-from ..io.edgelist import _EDGE, check_ids, parse_edge_chunks
+from ..io.edgelist import _EDGE, IdCodes, check_ids, parse_edge_chunks, unique_pairs
 from ..io.nodeids import ids_bytes
 from .store import AffinityStore, default_chunk_nnz, layout_block_count, write_affinity_store, write_store_metadata
 
@@ -66,25 +66,20 @@ class _IntegerIds:
 
 
 class _StringIds:
-    """String ids of a streamed edge list: each new id gets the next integer code (spilled in its place); at the
-    end the ids are sorted and the codes mapped to sorted positions.  O(N) memory, like the integer ids."""
+    """String ids of a streamed edge list: each new id gets the next integer code (``IdCodes``; spilled in its
+    place); at the end the ids are sorted and the codes mapped to sorted positions.  O(N) memory, like the
+    integer ids."""
 
     def __init__(self):
-        self.code_of = {}
+        self.ids = IdCodes()
 
-    def codes(self, ids: np.ndarray, chunk_lines: int) -> np.ndarray:
-        unique, inverse = np.unique(ids, return_inverse=True)
-        code_of = self.code_of
-        codes = np.fromiter((code_of.setdefault(s, len(code_of)) for s in unique.tolist()), dtype=np.int64,
-                            count=unique.size)
-        return codes[inverse]
+    def codes(self, both: np.ndarray, names: list) -> np.ndarray:
+        """The codes of a chunk's kept rows ``both`` (its codes into ``names``)."""
+        return self.ids.table(names, np.unique(both))[both]
 
     def finish(self):
-        names = np.array(list(self.code_of), dtype=str)
-        order = np.argsort(names, kind="stable")
-        rank = np.empty(names.size, dtype=np.int64)
-        rank[order] = np.arange(names.size, dtype=np.int64)
-        return names[order], lambda codes: rank[codes]
+        names, rank = self.ids.sorted_ids()
+        return names, lambda codes: rank[codes]
 
 
 def _spill_chunks(path: Path, chunk_lines: int, work: Path):
@@ -98,9 +93,14 @@ def _spill_chunks(path: Path, chunk_lines: int, work: Path):
             continue
         if ids is None:
             ids = _StringIds() if edges.string_ids else _IntegerIds()
-        both = ids.codes(np.concatenate([edges.src[keep], edges.dst[keep]]), chunk_lines)
-        records = np.empty(both.size // 2, dtype=_EDGE)
-        records["src"], records["dst"], records["weight"] = both[:records.size], both[records.size:], edges.weight[keep]
+        both = np.concatenate([edges.src[keep], edges.dst[keep]])
+        both = ids.codes(both, edges.names) if edges.names is not None else ids.codes(both, chunk_lines)
+        m = both.size // 2
+        # each pair once per chunk (largest weight): a chunk of repeated lines spills one record
+        a, b = both[:m], both[m:]
+        lo, hi, weight = unique_pairs(np.minimum(a, b), np.maximum(a, b), edges.weight[keep])
+        records = np.empty(lo.size, dtype=_EDGE)
+        records["src"], records["dst"], records["weight"] = lo, hi, weight
         files.append(work / f"chunk-{len(files)}.bin")
         records.tofile(files[-1])
     if n_read == 0:

@@ -18,7 +18,7 @@ from ..progress import value_label
 from ..optim import OPTIMIZER_NAMES, make_optimizer
 from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
-from ..repulsion.fft import FFT_ACCURACY
+from ..repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY
 from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
 from . import metrics as metrics_command
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--fft-points", type=_positive_int, default=None,
                      help=f"fft: interpolation points per box and space dimension (defaults, points in box width: "
                           f"{defaults})")
-    emb.add_argument("--fft-box-width", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
+    emb.add_argument("--fft-box-width", type=_bounded(float, *BOX_WIDTH_RANGE), default=None,
                      help="fft: space box width (default per model and dimension, see --fft-points)")
     emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
                      help="fft: cap on the grid's node count (default min(2^23, max(2^14, 64 N)) without time, "

@@ -55,6 +55,10 @@ from .vecmath import fast_log
 
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)
 DEFAULTS = {"gamma": 0.1, "lambda1": 10.0, "lambda2": 0.01, "warmup": 500}
+# gamma's range: six orders of magnitude either side of the default keep gamma², 1/gamma² (times the 1/alpha² of
+# points near the boundary, up to 1e32) and the learning-rate scale 4 gamma² inside float64's range (1e-200 made
+# 1/gamma² overflow, 1e300 made gamma² overflow); nothing useful lies outside (the ball's distances are < 75).
+GAMMA_RANGE = (1e-6, 1e6)
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")
@@ -267,8 +271,11 @@ def check_params(gamma, lambda1, lambda2, warmup) -> dict:
     for name, value in values.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"cosne: {name} must be a finite number, got {value!r}")
+    low, high = GAMMA_RANGE
     if gamma <= 0:
         raise ValueError(f"cosne: gamma must be > 0, got {gamma}")
+    if not low <= gamma <= high:
+        raise ValueError(f"cosne: gamma must be in [{low:g}, {high:g}], got {gamma}")
     if lambda1 <= 0:
         raise ValueError(f"cosne: lambda1 must be > 0 (it scales the KL term), got {lambda1}")
     if lambda2 < 0:

@@ -29,6 +29,9 @@ MIN_SIZE, MAX_SIZE, PLAIN_SIZE = 4.0, 120.0, 12.0
 DENSITY_MIN_POINTS = 100_000
 MAX_EDGES = 300_000  # more edges are subsampled (seed 0) for drawing
 COLOURS = ("auto", "time", "label", "degree", "none")
+# Text from the data (node ids, class labels, titles) is drawn as it is: matplotlib would read a text holding two
+# '$' as mathtext, so an id such as '$\foo$' would fail to draw (or draw as something else).
+PARSE_MATH = False
 
 
 def _matplotlib():
@@ -264,8 +267,10 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
 
         handles = [Line2D([], [], marker="o", linestyle="", color=cmap(k % cmap.N), label=str(name))
                    for k, name in enumerate(names[:20])]
-        ax.legend(handles=handles, fontsize=7, loc="lower left", framealpha=0.8,
-                  title=None if names.size <= 20 else f"first 20 of {names.size} labels", title_fontsize=7)
+        legend = ax.legend(handles=handles, fontsize=7, loc="lower left", framealpha=0.8,
+                           title=None if names.size <= 20 else f"first 20 of {names.size} labels", title_fontsize=7)
+        for text in legend.get_texts():
+            text.set_parse_math(PARSE_MATH)
     else:
         if dense:
             mappable = ax.hexbin(xy[:, 0], xy[:, 1], gridsize=220, extent=(x0, x1, y0, y1), bins="log",
@@ -290,7 +295,7 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
     if data.sizes.size > 1:
         heading += (f"\n{data.sizes.size} components packed for display; framed on the largest "
                     f"({int(data.sizes[0])} nodes)")
-    ax.set_title(heading, fontsize=10)
+    ax.set_title(heading, fontsize=10, parse_math=PARSE_MATH)
     return colour, _label_candidates(data, colour, labels)
 
 
@@ -345,7 +350,8 @@ def finish_map(fig, ax, data: MapData, label_rows, overview_ax=None):
 
     halo = [patheffects.withStroke(linewidth=2.5, foreground="white", alpha=0.85)]  # readable over edges
     texts = [ax.text(*data.xy[i], str(data.result.node_ids[i]), fontsize=8, color="black", ha="left",
-                     va="bottom", zorder=5, clip_on=True, path_effects=halo) for i in label_rows]
+                     va="bottom", zorder=5, clip_on=True, path_effects=halo, parse_math=PARSE_MATH)
+             for i in label_rows]
     extents = [t.get_window_extent(renderer) for t in texts]
     anchors = ax.transData.transform(data.xy[label_rows])
     box = ax.get_window_extent(renderer)

@@ -80,6 +80,18 @@ background:rgba(255,255,255,.9);padding:.4em .6em;min-width:160px;z-index:1}#leg
 #info:empty{display:none}"""
 
 
+# JSON inside an HTML <script> element: '<' '>' '&' as \u escapes (inside a script element "<!--" followed by
+# "<script" makes the HTML parser skip the closing "</script>", and "</script" ends the element), and U+2028 /
+# U+2029 (line terminators in older JavaScript); JSON.parse reads the escapes back as the characters.
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028",
+                   0x2029: "\\u2029"}
+
+
+def script_json(value) -> str:
+    """``value`` as compact JSON text that can be embedded as is in an HTML ``<script>`` element."""
+    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
+
+
 def map_html(payload: dict, title: str) -> str:
     """The self-contained page (``map.js`` inlined)."""
     script = resources.files("scalemb.report").joinpath("map.js").read_text(encoding="utf-8")
@@ -94,7 +106,7 @@ def map_html(payload: dict, title: str) -> str:
         edges = f"<label><input type=checkbox id=edges checked> edges{note}</label>"
     else:
         edges = "<input type=checkbox id=edges hidden>"
-    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+    data = script_json(payload)
     return "\n".join([
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>", '<link rel=icon href="data:,">',
         '<meta name=viewport content="width=device-width, initial-scale=1">',

@@ -101,6 +101,10 @@ CHARGE_HEADROOM_BITS = 8
 # accuracy": fast (5 in 0.9) 2.3e-2, default (5 in 0.7) 7.0e-3, high (6 in 0.6) 1.0e-3; openTSNE's own grid
 # (3 in 1.0) 3.7e-1 in this kernel formulation.
 FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
+# FFTParams.box_width's range, in units of the kernels' length scale (1; the defaults are 0.5-1.0): narrower
+# boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
+# box_width then overflows float64 below ~1e-150), wider ones interpolate a kernel over a thousand of its widths.
+BOX_WIDTH_RANGE = (1e-3, 1e3)
 # Charge grids larger than this are visited box by box (``Grid.visit_order``).
 SORT_ABOVE_BYTES = 2 ** 25
 
@@ -175,8 +179,9 @@ class FFTParams:
     def __post_init__(self):
         if self.points is not None and (int(self.points) != self.points or self.points < 2):
             raise ValueError(f"interpolation points per box must be an integer >= 2, got {self.points}")
-        if self.box_width is not None and not (np.isfinite(self.box_width) and self.box_width > 0):
-            raise ValueError(f"box_width must be a positive number, got {self.box_width}")
+        low, high = BOX_WIDTH_RANGE
+        if self.box_width is not None and not (low <= self.box_width <= high):  # NaN fails too
+            raise ValueError(f"box_width must be in [{low:g}, {high:g}], got {self.box_width}")
         if self.time_points is not None and (int(self.time_points) != self.time_points or self.time_points < 2):
             raise ValueError(f"time_points must be an integer >= 2, got {self.time_points}")
         if self.accuracy not in FFT_ACCURACY:
