@@ -160,6 +160,7 @@ def test_resume_with_more_iterations_extends_the_run(tmp_path):
     assert_same_result(longer, scalemb.embed("school", model="tsne", iterations=450, optimizer="dbd"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,optimizer", [(signal.SIGINT, "sd"), (signal.SIGTERM, "dbd")])
 def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, optimizer):
     """A real process stopped by a signal in its second restart, resumed by the CLI."""
@@ -207,6 +208,7 @@ scalemb.embed("school", model="snest", iterations=400, restarts=2, optimizer="sd
 """
 
 
+@pytest.mark.slow
 def test_writer_killed_before_pointer_switch_leaves_previous_checkpoint(tmp_path):
     out = tmp_path / "run.zarr"
     proc = subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(out)], capture_output=True, text=True,

@@ -101,6 +101,7 @@ def test_toy_gradient_matches_finite_differences(toy, school_affinity):
         assert numeric[k, i] == pytest.approx(on.gradient[k, i], rel=1e-5, abs=1e-8 * np.abs(on.gradient).max())
 
 
+@pytest.mark.slow
 def test_toy_runs_end_to_end_locally_and_on_dask(toy, dask_cluster):
     options = dict(space_dims=2, iterations=25, seed=3, repulsion="exact", quiet=True)
     local = Embedder(model=toy, **options).fit("school")

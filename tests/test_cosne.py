@@ -338,6 +338,7 @@ def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
         assert not (tmp_path / "never.zarr").exists()
 
 
+@pytest.mark.slow
 def test_metrics_rank_in_the_poincare_distance(paper_affinity):
     """NP@deg and the 1-NN error with model='cosne' rank neighbours by the Poincaré distance (not the Euclidean
     one): checked against a brute-force count on a map where the two orders differ."""

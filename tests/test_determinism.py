@@ -75,6 +75,7 @@ def test_edge_list_and_default_store_give_the_same_run(edges):
     _same(_run(path, n_threads=1), _run(store, n_threads=2))
 
 
+@pytest.mark.slow
 def test_dask_with_two_and_three_workers_gives_the_local_run(edges, dask_cluster, start_dask):
     """A default store on the session's two workers, the edge list (a temporary store) on three: the in-process
     run (one worker: test_distributed.test_scheduler_lost_raises_clear_error)."""
@@ -84,6 +85,7 @@ def test_dask_with_two_and_three_workers_gives_the_local_run(edges, dask_cluster
     _same(local, _run(path, scheduler=start_dask(3).address, iterations=12, optimizer="dbd"))
 
 
+@pytest.mark.slow
 def test_a_store_with_its_own_partitions_gives_the_same_run_local_and_on_dask(knn, tmp_path, dask_cluster):
     """Partitions asked for by number are part of the store's data: local threads and Dask workers agree."""
     store = write_affinity_store(tmp_path / "P7.zarr", knn, n_partitions=7)

@@ -91,6 +91,7 @@ def run(executor, optimizer, n_iter=40, seed=1):
     return optimizer.optimize(executor, coords, n_iter)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, options", [("dbd", {}), ("sd", {}), ("dbd", {"kl_every": 3})])
 def test_runs_identical_to_local(store, dask_cluster, name, options):
     with local_executor(store) as local:
@@ -101,6 +102,7 @@ def test_runs_identical_to_local(store, dask_cluster, name, options):
     assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_run(store, start_dask):
     """SIGKILL one of three workers mid-run: its partitions are reloaded elsewhere, same result."""
     with local_executor(store) as local:
@@ -122,6 +124,7 @@ def test_worker_killed_mid_run(store, start_dask):
     assert np.array_equal(expected.coords, got.coords)
 
 
+@pytest.mark.slow
 def test_scheduler_lost_raises_clear_error(store, start_dask):
     processes = start_dask(1, client_timeout=5)  # the client gives up reconnecting after 5 s
     executor = DaskExecutor(store, get_model("tsne"), 2, 0, processes.client)
@@ -161,6 +164,7 @@ def test_not_a_store_is_refused(tmp_path):
         DaskExecutor(tmp_path, get_model("tsne"), 2, 0, None)
 
 
+@pytest.mark.slow
 def test_embed_on_existing_cluster_and_local_cluster(store, dask_cluster, tmp_path):
     import scalemb
     from scalemb.embedding import EmbeddingResult
@@ -182,6 +186,7 @@ def test_embed_on_existing_cluster_and_local_cluster(store, dask_cluster, tmp_pa
     assert np.array_equal(ran.node_ids, here.node_ids)
 
 
+@pytest.mark.slow
 def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
     """Stopped at a checkpoint, then ``scalemb resume`` (CLI) on the same cluster: the uninterrupted result."""
     import scalemb
@@ -207,6 +212,7 @@ def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
     assert resumed.provenance["executor"] == "dask"
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_a_clear_error(tmp_path):
     env = dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s")
     proc = subprocess.run(["scalemb", "embed", "school", "--scheduler", "tcp://127.0.0.1:9", "--out",

@@ -22,6 +22,7 @@ def dense_ee(P, coords, lam):
     return float((P * d2).sum() + lam / Y.shape[0] * K.sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lam, dims, exaggeration", [(1.0, 2, 1.0), (37.0, 3, 2.5)])
 def test_value_and_gradient_against_dense_reference(school_affinity, lam, dims, exaggeration):
     P = school_affinity.P.toarray()
@@ -76,6 +77,7 @@ def test_optimisers_descend_and_homotopy_ends_at_lambda(school_affinity):
         assert run.kl_history.size == run.iterations + 1 and run.kl < 0.2 * start
 
 
+@pytest.mark.slow
 def test_dask_matches_local(school_affinity, dask_cluster, tmp_path):
     path = tmp_path / "school.zarr"
     write_affinity_store(path, school_affinity, n_partitions=2)
@@ -97,6 +99,7 @@ def test_dask_matches_local(school_affinity, dask_cluster, tmp_path):
     assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
 
 
+@pytest.mark.slow
 def test_cli_and_estimator_take_lambda(school_affinity, tmp_path, capsys):
     """``--model-param lam=`` / ``model_params={"lam": }`` reach the model (the stored E is E at that lambda); a
     negative or NaN lambda, an unknown parameter name,

@@ -103,6 +103,7 @@ def test_nystrom_reproduces_training_rows_and_places_new_points(graph, executor)
         nystrom_extend(np.ones((1, 3)), sol.coords, sol.eigenvalues)
 
 
+@pytest.mark.slow
 def test_dask_matches_local(tmp_path, dask_cluster):
     edges = write_coauthor_edge_list(tmp_path / "edges.txt", 600, seed=3)
     affinity = coauthorship_affinity(read_edge_list(edges))

@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 import scalemb
 from scalemb.embedding import EmbeddingResult
@@ -28,6 +29,7 @@ def _layout(tmp_path):
     return root, private, outside
 
 
+@pytest.mark.slow
 def test_sigkill_during_upload_keeps_the_previous_upload(tmp_path):
     root, private, outside = _layout(tmp_path)
     before = _snapshot(outside)
@@ -57,6 +59,7 @@ def test_sigkill_during_upload_keeps_the_previous_upload(tmp_path):
     assert _snapshot(outside) == before and not list(private.iterdir())
 
 
+@pytest.mark.slow
 def test_sigkill_during_final_write_leaves_a_loadable_identical_result(tmp_path):
     root, private, outside = _layout(tmp_path)
     before = _snapshot(outside)
@@ -87,6 +90,7 @@ def test_sigkill_during_final_write_leaves_a_loadable_identical_result(tmp_path)
     assert _snapshot(outside) == before and not list(private.iterdir())
 
 
+@pytest.mark.slow
 def test_worker_killed_during_cluster_ingestion_loses_no_job(tmp_path, start_dask):
     root, private, outside = _layout(tmp_path)
     before = _snapshot(outside)

@@ -68,6 +68,7 @@ def converged(coauthor_affinity):
     return layouts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,ds,dt", CASES)
 def test_matches_exact_on_random_layouts(model, ds, dt):
     rng = np.random.default_rng(ds + 10 * dt)
@@ -85,6 +86,7 @@ def test_matches_exact_on_random_layouts(model, ds, dt):
     assert _rel(fast.gradient, exact.gradient) < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,ds,dt", CASES)
 def test_matches_exact_on_converged_layouts(model, ds, dt, converged, coauthor_affinity):
     Y = converged[model, ds, dt]

@@ -119,6 +119,7 @@ def _in_process_run(store, model, space, time_dims, seed, iterations):
         return start, make_optimizer("dbd", model).optimize(local, start, iterations)
 
 
+@pytest.mark.slow
 def test_three_workers_run_identical_to_local(store, start_dask):
     """A whole delta-bar-delta run with FFT repulsion on three workers (a two-round grid reduction and
     broadcast) ends where the in-process run ends, bit for bit."""
@@ -132,6 +133,7 @@ def test_three_workers_run_identical_to_local(store, start_dask):
     assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["take_columns", "add_grids", "relay"])
 def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask, monkeypatch, stage):
     """SIGKILL a worker in the middle of an evaluation's halo exchange (``take_columns``: workers cutting each

@@ -63,6 +63,7 @@ def test_exact_neighbours_match_brute_force(digits_dist, digits_knn):
     assert (np.diff(distances, axis=1) >= 0).all()
 
 
+@pytest.mark.slow
 def test_nndescent_recall_and_seed(digits, digits_dist, digits_knn):
     # the first NNDescent in a process spends ~25 s compiling pynndescent's (uncached) numba functions
     k = 15

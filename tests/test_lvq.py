@@ -37,6 +37,7 @@ def total_cost(X, y, W, labels, omegas, omega_of, nu):
     return cost + (logdet_regularizer(omegas, nu)[0] if nu else 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("localized", [True, False])
 @pytest.mark.parametrize("nu", [0.0, 0.05])
 def test_gradient_matches_finite_differences_with_several_prototypes_per_class(localized, nu):

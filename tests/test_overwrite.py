@@ -96,6 +96,7 @@ scalemb.embed("school", model="tsne", iterations=30, seed=5, out=sys.argv[1], ov
     return out, first
 
 
+@pytest.mark.slow
 def test_sigkill_during_fallback_replacement_recovers_the_new_result(tmp_path):
     out, first = _sigkill_between_renames(tmp_path, exchange=False)
     assert not out.exists()  # killed between the two renames
@@ -104,6 +105,7 @@ def test_sigkill_during_fallback_replacement_recovers_the_new_result(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".R.zarr.")]
 
 
+@pytest.mark.slow
 def test_sigkill_after_exchange_leaves_new_result_and_leftover_is_cleaned(tmp_path):
     out, first = _sigkill_between_renames(tmp_path, exchange=True)
     loaded = EmbeddingResult.load(out)

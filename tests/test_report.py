@@ -293,6 +293,7 @@ def test_report_refuses_bad_input_and_writes_nothing(school_run, tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr and out.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_service_serves_metrics_report_and_map(tmp_path, browser):
     from tests.test_service import TOKEN, Service
 

@@ -90,6 +90,7 @@ class Service:
         raise AssertionError(f"job {job_id} still {record['state']} at iteration {record['iteration']}")
 
 
+@pytest.mark.slow
 def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 120,
                                                      "seed": 2})
@@ -134,6 +135,7 @@ def _npy(array) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(service, tmp_path):
     X = np.random.default_rng(5).normal(size=(60, 5))
     assert service.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
@@ -179,6 +181,7 @@ def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(serv
     assert len(list((tmp_path / "stores").glob("*.zarr"))) == 2  # the two good jobs' kNN P, nothing else
 
 
+@pytest.mark.slow
 def test_auth_paths_and_limits_are_refused(service, tmp_path):
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
@@ -208,6 +211,7 @@ def test_auth_paths_and_limits_are_refused(service, tmp_path):
     assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_queue_full_is_429_and_jobs_cancel(tmp_path):
     svc = Service(tmp_path, "--max-running", "1", "--max-queue", "1")
     try:
@@ -241,6 +245,7 @@ def _kill_running_job_and_restart(svc, tmp_path, params, start_timeout=60, end_t
     return job, svc.wait(job["id"], timeout=end_timeout)
 
 
+@pytest.mark.slow
 def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
     svc = Service(tmp_path, "--checkpoint-every", "20")
     try:
@@ -257,6 +262,7 @@ def test_killed_service_resumes_running_job_from_checkpoint(tmp_path):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(service, tmp_path):
     """An in-process feature job keeps its kNN P in a data-root store that names the feature file, so a transform
     job places new rows against the job's map, as ``scalemb.placement.transform_run`` does on the stored run."""
@@ -292,6 +298,7 @@ def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(se
     assert np.array_equal(direct.embedding, result.embedding)
 
 
+@pytest.mark.slow
 def test_killed_service_resumes_an_in_process_feature_job(tmp_path):
     """Killed mid-run, a feature job resumes from its checkpoint on the P in its data-root store and ends with
     the uninterrupted estimator run, bit for bit."""
@@ -316,6 +323,7 @@ def test_killed_service_resumes_an_in_process_feature_job(tmp_path):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_jobs_run_on_a_dask_cluster(tmp_path, dask_cluster):
     svc = Service(tmp_path, "--scheduler", dask_cluster.address)
     try:

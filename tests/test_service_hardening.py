@@ -36,6 +36,7 @@ def shared(tmp_path_factory):
     svc.stop()
 
 
+@pytest.mark.slow
 def test_second_service_on_the_data_root_is_refused_before_touching_jobs(shared):
     service, tmp_path = shared, shared.root
     long = {"input": "grqc", "optimizer": "dbd", "iterations": 100000}
@@ -74,6 +75,7 @@ def _private_tmp_prefix(directory):
     return prefix
 
 
+@pytest.mark.slow
 def test_cluster_jobs_on_uploads_edge_lists_and_datasets_read_data_root_stores(tmp_path, dask_cluster):
     root = tmp_path / "root"
     root.mkdir()
@@ -176,6 +178,7 @@ def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(shared, sc
     assert status == 403 and "outside the data root" in err["detail"]
 
 
+@pytest.mark.slow
 def test_cancel_survives_kill_9(tmp_path):
     svc = Service(tmp_path, "--checkpoint-every", "5")
     try:

@@ -9,6 +9,7 @@ TABLE1_SCHOOL = [("sne", 2, 0, 0.52), ("sne", 3, 0, 0.36), ("sne", 4, 0, 0.19),
                  ("snest", 1, 1, 0.43), ("snest", 2, 1, 0.31), ("snest", 3, 1, 0.29)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,iterations", [("dbd", 5000), ("sd", 1500)])
 @pytest.mark.parametrize("model,ds,dt,paper_kl", TABLE1_SCHOOL)
 def test_school_reaches_table1(model, ds, dt, paper_kl, optimizer, iterations):

@@ -277,6 +277,7 @@ def test_cli_places_new_graph_nodes(school_run):
     assert moved_result.kl <= after.kl + 1e-12
 
 
+@pytest.mark.slow
 def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster):
     """``scalemb transform --scheduler``: the same whole map as on local threads, bit for bit."""
     tmp_path, run, new_path = school_run
@@ -387,6 +388,7 @@ def test_embedder_transform_in_memory_knn_and_graph_dataset(tmp_path):
     assert list(school.transform_result_.node_ids[-1:]) == [100]
 
 
+@pytest.mark.slow
 def test_service_transform_job(tmp_path):
     from tests.test_service import Service
 
@@ -482,6 +484,7 @@ def test_separate_time_step_descends_space_and_time_on_their_own_steps():
         PlacementOptimizer(time_step="alternate")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,repulsion", [("tsne", "fft"), ("snest", "exact")])
 def test_dask_placement_is_bit_identical_to_local(dask_cluster, name, repulsion):
     """``place(client=...)``: the row blocks on real `dask worker` processes give the local result bit for bit
