@@ -70,6 +70,23 @@ has no far part: beyond the cap the near field (cutoff 6.1) is all of it.  Accur
 costs more when many points lie within the cutoff of each other (at worst the exact kernel's O(N²), e.g. a
 dense core with far outliers), and ``LocalExecutor`` logs once when the cap is reached.
 
+Time band (SNEST, ``grid_for``).  The time components are what a time axis costs: each is a whole space grid
+(one forward and ds + 1 inverse transforms, p^ds weights per point and output), and their number r, the SVD rank
+of the time kernels at ``TIME_RANK_TOL``, grows with the width the time box spans (6 for 0.5, 13 for 3.6).  Over
+a wide box ``exp(Δt²)`` also spans ``e^{T²}``, so its entries of order 1 (pairs close in time) are differences of
+components up to ``e^{T²}`` larger, and lose accuracy to cancellation (lowering the rank tolerance to 1e-7 made
+the repulsion of a 7.7e4-point layout with T = 3.8 wrong by 5 %).  SNEST layouts at scale keep most points in a
+narrow time band and a few far from it (that layout, after 200 iterations: time std 0.044 over an extent of 3.8,
+91 points beyond 0.5 of the median; benchmarks/results/snest_fft.md).  So the grid may span a band ``[a, b]`` of
+the time axis only; the pairs of the points outside it (the outliers, ``Grid.outliers``, whose coordinates travel
+with the grid) are summed directly, exactly (``interpolation.time_outlier_rows``): every row against the
+outliers, O(N n_out); an outlier row is neither spread nor interpolated, and gets its pairs with the band as the
+reactions of those rows, a ``(d, n_out)`` partial sum per row block that the caller adds to R's outlier columns
+when it reduces the blocks (``interpolate``'s ``reaction``).  ``grid_for`` picks, per evaluation, the whole
+extent or a band of width ``T / 2^k`` (down to ``MIN_BAND_WIDTH``, each placed where a histogram of the time
+coordinates holds the most points) by predicted seconds (``grid_cost``: weights, transforms, direct pairs); when
+the whole extent wins the grid is the one without a band, as with ``FFTParams(time_band=False)``.
+
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
 holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
 row block -> partial grids, summed; ``convolve`` once (potentials, and for t-SNE Z's grid part);
@@ -479,11 +496,11 @@ class Grid:
                 np.ascontiguousarray(time_maps) if timed else np.zeros((1, 1, 1)), timed)
 
     def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
-        """The order the loops visit rows ``[r0, r1)`` in: box by box (``interpolation.box_keys``) when the
-        charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at N = 1e6, 47 M nodes: spreading and
-        interpolation ~2x faster on a layout in random order), else as given (a grid that stays in cache
-        gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort against ~60 ms
-        per evaluation)."""
+        """The order the loops visit rows ``[r0, r1)`` in (those in the time band only, ``in_band``): box by
+        box (``interpolation.box_keys``) when the charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at
+        N = 1e6, 47 M nodes: spreading and interpolation ~2x faster on a layout in random order), else as given (a
+        grid that stays in cache gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort
+        against ~60 ms per evaluation)."""
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
             return self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         return self.in_band(Y, r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable"))
