@@ -102,10 +102,19 @@ def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
     n = 501
     Y = _clustered_layout(n, ds, dt, 5.0, np.random.default_rng(1))
     R1, z1 = fft_repulsion(model, Y, ds)
+    inside = np.arange(n)
+    if dt:  # a time band's outlier rows sum their reactions over the blocks: equal up to the order of the sums
+        from scalemb.repulsion import grid_for
+
+        outliers = grid_for(model, ds, Y).outliers
+        assert outliers is not None and outliers.size > 0
+        inside = np.setdiff1d(inside, outliers)
     for bounds in (row_partition(n, 2), row_partition(n, 7), [(0, 1), (1, 300), (300, n)]):
         R, z = fft_repulsion(model, Y, ds, bounds=bounds)
         assert z == pytest.approx(z1, rel=1e-12)
-        np.testing.assert_array_equal(R, R1)  # the charges sum exactly (fixed point), the rows are read alike
+        # the charges sum exactly (fixed point), the rows are read alike
+        np.testing.assert_array_equal(R[:, inside], R1[:, inside])
+        np.testing.assert_allclose(R, R1, rtol=1e-12, atol=1e-12 * np.abs(R1).max())
 
 
 @pytest.mark.parametrize("model,ds,dt", [("tsne", 2, 0), ("snest", 2, 1)])
@@ -136,7 +145,7 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
                      n_points=300)
     potentials, grid_z = convolve(grid, fixed_charges(grid, sum(spread_fixed(grid, Y, r0, r1) for r0, r1 in bounds)))
     parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
-    R, z = fft_repulsion("snest", Y, 2)
+    R, z = fft_repulsion("snest", Y, 2, FFTParams(time_band=False))  # the grid over the whole extent, as here
     np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10,
                                atol=1e-10 * np.abs(R).max())
     assert grid_z + sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
