@@ -2,6 +2,7 @@
 import logging
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -103,10 +104,19 @@ def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
     n = 501
     Y = _clustered_layout(n, ds, dt, 5.0, np.random.default_rng(1))
     R1, z1 = fft_repulsion(model, Y, ds)
+    inside = np.arange(n)
+    if dt:  # a time band's outlier rows sum their reactions over the blocks: equal up to the order of the sums
+        from scalemb.repulsion import grid_for
+
+        outliers = grid_for(model, ds, Y).outliers
+        assert outliers is not None and outliers.size > 0
+        inside = np.setdiff1d(inside, outliers)
     for bounds in (row_partition(n, 2), row_partition(n, 7), [(0, 1), (1, 300), (300, n)]):
         R, z = fft_repulsion(model, Y, ds, bounds=bounds)
         assert z == pytest.approx(z1, rel=1e-12)
-        np.testing.assert_array_equal(R, R1)  # the charges sum exactly (fixed point), the rows are read alike
+        # the charges sum exactly (fixed point), the rows are read alike
+        np.testing.assert_array_equal(R[:, inside], R1[:, inside])
+        np.testing.assert_allclose(R, R1, rtol=1e-12, atol=1e-12 * np.abs(R1).max())
 
 
 @pytest.mark.parametrize("model,ds,dt", [("tsne", 2, 0), ("snest", 2, 1)])
@@ -137,7 +147,7 @@ def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
                      n_points=300)
     potentials, grid_z = convolve(grid, fixed_charges(grid, sum(spread_fixed(grid, Y, r0, r1) for r0, r1 in bounds)))
     parts = [interpolate(grid, Y, potentials, r0, r1) for r0, r1 in bounds]
-    R, z = fft_repulsion("snest", Y, 2)
+    R, z = fft_repulsion("snest", Y, 2, FFTParams(time_band=False))  # the grid over the whole extent, as here
     np.testing.assert_allclose(np.concatenate([p[0] for p in parts], axis=1), R, rtol=1e-10,
                                atol=1e-10 * np.abs(R).max())
     assert grid_z + sum(p[1] for p in parts) == pytest.approx(z, rel=1e-12)
@@ -246,6 +256,89 @@ def test_time_kernel_factors_have_low_rank():
     for kernel, out in zip(grid.plan.time_kernels, out_of):
         T = time_matrix(kernel, m, 3.6)
         assert np.abs(out @ into.T - T).max() <= 10 * TIME_RANK_TOL * np.abs(T).max()
+
+
+def _banded_layout(n, rng, outliers=30):
+    """SNEST layouts at scale (benchmarks/results/snest_fft.md): clusters in space; in time a narrow bulk (std 0.05)
+    and a few points spread over +-1.5, which stretch the time axis of a grid over the whole extent."""
+    Y = _clustered_layout(n, 2, 1, 5.0, rng)
+    Y[2] *= 0.1
+    Y[2, rng.choice(n, outliers, replace=False)] = rng.uniform(-1.5, 1.5, outliers)
+    return Y
+
+
+@pytest.mark.parametrize("max_nodes", [None, 20_000])
+def test_time_band_matches_exact_with_fewer_time_components(max_nodes):
+    """``grid_for`` spans the time band that is cheapest to convolve and sums the outliers outside it directly:
+    fewer time components than the whole extent's grid, and Z, the space and the time forces (of the outliers,
+    whose pairs with the band arrive as reactions, too) as accurate as the exact kernel allows, also on a capped
+    grid (near field of the band's points only)."""
+    from scalemb.repulsion import grid_for
+
+    n = 4000
+    Y = _banded_layout(n, np.random.default_rng(5))
+    params = FFTParams(max_nodes=max_nodes)
+    band, whole = grid_for("snest", 2, Y, params), grid_for("snest", 2, Y, replace(params, time_band=False))
+    assert band.capped == whole.capped == (max_nodes is not None)
+    assert band.time_band is not None and whole.time_band is None and whole.n_outliers == 0
+    assert 0 < band.n_outliers < n // 20 and band.counts[-1] < whole.counts[-1]
+    t = Y[2]
+    assert np.array_equal(band.outliers, np.flatnonzero((t < band.time_band[0]) | (t > band.time_band[1])))
+    Re, ze = _exact("snest", Y, 2)
+    errors = {}
+    for name, p in (("band", params), ("whole", replace(params, time_band=False))):
+        R, z = fft_repulsion("snest", Y, 2, p, bounds=row_partition(n, 3))
+        errors[name] = (abs(z / ze - 1), _rel(R[:2], Re[:2]), _rel(R[2], Re[2]),
+                        _rel(R[:, band.outliers], Re[:, band.outliers]))
+    assert max(errors["band"]) < TOL
+    assert errors["band"][2] <= errors["whole"][2]  # the time force: no cancellation over a wide time box
+
+
+def test_time_band_row_blocks_and_reactions():
+    """Outlier rows get their pairs with the band as reactions summed over the row blocks: every partition gives
+    the one-block result (rows in the band bit for bit, outlier rows up to the order of the partial sums), and
+    the pieces need only the rows, the grid (with the outliers' coordinates) and the potentials."""
+    from scalemb.repulsion import grid_for
+
+    n = 1501
+    Y = _banded_layout(n, np.random.default_rng(6))
+    grid = grid_for("snest", 2, Y)
+    assert grid.n_outliers > 0
+    R1, z1 = fft_repulsion("snest", Y, 2)
+    inside = np.setdiff1d(np.arange(n), grid.outliers)
+    for bounds in (row_partition(n, 2), [(0, 1), (1, 700), (700, 700), (700, n)]):
+        R, z = fft_repulsion("snest", Y, 2, bounds=bounds)
+        assert z == pytest.approx(z1, rel=1e-12)
+        np.testing.assert_array_equal(R[:, inside], R1[:, inside])
+        np.testing.assert_allclose(R[:, grid.outliers], R1[:, grid.outliers], rtol=1e-12, atol=1e-12)
+    potentials = convolve(grid, spread(grid, Y, 0, n)).potentials
+    with pytest.raises(ValueError, match="reaction"):
+        interpolate(grid, Y, potentials, 0, n)
+
+
+def test_time_band_gradient_matches_finite_differences(coauthor_affinity):
+    """The banded FFT gradient (space and time, of points in the band and of outliers) against central
+    differences of the exact KL."""
+    from scalemb.repulsion import grid_for
+
+    n = coauthor_affinity.n_points
+    rng = np.random.default_rng(8)
+    Y = _banded_layout(n, rng)
+    grid = grid_for("snest", 2, Y)
+    assert grid.n_outliers > 0
+    model = get_model("snest")
+    with LocalExecutor(coauthor_affinity, model, 2, 1, n_blocks=3, repulsion="fft") as ex:
+        gradient = ex.evaluate(Y).gradient
+    entries = [(k, int(i)) for i in grid.outliers[:3] for k in (0, 2)]
+    entries += [(k, int(i)) for i in rng.choice(np.setdiff1d(np.arange(n), grid.outliers), 3) for k in (1, 2)]
+    h = 1e-5
+    with LocalExecutor(coauthor_affinity, model, 2, 1, repulsion="exact") as exact:
+        for k, i in entries:
+            plus, minus = Y.copy(), Y.copy()
+            plus[k, i] += h
+            minus[k, i] -= h
+            fd = (exact.evaluate(plus).kl - exact.evaluate(minus).kl) / (2 * h)
+            assert abs(fd - gradient[k, i]) < 1e-3 * abs(fd) + 1e-7, (k, i, fd, gradient[k, i])
 
 
 def test_executor_blocks_and_threads_agree(coauthor_affinity, converged):

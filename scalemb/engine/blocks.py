@@ -26,7 +26,8 @@ class BlockResult:
     ``repulsion`` is, with the exact kernel, the block's partial over the pairs it owns on the circular column
     window ``repulsion_window(r0, r1, N)`` (``(ds + dt, width)``, columns ``start, start + 1, ...`` mod N: the
     only columns the kernel writes), or, if ``repulsion_rows``, the block's own rows ``(ds + dt, r1 - r0)`` of R
-    (FFT interpolation).
+    (FFT interpolation).  ``outlier_reaction``: on a time-banded FFT grid, the block's partial of R's columns
+    ``grid.outliers`` (``scalemb.repulsion.fft.interpolate``), ``(ds + dt, n_out)``.
     """
 
     r0: int
@@ -37,6 +38,7 @@ class BlockResult:
     plogw: float
     repulsion_rows: bool = False
     repulsion_start: int = 0
+    outlier_reaction: np.ndarray | None = None
 
 
 @dataclass
@@ -109,16 +111,19 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
     Yt = point_major(coords) if Yt is None else Yt
     plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
-    R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells)
-    return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True)
+    reaction = None if grid.time_band is None else np.zeros((coords.shape[0], grid.n_outliers))
+    R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells, reaction)
+    return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True, outlier_reaction=reaction)
 
 
 def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0,
-                  z_outside_blocks: float = 0.0, with_kl: bool = True, objective: Objective = KL()) -> Evaluation:
+                  z_outside_blocks: float = 0.0, with_kl: bool = True, objective: Objective = KL(),
+                  outliers: np.ndarray | None = None) -> Evaluation:
     """Sum block partials (in block order) and reduce them by the model's ``objective``
     (``scalemb.models.objective``: for ``KL``, the exact KL(P||Q) and its gradient, exaggerated attraction if
     ``exaggeration`` > 1); ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's,
-    for t-SNE).  Without ``with_kl`` (blocks evaluated without it) value and objective are NaN: not computed."""
+    for t-SNE); ``outliers``: the columns of R that blocks' ``outlier_reaction`` partials add to.  Without
+    ``with_kl`` (blocks evaluated without it) value and objective are NaN: not computed."""
     attraction = np.zeros(coords_shape)
     repulsion = np.zeros(coords_shape)
     z = z_outside_blocks
@@ -132,6 +137,8 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
             for part in _window(repulsion, res.repulsion_start, res.repulsion.shape[1]):
                 part += res.repulsion[:, offset:offset + part.shape[1]]
                 offset += part.shape[1]
+        if res.outlier_reaction is not None:
+            repulsion[:, outliers] += res.outlier_reaction
         z += res.z
         plogw += res.plogw
     value, total, gradient = objective.reduce(plogw, attraction, repulsion, z, entropy_term, exaggeration, with_kl)

@@ -449,7 +449,7 @@ class DaskExecutor(Executor):
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
-                             with_kl=with_kl, objective=self.model.objective)
+                             with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
 
     def _broadcast(self, future, workers: list) -> list:
         """``future``'s value on every worker, by a tree of copies (round r: workers ``0 .. 2^r - 1`` send to

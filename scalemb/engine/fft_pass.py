@@ -19,7 +19,7 @@ import logging
 import numpy as np
 
 from ..models import ModelRef
-from ..repulsion.fft import FFTParams, block_extent, convolve, make_grid, near_cells, spread
+from ..repulsion.fft import FFTParams, block_extent, convolve, grid_for, near_cells, spread
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
 
 logger = logging.getLogger("scalemb")
@@ -55,7 +55,7 @@ def fft_grid(model, space_dims: int, coords: np.ndarray, params: FFTParams, grid
         return None
     if grid is None:
         try:
-            grid = make_grid(model, space_dims, lo, hi, params, coords.shape[1])
+            grid = grid_for(model, space_dims, coords, params)
         except FloatingPointError as exc:
             logger.warning("%s", exc)
             return None
@@ -90,4 +90,4 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
     results = map_blocks(evaluate_block_on_grid, model if block_model is None else block_model, coords, space_dims,
                          grid, potentials, cells, with_kl, *extra)
     return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z, with_kl=with_kl,
-                         objective=model.objective)
+                         objective=model.objective, outliers=grid.outliers)

@@ -1,9 +1,9 @@
 """All-pairs repulsion approximated by FFT-accelerated polynomial interpolation (``scalemb.repulsion.fft``),
 and the choice between it and the exact kernel (``scalemb.repulsion.method``)."""
 from .fft import (DEFAULT_INTERPOLATION, Convolution, FFTParams, FFTSpec, Grid, block_extent, check_supported,
-                  convolve, fft_repulsion, fft_spec, interpolate, make_grid, spread)
+                  convolve, fft_repulsion, fft_spec, grid_for, interpolate, make_grid, spread)
 from .method import AUTO_FFT_MIN_POINTS, REPULSION_METHODS, resolve_repulsion
 
 __all__ = ["AUTO_FFT_MIN_POINTS", "Convolution", "DEFAULT_INTERPOLATION", "FFTParams", "FFTSpec", "Grid",
            "REPULSION_METHODS", "block_extent", "check_supported", "convolve", "fft_repulsion", "fft_spec",
-           "interpolate", "make_grid", "resolve_repulsion", "spread"]
+           "grid_for", "interpolate", "make_grid", "resolve_repulsion", "spread"]

@@ -70,6 +70,23 @@ has no far part: beyond the cap the near field (cutoff 6.1) is all of it.  Accur
 costs more when many points lie within the cutoff of each other (at worst the exact kernel's O(N²), e.g. a
 dense core with far outliers), and ``LocalExecutor`` logs once when the cap is reached.
 
+Time band (SNEST, ``grid_for``).  The time components are what a time axis costs: each is a whole space grid
+(one forward and ds + 1 inverse transforms, p^ds weights per point and output), and their number r, the SVD rank
+of the time kernels at ``TIME_RANK_TOL``, grows with the width the time box spans (6 for 0.5, 13 for 3.6).  Over
+a wide box ``exp(Δt²)`` also spans ``e^{T²}``, so its entries of order 1 (pairs close in time) are differences of
+components up to ``e^{T²}`` larger, and lose accuracy to cancellation (lowering the rank tolerance to 1e-7 made
+the repulsion of a 7.7e4-point layout with T = 3.8 wrong by 5 %).  SNEST layouts at scale keep most points in a
+narrow time band and a few far from it (that layout, after 200 iterations: time std 0.044 over an extent of 3.8,
+91 points beyond 0.5 of the median; benchmarks/results/snest_fft.md).  So the grid may span a band ``[a, b]`` of
+the time axis only; the pairs of the points outside it (the outliers, ``Grid.outliers``, whose coordinates travel
+with the grid) are summed directly, exactly (``interpolation.time_outlier_rows``): every row against the
+outliers, O(N n_out); an outlier row is neither spread nor interpolated, and gets its pairs with the band as the
+reactions of those rows, a ``(d, n_out)`` partial sum per row block that the caller adds to R's outlier columns
+when it reduces the blocks (``interpolate``'s ``reaction``).  ``grid_for`` picks, per evaluation, the whole
+extent or a band of width ``T / 2^(k/3)`` (down to ``MIN_BAND_WIDTH``, each placed where a histogram of the time
+coordinates holds the most points) by predicted seconds (``grid_cost``: weights, transforms, direct pairs); when
+the whole extent wins the grid is the one without a band, as with ``FFTParams(time_band=False)``.
+
 Partitioning (the map-reduce the Dask executor distributes): ``block_extent`` (of all rows where the caller
 holds Y, as the executors do, or per row block reduced by min/max) -> ``make_grid`` (small); ``spread`` per
 row block -> partial grids, summed; ``convolve`` once (potentials, and for t-SNE Z's grid part);
@@ -89,7 +106,7 @@ import scipy.fft
 from numba import njit
 
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, interpolate_rows, near_rows,
-                            spread_rows)
+                            spread_rows, time_outlier_rows)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -151,7 +168,9 @@ class FFTParams:
     time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node count (None:
     ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension; ``accuracy``: 'fast', 'default' or 'high',
     how the defaults for ``points``/``box_width`` are chosen (``FFT_ACCURACY``: wider boxes, or one more point in
-    narrower boxes; values given explicitly are kept).
+    narrower boxes; values given explicitly are kept).  ``time_band``: with a time axis, let ``grid_for`` span
+    only the time band that makes the evaluation cheapest and sum the points outside it directly ("Time band" in
+    the module docstring); False: the grid spans the whole time extent.
     """
 
     points: int | None = None
@@ -160,6 +179,7 @@ class FFTParams:
     max_nodes: int | None = None
     min_boxes: int = 1
     accuracy: str = "default"
+    time_band: bool = True
 
     def node_cap(self, n_points: int | None, time_slices: int | None = None) -> int:
         """``max_nodes``, or by default ``min(2^23, max(2^14, 64 N))`` without a time axis and
@@ -203,6 +223,8 @@ class FFTParams:
                   "max_nodes": self.max_nodes, "min_boxes": self.min_boxes}
         if self.accuracy != "default":  # runs at the default keep the attributes they always had
             values["accuracy"] = self.accuracy
+        if not self.time_band:
+            values["time_band"] = False
         return values
 
 
@@ -386,7 +408,10 @@ class Grid:
     ``capped`` if ``max_nodes`` forced wider space boxes than asked for, in which case the kernel is split
     at scale ``sigma``: the grid carries the smooth far part, pairs closer than ``cutoff`` the rest.  With a
     time axis, ``time_in`` (m x r) and ``time_out`` (one m x r map per time kernel, ``time_factors``) map a
-    point's Chebyshev weights to the r time components the grid holds, for spreading and for interpolating."""
+    point's Chebyshev weights to the r time components the grid holds, for spreading and for interpolating.
+    ``time_band``: ``(lo, hi)`` of a time-banded grid (``grid_for``), whose time box spans that band only;
+    ``outliers`` (global column indices, ascending) and ``outlier_coords`` (``(d, n_out)``) are the points whose
+    time coordinate lies outside it, summed directly (``interpolation.time_outlier_rows``); None otherwise."""
 
     spec: FFTSpec
     space_dims: int
@@ -401,6 +426,20 @@ class Grid:
     time_in: np.ndarray | None = field(default=None, repr=False)
     time_out: np.ndarray | None = field(default=None, repr=False)
     charge_scale: float = field(default=2.0 ** 30, repr=False)
+    time_band: tuple | None = None
+    outliers: np.ndarray | None = field(default=None, repr=False)
+    outlier_coords: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def n_outliers(self) -> int:
+        return 0 if self.outliers is None else int(self.outliers.size)
+
+    def in_band(self, Y: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``rows`` without the outliers (those whose time coordinate lies outside ``time_band``)."""
+        if self.time_band is None:
+            return rows
+        t = Y[self.space_dims, rows]
+        return rows[(t >= self.time_band[0]) & (t <= self.time_band[1])]
 
     @property
     def self_weight(self) -> float:
@@ -462,22 +501,24 @@ class Grid:
                 np.ascontiguousarray(time_maps) if timed else np.zeros((1, 1, 1)), timed)
 
     def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
-        """The order the loops visit rows ``[r0, r1)`` in: box by box (``interpolation.box_keys``) when the
-        charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at N = 1e6, 47 M nodes: spreading and
-        interpolation ~2x faster on a layout in random order), else as given (a grid that stays in cache
-        gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort against ~60 ms
-        per evaluation)."""
+        """The order the loops visit rows ``[r0, r1)`` in (those in the time band only, ``in_band``): box by
+        box (``interpolation.box_keys``) when the charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at
+        N = 1e6, 47 M nodes: spreading and interpolation ~2x faster on a layout in random order), else as given (a
+        grid that stays in cache gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort
+        against ~60 ms per evaluation)."""
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
-            return np.arange(r0, r1, dtype=np.int64)
-        return r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable")
+            return self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
+        return self.in_band(Y, r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable"))
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
         widths = ", ".join(f"{w:.3g}" for w in self.box_width[:self.space_dims])
         time_ = f", {self.points[-1]} time nodes (rank {self.counts[-1]})" if self.dims > self.space_dims else ""
         split = f", capped: split at sigma {self.sigma:.3g}, near field within {self.cutoff:.3g}"
+        band = (f", time band [{self.time_band[0]:.3g}, {self.time_band[1]:.3g}] ({self.n_outliers} outside)"
+                if self.time_band is not None else "")
         return (f"{boxes} boxes (width {widths}) x {self.points[0]} points{time_}, {self.n_nodes} nodes"
-                + (split if self.capped else ""))
+                + (split if self.capped else "") + band)
 
 
 def block_extent(Y: np.ndarray, r0: int, r1: int):
@@ -509,7 +550,7 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
     time_in = time_out = None
     rank = 1
     if dims > ds:
-        m = params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * extent[ds])))
+        m = _time_box(params, float(extent[ds]))
         points.append(int(m))
         time_in, time_out = time_factors(plan.time_kernels, int(m), float(time_width[0]))
         rank = time_in.shape[1]
@@ -546,6 +587,90 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
         raise ValueError(f"fft repulsion: {len(plan.outputs)} outputs exceed the interpolation loop's {MAX_OUTPUTS}")
     return Grid(spec, ds, tuple(points), lo, box_width, n_boxes, capped, plan, sigma, cutoff,
                 time_in, time_out, charge_scale(n_points))
+
+
+# Time band (``grid_for``): predicted seconds, on one core, per point and interpolation weight (spreading and
+# interpolating, ``p^ds r`` space-time weights and ``m r`` time-map entries), per grid node and log2(nodes) of
+# each time component's transforms, and per direct pair of ``interpolation.time_outlier_rows``; measured on the
+# 2-core machine of benchmarks/results/snest_fft.md (only their ratios matter).
+BAND_WEIGHT_SECONDS = 2.0e-9
+BAND_NODE_SECONDS = 1.3e-10
+BAND_PAIR_SECONDS = 2.0e-9
+# Candidate bands: the whole time extent T, then widths T / 2^(k/3) down to this width, each placed where it
+# holds the most points (a histogram of ``BAND_BINS`` bins over the extent).  Steps of 2^(1/3): the rank falls
+# slowly with the width (13 at 3.5, 11 at 2.5) and a layout's few outliers may lie just beyond the bulk (a
+# 7.7e4-point run after 400 iterations: 9 points beyond a band 2.5 wide of an extent of 3.5, cost -18 %).
+MIN_BAND_WIDTH = 0.05
+BAND_STEP = 2 ** (-1 / 3)
+BAND_BINS = 1024
+
+
+def grid_cost(grid: Grid, n_in: int, n_out: int, n_points: int, rank: int | None = None,
+              time_points: int | None = None) -> float:
+    """Predicted seconds of one evaluation's grid work for ``n_in`` points in the grid's time band and the
+    direct sums of ``n_out`` outliers against ``n_points`` points (``BAND_*_SECONDS``): per point, ``p^ds r``
+    weights spread once and read by each output, and ``3 m r`` time-map entries; per time component, one forward
+    and one inverse transform per potential on the padded space grid (~``2^ds`` times its nodes).  ``rank`` and
+    ``time_points``: those of another time box on the same space grid (default: the grid's)."""
+    ds = grid.space_dims
+    if rank is None:
+        rank = 1 if grid.time_in is None else grid.time_in.shape[1]
+    if time_points is None:
+        time_points = 0 if grid.time_in is None else grid.points[-1]
+    space_weights = math.prod(grid.points[:ds]) * rank * (1 + len(grid.plan.outputs))
+    padded = math.prod(grid.space_nodes) * 2 ** ds
+    transforms = (1 + grid.n_potentials) * rank
+    return (BAND_WEIGHT_SECONDS * n_in * (space_weights + 3 * time_points * rank)
+            + BAND_NODE_SECONDS * transforms * padded * math.log2(max(2, padded))
+            + BAND_PAIR_SECONDS * float(n_points) * n_out)
+
+
+def _time_box(params: FFTParams, width: float) -> int:
+    """Chebyshev nodes of a time box ``width`` wide (``FFTParams.time_points``, or ``8 + 5 width`` capped)."""
+    return int(params.time_points or min(MAX_TIME_POINTS, int(np.ceil(8 + 5 * width))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _band_rank(time_kernels, time_points: int, width: float) -> int:
+    """The rank ``time_factors`` keeps for a time box ``width`` wide (for the cost of a candidate band)."""
+    return time_factors(time_kernels, time_points, width)[0].shape[1]
+
+
+def grid_for(model, space_dims: int, Y: np.ndarray, params: FFTParams = FFTParams()) -> Grid:
+    """The grid of one evaluation at the ``(d, N)`` coordinates ``Y`` (all of them: the caller holds them):
+    ``make_grid`` over their extent, or, with a time axis and ``params.time_band``, over the time band that
+    ``grid_cost`` predicts cheapest (module docstring, "Time band").  A function of ``Y`` alone."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    n = Y.shape[1]
+    lo, hi = block_extent(Y, 0, n)
+    full = make_grid(model, space_dims, lo, hi, params, n)
+    ds = space_dims
+    extent = float(hi[ds] - lo[ds]) if full.time_in is not None else 0.0
+    if full.time_in is None or not params.time_band or n == 0 or extent <= 2 * MIN_BAND_WIDTH:
+        return full
+    t = Y[ds]
+    best, best_cost = None, grid_cost(full, n, 0, n)
+    h = extent / BAND_BINS
+    bins = np.minimum(((t - lo[ds]) / h).astype(np.int64), BAND_BINS - 1)
+    cumulative = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=BAND_BINS))])
+    width = extent * BAND_STEP
+    while width >= MIN_BAND_WIDTH:
+        w = int(np.ceil(width / h))
+        inside = cumulative[w:] - cumulative[:-w]
+        start = int(np.argmax(inside))
+        band = (float(lo[ds] + start * h), float(min(hi[ds], lo[ds] + (start + w) * h)))
+        m = _time_box(params, band[1] - band[0])
+        rank = _band_rank(full.plan.time_kernels, m, float(f"{band[1] - band[0]:.2g}"))  # cached, ~1 % wider
+        cost = grid_cost(full, int(inside[start]), n - int(inside[start]), n, rank, m)
+        if cost < best_cost:
+            best, best_cost = band, cost
+        width *= BAND_STEP
+    if best is None:
+        return full
+    grid = make_grid(model, ds, np.concatenate([lo[:ds], [best[0]]]), np.concatenate([hi[:ds], [best[1]]]),
+                     params, n)
+    outliers = np.flatnonzero((t < best[0]) | (t > best[1]))
+    return replace(grid, time_band=best, outliers=outliers, outlier_coords=np.ascontiguousarray(Y[:, outliers]))
 
 
 def charge_scale(n_points: int | None) -> float:
@@ -795,6 +920,8 @@ def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
     Built once per evaluation from the full coordinates (O(N log N)), shared by all row blocks."""
     if not grid.capped:
         return None
+    if grid.time_band is not None:  # the outliers' pairs are summed directly (``time_outlier_rows``)
+        Y = Y[:, grid.in_band(Y, np.arange(Y.shape[1]))]
     ds = grid.space_dims
     extent = grid.box_width[:ds] * grid.n_boxes[:ds]
     cell_size = max(grid.cutoff, float(extent.max()) / 2 ** 20)  # keys fit in int64 in 3-D
@@ -808,18 +935,21 @@ def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
 
 
 def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: int,
-                cells: NearCells | None = None):
+                cells: NearCells | None = None, reaction: np.ndarray | None = None):
     """Rows ``[r0, r1)`` of the repulsion ``R`` (``(d, r1 - r0)``) and their part of Z, from the potentials
     (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given).
     When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
-    and Z is that summed over blocks plus ``Convolution.z``."""
+    and Z is that summed over blocks plus ``Convolution.z``.  On a time-banded grid (``grid.outliers``) the rows'
+    pairs with the outliers are summed directly (``interpolation.time_outlier_rows``) and their reactions on the
+    outliers added to ``reaction`` (``(d, n_out)``, required then): summed over all row blocks, it is added to R's
+    outlier columns (``grid.outliers``) by the caller."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     if potentials.shape != (grid.n_potentials, grid.n_nodes):
         raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
     plan = grid.plan
     columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
     maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
-    R = np.empty((grid.dims, r1 - r0))
+    R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
     z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out),
                          np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
                          np.array(plan.force, dtype=np.int64), R)
@@ -829,7 +959,13 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
         neighbours = np.array(np.unravel_index(np.arange(3 ** ds), (3,) * ds), dtype=np.int64).T - 1
         z += near_rows(Y, cells.sorted_coords, r0, r1, ds, np.ascontiguousarray(grid.lo[:ds]), cells.cell_size,
                        cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours), grid.spec.near_kind,
-                       float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, R)
+                       float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, R,
+                       *(grid.time_band or ()))
+    if grid.time_band is not None:
+        if reaction is None or reaction.shape != (grid.dims, grid.n_outliers):
+            raise ValueError(f"a time-banded grid needs reaction of shape {(grid.dims, grid.n_outliers)}")
+        z += time_outlier_rows(Y, r0, r1, grid.space_dims, grid.time_band[0], grid.time_band[1],
+                               grid.outlier_coords, R, reaction)
     return R, float(z)
 
 
@@ -841,15 +977,17 @@ def fft_repulsion(model, Y: np.ndarray, space_dims: int, params: FFTParams = FFT
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     n = Y.shape[1]
     bounds = bounds or [(0, n)]
-    extents = [block_extent(Y, r0, r1) for r0, r1 in bounds]
-    lo = np.min([e[0] for e in extents], axis=0)
-    hi = np.max([e[1] for e in extents], axis=0)
-    grid = make_grid(model, space_dims, lo, hi, params, n)
+    grid = grid_for(model, space_dims, Y, params)
     charges = fixed_charges(grid, sum(spread_fixed(grid, Y, r0, r1) for r0, r1 in bounds))
     potentials, z = convolve(grid, charges, workers)
     cells = near_cells(grid, Y)
     R = np.empty_like(Y)
+    reactions = np.zeros((Y.shape[0], grid.n_outliers))
     for r0, r1 in bounds:
-        R[:, r0:r1], zb = interpolate(grid, Y, potentials, r0, r1, cells)
+        reaction = np.zeros_like(reactions)
+        R[:, r0:r1], zb = interpolate(grid, Y, potentials, r0, r1, cells, reaction)
+        reactions += reaction
         z += zb
+    if grid.n_outliers:
+        R[:, grid.outliers] += reactions
     return R, z

@@ -236,7 +236,7 @@ def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts,
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, kind, sigma, cutoff,
-              R):
+              R, band_lo=-np.inf, band_hi=np.inf):
     """Near-field correction for rows ``[r0, r1)``: ``sum_{j != i} (K - K_far)(y_i - y_j)`` over the points
     within ``cutoff`` in space, added to ``R``; returns the rows' part of Z.  ``Ys`` holds the coordinates
     sorted by cell key (``sorted_keys``; cells of side ``cell_size >= cutoff``), so each neighbour cell is a
@@ -246,7 +246,9 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
     ``NEAR_CAUCHY`` (``q - q_far``, force ``-2 (q² - q_far²)``; t-SNE's), 1 ``NEAR_GAUSS`` (the whole Gaussian, no
     far part; SNE's), 2 ``NEAR_CAUCHY_TIME`` (``exp(Δt²)`` times the Cauchy terms; time force
     ``2 exp(Δt²)(q - q_far)``; SNEST's), with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``.
-    ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).
+    ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).  Rows whose time
+    coordinate (row ``space_dims``) lies outside ``[band_lo, band_hi]`` are skipped: a time-banded grid's
+    outliers (``time_outlier_rows``; ``Ys`` then holds the band's points only).
     """
     dims = Y.shape[0]
     n_points = Ys.shape[1]
@@ -261,6 +263,8 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
     ct = np.empty(n_points)
     z = 0.0
     for i in range(r0, r1):
+        if dims > space_dims and (Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi):
+            continue
         for k in range(space_dims):
             cell[k] = np.int64(np.floor((Y[k, i] - lo[k]) / cell_size)) + 1
         zi = 0.0
@@ -309,4 +313,66 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
                     acc += c[jj] * (yik - yk[jj])
                 R[k, i - r0] += acc
         z += zi - self_term
+    return z
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+def time_outlier_rows(Y, r0, r1, space_dims, band_lo, band_hi, Yo, R, reaction):
+    """The direct sums of a time-banded grid (``scalemb.repulsion.fft``, "Time band") for rows ``[r0, r1)``, with
+    SNEST's kernel ``w = exp(Δt²) q``, ``q = 1/(1 + |Δs|²)`` (``NEAR_CAUCHY_TIME``; ``fast_exp`` and ``fastmath``
+    as in the exact kernel): every row against the outliers ``Yo`` (``(d, n_out)``, the points whose time
+    coordinate lies outside ``[band_lo, band_hi]``).
+
+    * A row in the band (its pairs with the band's points are on the grid): adds ``sum_o w_io d log w_io / d y_i``
+      to ``R[:, i - r0]`` and ``sum_o w_io`` to Z, and the reactions: ``sum_o w_io d log w_io / d y_o =
+      -(the row's term)`` to ``reaction[:, o]`` and ``sum_o w_io`` (the outliers' rows of Z) to Z once more.
+    * An outlier row (never spread nor interpolated): adds its pairs with every outlier, its own included, whose
+      weight ``w(0) = 1`` is removed from Z and whose force is zero.  Its pairs with the band's points arrive as
+      the reactions of their rows, summed over all row blocks into ``reaction`` (a small partial sum, ``(d,
+      n_out)``, added to the outliers' rows of R by the caller).
+
+    So every ordered pair is counted once and no row needs the coordinates of any point but itself and the
+    outliers.  Returns the rows' part of Z.  O(rows x n_out).
+    """
+    dims = Y.shape[0]
+    n_out = Yo.shape[1]
+    d2s = np.empty(n_out)
+    d2t = np.empty(n_out)
+    cs = np.empty(n_out)
+    ct = np.empty(n_out)
+    z = 0.0
+    for i in range(r0, r1):
+        outlier = Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi
+        d2s[:] = 0.0
+        d2t[:] = 0.0
+        for k in range(dims):
+            d2 = d2s if k < space_dims else d2t
+            yk = Yo[k]
+            yik = Y[k, i]
+            for j in range(n_out):
+                x = yik - yk[j]
+                d2[j] += x * x
+        zi = 0.0
+        for j in range(n_out):
+            q = 1.0 / (1.0 + d2s[j])
+            w = fast_exp(d2t[j]) * q
+            zi += w
+            cs[j] = -2.0 * w * q
+            ct[j] = 2.0 * w
+        z += (zi - 1.0) if outlier else 2.0 * zi
+        for k in range(dims):
+            c = cs if k < space_dims else ct
+            yk = Yo[k]
+            yik = Y[k, i]
+            acc = 0.0
+            if outlier:
+                for j in range(n_out):
+                    acc += c[j] * (yik - yk[j])
+            else:
+                rk = reaction[k]
+                for j in range(n_out):
+                    f = c[j] * (yik - yk[j])
+                    acc += f
+                    rk[j] -= f
+            R[k, i - r0] += acc
     return z

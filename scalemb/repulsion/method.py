@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fft import FFTParams, block_extent, check_supported, fft_spec, make_grid, near_cells
+from .fft import FFTParams, block_extent, check_supported, fft_spec, grid_for, near_cells
 
 REPULSION_METHODS = ("auto", "exact", "fft")
 # N from which fft is used, per total dimension ds + dt, from benchmarks/repulsion.py section (b) on the 2-core
@@ -100,9 +100,10 @@ class AutoRepulsion:
     """``repulsion='auto'`` above the size floor: ``choose(coords)`` before every evaluation.
 
     Predicted seconds: exact ``EXACT_PAIR_SECONDS[d] N²``; fft ``FFT_WEIGHT_SECONDS N p^ds r +
-    FFT_NODE_SECONDS n log2 n + NEAR_PAIR_SECONDS pairs`` for the grid's ``n`` nodes and, on a capped grid,
-    its near-field pairs.  The first choice takes the cheaper; afterwards the method changes only when the
-    other is predicted ``HYSTERESIS`` times cheaper.  ``history``: the methods chosen, in order.
+    FFT_NODE_SECONDS n log2 n + NEAR_PAIR_SECONDS pairs`` for the grid's ``n`` nodes (``fft.grid_for``'s) and, on
+    a capped grid, its near-field pairs, plus ``N`` exact pairs per outlier of a time-banded grid.  The first
+    choice takes the cheaper; afterwards the method changes only when the other is predicted ``HYSTERESIS`` times
+    cheaper.  ``history``: the methods chosen, in order.
     """
 
     def __init__(self, model, space_dims: int, time_dims: int, params: FFTParams, hysteresis: float = HYSTERESIS):
@@ -121,12 +122,13 @@ class AutoRepulsion:
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # fft reports the blow-up at once
             return Choice("fft", exact, 0.0)
         try:
-            grid = make_grid(self.spec, self.space_dims, lo, hi, self.params, n)
+            grid = grid_for(self.spec, self.space_dims, coords, self.params)
         except FloatingPointError:  # a time extent past the kernels' range: fft reports the blow-up too
             return Choice("fft", exact, 0.0)
         weights = grid.n_nodes / max(1, math.prod(int(b) for b in grid.n_boxes))  # nodes per box: p^ds r
         nodes = grid.n_nodes
         fft = FFT_WEIGHT_SECONDS * n * weights + FFT_NODE_SECONDS * nodes * math.log2(max(2, nodes))
+        fft += EXACT_PAIR_SECONDS[min(dims, 4)] * float(n) * grid.n_outliers  # a time band's direct sums
         cells, pairs = None, 0
         if grid.capped:
             cells = near_cells(grid, coords)
