@@ -8,7 +8,7 @@ one of two ways: exit 0 with a result bit-identical to the reference ("recovered
 recovery deadline of the kill with its last checkpoint readable ("exit 4").  A run still going ``--hang`` seconds
 after the kill is killed and counted as a hang; anything else is a failure.
 
-    python benchmarks/reliability_dask.py [--tries 10] [--authors 1500] [--iterations 60] [--seed 0]
+    python benchmarks/reliability_dask.py [--tries 10] [--authors 1500] [--iterations 30] [--seed 0]
 """
 import argparse
 import json
@@ -98,9 +98,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tries", type=int, default=10)
     parser.add_argument("--authors", type=int, default=1500)
-    parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hang", type=float, default=600.0, help="seconds after the kill counted as a hang")
+    parser.add_argument("--hang", type=float, default=400.0, help="seconds after the kill counted as a hang")
     args = parser.parse_args()
 
     from scalemb.embedding import EmbeddingResult
@@ -110,7 +110,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="scalemb-reliability-dask-"))
     rng = random.Random(args.seed)
-    cluster = None
+    cluster, proc = None, None
     try:
         edges = write_coauthor_edge_list(work / "edges.txt", args.authors, seed=4)
         store = work / "P.zarr"
@@ -165,6 +165,9 @@ def main() -> int:
         print("outcomes:", ", ".join(f"{k} {v}" for k, v in counts.items()))
         return 0 if counts["hang"] == 0 and counts["failed"] == 0 else 1
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if cluster is not None:
             cluster.close()
         shutil.rmtree(work, ignore_errors=True)
