@@ -147,3 +147,36 @@ def test_resume_replaces_only_the_runs_own_output(tmp_path):
     result = scalemb.resume(nxt)
     assert not nxt.exists() and np.array_equal(scalemb.EmbeddingResult.load(out).embedding, result.embedding)
     assert np.array_equal(result.embedding, scalemb.embed("school", **settings).embedding)
+
+
+def test_second_writer_of_a_live_runs_output_is_refused(tmp_path):
+    """``--overwrite`` (or ``resume``) on the output of a run still writing it swapped its checkpoints away; the
+    run's advisory lock on its output now refuses them in one line, and the kernel frees it when the run ends."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run.zarr"
+    live = subprocess.Popen([sys.executable, "-m", "scalemb", "embed", "school", "--model", "tsne", "--iterations",
+                             "1000000", "--tol", "0", "--checkpoint-every", "5", "--out", str(out), "--quiet"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 240
+        while not (out.exists() and _attrs(out).get(ATTR, {}).get("current")):
+            assert live.poll() is None and time.monotonic() < deadline, live.stderr.read() if live.poll() else ""
+            time.sleep(0.2)
+        for args in (("embed", "school", "--model", "tsne", "--iterations", "5", "--out", out, "--overwrite"),
+                     ("resume", out)):
+            proc = run_cli(*args, "--quiet")
+            assert proc.returncode == 2, proc.stderr
+            assert "in use by another running scalemb process (pid" in proc.stderr
+            assert proc.stderr.count("\n") == 1, proc.stderr
+        assert not (tmp_path / "run.zarr.next").exists() and live.poll() is None
+    finally:
+        live.send_signal(signal.SIGTERM)
+        live.wait(120)
+    assert live.returncode == 75, live.stderr.read()
+    proc = run_cli("resume", out, "--iterations", str(read_checkpoint(out).iteration + 2), "--quiet")
+    assert proc.returncode == 0, proc.stderr

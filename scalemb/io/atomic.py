@@ -17,8 +17,15 @@ Overwrite rules (``check_output_path``): an existing target is replaced only wit
 is a directory scalemb wrote (its ``zarr.json`` carries a scalemb marker: ``scalemb_checkpoint``,
 ``scalemb_version`` or ``scalemb``), never when it is, contains or lies inside one of the run's inputs; and
 the replacement happens only once the new group is complete.
+
+Locks (``lock_output``): a process writing an output over time (a checkpointed run: its store, and the ``OUT``
+its ``OUT.next`` will replace) holds an advisory ``flock`` on ``NAME/.scalemb.lock`` until it is done; every
+replacement of an existing ``NAME`` first takes that lock without waiting (``check_output_path``), so a second
+writer -- ``--overwrite`` or ``resume`` on a live run's output -- gets a one-line error instead of swapping the
+live run's files away.  The kernel drops the lock when its holder exits, even by SIGKILL.
 """
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -51,6 +58,75 @@ def _overlaps(path: Path, other) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
+LOCK_NAME = ".scalemb.lock"
+_held = {}  # resolved path -> open lock file of this process (flock conflicts between two opens in one process)
+
+
+def _lock_fd(path: Path):
+    """An open, exclusively ``flock``-ed lock file in directory ``path``; ``None`` if it cannot be created (a
+    read-only directory: nothing can be written into it either); ``BlockingIOError`` if another holds it."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _holder(path: Path) -> str:
+    try:
+        return f" (pid {int((path / LOCK_NAME).read_text().split()[0])})"
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def lock_output(path) -> None:
+    """Hold the advisory lock of output directory ``path`` for this process (until ``unlock_output`` or exit);
+    ``ScalembError`` (one line) if another process holds it."""
+    path = Path(path).resolve()
+    if path in _held or not path.is_dir():
+        return
+    try:
+        fd = _lock_fd(path)
+    except BlockingIOError:
+        raise ScalembError(f"{path}: in use by another running scalemb process{_holder(path)}; wait for it to "
+                           "finish or stop it first") from None
+    if fd is None:
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[path] = fd
+
+
+def unlock_output(path) -> None:
+    """Release this process's lock of ``path`` (if it holds it)."""
+    fd = _held.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def check_unlocked(path) -> None:
+    """``ScalembError`` if another process holds the lock of directory ``path`` (this process's own is fine)."""
+    path = Path(path)
+    try:
+        resolved = path.resolve()
+    except OSError:
+        return
+    if resolved in _held or not resolved.is_dir() or not (resolved / LOCK_NAME).exists():
+        return
+    try:
+        fd = _lock_fd(resolved)
+    except BlockingIOError:
+        raise ScalembError(f"{path}: in use by another running scalemb process{_holder(resolved)}; refusing to "
+                           "replace it while it writes there") from None
+    if fd is not None:
+        os.close(fd)
+
+
 def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory") -> Path:
     """``path`` as a ``Path`` once it is known to be writable (``kind``: the output is a ``directory`` or a
     ``file``).  Refuses an existing target without ``overwrite``, a target that is (or holds) one of ``inputs``,
@@ -68,6 +144,8 @@ def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory")
         if kind == "directory" and not (path.is_dir() and not path.is_symlink() and is_scalemb_output(path)):
             raise ScalembError(f"{path}: exists and was not written by scalemb (no scalemb marker); refusing to "
                                "overwrite it: remove it yourself or choose another output")
+        if kind == "directory":
+            check_unlocked(path)
         if kind == "file" and (path.is_dir() or not path.is_file()):
             raise ScalembError(f"{path}: exists and is not a regular file; refusing to overwrite it")
     parent = path.resolve().parent

@@ -32,7 +32,8 @@ from .._version import __version__
 from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
-from .atomic import atomic_directory, check_output_path, hidden_sibling, recover_directory, replace_directory
+from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, recover_directory,
+                     replace_directory, unlock_output)
 from .results import _json_safe, arrays_hash
 
 logger = logging.getLogger("scalemb")
@@ -355,6 +356,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._previous_handlers = {}
         self._created = False
+        self._locked = []  # outputs whose advisory lock this run holds (``scalemb.io.atomic.lock_output``)
         self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
 
     # -- signals ---------------------------------------------------------------------------------------
@@ -379,6 +381,7 @@ class Checkpointer:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()
+        self._unlock()
         if exc_type is not None and issubclass(exc_type, FloatingPointError) and self._created:
             shutil.rmtree(self.path, ignore_errors=True)  # a diverging run leaves nothing, as without checkpoints
         return False
@@ -404,15 +407,19 @@ class Checkpointer:
         if not self.resume:
             check_output_path(self.path, self.overwrite, inputs=(data,))
             if self.path.exists():  # scalemb's own output: keep it until the new result is complete
+                self._lock(self.path)  # no other writer replaces it while this run works in OUT.next
                 self.target, self.path = self.path, self.path.with_name(self.path.name + NEXT)
                 check_output_path(self.path, True, inputs=(data,))
             config["replaces"] = None if self.target is None else str(self.target.resolve())
             create_store(self.path, _json_safe(config), overwrite=True)
+            self._lock(self.path)
             self._created = True
             return None
+        self._lock(self.path)  # a second ``resume`` (or ``--overwrite``) of a live run is refused
         stored = read_config(self.path)["config"]
         if stored.get("replaces"):
             self.target = own_target(self.path, stored["replaces"])
+            self._lock(self.target)
         self.config = {**stored, "iterations": int(embedder.iterations)}
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
@@ -424,6 +431,15 @@ class Checkpointer:
             group = zarr.open_group(store=str(self.path), mode="r+")
             _write_meta(group, {**meta, "config": {**stored, "iterations": int(embedder.iterations)}})
         return checkpoint
+
+    def _lock(self, path) -> None:
+        lock_output(path)
+        self._locked.append(Path(path))
+
+    def _unlock(self) -> None:
+        for path in self._locked:
+            unlock_output(path)
+        self._locked = []
 
     def hook(self, restart: int, restart_kls: list, best, started: float):
         """The ``checkpoint(it, export)`` callable for restart ``restart`` (``started``: the run's
@@ -456,6 +472,7 @@ class Checkpointer:
             path = result.save(self.path, overwrite=True)
             if keep_state:
                 write_final_state(path, self.config, run.state)
+            self._unlock()
             return path
         check_output_path(self.target, True)
         staged = hidden_sibling(self.target, "tmp")
@@ -465,6 +482,7 @@ class Checkpointer:
         replace_directory(staged, self.target)
         shutil.rmtree(self.path, ignore_errors=True)
         self.path = self.target
+        self._unlock()
         return self.target
 
 
