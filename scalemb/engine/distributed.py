@@ -203,6 +203,9 @@ class DaskExecutor(Executor):
         self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
                                       workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
+        # the workers chosen count as the holders until the partitions are loaded: one of them leaving while they
+        # load is a worker loss like any other (recovered: ``_run``), not a wait for tasks left ``no-worker``
+        self._holders = [workers[k * len(workers) // n_parts] for k in range(n_parts)]
         try:
             self._holders = self._run(self._wait_for_partitions)
         except SchedulerLostError:
