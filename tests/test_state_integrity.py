@@ -180,3 +180,24 @@ def test_second_writer_of_a_live_runs_output_is_refused(tmp_path):
     assert live.returncode == 75, live.stderr.read()
     proc = run_cli("resume", out, "--iterations", str(read_checkpoint(out).iteration + 2), "--quiet")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_metrics_and_transform_refuse_a_reference_file_changed_since_the_run(tmp_path):
+    """The run records the SHA-256 of the edge list it read; metrics and transform, which read it again from the
+    provenance, refuse it once it changed (they used the changed file), as ``resume`` does."""
+    from scalemb.io.coauthor_generator import write_coauthor_edge_list
+
+    edges = write_coauthor_edge_list(tmp_path / "edges.txt", 300, seed=2)
+    out = tmp_path / "run.zarr"
+    assert run_cli("embed", edges, "--model", "tsne", "--iterations", "5", "--out", out, "--quiet").returncode == 0
+    assert len(scalemb.EmbeddingResult.load(out).provenance["source_sha256"]) == 64
+    new = tmp_path / "new.txt"
+    new.write_text("0\t100000\n")
+    assert run_cli("metrics", out, "--quiet").returncode == 0
+    with open(edges, "a") as handle:
+        handle.write("1\t2\n")
+    proc = run_cli("metrics", out, "--quiet")
+    assert proc.returncode == 2 and "edges.txt" in proc.stderr and "changed since the run" in proc.stderr, proc.stderr
+    proc = run_cli("transform", out, new, "--out", tmp_path / "placed.zarr", "--iterations", "2")
+    assert proc.returncode == 2 and "changed since the run" in proc.stderr, proc.stderr
+    assert not (tmp_path / "placed.zarr").exists()

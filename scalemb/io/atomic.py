@@ -296,7 +296,8 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(f".{path.name}.scalemb")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path) -> str:
+    """SHA-256 of the bytes of file ``path``."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -312,7 +313,7 @@ def is_scalemb_file(path) -> bool:
         return False
     try:
         meta = json.loads(_sidecar(path).read_text())
-        return isinstance(meta, dict) and meta.get("sha256") == _sha256(path)
+        return isinstance(meta, dict) and meta.get("sha256") == file_sha256(path)
     except (OSError, ValueError):
         return False
 
@@ -332,7 +333,8 @@ def atomic_file(path, marked: bool = False):
         sidecar = None
         if marked:
             sidecar = tmp / TEMP_MARKER
-            sidecar.write_text(json.dumps({"written_by": f"scalemb {__version__}", "sha256": _sha256(target)}))
+            sidecar.write_text(json.dumps({"written_by": f"scalemb {__version__}",
+                                           "sha256": file_sha256(target)}))
         os.replace(target, path)
         if sidecar is not None:
             os.replace(sidecar, _sidecar(path))
