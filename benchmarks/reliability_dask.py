@@ -9,7 +9,10 @@ one of two ways: exit 0 with a result bit-identical to the reference ("recovered
 recovery deadline of the kill with its last checkpoint readable ("exit 4").  A run still going ``--hang`` seconds
 after the kill is killed and counted as a hang; anything else is a failure.
 
-    python benchmarks/reliability_dask.py [--tries 10] [--authors 1500] [--iterations 30] [--seed 0]
+``--gone``: the nannies are killed with their workers, so no worker comes back: every run must exit 4 within the
+recovery deadline of the kill.
+
+    python benchmarks/reliability_dask.py [--tries 10] [--authors 1500] [--iterations 30] [--seed 0] [--gone]
 """
 import argparse
 import json
@@ -57,25 +60,42 @@ class Cluster:
             time.sleep(0.1)
         time.sleep(0.3)
         self.address = json.loads(file.read_text())["address"]
-        self.nannies = [subprocess.Popen(["dask", "worker", self.address, "--nthreads", "1", "--no-dashboard",
-                                          "--host", "127.0.0.1", "--memory-limit", "2GB"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                        for _ in range(n_workers)]
-        self.client = Client(self.address, timeout=30)
         self.n_workers = n_workers
+        self._start_nannies()
+        self.client = Client(self.address, timeout=30)
         self.wait()
 
     def wait(self, timeout: float = 120) -> None:
         self.client.wait_for_workers(self.n_workers, timeout=timeout)
 
-    def kill_workers(self) -> list:
-        """SIGKILL every nanny's worker process at once."""
+    def _start_nannies(self) -> None:
+        self.nannies = [subprocess.Popen(["dask", "worker", self.address, "--nthreads", "1", "--no-dashboard",
+                                          "--host", "127.0.0.1", "--memory-limit", "2GB"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        for _ in range(self.n_workers)]
+
+    def kill_workers(self, gone: bool = False) -> list:
+        """SIGKILL every nanny's worker process at once (``gone``: the nannies first, so none comes back)."""
         victims = [c for n in self.nannies for c in children(n.pid)
                    if not any(t in Path(f"/proc/{c}/cmdline").read_bytes() for t in (b"resource_tracker",
                                                                                        b"forkserver"))]
+        if gone:
+            for nanny in self.nannies:
+                nanny.kill()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
+        if gone:
+            for nanny in self.nannies:
+                nanny.wait()
         return victims
+
+    def restart(self) -> None:
+        """New nannies after a ``gone`` kill."""
+        for nanny in self.nannies:
+            if nanny.poll() is None:
+                nanny.kill()
+                nanny.wait()
+        self._start_nannies()
 
     def close(self) -> None:
         self.client.close()
@@ -101,6 +121,8 @@ def main() -> int:
     parser.add_argument("--authors", type=int, default=1500)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gone", action="store_true",
+                        help="kill the nannies too: no worker comes back, every run must exit 4 in time")
     parser.add_argument("--hang", type=float, default=400.0, help="seconds after the kill counted as a hang")
     args = parser.parse_args()
 
@@ -128,6 +150,8 @@ def main() -> int:
         counts = {"recovered": 0, "exit 4": 0, "hang": 0, "failed": 0}
         k, missed = 0, 0
         while k < args.tries:
+            if args.gone:
+                cluster.restart()
             cluster.wait()
             out = work / f"run{k}.zarr"
             delay = rng.uniform(1.0, 0.8 * duration)
@@ -136,7 +160,7 @@ def main() -> int:
             while time.monotonic() - started < delay and proc.poll() is None:
                 time.sleep(0.05)
             killed_at = time.monotonic()
-            victims = cluster.kill_workers() if proc.poll() is None else []
+            victims = cluster.kill_workers(args.gone) if proc.poll() is None else []
             if not victims:  # the run ended before the moment drawn (the machine's load varies): draw again
                 proc.communicate()
                 missed += 1
