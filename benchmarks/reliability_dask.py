@@ -181,8 +181,10 @@ def main() -> int:
                         np.array_equal(got.kl_history, reference.kl_history)
                     outcome = "recovered" if same else "failed"
                 elif proc.returncode == 4:
-                    try:  # the last checkpoint (None: stopped before the first one) reads back
-                        read_checkpoint(out)
+                    try:  # the last checkpoint (None: stopped before the first one) reads back; no store: the
+                        # run stopped while connecting, before it wrote anything
+                        if out.exists():
+                            read_checkpoint(out)
                         intact = True
                     except Exception as exc:  # noqa: BLE001 - reported as a failure
                         intact, err = False, f"{err}\nunreadable checkpoint: {exc}"

@@ -62,6 +62,10 @@ class WorkersLostError(SchedulerLostError):
     exits 4) and its last checkpoint stays intact."""
 
 
+class _WorkerLeft(Exception):
+    """A partition holder left while a call waited (``DaskExecutor._wait_for``): recovered like any worker loss."""
+
+
 RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
 
@@ -236,6 +240,9 @@ class DaskExecutor(Executor):
             except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
                 self._raise_if_scheduler_lost(exc)
                 if attempt == retries or not self._holder_left():
+                    if isinstance(exc, _WorkerLeft) and retries:  # every retry spent on lost workers: exit 4
+                        raise WorkersLostError(f"Dask workers kept leaving ({retries + 1} tries); the last "
+                                               "checkpoint, if any, is intact") from None
                     raise
                 logger.warning("Dask call failed (%s: %s); recovering (attempt %d of %d)",
                                exc.__class__.__name__, exc, attempt + 1, retries)
@@ -288,7 +295,7 @@ class DaskExecutor(Executor):
                     raise SchedulerLostError("lost the Dask scheduler while waiting for the workers; the last "
                                              "checkpoint, if any, is intact") from None
                 if self._holder_left():
-                    raise WorkersLostError("a Dask worker holding partitions left during the call") from None
+                    raise _WorkerLeft("a Dask worker holding partitions left during the call") from None
                 if self._alive():
                     no_workers_since = None
                 elif no_workers_since is None:
