@@ -92,6 +92,19 @@ def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
     return coauthorship_affinity(graph) if graph_affinity == "coauthorship" else normalized_affinity(graph)
 
 
+def _with_source_hash(provenance: dict) -> dict:
+    """``provenance`` with ``source_sha256``, the SHA-256 of the file the affinity was read from (an edge list or
+    a feature file; an affinity store carries its own ``content_hash``): what reads the run's input again
+    (metrics, report, transform: ``scalemb.metrics.evaluate.check_source``) refuses a file changed since."""
+    from .io.atomic import file_sha256
+
+    source = provenance.get("source")
+    if source and "store" not in provenance and "source_sha256" not in provenance and \
+            not str(source).startswith(("bundled:", "builtin:")) and Path(source).is_file():
+        provenance["source_sha256"] = file_sha256(source)
+    return provenance
+
+
 def initial_coords(n_points: int, space_dims: int, time_dims: int, rng: np.random.Generator) -> np.ndarray:
     """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (``scalemb.init``)."""
     from .init import random_coords
@@ -184,7 +197,7 @@ class Embedder:
                 affinity, partitions = load_affinity(data, graph_affinity), None
             with LocalExecutor(affinity, model, self.space_dims, time_dims, n_threads=self.n_threads,
                                partitions=partitions, **options) as executor:
-                yield executor, affinity.node_ids, dict(affinity.provenance)
+                yield executor, affinity.node_ids, _with_source_hash(dict(affinity.provenance))
             return
         with dask_client(self.scheduler, self.workers) as client, \
                 affinity_store_for(data, graph_affinity, None, load_affinity) as path, \
@@ -194,7 +207,7 @@ class Embedder:
                               executor="dask", scheduler=client.scheduler.address)
             if is_store:
                 provenance["store"] = str(path)
-            yield executor, store.node_ids, provenance
+            yield executor, store.node_ids, _with_source_hash(provenance)
 
     def fit(self, data=None, graph_affinity: str = "coauthorship", checkpoint=None) -> "Embedder":
         """Embed ``data``.  ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints

@@ -90,7 +90,8 @@ def test_store_versions_switch_atomically(school_affinity, tmp_path, monkeypatch
     """Checkpoints written from the optimiser hook; a failure between a version's arrays and the pointer switch
     leaves the previous version visible, and the optimiser resumes from it exactly."""
     path = tmp_path / "run.zarr"
-    create_store(path, {"optimizer": {"name": "dbd"}, "input_hash": "x"})
+    create_store(path, {"optimizer": {"name": "dbd"}, "input_hash": "x", "n_points": school_affinity.n_points,
+                        "space_dims": 2, "time_dims": 1})
     assert read_checkpoint(path) is None
     optimizer = make_optimizer("dbd", "snest")
     coords = initial_coords(school_affinity.n_points, 2, 1, np.random.default_rng(1))

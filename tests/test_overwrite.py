@@ -119,5 +119,6 @@ def test_recovery_keeps_writers_that_are_alive(tmp_path):
     live.mkdir()
     dead = tmp_path / f".R.zarr.tmp-{2 ** 22 + 7}-deadbeef"  # above pid_max's default: no such process
     dead.mkdir()
+    (dead / ".scalemb-temporary").write_text(f"scalemb {2 ** 22 + 7}\n")  # the marker scalemb writes in its own
     recover_directory(out)
     assert live.exists() and not dead.exists() and os.getpid() == int(live.name.split("-")[-2])

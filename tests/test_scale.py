@@ -104,7 +104,8 @@ def stop_then_resume(tmp_path, affinity, stopping_executor, run):
     with LocalExecutor(affinity, get_model("tsne"), 2, 0) as inner:
         reference = run(inner)
         path = tmp_path / "run.zarr"
-        create_store(path, {"optimizer": {"name": "sd"}})
+        create_store(path, {"optimizer": {"name": "sd"}, "n_points": affinity.n_points, "space_dims": 2,
+                            "time_dims": 0})
         checkpointer = Checkpointer(path, every=0, handle_signals=False)
         stopping = stopping_executor(inner, checkpointer)
         with pytest.raises(RunInterrupted) as stopped:

@@ -20,7 +20,6 @@ read block by block, not memory-mapped).  Temporary files and the store being wr
 directory next to ``out``, removed whatever happens; the store is renamed into place only when complete.
 """
 import hashlib
-import secrets
 import shutil
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 import zarr
 
 from ..errors import InputError
-from ..io.atomic import atomic_directory, check_output_path
+from ..io.atomic import atomic_directory, check_output_path, make_temporary
 from ..io.edgelist import _EDGE, IdCodes, check_ids, parse_edge_chunks, unique_pairs
 from ..io.nodeids import ids_bytes
 from .store import AffinityStore, default_chunk_nnz, layout_block_count, write_affinity_store, write_store_metadata
@@ -268,11 +267,12 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
     if not path.is_file():
         raise InputError(path, "not a regular file")
     check_output_path(out, overwrite, inputs=(path,))
-    # named before and created inside the ``try``: a SIGTERM/Ctrl-C (KeyboardInterrupt, see scalemb.cli.main)
-    # arriving just after the directory is made still removes it (mkdtemp before the ``try`` left it behind)
-    work = out.parent / f".{out.name}.ingest-{secrets.token_hex(6)}"
+    # a marked temporary named by this process (scalemb.io.atomic.make_temporary): removed below, or -- after a
+    # SIGKILL -- by the next write of ``out`` once this process is gone; created inside the ``try`` so that a
+    # SIGTERM/Ctrl-C (KeyboardInterrupt, see scalemb.cli.main) arriving just after it is made still removes it
+    work = None
     try:
-        work.mkdir(mode=0o700)
+        work = make_temporary(out, "ingest")
         chunk_files, node_ids, index_of = _spill_chunks(path, chunk_lines, work)
         run_files = [_sorted_run(f, index_of, node_ids.size) for f in chunk_files]
         del index_of
@@ -292,5 +292,6 @@ def ingest_edge_list(path, out, affinity: str = "coauthorship", chunk_lines: int
             write_affinity_store(out, loaded, n_partitions=n_partitions, overwrite=overwrite,
                                  point_order=point_order)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     return out

@@ -356,3 +356,21 @@ class AffinityStore:
         P = sp.csr_matrix((block.data, block.indices, self.indptr), shape=self.shape)
         provenance = dict(self.provenance, store=str(self.path), content_hash=self.content_hash)
         return Affinity(P, node_ids, provenance, self.radii)
+
+
+def check_source(provenance: dict) -> None:
+    """``InputError`` if the file the run's affinity was read from (``source``) no longer has the SHA-256 recorded
+    when the run read it (``source_sha256``; ``scalemb.embedding``), as ``resume`` refuses a changed input."""
+    from ..io.atomic import file_sha256
+
+    source, recorded = provenance.get("source"), provenance.get("source_sha256")
+    if source and recorded and Path(source).is_file() and file_sha256(source) != recorded:
+        raise InputError(source, "changed since the run (content hash differs); refusing to use it as the run's "
+                                 "input")
+
+
+def check_store(store, provenance: dict) -> None:
+    """``InputError`` if the affinity store ``store`` no longer has the content hash the run recorded."""
+    recorded = provenance.get("content_hash")
+    if recorded and AffinityStore(store).content_hash not in (None, recorded):
+        raise InputError(store, "the affinity store changed since the run (content hash differs)")

@@ -6,15 +6,16 @@ tools read.
 * ``npy``: the ``N x (ds + dt)`` embedding only (rows in the run's ``node_ids`` order);
 * ``h5ad``: ``scalemb.io.to_anndata`` written by anndata (embedding in ``.obsm['X_scalemb']``).
 
-The file is written under a hidden name next to ``--out`` and renamed into place: nothing half-written.
+The file is written in a temporary directory next to ``--out`` and renamed into place: nothing half-written
+(``scalemb.io.atomic.atomic_file``); a sidecar ``.OUT.scalemb`` records its hash, so ``--overwrite`` replaces
+it later but never a file scalemb did not write.
 """
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ScalembError
-from ..io.atomic import check_output_path, hidden_sibling
+from ..io.atomic import atomic_file, check_output_path
 
 FORMATS = ("csv", "parquet", "npy", "h5ad")
 
@@ -52,9 +53,8 @@ def export(run, fmt: str, out=None, overwrite: bool = False) -> Path:
             import pyarrow  # noqa: F401
         except ImportError:
             raise ScalembError("--format parquet needs pyarrow: pip install 'scalemb[arrow]'") from None
-    out = check_output_path(Path(out) if out else run.with_suffix(f".{fmt}"), overwrite)
-    tmp = hidden_sibling(out, "tmp")
-    try:
+    out = check_output_path(Path(out) if out else run.with_suffix(f".{fmt}"), overwrite, kind="scalemb-file")
+    with atomic_file(out, marked=True) as tmp:
         if fmt == "npy":
             with open(tmp, "wb") as f:
                 np.save(f, arrays["embedding"])
@@ -68,10 +68,6 @@ def export(run, fmt: str, out=None, overwrite: bool = False) -> Path:
                 frame.to_csv(tmp, index=False, float_format="%.17g")
             else:
                 frame.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return out
 
 

@@ -460,7 +460,8 @@ def _raise_interrupt(signum, frame):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("affinity", "generate", "plot"):  # SIGTERM unwinds like Ctrl-C: temporaries removed
+    if args.command in ("affinity", "generate", "plot", "export", "report", "metrics", "transform", "continue"):
+        # SIGTERM unwinds like Ctrl-C: temporaries removed (embed/resume checkpoint instead; serve has its own)
         signal.signal(signal.SIGTERM, _raise_interrupt)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)

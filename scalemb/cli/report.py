@@ -35,7 +35,7 @@ def run(args) -> int:
     if args.map is not None:
         from ..report.mappage import build_map_page
 
-        check_output_path(args.map, args.overwrite)
+        check_output_path(args.map, args.overwrite, kind="scalemb-file")
         map_page = build_map_page(args.run, affinity=args.input, labels=args.labels)
     href = None if args.map is None else os.path.relpath(os.path.abspath(args.map),
                                                          os.path.dirname(os.path.abspath(args.out)))
@@ -45,7 +45,7 @@ def run(args) -> int:
     if map_page is not None:
         from ..report.page import write_text_atomic
 
-        write_text_atomic(args.map, map_page)
+        write_text_atomic(args.map, map_page, marked=True)
     if not args.quiet:
         print(f"wrote {args.out}" + (f", {args.json}" if args.json else "") + (f", {args.map}" if args.map else "")
               + f" ({len(metrics)} metrics)")

@@ -56,6 +56,20 @@ class SchedulerLostError(ScalembError):
     """The Dask scheduler went away during a run."""
 
 
+class WorkersLostError(SchedulerLostError):
+    """The Dask workers holding the run's partitions were lost and the partitions could not be held again within
+    the recovery deadline (``DaskExecutor.recovery_timeout``); like a lost scheduler, the run stops (``scalemb``
+    exits 4) and its last checkpoint stays intact."""
+
+
+class _WorkerLeft(Exception):
+    """A partition holder left while a call waited (``DaskExecutor._wait_for``): recovered like any worker loss."""
+
+
+RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
+_POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
+
+
 # --------------------------------------------------------------------------- functions run on the workers
 
 def run_partitions(fn, arguments: list) -> list:
@@ -120,14 +134,14 @@ class RemoteFactorization:
         self._future = ex._run(lambda: ex.client.submit(factorize_partitions, ex.n_points, self._mu,
                                                         self._ordering, self._kind, *parts, pure=False))
         if self.ordering is None:
-            self.ordering = ex._run(lambda: ex.client.submit(factor_ordering, self._future).result())
+            self.ordering = ex._run(lambda: ex._gather([ex.client.submit(factor_ordering, self._future)])[0])
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         ex = self._executor
         G = np.ascontiguousarray(G, dtype=np.float64)
 
         def attempt():
-            return ex.client.submit(solve_factorized, self._future, G, pure=False).result()
+            return ex._gather([ex.client.submit(solve_factorized, self._future, G, pure=False)])[0]
 
         try:
             return ex._run(attempt, retries=0)
@@ -154,7 +168,8 @@ class DaskExecutor(Executor):
     """
 
     def __init__(self, store, model, space_dims: int, time_dims: int, client, retries: int = 3,
-                 repulsion: str = "exact", fft_params: FFTParams | None = None, halo: bool = True):
+                 repulsion: str = "exact", fft_params: FFTParams | None = None, halo: bool = True,
+                 recovery_timeout: float = RECOVERY_TIMEOUT):
         if model is not None:
             model.check_dims(space_dims, time_dims)
         self.store = AffinityStore(store)
@@ -163,6 +178,7 @@ class DaskExecutor(Executor):
                     None if model is None else model.ref())
         self.client = client
         self.retries = retries
+        self.recovery_timeout = float(recovery_timeout)
         bounds = self.store.partitions
         self.partitions = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self.bounds = self.partitions
@@ -173,19 +189,27 @@ class DaskExecutor(Executor):
                       "halo_evaluations": 0, "recoveries": 0}
         self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
-        if not workers:
-            raise ScalembError(f"the Dask cluster at {client.scheduler.address} has no workers")
+        if not workers:  # e.g. restarting after a loss: wait for one, as a recovery would
+            try:
+                self._run(lambda: client.wait_for_workers(1, timeout=min(self.recovery_timeout, 30.0)))
+            except TimeoutError:
+                raise WorkersLostError(f"the Dask cluster at {client.scheduler.address} has no workers") from None
+            workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
         path = str(self.store.path.resolve())
         # keys name the store's content, its path and this executor: two runs on one store in one process (the
         # service's concurrent jobs) sharing keys deadlocked in set_curvature, so each run loads its own rows
         token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}-" \
                 f"{uuid.uuid4().hex[:8]}"
+        self._path, self._token, self._reloads = path, token, 0
         # contiguous runs of partitions per worker: neighbouring rows share columns, so a worker's halo is
         # smaller than with the partitions dealt round robin (placement never changes a result)
         n_parts = len(self.partitions)
         self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
                                       workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
+        # the workers chosen count as the holders until the partitions are loaded: one of them leaving while they
+        # load is a worker loss like any other (recovered: ``_run``), not a wait for tasks left ``no-worker``
+        self._holders = [workers[k * len(workers) // n_parts] for k in range(n_parts)]
         try:
             self._holders = self._run(self._wait_for_partitions)
         except SchedulerLostError:
@@ -216,6 +240,9 @@ class DaskExecutor(Executor):
             except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
                 self._raise_if_scheduler_lost(exc)
                 if attempt == retries or not self._holder_left():
+                    if isinstance(exc, _WorkerLeft) and retries:  # every retry spent on lost workers: exit 4
+                        raise WorkersLostError(f"Dask workers kept leaving ({retries + 1} tries); the last "
+                                               "checkpoint, if any, is intact") from None
                     raise
                 logger.warning("Dask call failed (%s: %s); recovering (attempt %d of %d)",
                                exc.__class__.__name__, exc, attempt + 1, retries)
@@ -243,24 +270,102 @@ class DaskExecutor(Executor):
         who_has = self.client.who_has(self._blocks)
         return [min(who_has[f.key]) if who_has.get(f.key) else None for f in self._blocks]
 
-    def _wait_for_partitions(self) -> list:
-        """Block until every partition is in worker memory; return their holders."""
-        self.client.gather(self._blocks)
+    def _alive(self) -> list:
+        return sorted(self.client.scheduler_info()["workers"])
+
+    def _wait_for(self, futures, timeout: float | None = None) -> None:
+        """Block until ``futures`` have finished (done or failed), checking every ``_POLL`` seconds that no
+        partition holder has left: a task waiting for a worker that will never come back (every worker lost at
+        once leaves tasks ``no-worker``) must not wait for ever.  Raises ``WorkersLostError`` when a holder has
+        left (``_run`` then recovers) or when ``timeout`` seconds pass."""
+        from distributed import wait  # not at module level: benchmarks/distributed.py would shadow it
+
+        end = None if timeout is None else time.monotonic() + timeout
+        no_workers_since = None
+        while True:
+            step = _POLL if end is None else max(0.0, min(_POLL, end - time.monotonic()))
+            try:
+                wait(futures, timeout=step)
+                return
+            except TimeoutError:
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    raise WorkersLostError(f"the Dask workers did not finish within {timeout:.0f} s") from None
+                if _is_scheduler_loss(self.client):
+                    raise SchedulerLostError("lost the Dask scheduler while waiting for the workers; the last "
+                                             "checkpoint, if any, is intact") from None
+                if self._holder_left():
+                    raise _WorkerLeft("a Dask worker holding partitions left during the call") from None
+                if self._alive():
+                    no_workers_since = None
+                elif no_workers_since is None:
+                    no_workers_since = now
+                elif now - no_workers_since > self.recovery_timeout:
+                    raise WorkersLostError(f"the Dask cluster has had no workers for {self.recovery_timeout:.0f} "
+                                           "s") from None
+
+    def _gather(self, futures) -> list:
+        """``client.gather(futures)`` once they have finished (``_wait_for``: never waits for ever)."""
+        self._wait_for(futures)
+        return self.client.gather(futures)
+
+    def _wait_for_partitions(self, timeout: float | None = None) -> list:
+        """Block until every partition is in worker memory (at most ``timeout`` seconds: ``WorkersLostError``);
+        return their holders.  A failed partition task raises its error."""
+        self._wait_for(self._blocks, timeout)
+        for f in self._blocks:
+            if f.status == "error":
+                f.result()  # raises the task's error
+            if f.status != "finished":
+                raise WorkersLostError(f"partition {f.key} is {f.status}")
         return self._locate()
 
+    def _reload(self) -> None:
+        """Load again, under new keys, every partition not finished in worker memory (lost, cancelled, failed by
+        a killed worker, or stuck waiting for workers that left), on the live workers: the same rows from the same
+        store, so the same numbers."""
+        workers = self._alive()
+        if not workers:
+            return
+        self._reloads += 1
+        n_parts = len(self.partitions)
+        for k, ((r0, r1), f) in enumerate(zip(self.partitions, self._blocks)):
+            if f.status == "finished":
+                continue
+            f.release()
+            self._blocks[k] = self.client.submit(load_partition, self._path, r0, r1,
+                                                 key=f"scalemb-P-{self._token}-{k}-r{self._reloads}",
+                                                 workers=[workers[k * len(workers) // n_parts]],
+                                                 allow_other_workers=True)
+
     def _recover(self) -> None:
-        """After a worker loss: wait until every partition is held again, recompute the curvature weights."""
+        """After a worker loss: wait until every partition is held again, recompute the curvature weights.
+
+        One bounded wait: every partition must be back in worker memory within ``recovery_timeout`` seconds,
+        else ``WorkersLostError``.  Lost partitions are recomputed from the store by the scheduler; those still
+        not held after a short wait (tasks left ``no-worker`` when every worker died at once, or failed as
+        ``KilledWorker``) are loaded again under new keys on the workers alive then (``_reload``)."""
         self.stats["recoveries"] += 1
         self._halo = None  # the partitions may have moved: plan the halos again
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.recovery_timeout
         while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkersLostError(f"the Dask workers did not hold every partition again within "
+                                       f"{self.recovery_timeout:.0f} s of losing them; the last checkpoint, if "
+                                       "any, is intact")
             try:
-                self._holders = self._wait_for_partitions()  # lost partitions are recomputed from the store
-                break
-            except Exception as exc:  # noqa: BLE001
-                if _is_scheduler_loss(self.client, exc) or time.monotonic() > deadline:
+                self._holders = self._wait_for_partitions(min(remaining, 3 * _POLL))
+                if None not in self._holders and not self._holder_left():
+                    break
+            except SchedulerLostError:
+                if _is_scheduler_loss(self.client):
                     raise
-                time.sleep(0.5)
+            except Exception as exc:  # noqa: BLE001 - a partition task failed with its worker
+                if _is_scheduler_loss(self.client, exc):
+                    raise
+            self._reload()
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         if self._curvature_args is not None:
             self._compute_curvature()
 
@@ -308,6 +413,7 @@ class DaskExecutor(Executor):
         """Wait for ``futures`` to finish where they run and raise the first failure (a failure surfaces here,
         not in a later use), without bringing their values to the client (``Future.exception`` waits and fetches
         only an error; no module-level ``distributed`` import: ``benchmarks/distributed.py`` would shadow it)."""
+        self._wait_for(futures)
         for f in futures:
             if f.exception() is not None:
                 f.result()  # raises the task's error
@@ -339,7 +445,7 @@ class DaskExecutor(Executor):
                                       workers=[h] if h else None, allow_other_workers=True, pure=False)
                    for h, ks in per_worker.items()]
         results = [None] * len(self._holders)
-        for ks, batch in zip(per_worker.values(), self.client.gather(futures)):
+        for ks, batch in zip(per_worker.values(), self._gather(futures)):
             for k, result in zip(ks, batch):
                 results[k] = result
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
@@ -376,11 +482,11 @@ class DaskExecutor(Executor):
             return self._halo
         holders = list(self._holders)
         if any(h is None for h in holders):
-            holders = self._wait_for_partitions()
+            holders = self._wait_for_partitions(self.recovery_timeout)
             self._holders = holders
         workers = sorted(set(holders))
         parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
-        halos = dict(zip(workers, self.client.gather([
+        halos = dict(zip(workers, self._gather([
             self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
                          *[self._blocks[k] for k in parts[w]], worker=w, strict=False) for w in workers])))
         plan = halo_fns.plan_halos(self.n_points, self.partitions, holders, halos)
@@ -439,8 +545,8 @@ class DaskExecutor(Executor):
         futures = [self._submit(halo_fns.evaluate_view, views[w], X[w], self._model_arg, self.space_dims, grid,
                                 copies[i], with_kl, worker=w) for i, w in enumerate(workers)]
         z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
-        batches = self.client.gather(futures)
-        grid_z = z_future.result()
+        batches = self._gather(futures)
+        grid_z = self._gather([z_future])[0]
         results = [None] * len(self.partitions)
         for w, batch in zip(workers, batches):
             for k, res in zip(plan.parts[w], batch):
@@ -495,7 +601,7 @@ class DaskExecutor(Executor):
                                     *[self._weights[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
             self.stats["calls"] += 1
             out = np.empty_like(V)
-            for w, batch in zip(plan.workers, self.client.gather(futures)):
+            for w, batch in zip(plan.workers, self._gather(futures)):
                 for k, rows in zip(plan.parts[w], batch):
                     r0, r1 = self.partitions[k]
                     out[:, r0:r1] = rows

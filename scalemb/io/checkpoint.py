@@ -32,7 +32,8 @@ from .._version import __version__
 from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
-from .atomic import atomic_directory, check_output_path, hidden_sibling, recover_directory, replace_directory
+from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, recover_directory,
+                     replace_directory, unlock_output)
 from .results import _json_safe, arrays_hash
 
 logger = logging.getLogger("scalemb")
@@ -40,6 +41,7 @@ logger = logging.getLogger("scalemb")
 FORMAT = 1
 ATTR = "scalemb_checkpoint"
 DEFAULT_EVERY = 100
+NEXT = ".next"  # a run started with ``overwrite`` on an existing OUT works in OUT.next until it finishes
 
 
 class RunInterrupted(Exception):
@@ -79,6 +81,35 @@ def input_hash(provenance: dict, executor, node_ids) -> str:
     return content_hash(P.indptr, P.indices, P.data, node_ids)
 
 
+def record_hash(arrays: dict, attrs: dict) -> str:
+    """SHA-256 over a stored record: its arrays (``arrays_hash``: name, dtype, shape, bytes) and its JSON
+    attributes (canonical JSON: sorted keys, no whitespace; the ``record_hash`` key itself left out).  A
+    checkpoint version hashes its arrays with its attributes, the run configuration its own JSON, a finished
+    run's final state its arrays with its scalars and configuration: every read-back recomputes and compares."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in _json_safe(attrs).items() if k != "record_hash"}
+    digest = hashlib.sha256(arrays_hash(arrays).encode())
+    digest.update(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True).encode())
+    return digest.hexdigest()
+
+
+def _check_hash(arrays: dict, attrs: dict) -> None:
+    """``ValueError`` unless ``attrs["record_hash"]`` is ``record_hash(arrays, attrs)`` (a record written before
+    it existed carries ``content_hash``, over its arrays only)."""
+    recorded = attrs.get("record_hash")
+    if recorded is not None:
+        if recorded != record_hash(arrays, attrs):
+            raise ValueError("content hash mismatch: corrupt or modified")
+    elif attrs.get("content_hash") is not None and attrs["content_hash"] != arrays_hash(arrays):
+        raise ValueError("content hash mismatch: corrupt or modified")
+
+
+def _config_hash(config: dict) -> str:
+    return record_hash({}, {"config": config})
+
+
 def read_config(path) -> dict:
     """The run configuration of a checkpointed store; ``ScalembError`` (one line) if ``path`` is not one."""
     path = Path(path)
@@ -95,9 +126,22 @@ def read_config(path) -> dict:
             raise ScalembError(f"{path}: the run has finished (a result, no checkpoint to resume); "
                                f"add iterations with: scalemb continue {path} --iterations N")
         raise ScalembError(f"{path}: not a checkpointed scalemb run")
-    if meta.get("format") != FORMAT:
-        raise ScalembError(f"{path}: checkpoint format {meta.get('format')} is not supported (expected {FORMAT})")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ScalembError(f"{path}: checkpoint format {meta.get('format') if isinstance(meta, dict) else meta} "
+                           f"is not supported (expected {FORMAT})")
+    recorded = meta.get("config_hash")
+    if recorded is not None and recorded != _config_hash(meta.get("config")):
+        raise ScalembError(f"{path}: the run configuration does not match its content hash (corrupt or edited); "
+                           "refusing to use it")
+    if not isinstance(meta.get("config"), dict):
+        raise ScalembError(f"{path}: the checkpoint has no run configuration")
     return meta
+
+
+def _write_meta(group, meta: dict) -> None:
+    """The root's checkpoint attribute, its configuration hash recomputed (scalemb's own edits: ``iterations``)."""
+    meta = _json_safe(meta)
+    group.attrs[ATTR] = {**meta, "config_hash": _config_hash(meta["config"])}
 
 
 def read_checkpoint(path) -> Checkpoint | None:
@@ -112,11 +156,10 @@ def read_checkpoint(path) -> Checkpoint | None:
         attrs = dict(version.attrs)
         state_arrays = {name: array[:] for name, array in version["state"].arrays()}
         b = {name: array[:] for name, array in version["best"].arrays()} if attrs["best"] is not None else {}
-        recorded = attrs.get("content_hash")
         arrays = {**{f"state/{k}": v for k, v in state_arrays.items()}, **{f"best/{k}": v for k, v in b.items()}}
-        if recorded is not None and arrays_hash(arrays) != recorded:
-            raise ValueError("content hash mismatch: corrupt or modified")
+        _check_hash(arrays, attrs)
         _check_state(state_arrays, b, attrs, meta["config"])
+        check_state_arrays(state_arrays, attrs["state"], meta["config"])
         state = _state_class(meta["config"]["optimizer"]["name"]).join(state_arrays, attrs["state"])
         best = None
         if b:
@@ -148,17 +191,55 @@ def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
         raise ValueError(f"restart {attrs['restart']} / iteration {attrs['iteration']} out of range")
 
 
+_LIKE_COORDS = ("coords", "update", "best_coords", "gradient", "curvature_coords", "factor_coords")
+
+
+def check_state_arrays(arrays: dict, scalars: dict, config: dict) -> None:
+    """An optimiser state's arrays against the run configuration, before any reaches a compiled kernel
+    (``ValueError``): ``coords`` is ``(d, n)`` or ``(n, d)`` with ``d = space_dims + time_dims`` and
+    ``n = n_points``, finite; the other per-point arrays have ``n`` on the same axis and ``d``, ``space_dims`` or
+    ``time_dims`` rows (the arrays of ``_LIKE_COORDS`` exactly ``coords``' shape), float64; ``kl_history`` and
+    ``seconds`` hold one float64 entry per iteration done; ``ordering`` is a permutation of ``0 .. n - 1``."""
+    if "coords" not in arrays:
+        raise ValueError("no coords")
+    n, ds, dt = int(config["n_points"]), int(config["space_dims"]), int(config["time_dims"])
+    coords = arrays["coords"]
+    if coords.shape not in ((ds + dt, n), (n, ds + dt)):
+        raise ValueError(f"coords has shape {coords.shape}, expected {(ds + dt, n)} or {(n, ds + dt)}")
+    axis = 1 if coords.shape == (ds + dt, n) else 0  # the point axis (dim-major first when d = n)
+    iteration = scalars.get("iteration")
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        raise ValueError(f"iteration {iteration!r} is not a count")
+    for name, array in arrays.items():
+        if name in ("kl_history", "seconds"):
+            if array.dtype != np.float64 or array.shape != (iteration,):
+                raise ValueError(f"{name} has shape {array.shape} ({array.dtype}), expected ({iteration},) float64")
+        elif name == "ordering":
+            if array.shape != (n,) or array.dtype.kind not in "iu" or \
+                    not np.array_equal(np.sort(array), np.arange(n)):
+                raise ValueError(f"ordering is not a permutation of the {n} points")
+        elif array.ndim == 2:
+            rows = array.shape[1 - axis]
+            if array.dtype != np.float64 or array.shape[axis] != n or rows not in {ds + dt, ds, dt} or \
+                    (name in _LIKE_COORDS and array.shape != coords.shape):
+                raise ValueError(f"{name} has shape {array.shape} ({array.dtype}); coords are {coords.shape}")
+            if name in ("coords", "best_coords") and not np.all(np.isfinite(array)):
+                raise ValueError(f"{name} has non-finite values")
+        else:
+            raise ValueError(f"{name} has shape {array.shape}: not an optimiser state array")
+
+
 def create_store(path, config: dict, overwrite: bool = False) -> Path:
     """A new checkpointed run at ``path`` (atomically; replaces an existing store only with ``overwrite``)."""
     with atomic_directory(path, overwrite) as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         group.create_group("checkpoints")
-        group.attrs[ATTR] = _json_safe({"format": FORMAT, "config": config, "current": None})
+        _write_meta(group, {"format": FORMAT, "config": config, "current": None})
     return Path(path)
 
 
 def _switch_pointer(group, meta: dict, version: str) -> None:
-    group.attrs[ATTR] = {**meta, "current": version}
+    _write_meta(group, {**meta, "current": version})
 
 
 def write_checkpoint(path, checkpoint: Checkpoint) -> str:
@@ -186,10 +267,10 @@ def write_checkpoint(path, checkpoint: Checkpoint) -> str:
               **({} if checkpoint.best is None else {f"best/{k}": np.ascontiguousarray(v) for k, v in
                                                      (("coords", b.coords), ("kl_history", b.kl_history),
                                                       ("seconds", b.seconds))})}
-    version.attrs.update(_json_safe({"content_hash": arrays_hash(hashed),
-                                     "restart": checkpoint.restart, "iteration": checkpoint.iteration,
-                                     "restart_kls": [float(k) for k in checkpoint.restart_kls],
-                                     "elapsed": checkpoint.elapsed, "state": scalars, "best": best}))
+    attrs = _json_safe({"restart": checkpoint.restart, "iteration": checkpoint.iteration,
+                        "restart_kls": [float(k) for k in checkpoint.restart_kls],
+                        "elapsed": checkpoint.elapsed, "state": scalars, "best": best})
+    version.attrs.update({**attrs, "record_hash": record_hash(hashed, attrs)})
     _switch_pointer(group, meta, name)
     for old in existing:
         shutil.rmtree(folder / old, ignore_errors=True)
@@ -213,18 +294,23 @@ FINAL_ATTR = "scalemb_final"
 
 def write_final_state(path, config: dict, state: OptimizerState) -> None:
     """Keep, next to a finished result, the run configuration and the best run's final optimiser state
-    (group ``final_state``; attribute ``scalemb_final``), from which ``scalemb continue`` goes on."""
+    (group ``final_state``; attribute ``scalemb_final``, with ``record_hash`` over both), from which
+    ``scalemb continue`` goes on."""
     group = zarr.open_group(store=str(path), mode="r+")
     arrays, scalars = state.split()
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     final = group.create_group("final_state", overwrite=True)
     for key, value in arrays.items():
-        final.create_array(key, data=np.ascontiguousarray(value))
-    group.attrs[FINAL_ATTR] = _json_safe({"format": FORMAT, "config": config, "state": scalars})
+        final.create_array(key, data=value)
+    meta = _json_safe({"format": FORMAT, "config": config, "state": scalars})
+    group.attrs[FINAL_ATTR] = {**meta, "record_hash": record_hash(arrays, meta)}
 
 
 def read_final_state(path) -> tuple[dict, OptimizerState]:
-    """``(config, state)`` of a finished run written with its final state; ``ScalembError`` otherwise."""
+    """``(config, state)`` of a finished run written with its final state; ``ScalembError`` otherwise (also when
+    the state does not match its hash or its run: ``check_state_arrays``)."""
     path = Path(path)
+    recover_directory(path)
     try:
         group = zarr.open_group(store=str(path), mode="r")
         meta = dict(group.attrs).get(FINAL_ATTR)
@@ -235,8 +321,16 @@ def read_final_state(path) -> tuple[dict, OptimizerState]:
             raise ScalembError(f"{path}: the run has not finished; continue it with: scalemb resume {path}")
         raise ScalembError(f"{path}: not a finished scalemb run with its optimiser state (runs written by "
                            "`scalemb embed` from this version on keep it)")
-    arrays = {name: array[:] for name, array in group["final_state"].arrays()}
-    state = _state_class(meta["config"]["optimizer"]["name"]).join(arrays, meta["state"])
+    try:
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise ValueError("unsupported format")
+        arrays = {name: array[:] for name, array in group["final_state"].arrays()}
+        _check_hash(arrays, meta)
+        check_state_arrays(arrays, meta["state"], meta["config"])
+        state = _state_class(meta["config"]["optimizer"]["name"]).join(arrays, meta["state"])
+    except Exception as exc:  # noqa: BLE001 - a malformed state is reported in one line, never a traceback
+        raise ScalembError(f"{path}: the final optimiser state is unreadable ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     return meta["config"], state
 
 
@@ -262,6 +356,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._previous_handlers = {}
         self._created = False
+        self._locked = []  # outputs whose advisory lock this run holds (``scalemb.io.atomic.lock_output``)
         self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
 
     # -- signals ---------------------------------------------------------------------------------------
@@ -286,6 +381,7 @@ class Checkpointer:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()
+        self._unlock()
         if exc_type is not None and issubclass(exc_type, FloatingPointError) and self._created:
             shutil.rmtree(self.path, ignore_errors=True)  # a diverging run leaves nothing, as without checkpoints
         return False
@@ -311,15 +407,19 @@ class Checkpointer:
         if not self.resume:
             check_output_path(self.path, self.overwrite, inputs=(data,))
             if self.path.exists():  # scalemb's own output: keep it until the new result is complete
-                self.target, self.path = self.path, self.path.with_name(self.path.name + ".next")
+                self._lock(self.path)  # no other writer replaces it while this run works in OUT.next
+                self.target, self.path = self.path, self.path.with_name(self.path.name + NEXT)
                 check_output_path(self.path, True, inputs=(data,))
             config["replaces"] = None if self.target is None else str(self.target.resolve())
             create_store(self.path, _json_safe(config), overwrite=True)
+            self._lock(self.path)
             self._created = True
             return None
+        self._lock(self.path)  # a second ``resume`` (or ``--overwrite``) of a live run is refused
         stored = read_config(self.path)["config"]
         if stored.get("replaces"):
-            self.target = Path(stored["replaces"])
+            self.target = own_target(self.path, stored["replaces"])
+            self._lock(self.target)
         self.config = {**stored, "iterations": int(embedder.iterations)}
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
@@ -329,8 +429,17 @@ class Checkpointer:
         if int(embedder.iterations) != stored["iterations"]:
             meta = read_config(self.path)
             group = zarr.open_group(store=str(self.path), mode="r+")
-            group.attrs[ATTR] = {**meta, "config": {**stored, "iterations": int(embedder.iterations)}}
+            _write_meta(group, {**meta, "config": {**stored, "iterations": int(embedder.iterations)}})
         return checkpoint
+
+    def _lock(self, path) -> None:
+        lock_output(path)
+        self._locked.append(Path(path))
+
+    def _unlock(self) -> None:
+        for path in self._locked:
+            unlock_output(path)
+        self._locked = []
 
     def hook(self, restart: int, restart_kls: list, best, started: float):
         """The ``checkpoint(it, export)`` callable for restart ``restart`` (``started``: the run's
@@ -363,6 +472,7 @@ class Checkpointer:
             path = result.save(self.path, overwrite=True)
             if keep_state:
                 write_final_state(path, self.config, run.state)
+            self._unlock()
             return path
         check_output_path(self.target, True)
         staged = hidden_sibling(self.target, "tmp")
@@ -372,7 +482,23 @@ class Checkpointer:
         replace_directory(staged, self.target)
         shutil.rmtree(self.path, ignore_errors=True)
         self.path = self.target
+        self._unlock()
         return self.target
+
+
+def own_target(path, replaces) -> Path:
+    """The store a run started with ``overwrite`` replaces when it finishes: always its own name, ``OUT`` for the
+    run working in ``OUT.next`` (``Checkpointer.start``); the recorded ``replaces`` must name it, else
+    ``ScalembError`` (a configuration naming any other directory is never followed)."""
+    path = Path(path)
+    if not path.name.endswith(NEXT) or len(path.name) == len(NEXT):
+        raise ScalembError(f"{path}: the checkpoint says it replaces {replaces}, but only a run working in "
+                           f"OUT{NEXT} replaces anything (OUT); refusing to resume")
+    target = path.with_name(path.name[:-len(NEXT)])
+    if str(replaces) != str(target.resolve()):
+        raise ScalembError(f"{path}: the checkpoint says it replaces {replaces}, not the run's own output "
+                           f"{target.resolve()}; refusing to resume")
+    return target
 
 
 def _embedder_arguments(embedder, executor) -> dict:

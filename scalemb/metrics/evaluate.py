@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, is_affinity_store, knn_affinity, read_features
+from ..affinity.store import check_source
 from ..datasets import DATASETS, load_dataset
 from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
 from ..errors import InputError, ScalembError
@@ -52,7 +53,9 @@ def load_run(run) -> tuple:
 
 
 def affinity_from_provenance(provenance: dict, graph_affinity: str = "coauthorship"):
-    """``(Affinity or None, source name, features path or None)``: the run's input from its ``provenance``."""
+    """``(Affinity or None, source name, features path or None)``: the run's input from its ``provenance``
+    (a file or store changed since the run is refused: ``check_source``, ``check_store``)."""
+    check_source(provenance)
     if provenance.get("store"):
         store = provenance["store"]
         affinity = AffinityStore(store).to_affinity()

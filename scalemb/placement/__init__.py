@@ -56,9 +56,14 @@ def _dataset_graph(name: str) -> Graph:
 
 def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     """The ``Reference`` of a stored run from its provenance (``run`` names it in errors)."""
+    from ..affinity.store import check_source, check_store
+
     store = provenance.get("store")
     if store is not None and not Path(store).exists():
         raise InputError(run, f"the run's affinity store {store} is gone; cannot place new points against it")
+    check_source(provenance)  # a reference file or store changed since the run is refused, as resume does
+    if store is not None:
+        check_store(store, provenance)
     if provenance.get("method") == "knn":
         if store is None:
             raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")

@@ -10,8 +10,6 @@ import base64
 import html
 import itertools
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -135,15 +133,14 @@ def report_html(result, metrics: dict, figures: list, run_name: str, input_name:
     return "\n".join(parts)
 
 
-def write_text_atomic(path, text: str) -> Path:
-    """Write ``text`` to a hidden sibling of ``path``, then rename it into place."""
+def write_text_atomic(path, text: str, marked: bool = False) -> Path:
+    """Write ``text`` to a temporary next to ``path``, then rename it into place (``scalemb.io.atomic.atomic_file``;
+    ``marked``: with the sidecar by which ``--overwrite`` recognises it as scalemb's)."""
+    from ..io.atomic import atomic_file
+
     path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_file(path, marked=marked) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -187,11 +184,11 @@ def write_report(run, out, json_out=None, overwrite: bool = False, **kwargs) -> 
     from ..io.atomic import check_output_path
     from ..metrics import to_json
 
-    targets = [check_output_path(out, overwrite)] + ([] if json_out is None else
-                                                     [check_output_path(json_out, overwrite)])
+    targets = [check_output_path(out, overwrite, kind="scalemb-file")] + \
+        ([] if json_out is None else [check_output_path(json_out, overwrite, kind="scalemb-file")])
     page, metrics = build_report(run, **kwargs)
     if json_out is not None:
-        write_text_atomic(targets[1], json.dumps(to_json(metrics), indent=2) + "\n")
-    write_text_atomic(targets[0], page)
+        write_text_atomic(targets[1], json.dumps(to_json(metrics), indent=2) + "\n", marked=True)
+    write_text_atomic(targets[0], page, marked=True)
     return metrics
 
