@@ -222,7 +222,12 @@
   function labelCandidates() {
     const out = [];
     if (communities && $("labels-on").checked) {
-      for (let k = 0; k < communities.names.length && out.length < 400; k++) {
+      // communities holding at least 1/2000 of the points a view of this zoom shows (3 at least), largest first,
+      // at most one label per 25000 square pixels
+      const zoom = view.scale / home.scale, least = Math.max(3, n / 2000 / (zoom * zoom));
+      const budget = Math.max(4, Math.floor(width * height / 25000));
+      for (let k = 0; k < communities.names.length && out.length < budget; k++) {
+        if (communities.sizes[k] < least) break;
         const [px, py] = toScreen(communities.x[k], communities.y[k]);
         if (px < 0 || py < 0 || px > width || py > height) continue;
         const text = communities.names[k];
@@ -470,7 +475,7 @@
                          select: indices => scatter.select(indices), selected: () => selected.slice(),
                          labels: () => placed.map(b => ({text: b.text, kind: b.kind, index: b.index,
                                                          box: [b.x, b.y, b.w, b.h]})),
-                         edgesDrawn: () => lastEdges, frameTimes, scatter, gl: !!scatter, ready: true};
+                         edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, gl: !!scatter, ready: true};
     document.body.dataset.ready = "1";
   }
   start();

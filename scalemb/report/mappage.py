@@ -15,10 +15,12 @@ About 30 bytes per node: 1e6 nodes make a ~40 MB page.
 import base64
 import html
 import json
+import os
 from importlib import resources
 
 import numpy as np
 
+from ..errors import ScalembError
 from ..io.nodeids import is_string_ids
 
 MAX_MAP_EDGES = 200_000
@@ -52,8 +54,9 @@ def home_frame(data) -> list:
     return [float(x0), float(x1), float(y0), float(y1)]
 
 
-def map_payload(data, per_node_np=None) -> dict:
-    """The page's JSON data from ``scalemb.plot.figure.MapData``."""
+def map_payload(data, per_node_np=None, communities=None) -> dict:
+    """The page's JSON data from ``scalemb.plot.figure.MapData``; ``communities``: ``(membership, info)`` of
+    ``scalemb.plot.communities``."""
     result = data.result
     ids = np.asarray(result.node_ids)
     strings = is_string_ids(ids)
@@ -76,6 +79,13 @@ def map_payload(data, per_node_np=None) -> dict:
         names, codes = np.unique(data.classes, return_inverse=True)
         payload["classes"] = _array(codes, "u32")
         payload["class_names"] = [str(v) for v in names]
+    if communities is not None:
+        from ..plot.communities import community_labels
+
+        membership, info = communities
+        payload["community"] = _array(membership, "u32")
+        payload["communities"] = {**community_labels(data.xy, membership, data.degree, ids),
+                                  "method": info.get("method", "?")}
     if data.edges is not None and data.edges.shape[0]:
         edges = data.edges
         if edges.shape[0] > MAX_MAP_EDGES:
@@ -155,9 +165,26 @@ def map_html(payload: dict, title: str) -> str:
         f"<script>{library}</script>", f"<script>{script}</script>", "</body></html>"])
 
 
+def run_communities(run, result, affinity) -> tuple | None:
+    """The communities stored with ``run`` (a path), else detected on the run's affinity graph (a kNN graph for
+    features), else ``None``."""
+    from ..plot.communities import detect_communities, load_communities
+
+    stored = load_communities(run) if isinstance(run, (str, os.PathLike)) else None
+    if stored is not None:
+        if stored[0].shape != (result.embedding.shape[0],):
+            raise ScalembError(f"{run}: its communities have {stored[0].size} nodes, the run "
+                               f"{result.embedding.shape[0]} (rerun scalemb communities --overwrite)")
+        return stored
+    if affinity is None:
+        return None
+    return detect_communities(affinity.P)
+
+
 def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     """The interactive map page of a finished run (path or ``EmbeddingResult``); ``affinity`` as in
-    ``scalemb.report.build_report`` (default: found from the run's provenance), ``labels`` one per node."""
+    ``scalemb.report.build_report`` (default: found from the run's provenance), ``labels`` one per node.
+    Communities: stored with the run, else detected on its graph (``run_communities``)."""
     from ..metrics.evaluate import load_run, read_labels
     from ..plot.figure import map_data, run_affinity
 
@@ -166,5 +193,5 @@ def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     aff = run_affinity(result, "auto" if affinity is None else affinity)
     data = map_data(result, affinity=aff, classes=classes)
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    return map_html(map_payload(data, _per_node_np(result, aff)),
+    return map_html(map_payload(data, _per_node_np(result, aff), run_communities(run, result, aff)),
                     title or f"scalemb map: {run_name} ({result.model} in {dims}, N = {data.n_points})")
