@@ -476,6 +476,7 @@
                          labels: () => placed.map(b => ({text: b.text, kind: b.kind, index: b.index,
                                                          box: [b.x, b.y, b.w, b.h]})),
                          edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, gl: !!scatter, ready: true};
+    document.body.dataset.readyMs = performance.now().toFixed(0);  // since navigation started
     document.body.dataset.ready = "1";
   }
   start();
