@@ -146,15 +146,22 @@
     scatter = window.createScatterplot({
       canvas, width, height, pointSize, backgroundColor: [1, 1, 1, 1], pointColorHover: [0, 0, 0, 1],
       pointColorActive: [0.84, 0.15, 0.16, 1], pointSizeSelected: 1, pointOutlineWidth: 1,
-      lassoColor: [0.84, 0.15, 0.16, 1], lassoMinDelay: 0, lassoMinDist: 2, opacity: 1, pointScaleMode: "asinh",
+      lassoColor: [0.84, 0.15, 0.16, 1], lassoMinDelay: 0, lassoMinDist: 2, opacity: 1, pointScaleMode: "constant",
       deselectOnDblClick: true, deselectOnEscape: true});
   } else {
     info.textContent = "WebGL is not available in this browser: the map cannot be drawn.";
+  }
+  // point size: pointSize in the first view, growing with the square root of the zoom from there (at most 4x)
+  let shownSize = pointSize;
+  function sizePoints() {
+    const size = Math.round(2 * pointSize * Math.min(4, Math.max(1, Math.sqrt(view.scale / home.scale)))) / 2;
+    if (scatter && size !== shownSize) { shownSize = size; scatter.set({pointSize: size}); }
   }
   function syncView(matrix) {  // the camera's view matrix: scale m[0] (= m[5]) and translation m[12], m[13]
     view.scale = matrix[0] * height / (2 * half);
     view.cx = c0 - matrix[12] * half / matrix[0];
     view.cy = c1 - matrix[13] * half / matrix[5];
+    sizePoints();
   }
   function setView(cx, cy, scale) {  // the inverse of syncView: camera target (NDC) and distance
     const distance = height / (2 * half * scale);
@@ -237,9 +244,9 @@
     }
     // zoomed in far enough that few points are in view: the highest-degree of them named too
     const [ax, ay] = toData(0, height), [bx, by] = toData(width, 0);
-    const frac = Math.max(0, Math.min(x1, bx) - Math.max(x0, ax)) * Math.max(0, Math.min(y1, by) - Math.max(y0, ay)) /
-                 Math.max((x1 - x0) * (y1 - y0), 1e-24);
-    if (scatter && $("labels-on").checked && frac * n < 3000) {
+    let inViewCount = 0;
+    for (let i = 0; i < n && inViewCount < 3000; i++) if (X[i] >= ax && X[i] <= bx && Y[i] >= ay && Y[i] <= by) inViewCount++;
+    if (scatter && $("labels-on").checked && inViewCount < 3000) {
       const inView = scatter.get("pointsInView");
       const degree = values.degree;
       const ranked = degree ? Array.from(inView).sort((a, b) => degree[b] - degree[a]) : Array.from(inView);

@@ -41,16 +41,23 @@ def _per_node_np(result, affinity):
     return node_preservation(affinity.P, result.embedding, result.model, result.space_dims)
 
 
+HOME_MAX_ZOOM_OUT = 3.0  # the first view shows the small components only if the largest stays this large
+
+
 def home_frame(data) -> list:
     """``[x0, x1, y0, y1]`` of the first view: the largest component's robust frame joined with the bounding box of
-    the other (packed) components, so none is outside it."""
+    the other (packed) components, so none is outside it; when that join is more than ``HOME_MAX_ZOOM_OUT`` times
+    wider or taller than the largest component's frame (thousands of small components beside a compact giant),
+    the largest component's frame alone (the "all" button shows the rest)."""
     x0, x1, y0, y1 = data.frame
     others = data.component != 0
     if others.any() and not data.ball:
         lo, hi = data.xy[others].min(axis=0), data.xy[others].max(axis=0)
         pad = 0.02 * max(hi[0] - lo[0], hi[1] - lo[1], x1 - x0, y1 - y0)
-        x0, x1 = min(x0, lo[0] - pad), max(x1, hi[0] + pad)
-        y0, y1 = min(y0, lo[1] - pad), max(y1, hi[1] + pad)
+        u0, u1 = min(x0, lo[0] - pad), max(x1, hi[0] + pad)
+        v0, v1 = min(y0, lo[1] - pad), max(y1, hi[1] + pad)
+        if max((u1 - u0) / max(x1 - x0, 1e-12), (v1 - v0) / max(y1 - y0, 1e-12)) <= HOME_MAX_ZOOM_OUT:
+            x0, x1, y0, y1 = u0, u1, v0, v1
     return [float(x0), float(x1), float(y0), float(y1)]
 
 
