@@ -1,11 +1,12 @@
-"""Issue 32 measurements: the WebGL map page (``scalemb.report.mappage``) in headless Chromium.
+"""Issue 32 measurements: the map page (``scalemb.report.mappage``) in headless Chromium.
 
-Per run (``--runs a.zarr,b.zarr``): the page's build time (communities stored with the run, else detected: timed
-apart), its size and bytes per point; then, in the tests' headless Chromium (``tests/test_report.py``'s
-``Browser``; Chromium's WebGL renderer string recorded), the time from navigation to the first drawn frame (the
-page's ``document.body.dataset.readyMs``, ``performance.now()`` when the first WebGL frame is drawn and the page is
-ready), and the mean frame time while panning by 5 px per frame and while zooming by 5 % per frame (each step waits
-for the scatterplot's next draw; ``PAN_FRAME_MS``), ``--rounds`` rounds, median.  ``--shots DIR`` saves a
+Per run (``--runs a.zarr,b.zarr``): the page's build time (communities stored with the run are read; else detected,
+timed apart), its size and bytes per point; then for each of ``--renderers`` (the page's own choice: WebGL, or its
+canvas-2-D scatter on software WebGL above 50000 points; and WebGL forced), in the tests' headless Chromium
+(``tests/test_report.py``'s ``Browser``; the WebGL renderer string recorded): the time from navigation to the
+first drawn frame (``document.body.dataset.readyMs``: ``performance.now()`` when the first frame is drawn and the
+page is ready) and the mean frame time while panning by 5 px per frame and while zooming by 5 % per frame (each
+step waits for the next drawn frame; ``PAN_FRAME_MS``), ``--rounds`` rounds, median.  ``--shots DIR`` saves a
 screenshot of each page's first view.  ``--canvas-pages`` measures pages of the previous canvas-2-D map (built by
 an older scalemb) for comparison: the mean of 5 synchronous ``scalembMap.draw()`` calls.
 
@@ -57,10 +58,10 @@ def build_page(run: str, out: Path) -> dict:
             "community_s": t2 - t1, "stored": stored, "build_s": (t1 - t0) + (t3 - t2), "bytes": out.stat().st_size}
 
 
-def measure(browser, page: Path, rounds: int, shot) -> dict:
+def measure(browser, page: Path, rounds: int, shot, renderer: str) -> dict:
     ready, pan, zoom = [], [], []
     for _ in range(rounds):
-        browser.open_map(page.as_uri(), timeout=600)
+        browser.open_map(page.as_uri() + ("" if renderer == "auto" else f"#renderer={renderer}"), timeout=600)
         assert browser.errors() == [], browser.errors()
         ready.append(float(browser.evaluate("document.body.dataset.readyMs")))
         if shot is not None and not pan:
@@ -70,7 +71,7 @@ def measure(browser, page: Path, rounds: int, shot) -> dict:
         pan.append(browser.evaluate(PAN_FRAME_MS))
         zoom.append(browser.evaluate(ZOOM_FRAME_MS))
     return {"ready_ms": statistics.median(ready), "pan_ms": statistics.median(pan),
-            "zoom_ms": statistics.median(zoom)}
+            "zoom_ms": statistics.median(zoom), "renderer": browser.evaluate("scalembMap.renderer")}
 
 
 def main():
@@ -78,6 +79,8 @@ def main():
     parser.add_argument("--runs", required=True, help="comma-separated result stores")
     parser.add_argument("--canvas-pages", default="", help="comma-separated pages of the canvas-2-D map")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--renderers", default="auto,webgl",
+                        help="the page's renderer choice(s): auto (the page's), webgl, canvas")
     parser.add_argument("--shots", default=None, help="directory for screenshots (map_<run>.png)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -88,11 +91,14 @@ def main():
             renderer = browser.evaluate(RENDERER)
             for run in args.runs.split(","):
                 page = Path(tmp) / (Path(run).stem + ".html")
-                row = {"run": run, **build_page(run, page)}
-                shot = None if args.shots is None else Path(args.shots) / f"map_{Path(run).stem}.png"
-                row.update(measure(browser, page, args.rounds, shot))
-                print(row, flush=True)
-                rows.append(row)
+                built = build_page(run, page)
+                for k, choice in enumerate(args.renderers.split(",")):
+                    shot = None if args.shots is None or k else Path(args.shots) / f"map_{Path(run).stem}.png"
+                    row = {"run": run, **built, **measure(browser, page, args.rounds, shot, choice)}
+                    if choice != "auto" and any(r["run"] == run and r["renderer"] == row["renderer"] for r in rows):
+                        continue  # the page's own choice already measured it
+                    rows.append(row)
+                    print(row, flush=True)
             canvas = []
             for page in filter(None, args.canvas_pages.split(",")):
                 browser.open(Path(page).resolve().as_uri())
@@ -108,12 +114,12 @@ def main():
              f"`{uname}`, nproc {os.cpu_count()}, load: `{uptime}`", "",
              f"Chromium: `{subprocess.run(['chromium', '--version'], capture_output=True, text=True).stdout.strip()}`"
              f", WebGL renderer: `{renderer}` (software GL: no GPU on this machine)", "",
-             "| run | points | edges | communities | page MB | bytes/point | build s | communities s | first frame s |"
-             " pan ms/frame | zoom ms/frame |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| run | points | edges | communities | page MB | bytes/point | build s | renderer | first frame s |"
+             " pan ms/frame | zoom ms/frame |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         com = "-" if r["communities"] is None else f"{r['communities']}" + (" (stored)" if r["stored"] else "")
         lines.append(f"| {Path(r['run']).name} | {r['n']} | {r['edges']} | {com} | {r['bytes'] / 1e6:.2f} | "
-                     f"{r['bytes'] / r['n']:.0f} | {r['build_s']:.1f} | {r['community_s']:.1f} | "
+                     f"{r['bytes'] / r['n']:.0f} | {r['build_s']:.1f} | {r['renderer']} | "
                      f"{r['ready_ms'] / 1e3:.2f} | {r['pan_ms']:.0f} | {r['zoom_ms']:.0f} |")
     if canvas:
         lines += ["", "The previous canvas-2-D page (points written into an ImageData buffer) on the same machine:", "",

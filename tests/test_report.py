@@ -62,7 +62,10 @@ class Browser:
         self.next_id, self.events = 0, []
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable")
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        # the screen as large as the window (headless Chromium's screen is 800 x 600 otherwise, and regl-scatterplot
+        # renders into a canvas no larger than the screen)
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False,
+                  screenWidth=width, screenHeight=height)
 
     def _receive(self):
         message = json.loads(self.ws.recv())
@@ -207,15 +210,16 @@ def _two_clusters(n_each=3000, seed=0):
     return EmbeddingResult(emb, ids, 1.0, np.ones(3), "tsne", 2, 0, 2, 0)
 
 
-def test_map_page_draws_points_where_the_data_says(tmp_path, browser):
+@pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+def test_map_page_draws_points_where_the_data_says(tmp_path, browser, renderer):
     from scalemb.report.mappage import build_map_page
 
     run = tmp_path / "two.zarr"
     _two_clusters().save(run)
     page = tmp_path / "map.html"
     page.write_text(build_map_page(run))
-    browser.open_map(page.as_uri())
-    assert browser.errors() == []
+    browser.open_map(page.as_uri() + f"#renderer={renderer}")
+    assert browser.errors() == [] and browser.evaluate("scalembMap.renderer") == renderer
     box = browser.evaluate("(r => [r.left, r.top, r.width, r.height])(document.getElementById('map')"
                            ".getBoundingClientRect())")
     left, top, width, height = (round(v) for v in box)
@@ -271,10 +275,13 @@ def test_map_page_pans_and_zooms_1e6_points(tmp_path, browser):
     page.write_text(build_map_page(big))
     assert page.stat().st_size < 40e6
     browser.open_map(page.as_uri())
-    assert browser.errors() == [] and browser.evaluate("scalembMap.n") == n and browser.evaluate("scalembMap.gl")
+    assert browser.errors() == [] and browser.evaluate("scalembMap.n") == n
+    # software WebGL (this machine, CI) and 1e6 points: the page draws with its canvas-2-D scatter
+    software = "swiftshader" in browser.evaluate("String(scalembMap.glName)").lower()
+    assert browser.evaluate("scalembMap.renderer") == ("canvas" if software else "webgl")
     frame = browser.evaluate(PAN_FRAME_MS)
     print(f"1e6 points: {frame:.1f} ms per frame while panning")
-    assert frame < 5000  # software GL (SwiftShader) on a shared CPU: seconds; see benchmarks/results/map.md
+    assert frame < 1000
     before = browser.evaluate("scalembMap.view.scale")
     browser.mouse("mouseWheel", 500, 400, deltaX=0, deltaY=-300)
     browser.mouse("mousePressed", 500, 400, button="left", clickCount=1)
@@ -309,13 +316,14 @@ def _drag(browser, path, left=0, top=0):
     browser.mouse("mouseReleased", left + x, top + y, button="left", clickCount=1)
 
 
-def test_lasso_selects_exactly_the_nodes_inside_and_exports_their_ids(tmp_path, browser):
+@pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+def test_lasso_selects_exactly_the_nodes_inside_and_exports_their_ids(tmp_path, browser, renderer):
     from scalemb.report.mappage import build_map_page
 
     page = tmp_path / "two.html"
     page.write_text(build_map_page(_two_clusters()))
-    browser.open_map(page.as_uri())
-    assert browser.errors() == [] and browser.evaluate("scalembMap.gl")
+    browser.open_map(page.as_uri() + f"#renderer={renderer}")
+    assert browser.errors() == [] and browser.evaluate("scalembMap.renderer") == renderer
     left, top = browser.evaluate("(r => [r.left, r.top])(document.getElementById('map').getBoundingClientRect())")
     (bx, by), scale = browser.evaluate("[scalembMap.toScreen(10, 4), scalembMap.view.scale]")
     radius = scale * 1.0 + 12  # around cluster b (radius 1 in data units) and nothing of cluster a

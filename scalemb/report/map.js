@@ -133,7 +133,23 @@
   const view = {cx: c0, cy: c1, scale: 1};
   const pointSize = n > 300000 ? 2 : n > 30000 ? 3 : n > 3000 ? 4 : 6;
   let scatter = null;
-  const glOk = !!(window.createScatterplot && document.createElement("canvas").getContext("webgl"));
+  // The renderer: WebGL (regl-scatterplot) unless the browser's WebGL is a software rasteriser (SwiftShader,
+  // llvmpipe) and the map is large: there the canvas-2-D scatter below draws many times faster (measured in
+  // benchmarks/results/map.md).  "#renderer=webgl" or "#renderer=canvas" in the address chooses.
+  const SOFTWARE_GL_MAX_POINTS = 50000;
+  function glRenderer() {
+    const gl = document.createElement("canvas").getContext("webgl");
+    if (!gl) return null;
+    const ext = gl.getExtension("WEBGL_debug_renderer_info");
+    const name = String(gl.getParameter(ext ? ext.UNMASKED_RENDERER_WEBGL : gl.RENDERER));
+    const lose = gl.getExtension("WEBGL_lose_context");
+    if (lose) lose.loseContext();
+    return name;
+  }
+  const glName = window.createScatterplot ? glRenderer() : null;
+  const asked = (location.hash.match(/renderer=(webgl|canvas)/) || [])[1];
+  const software = glName !== null && /swiftshader|llvmpipe|software/i.test(glName);
+  const renderer = glName === null ? "canvas" : asked || (software && n > SOFTWARE_GL_MAX_POINTS ? "canvas" : "webgl");
   function measure() {
     const r = canvas.getBoundingClientRect();
     width = Math.max(1, Math.round(r.width)); height = Math.max(1, Math.round(r.height));
@@ -142,14 +158,184 @@
     octx.setTransform(dpr, 0, 0, dpr, 0, 0);
   }
   measure();
-  if (glOk) {
-    scatter = window.createScatterplot({
-      canvas, width, height, pointSize, backgroundColor: [1, 1, 1, 1], pointColorHover: [0, 0, 0, 1],
-      pointColorActive: [0.84, 0.15, 0.16, 1], pointSizeSelected: 1, pointOutlineWidth: 1,
-      lassoColor: [0.84, 0.15, 0.16, 1], lassoMinDelay: 0, lassoMinDist: 2, opacity: 1, pointScaleMode: "constant",
-      deselectOnDblClick: true, deselectOnEscape: true});
-  } else {
-    info.textContent = "WebGL is not available in this browser: the map cannot be drawn.";
+  const options = {canvas, width, height, pointSize, backgroundColor: [1, 1, 1, 1], pointColorHover: [0, 0, 0, 1],
+                   pointColorActive: [0.84, 0.15, 0.16, 1], pointSizeSelected: 1, pointOutlineWidth: 1,
+                   lassoColor: [0.84, 0.15, 0.16, 1], lassoMinDelay: 0, lassoMinDist: 2, opacity: 1,
+                   pointScaleMode: "constant", deselectOnDblClick: true, deselectOnEscape: true};
+  scatter = renderer === "webgl" ? window.createScatterplot(options) : canvasScatter(options);
+
+  // A canvas-2-D scatter with the part of regl-scatterplot's interface this page uses (camera view matrix, draw,
+  // set, subscribe, select, lasso / box, hover): points written into an ImageData buffer, one 32-bit store per
+  // pixel, a uniform grid for hover.
+  function canvasScatter(o) {
+    const ctx = canvas.getContext("2d"), handlers = {}, m = {s: 1, tx: 0, ty: 0};
+    let W = o.width, H = o.height, size = o.pointSize, colours = null, order = null, sel = [], selSet = new Set();
+    let mode = "panZoom", lassoType = "freeform", image = null, pixels = null, pending = false, px = null, py = null;
+    let hovered = -1, drag = null, lasso = null;
+    const emit = (name, payload) => (handlers[name] || []).forEach(f => f(payload));
+    const matrix = () => [m.s, 0, 0, 0, 0, m.s, 0, 0, 0, 0, 1, 0, m.tx, m.ty, 0, 1];
+    function resize() {
+      const dpr = window.devicePixelRatio || 1;
+      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
+      image = ctx.createImageData(canvas.width, canvas.height); pixels = new Uint32Array(image.data.buffer);
+    }
+    resize();
+    function project() {  // screen positions (CSS px) of every point under the current view
+      px = px || new Float32Array(n); py = py || new Float32Array(n);
+      const a = m.s * H / 2, bx = W / 2 + m.tx * H / 2, by = H / 2 - m.ty * H / 2;
+      for (let i = 0; i < n; i++) { px[i] = a * NX[i] + bx; py[i] = by - a * NY[i]; }
+    }
+    function request() { if (!pending) { pending = true; requestAnimationFrame(frame); } }
+    function frame() {
+      pending = false;
+      if (!colours) return;
+      const dpr = window.devicePixelRatio || 1, CW = canvas.width, CH = canvas.height;
+      project();
+      pixels.fill(0xffffffff);
+      const side = Math.max(1, Math.round(size * dpr * 0.8)), half = side >> 1;
+      const put = (i, c, s) => {
+        const x = Math.floor(px[i] * dpr) - (s >> 1), y = Math.floor(py[i] * dpr) - (s >> 1);
+        if (x <= -s || y <= -s || x >= CW || y >= CH) return;
+        const u1 = Math.min(CW, x + s), v1 = Math.min(CH, y + s), u0 = Math.max(0, x);
+        for (let v = Math.max(0, y); v < v1; v++) { const row = v * CW; for (let u = u0; u < u1; u++) pixels[row + u] = c; }
+      };
+      if (side === 1) {
+        for (let k = 0; k < n; k++) {
+          const i = order ? order[k] : k, x = Math.floor(px[i] * dpr), y = Math.floor(py[i] * dpr);
+          if (x >= 0 && y >= 0 && x < CW && y < CH) pixels[y * CW + x] = colours[i];
+        }
+      } else {
+        for (let k = 0; k < n; k++) { const i = order ? order[k] : k; put(i, colours[i], side); }
+      }
+      const red = (255 << 24 | 39 << 16 | 39 << 8 | 214) >>> 0;
+      for (const i of sel) put(i, red, side + 2);
+      if (hovered >= 0) put(hovered, 0xff000000, side + 4);
+      ctx.putImageData(image, 0, 0);
+      if (lasso && lasso.length > 1) {
+        ctx.save(); ctx.scale(dpr, dpr); ctx.strokeStyle = "rgb(214,39,39)"; ctx.lineWidth = 2; ctx.beginPath();
+        lasso.forEach(([x, y], k) => (k ? ctx.lineTo(x, y) : ctx.moveTo(x, y))); ctx.closePath(); ctx.stroke();
+        ctx.restore();
+      }
+      void half;
+      emit("draw", {view: matrix()});
+    }
+    function changed() { emit("view", {view: matrix()}); request(); }
+    // hover: a uniform grid over the normalised positions
+    const G = Math.max(1, Math.min(1024, Math.round(Math.sqrt(n / 4))));
+    const start = new Uint32Array(G * G + 1), items = new Uint32Array(n), cell = new Uint32Array(n);
+    const gi = v => Math.min(G - 1, Math.max(0, Math.floor((v + 1) / 2 * G)));
+    for (let i = 0; i < n; i++) { cell[i] = gi(NY[i]) * G + gi(NX[i]); start[cell[i] + 1]++; }
+    for (let c = 0; c < G * G; c++) start[c + 1] += start[c];
+    const fill = start.slice(0, G * G);
+    for (let i = 0; i < n; i++) items[fill[cell[i]]++] = i;
+    function nearest(sx, sy, radius) {
+      const a = m.s * H / 2, nx = (sx - W / 2 - m.tx * H / 2) / a, ny = (H / 2 - m.ty * H / 2 - sy) / a, r = radius / a;
+      const g0 = gi(nx - r), g1 = gi(nx + r), h0 = gi(ny - r), h1 = gi(ny + r);
+      if ((g1 - g0 + 1) * (h1 - h0 + 1) > 4096) return -1;
+      let best = -1, bestD = r * r;
+      for (let gy = h0; gy <= h1; gy++) for (let gx = g0; gx <= g1; gx++) {
+        const c = gy * G + gx;
+        for (let k = start[c]; k < start[c + 1]; k++) {
+          const i = items[k], ex = NX[i] - nx, ey = NY[i] - ny, d = ex * ex + ey * ey;
+          if (d <= bestD) { bestD = d; best = i; }
+        }
+      }
+      return best;
+    }
+    function select(indices, {preventEvent = false} = {}) {
+      sel = Array.from(indices); selSet = new Set(sel); request();
+      if (!preventEvent) emit(sel.length ? "select" : "deselect", sel.length ? {points: sel} : undefined);
+    }
+    function inside(poly) {  // points whose screen position lies inside the polygon (even-odd rule)
+      project();
+      let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+      for (const [x, y] of poly) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+      const out = [];
+      for (let i = 0; i < n; i++) {
+        const x = px[i], y = py[i];
+        if (x < x0 || x > x1 || y < y0 || y > y1) continue;
+        let c = false;
+        for (let a = 0, b = poly.length - 1; a < poly.length; b = a++) {
+          const [ax, ay] = poly[a], [bx, by] = poly[b];
+          if ((ay > y) !== (by > y) && x < (bx - ax) * (y - ay) / (by - ay) + ax) c = !c;
+        }
+        if (c) out.push(i);
+      }
+      return out;
+    }
+    const local = e => { const r = canvas.getBoundingClientRect(); return [e.clientX - r.left, e.clientY - r.top]; };
+    canvas.addEventListener("pointerdown", e => {
+      if (e.pointerType === "touch") return;
+      canvas.setPointerCapture(e.pointerId);
+      const at = local(e);
+      if (mode === "lasso" || e.shiftKey) lasso = [at];
+      else drag = {at, tx: m.tx, ty: m.ty};
+    });
+    canvas.addEventListener("pointermove", e => {
+      if (e.pointerType === "touch") return;
+      const at = local(e);
+      if (lasso) {
+        lasso = lassoType === "rectangle" && mode === "lasso"
+          ? [lasso[0], [at[0], lasso[0][1]], at, [lasso[0][0], at[1]]] : lasso.concat([at]);
+        request(); return;
+      }
+      if (drag) {
+        m.tx = drag.tx + 2 * (at[0] - drag.at[0]) / H; m.ty = drag.ty - 2 * (at[1] - drag.at[1]) / H;
+        changed(); return;
+      }
+      const i = nearest(at[0], at[1], Math.max(4, size));
+      if (i !== hovered) {
+        if (hovered >= 0) emit("pointOut", hovered);
+        hovered = i; request();
+        if (i >= 0) emit("pointOver", i);
+      }
+    });
+    canvas.addEventListener("pointerup", () => {
+      if (lasso && lasso.length > 2) select(inside(lasso));
+      lasso = null; drag = null; request();
+    });
+    canvas.addEventListener("dblclick", () => select([]));
+    document.addEventListener("keydown", e => { if (e.key === "Escape") select([]); });
+    canvas.addEventListener("wheel", e => {
+      e.preventDefault();
+      const [sx, sy] = local(e), f = Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015));
+      const ax = 2 * (sx - W / 2) / H, ay = -2 * (sy - H / 2) / H;  // the cursor in the view's units
+      m.s *= f; m.tx = ax - (ax - m.tx) * f; m.ty = ay - (ay - m.ty) * f;
+      changed();
+    }, {passive: false});
+    return {
+      set(props) {
+        if ("width" in props || "height" in props) { W = props.width || W; H = props.height || H; resize(); }
+        if ("pointSize" in props) size = props.pointSize;
+        if ("mouseMode" in props) mode = props.mouseMode;
+        if ("lassoType" in props) lassoType = props.lassoType;
+        if ("pointOrder" in props) order = props.pointOrder;
+        if ("pointColor" in props) this.palette = props.pointColor.map(h => {
+          const v = parseInt(h.slice(1), 16);
+          return (255 << 24 | (v & 255) << 16 | ((v >> 8) & 255) << 8 | (v >> 16)) >>> 0;
+        });
+        request();
+      },
+      async draw(points) {
+        colours = new Uint32Array(n);
+        for (let i = 0; i < n; i++) colours[i] = this.palette[points.z[i]];
+        request();
+        await new Promise(ok => { const f = () => (pending ? requestAnimationFrame(f) : ok()); requestAnimationFrame(f); });
+      },
+      get(name) {
+        if (name === "cameraView") return matrix();
+        if (name === "pointsInView") {
+          project();
+          const out = [];
+          for (let i = 0; i < n; i++) if (px[i] >= 0 && px[i] <= W && py[i] >= 0 && py[i] <= H) out.push(i);
+          return out;
+        }
+        return undefined;
+      },
+      zoomToLocation([x, y], distance) { m.s = 1 / distance; m.tx = -x / distance; m.ty = -y / distance; changed(); },
+      subscribe(name, f) { (handlers[name] = handlers[name] || []).push(f); },
+      select, deselect: () => select([]),
+    };
   }
   // point size: pointSize in the first view, growing with the square root of the zoom from there (at most 4x)
   let shownSize = pointSize;
@@ -482,7 +668,8 @@
                          select: indices => scatter.select(indices), selected: () => selected.slice(),
                          labels: () => placed.map(b => ({text: b.text, kind: b.kind, index: b.index,
                                                          box: [b.x, b.y, b.w, b.h]})),
-                         edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, gl: !!scatter, ready: true};
+                         edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, renderer, glName,
+                         gl: renderer === "webgl", ready: true};
     document.body.dataset.readyMs = performance.now().toFixed(0);  // since navigation started
     document.body.dataset.ready = "1";
   }
