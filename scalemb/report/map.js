@@ -1,6 +1,7 @@
 // scalemb interactive map.  Points are drawn with WebGL by regl-scatterplot (vendored, inlined before this script as
-// window.createScatterplot); edges of the visible region, community and node labels and the found-node ring are
-// drawn on a 2-D canvas above it.  The data come from the page's <script id="map-data" type="application/json">:
+// window.createScatterplot), or by the canvas-2-D scatter below where WebGL is a software rasteriser and the map is
+// large; edges of the visible region, community and node labels and the found-node ring are drawn on a 2-D canvas
+// above it.  The data come from the page's <script id="map-data" type="application/json">:
 // typed arrays base64-encoded, little-endian.
 "use strict";
 (function () {

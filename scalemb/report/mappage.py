@@ -1,5 +1,6 @@
-"""The interactive map page: one self-contained HTML file, a WebGL scatter (regl-scatterplot) that pans and zooms
-at 1e6 points, with search, lasso / box selection and CSV export of the selected ids.
+"""The interactive map page: one self-contained HTML file, a WebGL scatter (regl-scatterplot; a canvas-2-D scatter
+where WebGL is a software rasteriser and the map is large) that pans and zooms at 1e6 points, with search, lasso /
+box selection and CSV export of the selected ids.
 
 The page carries its data as typed arrays (little-endian, base64) in a JSON script element: display positions
 (float32, the packed layout of ``scalemb.plot.layout``), node ids (int32 when they fit, else float64: exact up to
