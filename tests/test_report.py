@@ -276,7 +276,7 @@ def test_map_page_pans_and_zooms_1e6_points(tmp_path, browser):
     assert page.stat().st_size < 40e6
     browser.open_map(page.as_uri())
     assert browser.errors() == [] and browser.evaluate("scalembMap.n") == n
-    # software WebGL (this machine, CI) and 1e6 points: the page draws with its canvas-2-D scatter
+    # software WebGL (this machine, CI): the page draws with its canvas-2-D scatter
     software = "swiftshader" in browser.evaluate("String(scalembMap.glName)").lower()
     assert browser.evaluate("scalembMap.renderer") == ("canvas" if software else "webgl")
     frame = browser.evaluate(PAN_FRAME_MS)
@@ -394,13 +394,16 @@ def grqc_map(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map, browser):
+@pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map, browser, renderer):
     from scalemb.plot.communities import community_labels, load_communities
     from scalemb.plot.figure import map_data
 
     run, page = grqc_map
-    browser.open_map(page.as_uri())
-    assert browser.errors() == [] and browser.evaluate("scalembMap.gl") and browser.evaluate("scalembMap.n") == 5241
+    browser.open("about:blank")
+    browser.open_map(page.as_uri() + f"#renderer={renderer}")
+    assert browser.errors() == [] and browser.evaluate("scalembMap.renderer") == renderer
+    assert browser.evaluate("scalembMap.n") == 5241
     # the first view holds every node, the 355 small components included, and the legend is beside the map
     lo_x, lo_y, hi_x, hi_y = browser.evaluate("""(() => { const m = scalembMap, d = JSON.parse(
         document.getElementById('map-data').textContent); let b = [Infinity, Infinity, -Infinity, -Infinity];

@@ -135,9 +135,8 @@
   const pointSize = n > 300000 ? 2 : n > 30000 ? 3 : n > 3000 ? 4 : 6;
   let scatter = null;
   // The renderer: WebGL (regl-scatterplot) unless the browser's WebGL is a software rasteriser (SwiftShader,
-  // llvmpipe) and the map is large: there the canvas-2-D scatter below draws many times faster (measured in
-  // benchmarks/results/map.md).  "#renderer=webgl" or "#renderer=canvas" in the address chooses.
-  const SOFTWARE_GL_MAX_POINTS = 50000;
+  // llvmpipe): there the canvas-2-D scatter below draws many times faster at every size measured (5e3 to 8e5
+  // points, benchmarks/results/map.md).  "#renderer=webgl" or "#renderer=canvas" in the address chooses.
   function glRenderer() {
     const gl = document.createElement("canvas").getContext("webgl");
     if (!gl) return null;
@@ -150,7 +149,7 @@
   const glName = window.createScatterplot ? glRenderer() : null;
   const asked = (location.hash.match(/renderer=(webgl|canvas)/) || [])[1];
   const software = glName !== null && /swiftshader|llvmpipe|software/i.test(glName);
-  const renderer = glName === null ? "canvas" : asked || (software && n > SOFTWARE_GL_MAX_POINTS ? "canvas" : "webgl");
+  const renderer = glName === null ? "canvas" : asked || (software ? "canvas" : "webgl");
   function measure() {
     const r = canvas.getBoundingClientRect();
     width = Math.max(1, Math.round(r.width)); height = Math.max(1, Math.round(r.height));
