@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     continue_cli.add_parser(commands)
     metrics_command.add_parser(commands)
     report_command.add_parser(commands)
+    report_command.add_communities_parser(commands)
     return parser
 
 
@@ -469,6 +470,7 @@ def main(argv=None) -> int:
         return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
                 "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
                 "metrics": metrics_command.run, "report": report_command.run,
+                "communities": report_command.run_communities,
                 "transform": transform_cli.run_transform}[args.command](args)
     except RunInterrupted as exc:
         print(f"scalemb: {exc}", file=sys.stderr)

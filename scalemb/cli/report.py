@@ -50,3 +50,45 @@ def run(args) -> int:
         print(f"wrote {args.out}" + (f", {args.json}" if args.json else "") + (f", {args.map}" if args.map else "")
               + f" ({len(metrics)} metrics)")
     return 0
+
+
+def add_communities_parser(commands):
+    com = commands.add_parser("communities", help="detect a finished run's communities and store them with it",
+                              description="Communities of the run's graph (its affinity): Leiden (leidenalg, the "
+                                          "'communities' extra) or else Louvain (networkx), maximising modularity; "
+                                          "stored in the run as the array 'communities' (0 = largest) and used by "
+                                          "the map page to colour and name regions.")
+    add_run_arguments(com)
+    com.add_argument("--method", choices=("auto", "leiden", "louvain"), default="auto",
+                     help="auto: Leiden when leidenalg is installed, else Louvain")
+    com.add_argument("--resolution", type=float, default=1.0, help="modularity resolution (default 1; larger: "
+                                                                    "more, smaller communities)")
+    com.add_argument("--seed", type=int, default=0)
+    com.add_argument("--overwrite", action="store_true", help="replace communities stored before")
+    com.add_argument("--quiet", action="store_true")
+    return com
+
+
+def run_communities(args) -> int:
+    from pathlib import Path
+
+    import numpy as np
+
+    from ..errors import ScalembError
+    from ..metrics.evaluate import load_run
+    from ..plot.communities import ARRAY, detect_communities, store_communities
+    from ..plot.figure import run_affinity
+
+    result, _ = load_run(args.run)
+    if (Path(args.run) / ARRAY).exists() and not args.overwrite:
+        raise ScalembError(f"{Path(args.run) / ARRAY} already exists (pass --overwrite to replace it)")
+    aff = run_affinity(result, "auto" if args.input is None else args.input)
+    if aff is None:
+        raise ScalembError(f"{args.run}: the run's input was not found from its provenance (pass --input)")
+    membership, info = detect_communities(aff.P, resolution=args.resolution, seed=args.seed, method=args.method)
+    path = store_communities(args.run, membership, info, result.embedding.shape[0], overwrite=args.overwrite)
+    if not args.quiet:
+        sizes = np.bincount(membership)
+        print(f"wrote {path}: {info['count']} communities ({info['method']}, modularity {info['modularity']:.4f}); "
+              f"largest {', '.join(str(s) for s in sizes[:5])}")
+    return 0

@@ -1,21 +1,27 @@
-"""The interactive map page: one self-contained HTML file, a canvas scatter that pans and zooms at 1e6 points.
+"""The interactive map page: one self-contained HTML file, a WebGL scatter (regl-scatterplot; a canvas-2-D scatter
+where WebGL is a software rasteriser and the map is large) that pans and zooms at 1e6 points, with search, lasso /
+box selection and CSV export of the selected ids.
 
 The page carries its data as typed arrays (little-endian, base64) in a JSON script element: display positions
 (float32, the packed layout of ``scalemb.plot.layout``), node ids (int32 when they fit, else float64: exact up to
-2^53; string ids as a JSON list ``id_names``), and per node the degree, time 1, NP@deg (graph neighbours among its
-deg(i) most similar nodes / deg(i), the per-node term of ``scalemb.metrics.neighbourhood_preservation``; up to
-``EXACT_MAX_ROWS`` nodes), label and component; edges as uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample
-above). ``map.js`` draws the points into an ImageData buffer (one 32-bit store per pixel, no per-point canvas call)
-over one translucent path of edges, keeps a uniform grid of the points for hover, and finds a node by id. About 30
-bytes per node: 1e6 nodes make a ~40 MB page.
+2^53; string ids as a JSON list ``id_names``), and per node the degree, each time coordinate, NP@deg (graph
+neighbours among its deg(i) most similar nodes / deg(i), the per-node term of
+``scalemb.metrics.neighbourhood_preservation``; up to ``EXACT_MAX_ROWS`` nodes), label, component and community
+(with each community's name and label anchor); edges as uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample
+above).  ``home`` frames the largest component (robust frame) together with the strip of packed small components,
+so the first view shows every component.  The script is ``vendor/regl-scatterplot.min.js`` (built by
+``scalemb/report/js``: ``npm ci && npm run build``) followed by ``map.js``, both inlined; the page loads nothing.
+About 30 bytes per node: 1e6 nodes make a ~40 MB page.
 """
 import base64
 import html
 import json
+import os
 from importlib import resources
 
 import numpy as np
 
+from ..errors import ScalembError
 from ..io.nodeids import is_string_ids
 
 MAX_MAP_EDGES = 200_000
@@ -36,8 +42,29 @@ def _per_node_np(result, affinity):
     return node_preservation(affinity.P, result.embedding, result.model, result.space_dims)
 
 
-def map_payload(data, per_node_np=None) -> dict:
-    """The page's JSON data from ``scalemb.plot.figure.MapData``."""
+HOME_MAX_ZOOM_OUT = 3.0  # the first view shows the small components only if the largest stays this large
+
+
+def home_frame(data) -> list:
+    """``[x0, x1, y0, y1]`` of the first view: the largest component's robust frame joined with the bounding box of
+    the other (packed) components, so none is outside it; when that join is more than ``HOME_MAX_ZOOM_OUT`` times
+    wider or taller than the largest component's frame (thousands of small components beside a compact giant),
+    the largest component's frame alone (the "all" button shows the rest)."""
+    x0, x1, y0, y1 = data.frame
+    others = data.component != 0
+    if others.any() and not data.ball:
+        lo, hi = data.xy[others].min(axis=0), data.xy[others].max(axis=0)
+        pad = 0.02 * max(hi[0] - lo[0], hi[1] - lo[1], x1 - x0, y1 - y0)
+        u0, u1 = min(x0, lo[0] - pad), max(x1, hi[0] + pad)
+        v0, v1 = min(y0, lo[1] - pad), max(y1, hi[1] + pad)
+        if max((u1 - u0) / max(x1 - x0, 1e-12), (v1 - v0) / max(y1 - y0, 1e-12)) <= HOME_MAX_ZOOM_OUT:
+            x0, x1, y0, y1 = u0, u1, v0, v1
+    return [float(x0), float(x1), float(y0), float(y1)]
+
+
+def map_payload(data, per_node_np=None, communities=None) -> dict:
+    """The page's JSON data from ``scalemb.plot.figure.MapData``; ``communities``: ``(membership, info)`` of
+    ``scalemb.plot.communities``."""
     result = data.result
     ids = np.asarray(result.node_ids)
     strings = is_string_ids(ids)
@@ -48,16 +75,25 @@ def map_payload(data, per_node_np=None) -> dict:
                "values": {}, "component": _array(data.component, "u32"), "n_components": int(data.sizes.size),
                "component_sizes": [int(s) for s in data.sizes], "model": result.model,
                "title": f"{result.model}, N = {data.n_points}"}
+    payload["home"] = home_frame(data)
     if data.degree is not None:
         payload["values"]["degree"] = _array(data.degree, "u32")
-    if result.time_dims >= 1:
-        payload["values"]["time"] = _array(result.embedding[:, result.space_dims], "f32")
+    for k in range(result.time_dims):
+        name = "time" if result.time_dims == 1 else f"time {k + 1}"
+        payload["values"][name] = _array(result.embedding[:, result.space_dims + k], "f32")
     if per_node_np is not None:
         payload["values"]["np"] = _array(per_node_np, "f32")
     if data.classes is not None:
         names, codes = np.unique(data.classes, return_inverse=True)
         payload["classes"] = _array(codes, "u32")
         payload["class_names"] = [str(v) for v in names]
+    if communities is not None:
+        from ..plot.communities import community_labels
+
+        membership, info = communities
+        payload["community"] = _array(membership, "u32")
+        payload["communities"] = {**community_labels(data.xy, membership, data.degree, ids),
+                                  "method": info.get("method", "?")}
     if data.edges is not None and data.edges.shape[0]:
         edges = data.edges
         if edges.shape[0] > MAX_MAP_EDGES:
@@ -69,62 +105,94 @@ def map_payload(data, per_node_np=None) -> dict:
 
 
 STYLE = """html,body{margin:0;height:100%;font-family:system-ui,sans-serif;font-size:13px;color:#222}
-body{display:flex;flex-direction:column}#bar{display:flex;gap:1em;align-items:center;padding:.4em .8em;
-border-bottom:1px solid #ddd;flex-wrap:wrap}#wrap{position:relative;flex:1;min-height:0}
-#map{position:absolute;inset:0;width:100%;height:100%;cursor:grab;touch-action:none}
+body{display:flex;flex-direction:column}#bar{display:flex;gap:.8em;align-items:center;padding:.4em .8em;
+border-bottom:1px solid #ddd;flex-wrap:wrap}#main{flex:1;min-height:0;display:flex}
+#wrap{position:relative;flex:1;min-width:0}#map,#overlay{position:absolute;inset:0;width:100%;height:100%}
+#map{touch-action:none}#overlay{pointer-events:none}
 #tip{position:absolute;display:none;background:rgba(255,255,255,.95);border:1px solid #999;padding:.3em .5em;
-pointer-events:none;font-size:12px;z-index:2}#legend{position:absolute;right:10px;top:10px;
-background:rgba(255,255,255,.9);padding:.4em .6em;min-width:160px;z-index:1}#legend:empty{display:none}
-.bar{height:10px;margin:3px 0}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}
-#info{position:absolute;left:10px;bottom:10px;background:rgba(255,255,255,.9);padding:.3em .5em;z-index:1}
-#info:empty{display:none}"""
+pointer-events:none;font-size:12px;z-index:2;max-width:320px;overflow-wrap:anywhere}
+#side{width:230px;flex:none;border-left:1px solid #ddd;padding:.5em .7em;overflow:auto;overflow-wrap:anywhere}
+#side>div{margin-bottom:.8em}#legend .title{font-weight:600;margin-bottom:.2em}.bar{height:10px;margin:3px 0}
+.ends{display:flex;justify-content:space-between}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}
+#search{position:relative}#hits{position:absolute;left:0;top:100%;margin:2px 0 0;padding:0;list-style:none;z-index:3;
+background:#fff;border:1px solid #bbb;min-width:18em;max-height:60vh;overflow:auto}#hits:empty{display:none}
+#hits li{padding:.2em .5em;cursor:pointer;white-space:nowrap}#hits li:hover{background:#e8f0fb}"""
+
+_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-# JSON inside an HTML <script> element: '<' '>' '&' as \u escapes (inside a script element "<!--" followed by
-# "<script" makes the HTML parser skip the closing "</script>", and "</script" ends the element), and U+2028 /
-# U+2029 (line terminators in older JavaScript); JSON.parse reads the escapes back as the characters.
-_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028",
-                   0x2029: "\\u2029"}
+def script_json(payload) -> str:
+    """``payload`` as JSON safe inside a ``<script>`` element: ``<``, ``>``, ``&``, U+2028 and U+2029 written as
+    ``\\u`` escapes (JSON.parse reads them back unchanged; no ``</script>`` or ``<!--`` can end the element)."""
+    text = json.dumps(payload, separators=(",", ":"))
+    return "".join(_JSON_ESCAPES.get(c, c) for c in text) if any(c in text for c in _JSON_ESCAPES) else text
 
 
-def script_json(value) -> str:
-    """``value`` as compact JSON text that can be embedded as is in an HTML ``<script>`` element."""
-    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
+def _inline_script(name: str) -> str:
+    text = resources.files("scalemb.report").joinpath(name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "<!--" in text:
+        raise RuntimeError(f"scalemb/report/{name} holds '</script' or '<!--' and cannot be inlined")
+    return text
 
 
 def map_html(payload: dict, title: str) -> str:
-    """The self-contained page (``map.js`` inlined)."""
-    script = resources.files("scalemb.report").joinpath("map.js").read_text(encoding="utf-8")
-    keys = [k for k, ok in (("time", "time" in payload["values"]), ("label", "classes" in payload),
-                            ("degree", "degree" in payload["values"]),
-                            ("component", payload["n_components"] > 1), ("none", True)) if ok]
-    options = "".join(f"<option value={k}>{k}</option>" for k in keys)
-    edges = ""
+    """The self-contained page (the vendored regl-scatterplot bundle and ``map.js`` inlined)."""
+    library = _inline_script("vendor/regl-scatterplot.min.js")
+    script = _inline_script("map.js")
+    keys = ((["community"] if "community" in payload else []) + [k for k in payload["values"] if k.startswith("time")]
+            + (["label"] if "classes" in payload else [])
+            + [k for k in ("degree", "np") if k in payload["values"]]
+            + (["component"] if payload["n_components"] > 1 else []) + ["none"])
+    options = "".join(f"<option value='{html.escape(k)}'>{html.escape('NP@deg' if k == 'np' else k)}</option>"
+                      for k in keys)
+    edges = "<input type=checkbox id=edges hidden>"
     if "edges" in payload:
         note = (f" ({payload['edges_drawn']} of {payload['edges_total']})"
                 if payload["edges_drawn"] < payload["edges_total"] else "")
-        edges = f"<label><input type=checkbox id=edges checked> edges{note}</label>"
-    else:
-        edges = "<input type=checkbox id=edges hidden>"
-    data = script_json(payload)
+        edges = f"<label title='edges of the visible region'><input type=checkbox id=edges> edges{note}</label>"
     return "\n".join([
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>", '<link rel=icon href="data:,">',
         '<meta name=viewport content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>",
         f"<div id=bar><b>{html.escape(title)}</b>", f"<label>colour <select id=colour>{options}</select></label>",
-        edges, "<label><input type=checkbox id=legend-on checked> colour key</label>",
-        "<form id=find><input id=node placeholder='node id' size=10> <button>find</button></form>",
-        "<button id=reset title='frame the largest component'>reset</button>",
+        edges, "<label><input type=checkbox id=labels-on checked> labels</label>",
+        "<form id=find><span id=search><input id=node placeholder='find a node (id, prefix, name)' size=24 "
+        "autocomplete=off><ul id=hits></ul></span> <button>find</button></form>",
+        "<label title='drag: pan (shift+drag: lasso) · lasso / box: drag to select'>mouse <select id=mode>"
+        "<option value=pan>pan</option><option value=lasso>lasso</option><option value=box>box</option>"
+        "</select></label>",
+        "<button id=reset title='frame every component'>reset</button>",
         "<button id=all title='show every node'>all</button>",
-        "<span style='color:#666'>drag: pan · wheel: zoom · hover: node</span></div>",
-        "<div id=wrap><canvas id=map></canvas><div id=tip></div><div id=legend></div><div id=info></div></div>",
-        f'<script id=map-data type="application/json">{data}</script>',
-        f"<script>{script}</script>", "</body></html>"])
+        "<span style='color:#666'>wheel / pinch: zoom · hover: node · double-click: clear selection</span></div>",
+        "<div id=main><div id=wrap><canvas id=map></canvas><canvas id=overlay></canvas><div id=tip></div></div>",
+        "<div id=side><div id=legend></div>",
+        "<div><label><input type=checkbox id=legend-on checked> colour key</label></div>",
+        "<div><span id=selection>none selected</span> <button id=export disabled>download CSV</button></div>",
+        "<div id=info></div></div></div>",
+        f'<script id=map-data type="application/json">{script_json(payload)}</script>',
+        f"<script>{library}</script>", f"<script>{script}</script>", "</body></html>"])
+
+
+def run_communities(run, result, affinity) -> tuple | None:
+    """The communities stored with ``run`` (a path), else detected on the run's affinity graph (a kNN graph for
+    features), else ``None``."""
+    from ..plot.communities import detect_communities, load_communities
+
+    stored = load_communities(run) if isinstance(run, (str, os.PathLike)) else None
+    if stored is not None:
+        if stored[0].shape != (result.embedding.shape[0],):
+            raise ScalembError(f"{run}: its communities have {stored[0].size} nodes, the run "
+                               f"{result.embedding.shape[0]} (rerun scalemb communities --overwrite)")
+        return stored
+    if affinity is None:
+        return None
+    return detect_communities(affinity.P)
 
 
 def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     """The interactive map page of a finished run (path or ``EmbeddingResult``); ``affinity`` as in
-    ``scalemb.report.build_report`` (default: found from the run's provenance), ``labels`` one per node."""
+    ``scalemb.report.build_report`` (default: found from the run's provenance), ``labels`` one per node.
+    Communities: stored with the run, else detected on its graph (``run_communities``)."""
     from ..metrics.evaluate import load_run, read_labels
     from ..plot.figure import map_data, run_affinity
 
@@ -133,5 +201,5 @@ def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     aff = run_affinity(result, "auto" if affinity is None else affinity)
     data = map_data(result, affinity=aff, classes=classes)
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    return map_html(map_payload(data, _per_node_np(result, aff)),
+    return map_html(map_payload(data, _per_node_np(result, aff), run_communities(run, result, aff)),
                     title or f"scalemb map: {run_name} ({result.model} in {dims}, N = {data.n_points})")
