@@ -124,33 +124,36 @@ def test_stalled_reaches_back_over_entries_not_computed():
 
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
-    t-SNE switches from the spectral direction to delta-bar-delta with openTSNE's schedule, SNEST to its own dbd
-    schedule with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
-    from scalemb.models.base import OPENTSNE_SCHEDULE
+    t-SNE keeps the spectral direction, solved by truncated Jacobi-CG with every point's step bounded
+    (SPECTRAL_AT_SCALE), SNEST switches to its own dbd schedule with a 750-iteration budget (user options win);
+    SNE and EE keep their default at every size."""
+    from scalemb.models.base import SPECTRAL_AT_SCALE
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
 
     auto = make_optimizer("auto", "tsne")
     assert isinstance(auto, AutoOptimizer)
-    assert isinstance(resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1), LineSearchDescent)
+    small = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1)
+    assert small == LineSearchDescent()
     big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
-    assert isinstance(big, DeltaBarDelta)
-    assert (big.exaggeration, big.exaggeration_iterations, big.max_step_norm, big.max_iterations) == (12.0, 250, 5.0,
-                                                                                                        750)
-    assert big.momentum == OPENTSNE_SCHEDULE["momentum"]
+    assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_AT_SCALE.items() if k != "optimizer"})
+    assert (big.methods(AUTO_SCALE_MIN_POINTS), big.max_point_step, big.cg_maxiter) == (("cg", "jacobi"), 5.0, 10)
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == DeltaBarDelta(max_iterations=750)
-    mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
-    assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
+    mine = make_optimizer("auto", "tsne", max_point_step=2.0, tol=0.0).resolve(10 ** 6)
+    assert isinstance(mine, LineSearchDescent) and (mine.max_point_step, mine.tol, mine.window) == (2.0, 0.0, 10)
     assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
     assert isinstance(make_optimizer("auto", "ee"), LineSearchDescent)
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
     with pytest.raises(ValueError, match="max_step_norm"):
         make_optimizer("auto", "tsne", max_step_norm=-1.0)
+    with pytest.raises(ValueError, match="max_point_step"):
+        make_optimizer("auto", "tsne", max_point_step=0.0)
 
 
 def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
-    """A t-SNE fit of a graph above the threshold runs and records delta-bar-delta with the schedule at scale."""
+    """A t-SNE fit of a graph above the threshold runs and records the spectral direction with its settings at
+    scale."""
     from scalemb.affinity import coauthorship_affinity
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
     from scalemb.io.edgelist import read_edge_list
@@ -160,8 +163,48 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
     affinity = coauthorship_affinity(read_edge_list(path))
     assert affinity.node_ids.size >= AUTO_SCALE_MIN_POINTS
     embedder = scalemb.Embedder(model="tsne", iterations=3, quiet=True).fit(affinity)
-    assert embedder.result_.optimizer["optimizer"] == "dbd"
-    assert embedder.result_.optimizer["exaggeration"] == 12.0
+    recorded = embedder.result_.optimizer
+    assert (recorded["optimizer"], recorded["solver"], recorded["preconditioner"]) == ("sd", "cg", "jacobi")
+    assert recorded["max_point_step"] == 5.0 and embedder.result_.iterations == 3
+
+
+def test_bounded_direction_scales_long_steps_and_stays_a_descent_direction():
+    from scalemb.optim.descent import bounded_direction
+
+    gradient = np.array([[-1.0, -1.0, 1.0], [0.0, 0.0, 0.0]])
+    direction = np.array([[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])
+    bounded = bounded_direction(direction, gradient, 5.0)
+    assert np.allclose(bounded, [[3.0, 0.1, -3.0], [4.0, 0.2, 4.0]])
+    assert np.array_equal(direction, [[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])  # not modified in place
+    # the long column dominated the descent: bounded, the direction ascends; the bounded -gradient is used
+    gradient = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    uphill = np.array([[0.4, 0.4, -100.0], [0.0, 0.0, 0.0]])
+    assert np.sum(gradient * uphill) < 0 and np.sum(gradient * np.array([[0.4, 0.4, -0.5], [0, 0, 0]])) > 0
+    fallback = bounded_direction(uphill, gradient, 0.5)
+    assert np.allclose(fallback, [[-0.5, -0.5, -0.5], [0.0, 0.0, 0.0]])
+
+
+def _descent_moves(affinity, n_iter, **kw):
+    """Space moves of every point between successive iterations of a t-SNE sd run from the random start (the
+    rigid translation of re-centring removed by taking moves relative to point 0)."""
+    from scalemb.optim import LineSearchDescent
+
+    ex = LocalExecutor(affinity, get_model("tsne"), 2, 0)
+    coords = initial_coords(affinity.n_points, 2, 0, np.random.default_rng(0))
+    states = []
+    LineSearchDescent(tol=0, **kw).optimize(ex, coords, n_iter, checkpoint=lambda it, export: states.append(export()))
+    moves = np.diff(np.stack([s.coords for s in states]), axis=0)
+    return np.linalg.norm(moves - moves[:, :, :1], axis=1)
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg"])
+def test_max_point_step_bounds_every_points_move(school_affinity, solver):
+    """Each point moves by at most ``max_point_step`` per iteration (the line search's step is at most 1), so any
+    two points' moves differ by at most twice that; unbounded, the first steps are far longer."""
+    free = _descent_moves(school_affinity, 6, solver=solver)
+    bounded = _descent_moves(school_affinity, 6, solver=solver, max_point_step=0.05)
+    assert free.max() > 0.5
+    assert bounded.max() <= 2 * 0.05 * (1 + 1e-9) and bounded.max() > 0.05
 
 
 def test_max_iterations_is_the_schedules_budget_and_continue_lifts_it(school_affinity):

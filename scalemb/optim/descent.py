@@ -124,6 +124,7 @@ class LineSearchDescent:
     rho: float = 0.5
     growth: float = 1.2
     max_step: float = 1.0
+    max_point_step: float | None = None
     time_rate: float | str = "auto"
     exaggeration: float = 1.0
     exaggeration_iterations: int = 0
@@ -138,6 +139,8 @@ class LineSearchDescent:
                                      (self.preconditioner, PRECONDITIONERS, "preconditioner")):
             if value not in allowed:
                 raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        if self.max_point_step is not None and not self.max_point_step > 0:
+            raise ValueError(f"max_point_step must be > 0 or None, got {self.max_point_step!r}")
         if self.direction == "gradient":
             self.name = "gd"
 
@@ -148,7 +151,7 @@ class LineSearchDescent:
                 "refactor_every": self.refactor_every, "mu": self.mu, "cg_tol": self.cg_tol,
                 "cg_maxiter": self.cg_maxiter,
                 "c": self.c, "rho": self.rho, "growth": self.growth, "max_step": self.max_step,
-                "time_rate": self.time_rate,
+                "max_point_step": self.max_point_step, "time_rate": self.time_rate,
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "tol": self.tol, "window": self.window}
 
@@ -280,6 +283,22 @@ class LineSearchDescent:
         return cg.x
 
 
+def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float) -> np.ndarray:
+    """The space direction with every point's step (a column of ``direction``, ``(ds, N)``) scaled down to
+    Euclidean norm ``radius`` where it is longer (a per-point trust region); if that is no longer a descent
+    direction (``<gradient, direction> >= 0``: the solve coupled the points), the negative gradient bounded the
+    same way, which always is."""
+    from .dbd import clip_step_norms
+
+    bounded = direction.copy()
+    clip_step_norms(bounded, radius)
+    if np.sum(gradient * bounded) < 0:
+        return bounded
+    bounded = -gradient
+    clip_step_norms(bounded, radius)
+    return bounded
+
+
 def _factorize(executor, mu: float, ordering, kind: str):
     """``executor.factorize_curvature`` (``kind`` passed only when it is not the LU every executor has)."""
     if kind == "lu":
@@ -340,6 +359,8 @@ class _DescentRun(StepRun):
                 self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
                 raise
             s.previous_space = direction[:ds].copy()
+            if r.max_point_step is not None:
+                direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
         else:
             direction[:ds] = -rgrad[:ds]
         if s.coords.shape[0] > ds:
