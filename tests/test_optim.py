@@ -124,36 +124,35 @@ def test_stalled_reaches_back_over_entries_not_computed():
 
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
-    t-SNE keeps the spectral direction, solved by truncated Jacobi-CG with every point's step bounded
-    (SPECTRAL_AT_SCALE), SNEST switches to its own dbd schedule with a 750-iteration budget (user options win);
-    SNE and EE keep their default at every size."""
-    from scalemb.models.base import SPECTRAL_AT_SCALE
+    t-SNE switches from the spectral direction to delta-bar-delta with openTSNE's schedule, SNEST to its own dbd
+    schedule with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
+    from scalemb.models.base import OPENTSNE_SCHEDULE
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
 
     auto = make_optimizer("auto", "tsne")
     assert isinstance(auto, AutoOptimizer)
-    small = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1)
-    assert small == LineSearchDescent()
+    assert isinstance(resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1), LineSearchDescent)
     big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
-    assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_AT_SCALE.items() if k != "optimizer"})
-    assert (big.methods(AUTO_SCALE_MIN_POINTS), big.max_point_step, big.cg_maxiter) == (("cg", "jacobi"), 5.0, 10)
+    assert isinstance(big, DeltaBarDelta)
+    assert (big.exaggeration, big.exaggeration_iterations, big.max_step_norm, big.max_iterations) == (12.0, 250, 5.0,
+                                                                                                        750)
+    assert big.momentum == OPENTSNE_SCHEDULE["momentum"]
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == DeltaBarDelta(max_iterations=750)
-    mine = make_optimizer("auto", "tsne", max_point_step=2.0, tol=0.0).resolve(10 ** 6)
-    assert isinstance(mine, LineSearchDescent) and (mine.max_point_step, mine.tol, mine.window) == (2.0, 0.0, 10)
+    mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
+    assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
     assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
     assert isinstance(make_optimizer("auto", "ee"), LineSearchDescent)
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
     with pytest.raises(ValueError, match="max_step_norm"):
         make_optimizer("auto", "tsne", max_step_norm=-1.0)
     with pytest.raises(ValueError, match="max_point_step"):
-        make_optimizer("auto", "tsne", max_point_step=0.0)
+        make_optimizer("sd", "tsne", max_point_step=0.0)
 
 
 def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
-    """A t-SNE fit of a graph above the threshold runs and records the spectral direction with its settings at
-    scale."""
+    """A t-SNE fit of a graph above the threshold runs and records delta-bar-delta with the schedule at scale."""
     from scalemb.affinity import coauthorship_affinity
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
     from scalemb.io.edgelist import read_edge_list
@@ -163,9 +162,8 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
     affinity = coauthorship_affinity(read_edge_list(path))
     assert affinity.node_ids.size >= AUTO_SCALE_MIN_POINTS
     embedder = scalemb.Embedder(model="tsne", iterations=3, quiet=True).fit(affinity)
-    recorded = embedder.result_.optimizer
-    assert (recorded["optimizer"], recorded["solver"], recorded["preconditioner"]) == ("sd", "cg", "jacobi")
-    assert recorded["max_point_step"] == 5.0 and embedder.result_.iterations == 3
+    assert embedder.result_.optimizer["optimizer"] == "dbd"
+    assert embedder.result_.optimizer["exaggeration"] == 12.0
 
 
 def test_bounded_direction_scales_long_steps_and_stays_a_descent_direction():
@@ -218,3 +216,24 @@ def test_max_iterations_is_the_schedules_budget_and_continue_lifts_it(school_aff
     assert embedder.result_.iterations == 30 and embedder.result_.optimizer["max_iterations"] == 30
     embedder.continue_run(school_affinity, embedder.optimizer_, 20)
     assert embedder.result_.iterations == 50
+
+
+def test_momentum_exaggeration_phase_then_spectral_steps(school_affinity):
+    """``exaggeration_steps='momentum'``: the exaggerated phase takes one bounded momentum step (one evaluation) per
+    iteration, then the spectral direction with its line search takes over and the KL never rises again."""
+    from scalemb.optim import LineSearchDescent
+
+    with pytest.raises(ValueError, match="exaggeration_steps"):
+        LineSearchDescent(exaggeration_steps="dbd")
+    ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    kw = dict(exaggeration=12.0, exaggeration_iterations=30, exaggeration_steps="momentum", max_point_step=0.5,
+              tol=0.0)
+    states = []
+    phase = LineSearchDescent(**kw).optimize(ex, coords, 30, checkpoint=lambda it, export: states.append(export()))
+    assert phase.evaluations == 31  # the start, then one per iteration: no line search
+    moves = np.linalg.norm(np.diff(np.stack([s.coords for s in states]), axis=0), axis=1)
+    assert moves.max() <= 2 * 0.5 * (1 + 1e-9)
+    run = LineSearchDescent(**kw).optimize(ex, coords, 120)
+    after = run.kl_history[31:]
+    assert np.all(np.diff(after) <= 1e-12) and run.kl < phase.kl_history[-1]

@@ -37,16 +37,6 @@ from .objective import KL, Objective
 OPENTSNE_SCHEDULE = {"optimizer": "dbd", "exaggeration": 12.0, "exaggeration_iterations": 250,
                      "momentum": (0.5, 0.8), "momentum_switch": (250,), "max_step_norm": 5.0, "max_iterations": 750}
 
-# The spectral direction from 20 000 points (``scalemb.optim.AUTO_SCALE_MIN_POINTS``), where the sparse LU fills in
-# (benchmarks/results/sd_scale.md, issue 29): ``(L(C) + mu I) P = -G`` solved inexactly by 10 Jacobi-preconditioned
-# CG iterations (a multigrid V-cycle costs ~3 evaluations there, 10 Laplacian products ~0.5); every point's step
-# bounded to norm 5 (openTSNE's ``max_step_norm``): unbounded, loosely attached parts of the graph move by their
-# gradient over the smallest eigenvalues of L(C) and the layout reaches ~800 units in 5 iterations, where the FFT
-# grid is capped and an evaluation costs ~N^2; and the run stops once the KL falls by less than 0.2 % per iteration
-# over 10 iterations.
-SPECTRAL_AT_SCALE = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
-                     "cg_tol": 0.1, "max_point_step": 5.0, "tol": 2e-3, "window": 10}
-
 
 @dataclass(frozen=True)
 class Model:
