@@ -8,7 +8,8 @@ process after a JIT warm-up (one evaluation, one curvature and one Laplacian pro
 own, per iteration; the layout is copied every ``--every`` seconds (the copy is inside the clock, the metrics are
 not).  openTSNE's layouts are taken by its callback every ``--opentsne-every`` iterations and scored afterwards with
 the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP@deg (``scalemb.metrics``,
-``--sample`` rows, seed 0) as scalemb's (``benchmarks/scale.py``'s openTSNE child reused, with snapshots).
+``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
+overlap: on a machine shared with other work that adds one process to the load; the results file says so).
 
 ``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --out benchmarks/results/sd_scale.md``
 (stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out
@@ -16,6 +17,7 @@ PN.zarr``; ``grqc``: the bundled ca-GrQc).
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from common import machine_description, run_description
-from scale import _child, executor_for
+from scale import executor_for
 
 from scalemb.affinity.store import AffinityStore
 from scalemb.embedding import initial_coords
@@ -143,6 +145,11 @@ def size_section(store, args, lines):
                    make_optimizer("dbd", "tsne", n, **options(OPENTSNE_SCHEDULE))),
                   ("scalemb sd, SPECTRAL_AT_SCALE", make_optimizer("sd", "tsne", n, **options(SPECTRAL_AT_SCALE)))]
     runs = {}
+    child = None
+    if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
+        out = Path(args.workdir) / f"opentsne_{name}.npz"
+        child = subprocess.Popen([sys.executable, __file__, "--opentsne-child", store, str(out),
+                                  str(args.opentsne_every)])
     for label, opt in candidates:
         if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
             continue  # auto is one of the explicit schedules
@@ -154,9 +161,9 @@ def size_section(store, args, lines):
             kl_value, np_deg, extent = score(affinity, coords.T, args.sample)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
         finals[label] = rows[-1]
-    if not args.skip_opentsne:
-        out = Path(args.workdir) / f"opentsne_{name}.npz"
-        _child([sys.executable, __file__, "--opentsne-child", store, str(out), str(args.opentsne_every)], "openTSNE")
+    if child is not None:
+        if child.wait() != 0:
+            raise RuntimeError(f"openTSNE failed ({child.returncode})")
         data = np.load(out)
         label = f"openTSNE 1.0.4 defaults ({len(os.sched_getaffinity(0))} jobs)"
         curve = []
