@@ -47,6 +47,13 @@ def assert_same_result(a, b):
     ("dbd", "tsne", 2, 0, {"kl_every": 4, "max_step_norm": 0.5}),  # NaN history entries; clipped steps
     ("sd", "snest", 1, 1, {"refactor_every": 7}),  # lagged factorisation, rebuilt on resume
     ("sd", "tsne", 2, 0, {"solver": "cg"}),
+    # the settings at scale: truncated Jacobi-CG, bounded point steps (active at this scale), the KL-change stop
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "cg_tol": 0.1,
+                          "max_point_step": 0.05, "tol": 0.0, "window": 10}),
+    # with the exaggerated momentum phase (the momentum buffer is state; interrupted inside it and after it)
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "max_point_step": 0.5,
+                          "exaggeration": 12.0, "exaggeration_iterations": 60, "exaggeration_steps": "momentum",
+                          "tol": 0.0}),
     ("gd", "snest", 2, 1, {}),
 ])
 def test_optimizer_state_round_trip_is_exact(school_affinity, name, model, ds, dt, options):

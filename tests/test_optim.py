@@ -147,6 +147,8 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
     with pytest.raises(ValueError, match="max_step_norm"):
         make_optimizer("auto", "tsne", max_step_norm=-1.0)
+    with pytest.raises(ValueError, match="max_point_step"):
+        make_optimizer("sd", "tsne", max_point_step=0.0)
 
 
 def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
@@ -164,6 +166,45 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
     assert embedder.result_.optimizer["exaggeration"] == 12.0
 
 
+def test_bounded_direction_scales_long_steps_and_stays_a_descent_direction():
+    from scalemb.optim.descent import bounded_direction
+
+    gradient = np.array([[-1.0, -1.0, 1.0], [0.0, 0.0, 0.0]])
+    direction = np.array([[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])
+    bounded = bounded_direction(direction, gradient, 5.0)
+    assert np.allclose(bounded, [[3.0, 0.1, -3.0], [4.0, 0.2, 4.0]])
+    assert np.array_equal(direction, [[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])  # not modified in place
+    # the long column dominated the descent: bounded, the direction ascends; the bounded -gradient is used
+    gradient = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    uphill = np.array([[0.4, 0.4, -100.0], [0.0, 0.0, 0.0]])
+    assert np.sum(gradient * uphill) < 0 and np.sum(gradient * np.array([[0.4, 0.4, -0.5], [0, 0, 0]])) > 0
+    fallback = bounded_direction(uphill, gradient, 0.5)
+    assert np.allclose(fallback, [[-0.5, -0.5, -0.5], [0.0, 0.0, 0.0]])
+
+
+def _descent_moves(affinity, n_iter, **kw):
+    """Space moves of every point between successive iterations of a t-SNE sd run from the random start (the
+    rigid translation of re-centring removed by taking moves relative to point 0)."""
+    from scalemb.optim import LineSearchDescent
+
+    ex = LocalExecutor(affinity, get_model("tsne"), 2, 0)
+    coords = initial_coords(affinity.n_points, 2, 0, np.random.default_rng(0))
+    states = []
+    LineSearchDescent(tol=0, **kw).optimize(ex, coords, n_iter, checkpoint=lambda it, export: states.append(export()))
+    moves = np.diff(np.stack([s.coords for s in states]), axis=0)
+    return np.linalg.norm(moves - moves[:, :, :1], axis=1)
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg"])
+def test_max_point_step_bounds_every_points_move(school_affinity, solver):
+    """Each point moves by at most ``max_point_step`` per iteration (the line search's step is at most 1), so any
+    two points' moves differ by at most twice that; unbounded, the first steps are far longer."""
+    free = _descent_moves(school_affinity, 6, solver=solver)
+    bounded = _descent_moves(school_affinity, 6, solver=solver, max_point_step=0.05)
+    assert free.max() > 0.5
+    assert bounded.max() <= 2 * 0.05 * (1 + 1e-9) and bounded.max() > 0.05
+
+
 def test_max_iterations_is_the_schedules_budget_and_continue_lifts_it(school_affinity):
     """``max_iterations`` caps a run whatever ``n_iter`` asks (and the progress total); continuing a finished run
     for n more iterations runs them."""
@@ -175,3 +216,24 @@ def test_max_iterations_is_the_schedules_budget_and_continue_lifts_it(school_aff
     assert embedder.result_.iterations == 30 and embedder.result_.optimizer["max_iterations"] == 30
     embedder.continue_run(school_affinity, embedder.optimizer_, 20)
     assert embedder.result_.iterations == 50
+
+
+def test_momentum_exaggeration_phase_then_spectral_steps(school_affinity):
+    """``exaggeration_steps='momentum'``: the exaggerated phase takes one bounded momentum step (one evaluation) per
+    iteration, then the spectral direction with its line search takes over and the KL never rises again."""
+    from scalemb.optim import LineSearchDescent
+
+    with pytest.raises(ValueError, match="exaggeration_steps"):
+        LineSearchDescent(exaggeration_steps="dbd")
+    ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    kw = dict(exaggeration=12.0, exaggeration_iterations=30, exaggeration_steps="momentum", max_point_step=0.5,
+              tol=0.0)
+    states = []
+    phase = LineSearchDescent(**kw).optimize(ex, coords, 30, checkpoint=lambda it, export: states.append(export()))
+    assert phase.evaluations == 31  # the start, then one per iteration: no line search
+    moves = np.linalg.norm(np.diff(np.stack([s.coords for s in states]), axis=0), axis=1)
+    assert moves.max() <= 2 * 0.5 * (1 + 1e-9)
+    run = LineSearchDescent(**kw).optimize(ex, coords, 120)
+    after = run.kl_history[31:]
+    assert np.all(np.diff(after) <= 1e-12) and run.kl < phase.kl_history[-1]

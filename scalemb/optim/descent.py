@@ -31,6 +31,13 @@ lagged factorisation is reused: a factorisation costs ~1.5 evaluations, a solve 
 1.2 (1.25 evaluations per iteration instead of 1.5 with the reference code's growth 1.5 and no cap), no early
 exaggeration.  ``solver='cg'`` is the matrix-free form
 (row-block Laplacian products) that a distributed executor runs.
+
+At scale (issue 29): ``max_point_step = R`` bounds every point's space step to norm R (a per-point trust region,
+``bounded_direction``): the solve moves loosely attached parts of the graph by their gradient over the smallest
+eigenvalues of ``L(C)``, which spread a layout of 7.7e4 co-authors to ~800 units in 5 iterations, where the FFT
+grid is capped.  ``exaggeration_steps='momentum'`` makes the exaggeration phase openTSNE's (bounded momentum steps
+``u <- m u - lr g``, ``lr = max(1, N/12)``, one evaluation per iteration, no line search) instead of spectral
+steps on the exaggerated objective; the spectral steps follow.
 """
 import logging
 from dataclasses import dataclass, field, replace
@@ -48,6 +55,7 @@ DIRECTIONS = ("spectral", "gradient")
 SOLVERS = ("auto", "cg", "lu")
 CURVATURES = ("iterate", "fixed")
 PRECONDITIONERS = ("lu", "amg", "jacobi")
+EXAGGERATION_STEPS = ("spectral", "momentum")
 # solver='auto': sparse LU below this many points, PCG on the row-block Laplacian products from it on
 # (benchmarks/scale.py, benchmarks/results/scale.md: the LU of a co-authorship graph's curvature fills in
 # super-linearly; GrQc, N = 5241, keeps LU and its results).
@@ -124,9 +132,12 @@ class LineSearchDescent:
     rho: float = 0.5
     growth: float = 1.2
     max_step: float = 1.0
+    max_point_step: float | None = None
     time_rate: float | str = "auto"
     exaggeration: float = 1.0
     exaggeration_iterations: int = 0
+    exaggeration_steps: str = "spectral"
+    exaggeration_momentum: float = 0.5
     tol: float = 1e-5
     window: int = 50
     max_failures: int = 3
@@ -138,6 +149,11 @@ class LineSearchDescent:
                                      (self.preconditioner, PRECONDITIONERS, "preconditioner")):
             if value not in allowed:
                 raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        if self.exaggeration_steps not in EXAGGERATION_STEPS:
+            raise ValueError(f"unknown exaggeration_steps {self.exaggeration_steps!r}; choose one of "
+                             f"{', '.join(EXAGGERATION_STEPS)}")
+        if self.max_point_step is not None and not self.max_point_step > 0:
+            raise ValueError(f"max_point_step must be > 0 or None, got {self.max_point_step!r}")
         if self.direction == "gradient":
             self.name = "gd"
 
@@ -148,8 +164,9 @@ class LineSearchDescent:
                 "refactor_every": self.refactor_every, "mu": self.mu, "cg_tol": self.cg_tol,
                 "cg_maxiter": self.cg_maxiter,
                 "c": self.c, "rho": self.rho, "growth": self.growth, "max_step": self.max_step,
-                "time_rate": self.time_rate,
+                "max_point_step": self.max_point_step, "time_rate": self.time_rate,
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
+                "exaggeration_steps": self.exaggeration_steps, "exaggeration_momentum": self.exaggeration_momentum,
                 "tol": self.tol, "window": self.window}
 
     def methods(self, n_points: int) -> tuple[str, str]:
@@ -280,6 +297,22 @@ class LineSearchDescent:
         return cg.x
 
 
+def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float) -> np.ndarray:
+    """The space direction with every point's step (a column of ``direction``, ``(ds, N)``) scaled down to
+    Euclidean norm ``radius`` where it is longer (a per-point trust region); if that is no longer a descent
+    direction (``<gradient, direction> >= 0``: the solve coupled the points), the negative gradient bounded the
+    same way, which always is."""
+    from .dbd import clip_step_norms
+
+    bounded = direction.copy()
+    clip_step_norms(bounded, radius)
+    if np.sum(gradient * bounded) < 0:
+        return bounded
+    bounded = -gradient
+    clip_step_norms(bounded, radius)
+    return bounded
+
+
 def _factorize(executor, mu: float, ordering, kind: str):
     """``executor.factorize_curvature`` (``kind`` passed only when it is not the LU every executor has)."""
     if kind == "lu":
@@ -313,6 +346,8 @@ class _DescentRun(StepRun):
         r, s = self.rule, self.state
         if s.alpha != 1.0 and it >= r.exaggeration_iterations:
             s.alpha = 1.0
+            if r.exaggeration_steps == "momentum":
+                s.previous_space = None  # the momentum buffer is no warm start for the solve
             self.solver_state["stale"] = True
             self.ev = self.evaluate(s.coords, s.alpha, it)
             s.evaluations += 1
@@ -323,6 +358,8 @@ class _DescentRun(StepRun):
         r, s, ds, solver_state = self.rule, self.state, self.space_dims, self.solver_state
         grad = self.ev.gradient
         rgrad = self.geometry.riemannian_gradient(s.coords, grad)
+        if r.exaggeration_steps == "momentum" and it < r.exaggeration_iterations:
+            return self._momentum_step(it, rgrad)
         direction = np.empty_like(s.coords)
         if r.direction == "spectral":
             if it - s.factored_at >= self.refactor_every:
@@ -340,6 +377,8 @@ class _DescentRun(StepRun):
                 self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
                 raise
             s.previous_space = direction[:ds].copy()
+            if r.max_point_step is not None:
+                direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
         else:
             direction[:ds] = -rgrad[:ds]
         if s.coords.shape[0] > ds:
@@ -370,6 +409,29 @@ class _DescentRun(StepRun):
         s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r._max_step())
         s.coords = result.coords
         self.ev = result.evaluation
+        return MOVED
+
+    def _momentum_step(self, it: int, rgrad: np.ndarray) -> str:
+        """One exaggeration-phase step of ``exaggeration_steps='momentum'``: space ``u <- m u - lr g`` (``lr =
+        max(1, N/12)`` times the model's ``learning_rate_scale``, ``m = exaggeration_momentum``, each point's ``u``
+        bounded by ``max_point_step``; ``u`` kept in ``previous_space``), time ``-time_rate g`` as in the
+        line-search steps, no line search: one evaluation per iteration, as openTSNE's exaggeration phase."""
+        r, s, ds = self.rule, self.state, self.space_dims
+        scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
+        update = -max(1.0, self.n_points / 12.0) * scale * rgrad[:ds]
+        if s.previous_space is not None:
+            update += r.exaggeration_momentum * s.previous_space
+        if r.max_point_step is not None:
+            from .dbd import clip_step_norms
+
+            clip_step_norms(update, r.max_point_step)
+        s.previous_space = update
+        direction = np.empty_like(s.coords)
+        direction[:ds] = update
+        direction[ds:] = -s.time_rate * rgrad[ds:]
+        s.coords = self.geometry.retract(s.coords, direction)
+        self.ev = self.evaluate(s.coords, s.alpha, it + 1)
+        s.evaluations += 1
         return MOVED
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:

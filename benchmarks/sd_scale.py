@@ -1,0 +1,219 @@
+"""Issue 29: time-to-quality of t-SNE R^2 at scale -- KL and sampled NP@deg against wall time -- for scalemb's
+default optimiser (``optimizer='auto'``), scalemb's previous default at scale (delta-bar-delta with openTSNE's
+schedule, ``OPENTSNE_SCHEDULE``) and openTSNE's defaults on the same P (``PrecomputedAffinities``, one job per
+usable core, in a child process).
+
+Per store, all rows in one run (the machine is shared: compare within a table).  scalemb's runs are in this
+process after a JIT warm-up (one evaluation, one curvature and one Laplacian product); their KL is the optimiser's
+own, per iteration; the layout is copied every ``--every`` seconds (the copy is inside the clock, the metrics are
+not).  openTSNE's layouts are taken by its callback every ``--opentsne-every`` iterations and scored afterwards with
+the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP@deg (``scalemb.metrics``,
+``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
+overlap: on a machine shared with other work that adds one process to the load; the results file says so).
+
+``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --out benchmarks/results/sd_scale.md``
+(stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out
+PN.zarr``; ``grqc``: the bundled ca-GrQc).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import machine_description, run_description
+from scale import executor_for
+
+from scalemb.affinity.store import AffinityStore
+from scalemb.embedding import initial_coords
+from scalemb.engine.local import LocalExecutor
+from scalemb.models import get_model
+from scalemb.models.base import OPENTSNE_SCHEDULE
+from scalemb.optim import make_optimizer
+
+
+# The spectral-direction candidate at scale measured here (issue 29), all of it ``LineSearchDescent`` options:
+# openTSNE's exaggeration phase first (x12 for 250 iterations, bounded momentum steps, lr N/12, one evaluation each:
+# the layout stays ~20 units wide, so they are cheap), then the spectral direction solved by 10 Jacobi-preconditioned
+# CG iterations (a multigrid V-cycle costs about an evaluation at 1e5 points, 10 Laplacian products ~0.1) with every
+# point's step bounded to norm 5 (openTSNE's ``max_step_norm``), stopping once the KL falls by less than 0.2 % per
+# iteration over 10 iterations.
+SPECTRAL_AT_SCALE = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
+                     "cg_tol": 0.1, "max_point_step": 5.0, "exaggeration": 12.0, "exaggeration_iterations": 250,
+                     "exaggeration_steps": "momentum", "tol": 2e-3, "window": 10}
+
+
+def load(store):
+    """``(affinity, executor factory)`` for a store path or ``grqc``."""
+    if store == "grqc":
+        from scalemb.datasets import grqc
+
+        affinity = grqc()
+        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto")
+    return AffinityStore(store).to_affinity(), lambda: executor_for(store)
+
+
+def warm_up(ex, coords):
+    ex.evaluate(coords)
+    ex.set_curvature(coords)
+    ex.laplacian_matvec(coords)
+
+
+def run_scalemb(make, optimizer, iterations, every):
+    """One run from the default random start (seed 0): ``(curve [(iteration, seconds, kl)], snapshots
+    [(iteration, seconds, coords)], result)``."""
+    curve, snaps = [], []
+    with make() as ex:
+        coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
+        warm_up(ex, coords)
+        start = time.perf_counter()
+        last = [-np.inf]
+
+        def callback(it, kl):
+            curve.append((it, time.perf_counter() - start, kl))
+
+        def checkpoint(it, export):
+            now = time.perf_counter() - start
+            if now - last[0] >= every:
+                last[0] = now
+                snaps.append((it, now, np.array(export().coords)))
+
+        result = optimizer.optimize(ex, coords, iterations, callback=callback, checkpoint=checkpoint)
+        seconds = time.perf_counter() - start
+    snaps.append((result.iterations, seconds, np.array(result.coords)))
+    curve.append((result.iterations, seconds, result.kl))
+    return curve, snaps, result
+
+
+def opentsne_child(store, out, every):
+    """(Child process.)  openTSNE with its defaults on the store's P, one job per usable core, seed 0; layouts
+    every ``every`` iterations with the seconds since ``fit`` began, saved to ``out`` (npz)."""
+    from openTSNE import TSNE
+    from openTSNE.affinity import PrecomputedAffinities
+
+    affinity, _ = load(store)
+    snaps, start = [], [0.0]
+
+    def snapshot(iteration, error, embedding):
+        snaps.append((iteration, time.perf_counter() - start[0], np.array(embedding)))
+
+    tsne = TSNE(n_jobs=len(os.sched_getaffinity(0)), random_state=0, callbacks=snapshot,
+                callbacks_every_iters=every)
+    start[0] = time.perf_counter()
+    Y = np.asarray(tsne.fit(affinities=PrecomputedAffinities(affinity.P)))
+    seconds = time.perf_counter() - start[0]
+    # openTSNE counts the exaggeration phase's iterations and the rest separately: number them in one sequence
+    its = [s[0] for s in snaps]
+    offset = [0] * len(its)
+    for k in range(1, len(its)):
+        offset[k] = offset[k - 1] + (its[k - 1] if its[k] <= its[k - 1] else 0)
+    numbered = [i + o for i, o in zip(its, offset)]
+    keep = [k for k, i in enumerate(numbered) if i < 750]  # the last one is the fit's result, timed at its end
+    np.savez(out, iterations=np.array([numbered[k] for k in keep] + [750]),
+             seconds=np.array([snaps[k][1] for k in keep] + [seconds]),
+             layouts=np.stack([snaps[k][2] for k in keep] + [Y]))
+
+
+def score(affinity, coords_n2, sample):
+    from scalemb.metrics import graph_metrics, kl
+
+    Y = np.ascontiguousarray(coords_n2)
+    npd = graph_metrics(affinity.P, Y, "tsne", sample=sample)["np@deg"]
+    return kl(affinity, Y, "tsne"), npd.value, float(np.ptp(Y[:, 0]))
+
+
+def first_time_below(curve, target):
+    """``(iteration, seconds)`` of the first entry with KL <= target, or None."""
+    for it, seconds, kl in curve:
+        if kl <= target:
+            return it, seconds
+    return None
+
+
+def size_section(store, args, lines):
+    affinity, make = load(store)
+    n = affinity.n_points
+    name = "ca-GrQc" if store == "grqc" else Path(store).name
+    lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
+    rows, finals = [], {}
+    options = lambda schedule: {k: v for k, v in schedule.items() if k != "optimizer"}  # noqa: E731
+    candidates = [(f"scalemb auto ({make_optimizer('auto', 'tsne', n).name})", make_optimizer("auto", "tsne", n)),
+                  ("scalemb dbd, openTSNE schedule (old default)",
+                   make_optimizer("dbd", "tsne", n, **options(OPENTSNE_SCHEDULE))),
+                  ("scalemb sd, SPECTRAL_AT_SCALE", make_optimizer("sd", "tsne", n, **options(SPECTRAL_AT_SCALE)))]
+    runs = {}
+    child = None
+    if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
+        out = Path(args.workdir) / f"opentsne_{name}.npz"
+        child = subprocess.Popen([sys.executable, __file__, "--opentsne-child", store, str(out),
+                                  str(args.opentsne_every)])
+    for label, opt in candidates:
+        if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
+            continue  # auto is one of the explicit schedules
+        budget = args.sd_iterations if label.endswith("SPECTRAL_AT_SCALE") else args.iterations
+        curve, snaps, result = run_scalemb(make, opt, budget, args.every)
+        runs[label] = curve
+        print(label, result.iterations, curve[-1], flush=True)
+        for it, seconds, coords in snaps:
+            kl_value, np_deg, extent = score(affinity, coords.T, args.sample)
+            rows.append((label, it, seconds, kl_value, np_deg, extent))
+        finals[label] = rows[-1]
+    if child is not None:
+        if child.wait() != 0:
+            raise RuntimeError(f"openTSNE failed ({child.returncode})")
+        data = np.load(out)
+        label = f"openTSNE 1.0.4 defaults ({len(os.sched_getaffinity(0))} jobs)"
+        curve = []
+        for it, seconds, Y in zip(data["iterations"], data["seconds"], data["layouts"]):
+            kl_value, np_deg, extent = score(affinity, Y, args.sample)
+            rows.append((label, int(it), float(seconds), kl_value, np_deg, extent))
+            curve.append((int(it), float(seconds), kl_value))
+        runs[label] = curve
+        finals[label] = rows[-1]
+    lines += ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |" for r in rows]
+    lines += ["", "| run | final KL | final NP@deg | wall s | first reaches the reference's final KL at "
+              "(iteration, s) | time ratio to the reference |", "|---|---|---|---|---|---|"]
+    reference = next((k for k in finals if k.startswith("openTSNE")), None) or list(finals)[-1]
+    target, ref_seconds = finals[reference][3], finals[reference][2]
+    for label, final in finals.items():
+        hit = first_time_below(runs[label], target)
+        reach = f"{hit[0]}, {hit[1]:.1f}" if hit else "not reached"
+        ratio = f"{hit[1] / ref_seconds:.2f}" if hit else "-"
+        lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} |")
+    lines += ["", f"reference: {reference} (final KL {target:.4f}); KL of scalemb's runs in the reach column: the "
+              "optimiser's per-iteration value; NP@deg over "
+              f"{args.sample} sampled rows (seed 0).", ""]
+    print("\n".join(lines[-12:]), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stores", default="grqc")
+    parser.add_argument("--iterations", type=int, default=1000, help="budget of scalemb's runs")
+    parser.add_argument("--sd-iterations", type=int, default=310, help="budget of the SPECTRAL_AT_SCALE run")
+    parser.add_argument("--every", type=float, default=20.0, help="seconds between scalemb layout snapshots")
+    parser.add_argument("--opentsne-every", type=int, default=50)
+    parser.add_argument("--sample", type=int, default=5000)
+    parser.add_argument("--skip-opentsne", action="store_true")
+    parser.add_argument("--workdir", default="/tmp")
+    parser.add_argument("--opentsne-child", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.opentsne_child:
+        store, out, every = args.opentsne_child
+        return opentsne_child(store, out, int(every))
+    lines = ["# The spectral direction at every size: time to quality, t-SNE R^2 (issue 29)", "",
+             machine_description() + "  ", ""]
+    for store in [s for s in args.stores.split(",") if s]:
+        size_section(store, args, lines)
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
