@@ -98,6 +98,8 @@ def test_malformed_checkpoint_and_corrupt_result_are_one_line(tmp_path):
 
 
 def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
+    from scalemb.io.checkpoint import _config_hash
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
@@ -108,7 +110,10 @@ def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
     meta = dict(group.attrs["scalemb_checkpoint"])
     address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
     meta["config"] = {**meta["config"], "embedder": {**meta["config"]["embedder"], "scheduler": address}}
-    group.attrs["scalemb_checkpoint"] = meta  # an edited checkpoint naming an arbitrary listener
+    # an edited checkpoint naming an arbitrary listener, its configuration hash recomputed by the editor (without
+    # that the hash alone refuses it): the stored scheduler is still never contacted
+    meta["config_hash"] = _config_hash(meta["config"])
+    group.attrs["scalemb_checkpoint"] = meta
     proc = run_cli("resume", str(out))
     time.sleep(0.2)
     assert one_line_error(proc, "--scheduler"), proc.stderr
