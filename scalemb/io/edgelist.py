@@ -34,8 +34,6 @@ for integers, by code point for strings).
 """
 import gzip
 import io
-import math
-import os
 import warnings
 from dataclasses import dataclass
 from itertools import islice
@@ -44,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from .nodeids import FORBIDDEN_RE2, MAX_ID_CHARS_ENV, check_case_collision, id_problem, is_string_ids, max_id_chars
+from .nodeids import (FORBIDDEN_RE2, MAX_ID_CHARS_ENV, check_case_collision, env_limit, id_problem, is_string_ids,
+                      max_id_chars)
 
 _INT64_MAX = np.iinfo(np.int64).max
 _EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
@@ -178,16 +177,7 @@ _DECODED_ROW_BYTES = 16
 def max_gzip_ratio() -> float:
     """How many times its own size a compressed input may expand to: ``SCALEMB_MAX_GZIP_RATIO`` or
     ``DEFAULT_MAX_GZIP_RATIO``."""
-    text = os.environ.get(MAX_GZIP_RATIO_ENV)
-    if text is None:
-        return DEFAULT_MAX_GZIP_RATIO
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (1.0 <= value < math.inf):
-        raise ValueError(f"{MAX_GZIP_RATIO_ENV} must be a number >= 1, got {text!r}")
-    return value
+    return env_limit(MAX_GZIP_RATIO_ENV, DEFAULT_MAX_GZIP_RATIO, float, 1.0, "a number >= 1")
 
 
 def expansion_limit(path: Path) -> int:

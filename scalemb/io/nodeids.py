@@ -37,18 +37,24 @@ FORBIDDEN_RE2 = "[" + "".join(f"\\x{{{a:04X}}}-\\x{{{b:04X}}}" for a, b in FORBI
                               if b < 0xD800 or a > 0xDFFF) + "]"  # (no surrogates in valid UTF-8)
 
 
+def env_limit(name: str, default, convert, low, what: str):
+    """A reader limit from the environment variable ``name`` (``default`` when unset): ``convert(text)``, refused
+    with one line naming the variable unless ``low <= value < inf``."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = convert(text)
+    except ValueError:
+        value = float("nan")
+    if not (low <= value < float("inf")):
+        raise ValueError(f"{name} must be {what}, got {text!r}")
+    return value
+
+
 def max_id_chars() -> int:
     """The longest node id accepted (characters): ``SCALEMB_MAX_ID_CHARS`` or ``DEFAULT_MAX_ID_CHARS``."""
-    text = os.environ.get(MAX_ID_CHARS_ENV)
-    if text is None:
-        return DEFAULT_MAX_ID_CHARS
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{MAX_ID_CHARS_ENV} must be a positive integer, got {text!r}")
-    return value
+    return env_limit(MAX_ID_CHARS_ENV, DEFAULT_MAX_ID_CHARS, int, 1, "a positive integer")
 
 
 def _shown(name: str) -> str:
