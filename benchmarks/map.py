@@ -10,7 +10,7 @@ step waits for the next drawn frame; ``PAN_FRAME_MS``), ``--rounds`` rounds, med
 screenshot of each page's first view.  ``--canvas-pages`` measures pages of the previous canvas-2-D map (built by
 an older scalemb) for comparison: the mean of 5 synchronous ``scalembMap.draw()`` calls.
 
-``python benchmarks/map.py --runs grqc.zarr,c1e5.zarr,c1e6.zarr --out benchmarks/results/map.md --shots
+``python benchmarks/map.py --runs grqc.zarr,c1e5.zarr,c1e6.zarr --out benchmarks/results/maps.md --shots
 benchmarks/results``
 """
 import argparse
