@@ -76,7 +76,9 @@ def test_sigterm_during_the_store_write_leaves_nothing_and_one_line(tmp_path):
     run ends with one line (it left ``.OUT.tmp-*`` and ~250 lines of asyncio tracebacks)."""
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 
-    edges = write_coauthor_edge_list(tmp_path / "edges.txt", 100_000, seed=1)
+    # 3e5 authors: the store write takes ~1.5 s on a quiet machine; with 1e5 (~0.6 s) the signal could land after
+    # it, during interpreter shutdown, where Python has restored SIGTERM's default action (rc -15)
+    edges = write_coauthor_edge_list(tmp_path / "edges.txt", 300_000, seed=1)
     out = tmp_path / "P.zarr"
     proc = subprocess.Popen([sys.executable, "-m", "scalemb", "affinity", str(edges), "--out", str(out)],
                             stderr=subprocess.PIPE, text=True)
@@ -84,7 +86,7 @@ def test_sigterm_during_the_store_write_leaves_nothing_and_one_line(tmp_path):
     while not any(".P.zarr.tmp-" in p.name for p in tmp_path.iterdir()) and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    time.sleep(0.3)
+    time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

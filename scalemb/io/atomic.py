@@ -42,6 +42,7 @@ import ctypes
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -264,16 +265,25 @@ def quiesce_zarr(timeout: float = 30.0) -> None:
     if loop is None or loop.is_closed() or not loop.is_running():
         return
 
-    async def cancel_all():
+    async def cancel_all() -> int:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        return len(tasks)
 
+    # other threads may still hand zarr new calls while the first tasks end: cancel in rounds until none is left
+    deadline = time.monotonic() + timeout
     try:
-        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout)
+        while asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(max(deadline - time.monotonic(), 0.1)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     except Exception:  # noqa: BLE001 - best effort: the caller removes the directory anyway
         pass
+    # the process is stopping: a task a thread created after the last round is destroyed pending at exit, and
+    # asyncio's report of it ("Task was destroyed but it is pending!") is about work cancelled on purpose
+    logging.getLogger("asyncio").disabled = True
 
 
 def _remove(tmp: Path, interrupted: bool = False) -> None:
