@@ -13,6 +13,7 @@ def _evaluate(affinity, model, coords, ds, bounds):
     return reduce_blocks(results, coords.shape, affinity.entropy_term())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,ds,dt", [("sne", 3, 0), ("tsne", 2, 0), ("snest", 2, 1)])
 @pytest.mark.parametrize("n_points", [42, 43])  # even and odd N exercise both pairing rules
 def test_any_partition_gives_same_totals(name, ds, dt, n_points):
@@ -93,6 +94,7 @@ def test_row_partition_covers_rows():
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,ds,dt", [("sne", 2, 0), ("tsne", 2, 0), ("snest", 2, 1)])
 @pytest.mark.parametrize("repulsion", ["exact", "fft"])
 def test_evaluation_without_kl_has_the_same_gradient(school_affinity, name, ds, dt, repulsion):

@@ -131,6 +131,7 @@ def test_store_versions_switch_atomically(school_affinity, tmp_path, monkeypatch
     assert sorted(p.name for p in (path / "checkpoints").iterdir() if p.is_dir()) == ["000004"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["dbd", "sd"])
 def test_api_interrupt_at_checkpoint_then_resume_is_identical(tmp_path, optimizer):
     settings = dict(model="snest", iterations=300, seed=2, restarts=3, optimizer=optimizer)
@@ -280,6 +281,7 @@ def test_diverging_run_leaves_no_store(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_killed_before_first_checkpoint_resumes_from_the_start(tmp_path):
     """The store holds the configuration from the start: a run SIGKILLed before any checkpoint resumes from
     iteration 0 of restart 1."""

@@ -121,6 +121,7 @@ def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
     listener.close()
 
 
+@pytest.mark.slow
 def test_sigterm_during_affinity_leaves_no_spill_directory(tmp_path):
     edges = tmp_path / "big.txt"
     assert run_cli("generate", "coauthor", "--authors", "200000", "--out", str(edges), "--quiet").returncode == 0

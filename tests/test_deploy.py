@@ -185,6 +185,7 @@ def test_core_objects_match_kubernetes_schema(overlay):
             kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError with the path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_dask_operator_resources_match_the_operator_crds(overlay):
     custom = [doc for doc in _docs(overlay) if doc["kind"] in CRD_FILES]

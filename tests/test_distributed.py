@@ -68,6 +68,7 @@ def test_partitions_stay_on_workers_and_match_local(store, dask_cluster):
         assert set(dask._holders) == holders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_nodes", [None, 8_000])
 def test_fft_repulsion_map_reduced_like_local(store, dask_cluster, max_nodes):
     """Charge grids map-reduced on the workers; with a capped grid the near-field cell index travels too."""

@@ -43,6 +43,7 @@ def test_value_and_gradient_against_dense_reference(school_affinity, lam, dims, 
         assert np.allclose(L, 4 * (np.diag(P.sum(1)) - P), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_fft_repulsion_matches_exact(school_affinity):
     coords = np.random.default_rng(6).normal(size=(2, school_affinity.n_points)) * 2.0
     model = get_model("ee", lam=5.0)

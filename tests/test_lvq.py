@@ -269,6 +269,7 @@ def star_files(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_cli_supervised_affinity_then_embed(star_files):
     import zarr
 
@@ -350,6 +351,7 @@ def test_estimator_metric_liram_bad_input(X, y, params, message):
     assert message in str(info.value)
 
 
+@pytest.mark.slow
 def test_new_points_are_placed_under_the_learned_metric(wine):
     from scalemb.embedding import Embedder
     from scalemb.lvq import learned_neighbours, neighbours_against, supervised_affinity

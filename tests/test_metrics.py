@@ -130,6 +130,7 @@ def test_grid_with_its_own_coordinates_and_random_layout():
     assert abs(np.mean(values) - expected) < 0.004
 
 
+@pytest.mark.slow
 def test_feature_metrics_match_brute_force_and_sklearn():
     from sklearn.manifold import trustworthiness as sk_trustworthiness
 

@@ -34,6 +34,7 @@ def test_convergence_test_stops_early(school_affinity):
     assert run.converged and run.iterations < 5000
 
 
+@pytest.mark.slow
 def test_restarts_keep_best(school_affinity):
     res = scalemb.embed("school", model="snest", space_dims=1, time_dims=1, iterations=1500, restarts=3)
     assert len(res.restart_kls) == 3

@@ -162,6 +162,7 @@ def school_run(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_report_opens_in_chromium_with_every_figure(school_run, tmp_path, browser):
     labels = tmp_path / "y.npy"
     np.save(labels, np.where(EmbeddingResult.load(school_run).node_ids < 21, 0, 1))
@@ -542,6 +543,7 @@ def test_service_serves_metrics_report_and_map(tmp_path, browser):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_report_finds_the_affinity_from_provenance_or_says_it_cannot(tmp_path):
     from scalemb.report import build_report
 

@@ -116,6 +116,7 @@ def stop_then_resume(tmp_path, affinity, stopping_executor, run):
     return stopping, reference, resumed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preconditioner", ["amg", "lu"])
 def test_stop_during_solver_setup_checkpoints_and_resumes_identically(tmp_path, school_affinity, preconditioner):
     def run(executor, **kwargs):

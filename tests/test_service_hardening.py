@@ -52,12 +52,14 @@ def test_second_service_on_the_data_root_is_refused_before_touching_jobs(shared)
     assert service.wait(job["id"], timeout=30)["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_busy_port_is_one_line_status_2_and_runs_no_job(shared, tmp_path):
     proc = serve_once(tmp_path, "--port", str(shared.port))
     assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_no_auth_on_a_non_loopback_host_needs_a_second_flag(tmp_path):
     proc = serve_once(tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port", str(_free_port()))
     assert proc.returncode == 2 and "--allow-remote-no-auth" in proc.stderr and proc.stderr.count("\n") == 1

@@ -508,6 +508,7 @@ def test_dask_placement_is_bit_identical_to_local(dask_cluster, name, repulsion)
     assert local.settings["repulsion"] == repulsion and local.iterations == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["euclidean", "manhattan"])
 def test_exact_knn_of_new_rows_matches_brute_force(metric):
     """The fused top-k search (``placement.affinity._knn_against``): the k nearest by (distance, index), ties
