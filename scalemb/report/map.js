@@ -136,7 +136,7 @@
   let scatter = null;
   // The renderer: WebGL (regl-scatterplot) unless the browser's WebGL is a software rasteriser (SwiftShader,
   // llvmpipe): there the canvas-2-D scatter below draws many times faster at every size measured (5e3 to 8e5
-  // points, benchmarks/results/map.md).  "#renderer=webgl" or "#renderer=canvas" in the address chooses.
+  // points).  "#renderer=webgl" or "#renderer=canvas" in the address chooses.
   function glRenderer() {
     const gl = document.createElement("canvas").getContext("webgl");
     if (!gl) return null;

@@ -77,7 +77,7 @@ a wide box ``exp(Δt²)`` also spans ``e^{T²}``, so its entries of order 1 (pai
 components up to ``e^{T²}`` larger, and lose accuracy to cancellation (lowering the rank tolerance to 1e-7 made
 the repulsion of a 7.7e4-point layout with T = 3.8 wrong by 5 %).  SNEST layouts at scale keep most points in a
 narrow time band and a few far from it (that layout, after 200 iterations: time std 0.044 over an extent of 3.8,
-91 points beyond 0.5 of the median; benchmarks/results/snest_fft.md).  So the grid may span a band ``[a, b]`` of
+91 points beyond 0.5 of the median).  So the grid may span a band ``[a, b]`` of
 the time axis only; the pairs of the points outside it (the outliers, ``Grid.outliers``, whose coordinates travel
 with the grid) are summed directly, exactly (``interpolation.time_outlier_rows``): every row against the
 outliers, O(N n_out); an outlier row is neither spread nor interpolated, and gets its pairs with the band as the
@@ -592,7 +592,7 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
 # Time band (``grid_for``): predicted seconds, on one core, per point and interpolation weight (spreading and
 # interpolating, ``p^ds r`` space-time weights and ``m r`` time-map entries), per grid node and log2(nodes) of
 # each time component's transforms, and per direct pair of ``interpolation.time_outlier_rows``; measured on the
-# 2-core machine of benchmarks/results/snest_fft.md (only their ratios matter).
+# 2-core machine (only their ratios matter; docs: the SNEST FFT results).
 BAND_WEIGHT_SECONDS = 2.0e-9
 BAND_NODE_SECONDS = 1.3e-10
 BAND_PAIR_SECONDS = 2.0e-9
