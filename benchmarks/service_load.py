@@ -66,6 +66,21 @@ class Client:
         return status, json.loads(content)
 
 
+def poll_ended(port: int, accepted, records: dict, vanished: set, listing: dict | None = None) -> None:
+    """``GET /jobs/{id}`` of every accepted job not yet ended: ended records into ``records``, 404s into
+    ``vanished``; other non-200 answers counted in ``listing`` when given (else the record is read as is)."""
+    client = Client(port)
+    for job_id in [j for j in accepted if j not in records and j not in vanished]:
+        status, record = client.json("GET", f"/jobs/{job_id}")
+        if status == 404:
+            vanished.add(job_id)
+        elif listing is not None and status != 200:
+            listing["not_200"] += 1
+            listing["codes"][status] = listing["codes"].get(status, 0) + 1
+        elif record["state"] in ("done", "failed", "cancelled"):
+            records[job_id] = record
+
+
 def start_service(root, max_running, *extra, max_queue=64):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "scalemb", "serve", "--data-root", root, "--port", str(port),
@@ -390,13 +405,7 @@ def soak(service, dask, inputs, seconds, iterations, outstanding, kill_every, dr
     killer = Killer(kill_one, kill_every, random.Random(seed + 1)) if anytime else None
 
     def poll():
-        client = Client(service.port)
-        for job_id in [j for j in accepted if j not in records and j not in vanished]:
-            status, record = client.json("GET", f"/jobs/{job_id}")
-            if status == 404:
-                vanished.add(job_id)
-            elif record["state"] in ("done", "failed", "cancelled"):
-                records[job_id] = record
+        poll_ended(service.port, accepted, records, vanished)
 
     while time.perf_counter() - t0 < seconds:
         try:
@@ -644,16 +653,7 @@ def fault_soak(service, directory, seconds, full_at, full_seconds, kill_at, drai
             listing["codes"][status] = listing["codes"].get(status, 0) + 1
 
     def poll():
-        client = Client(service.port)
-        for job_id in [j for j in accepted if j not in records and j not in vanished]:
-            status, record = client.json("GET", f"/jobs/{job_id}")
-            if status == 404:
-                vanished.add(job_id)
-            elif status != 200:
-                listing["not_200"] += 1
-                listing["codes"][status] = listing["codes"].get(status, 0) + 1
-            elif record["state"] in ("done", "failed", "cancelled"):
-                records[job_id] = record
+        poll_ended(service.port, accepted, records, vanished, listing)
 
     def submit():
         kind = rng.choice(["school", "upload", "race", "race", "diverge", "own-file"])
