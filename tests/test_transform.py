@@ -291,12 +291,28 @@ def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster)
     assert dask.kl == local.kl
 
 
+def test_new_edges_in_either_column_order_place_the_same(school_run, tmp_path):
+    """An ordinary undirected edge list of the new nodes' edges: each edge's new end is the one not in the map,
+    whichever column it is in, so the stored-first spelling of the same edges places the same points."""
+    _, run, new_path = school_run
+    rows = [line.split() for line in new_path.read_text().splitlines()]
+    flipped = tmp_path / "flipped.txt"  # every edge with a stored end written stored-first; new-new edges kept
+    flipped.write_text("".join(f"{b} {a}\n" if int(b) not in (3, 4, 30) else f"{a} {b}\n" for a, b in rows))
+    assert flipped.read_text() != new_path.read_text()
+    outs = [tmp_path / "canonical.zarr", tmp_path / "flipped.zarr"]
+    for out, edges in zip(outs, (new_path, flipped)):
+        proc = run_cli("transform", str(run), str(edges), "--out", str(out), "--quiet")
+        assert proc.returncode == 0, proc.stderr
+    canonical, other = (EmbeddingResult.load(out) for out in outs)
+    assert list(other.node_ids[39:]) == [3, 4, 30]
+    np.testing.assert_array_equal(other.embedding, canonical.embedding)
+
+
 def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     _, run, new_path = school_run
     out = tmp_path / "placed.zarr"
     cases = {
-        "collide.txt": ("5 3\n", "new node id 5 is already in the stored map"),  # 5 is old
-        "unknown.txt": ("3 999\n", "node id 999 is neither"),
+        "collide.txt": ("3 0\n5 0\n", ":2: edge 5 0 joins two nodes of the stored map"),  # 5 and 0 are old
         "bad.txt": ("3 x\n", ":1: node id 'x' is a string but node id '3' on line 1 is an integer"),
         "strings.txt": ("a b\n", ":1: node ids are strings but the stored map's are integers"),
     }
@@ -404,10 +420,10 @@ def test_service_transform_job(tmp_path):
         assert record["state"] == "done" and record["n_points"] == 44, record
         csv = service.request("GET", f"/jobs/{job['id']}/embedding")[1].decode().splitlines()
         assert [line.split(",")[0] for line in csv[-2:]] == ["100", "101"]
-        status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 is a stored node
+        status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 and 0 are stored nodes
         status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/bad.txt"})
         record = service.wait(job["id"])
-        assert record["state"] == "failed" and "already in the stored map" in record["error"]
+        assert record["state"] == "failed" and "joins two nodes of the stored map" in record["error"]
         assert service.json("POST", "/jobs/nope/transform", {"new": "uploads/new.txt"})[0] == 404
         assert service.json("POST", f"/jobs/{created['id']}/transform", {"new": "../x"})[0] == 400
     finally:

@@ -6,9 +6,10 @@ def add_parser(commands):
         "transform", help="place new nodes (edge list) or points (feature rows) into a stored map",
         description="The stored map's points stay fixed (unless --free-hops); the new ones start at the weighted "
                     "median of their old neighbours and are optimised against it (the whole map's KL).  Graph "
-                    "runs: NEW is an edge list 'NEW_ID OTHER_ID [weight]' (first column: a new node; second: a "
-                    "stored node or another new one).  kNN runs: NEW holds feature rows (.npy, .csv, Zarr array) "
-                    "of the reference's width.  Writes the whole map (old rows first) as a result group.")
+                    "runs: NEW is an undirected edge list 'A B [weight]' of the new nodes' edges, in either "
+                    "column order (the end not in the map is the new node).  kNN runs: NEW holds feature "
+                    "rows (.npy, .csv, Zarr array) of the reference's width.  Writes the whole map (old rows "
+                    "first) as a result group.")
     tra.add_argument("run", help="the stored run (an embed --out result group)")
     tra.add_argument("new", help="new nodes' edge list (graph runs) or new feature rows (kNN runs)")
     tra.add_argument("--out", required=True, help="output result group (Zarr)")

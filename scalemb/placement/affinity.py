@@ -3,8 +3,8 @@
 Graph runs (``coauthorship`` or ``normalized`` P from edge weights C): ``P'`` is that rule applied to the union
 of the run's graph and the new edges, so it is exactly the affinity a full re-embedding of the grown graph
 would use (old-old entries change too: the old nodes' degrees grow).  The new edges come as an edge list (the
-one reader, ``scalemb.io.edgelist``: text, CSV, Parquet, Arrow; integer or string ids as the map's) whose FIRST
-column is a new node and whose second column is an old node or another new node (``read_new_edges``).
+one reader, ``scalemb.io.edgelist``: text, CSV, Parquet, Arrow; integer or string ids as the map's), an ordinary
+undirected edge list in either column order: an end that is not a stored node is a new node (``read_new_edges``).
 
 kNN runs (``scalemb affinity --knn``): each new row's ``k`` nearest reference rows (exact search; same ``k``,
 metric -- for supervised runs the learned LiRaM dissimilarity of the stored model -- and perplexity or uniform
@@ -31,34 +31,34 @@ _BLOCK_ENTRIES = 1 << 22  # distances held at once by the exact search (32 MB)
 
 
 def read_new_edges(path, old_ids: np.ndarray):
-    """Parse the new nodes' edge list (any edge-list format ``scalemb.io.edgelist`` reads): ``NEW OTHER [weight]``
-    per row, ``NEW`` not an id of the stored map, ``OTHER`` an old id or a ``NEW`` of some row; ids of the map's
-    kind (integers or strings).  Returns ``(new_ids (sorted), src, dst, weight)``; self-loops are dropped.
-    ``InputError`` (file, line) on any violation."""
+    """Parse the new nodes' edge list (any edge-list format ``scalemb.io.edgelist`` reads): ``A B [weight]`` per
+    row, an undirected edge in either column order (SNAP-style files list each edge once, in any order, or in
+    both directions).  An end that is not an id of the stored map is a new node; every row needs at least one
+    new end (an edge between two stored nodes would change the stored graph, which placement keeps).  Returns
+    ``(new_ids (sorted), src, dst, weight)`` with ``src`` the new end of each edge (for an edge between two new
+    nodes, the first column); self-loops are dropped.  ``InputError`` (file, line) on any violation."""
     path = Path(path)
     if not path.is_file():
         raise InputError(path, "no such file" if not path.exists() else "not a regular file")
     edges = Edges.concat(parse_edge_chunks(path))
     if edges.size == 0:
         raise InputError(path, "no edges (file is empty or only comments)")
-    src, dst, weight = edges.src, edges.dst, edges.weight
+    first, second, weight = edges.src, edges.dst, edges.weight
     old_sorted = np.sort(as_node_ids(old_ids))
-    if old_sorted.size and is_string_ids(src) != is_string_ids(old_sorted):
+    if old_sorted.size and is_string_ids(first) != is_string_ids(old_sorted):
         kinds = ("integers", "strings")
-        raise InputError(path, f"node ids are {kinds[is_string_ids(src)]} but the stored map's are "
-                               f"{kinds[is_string_ids(old_sorted)]}", first_lines(path, [src[0]])[0])
-    collide = np.isin(src, old_sorted)
-    if collide.any():
-        k = int(np.flatnonzero(collide)[0])
-        raise InputError(path, f"new node id {src[k]} is already in the stored map ({int(collide.sum())} lines "
-                               "have a stored id in the first column, which must be a new node)",
-                         first_lines(path, [src[k]], column=0)[0])
-    new_ids = np.unique(src)
-    known = np.isin(dst, old_sorted) | np.isin(dst, new_ids)
-    if not known.all():
-        k = int(np.flatnonzero(~known)[0])
-        raise InputError(path, f"node id {dst[k]} is neither in the stored map nor a new node (a first-column id)",
-                         first_lines(path, [dst[k]])[0])
+        raise InputError(path, f"node ids are {kinds[is_string_ids(first)]} but the stored map's are "
+                               f"{kinds[is_string_ids(old_sorted)]}", first_lines(path, [first[0]])[0])
+    first_old, second_old = np.isin(first, old_sorted), np.isin(second, old_sorted)
+    both_old = first_old & second_old
+    if both_old.any():
+        k = int(np.flatnonzero(both_old)[0])
+        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({int(both_old.sum())}"
+                               " such lines; every edge needs a new node at one end)",
+                         first_lines(path, [first[k]], column=0)[0])
+    swap = first_old  # the new end goes first
+    src, dst = np.where(swap, second, first), np.where(swap, first, second)
+    new_ids = np.unique(np.concatenate([src, dst[~np.isin(dst, old_sorted)]]))
     check_case_collision(np.unique(np.concatenate([old_sorted, new_ids])), path,
                          lambda a, b: first_lines(path, (a, b)))
     keep = src != dst
