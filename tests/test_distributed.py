@@ -179,8 +179,11 @@ def test_embed_on_existing_cluster_and_local_cluster(store, dask_cluster, tmp_pa
     write_coauthor_edge_list(edges, 400, seed=5)
     out = tmp_path / "run.zarr"
     proc = subprocess.run(["scalemb", "embed", str(edges), "--model", "tsne", "--iterations", "20", "--workers",
-                           "1", "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+                           "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "iteration" in proc.stderr  # scalemb's progress, not Dask's own chatter (scheduler, nannies, client)
+    assert not any(word in proc.stderr for word in ("Nanny", "Register worker", "Scheduler at", "Lost all")), \
+        proc.stderr
     ran = EmbeddingResult.load(out)
     here = scalemb.embed(str(edges), model="tsne", iterations=20)
     assert np.allclose(ran.embedding, here.embedding, rtol=1e-6, atol=1e-12)

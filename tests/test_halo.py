@@ -186,3 +186,48 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask,
         assert len(dask._halo[0].workers) == 2
     assert np.array_equal(expected.coords, got.coords)
     assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
+
+
+def test_task_keys_name_the_operation_and_a_users_client_stays_open(store, dask_cluster):
+    """The dashboard reads as the algorithm: keys are grouped by operation (``gradient``, ``repulsion-spread``,
+    ``laplacian`` ...), never by the generic per-worker wrapper.  A client handed in is used, not closed."""
+    from scalemb.engine.cluster import dask_client
+
+    st = AffinityStore(store)
+    Y = _layout(st.n_points, 2, seed=3)
+    with dask_client(dask_cluster.client) as client:
+        assert client is dask_cluster.client
+        with DaskExecutor(store, get_model("tsne"), 2, 0, client, repulsion="fft") as dask, \
+                DaskExecutor(store, get_model("tsne"), 2, 0, client, repulsion="exact", halo=False) as plain:
+            dask.evaluate(Y)
+            dask.set_curvature(Y)
+            dask.laplacian_matvec(_layout(st.n_points, 2, seed=4))
+            plain.evaluate(Y)
+    assert dask_cluster.client.status == "running"
+    prefixes = set(dask_cluster.client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes)))
+    assert {"gradient", "repulsion-spread", "repulsion-convolution", "curvature", "laplacian"} <= prefixes, prefixes
+    assert "run_partitions" not in prefixes and "run-partitions" not in prefixes
+
+
+def test_operation_names_survive_dasks_key_split_and_dask_logs_are_quiet(monkeypatch):
+    import logging
+
+    from dask.utils import key_split
+
+    from scalemb.engine.cluster import quiet_dask_logs
+    from scalemb.engine.distributed import _OPERATIONS, task_key
+
+    for name in _OPERATIONS.values():  # an 8-letter word starting with a-f would vanish from the dashboard
+        assert key_split(f"{name}-{'0' * 32}") == name
+    assert key_split(task_key(halo.spread_view)) == "repulsion-spread"
+    assert key_split(task_key(np.negative)) == "negative"
+    quiet_dask_logs()
+    assert logging.getLogger("distributed").getEffectiveLevel() == logging.WARNING
+    monkeypatch.setenv("SCALEMB_DASK_LOG_LEVEL", "info")
+    quiet_dask_logs()
+    assert logging.getLogger("distributed").getEffectiveLevel() == logging.INFO
+    monkeypatch.setenv("SCALEMB_DASK_LOG_LEVEL", "loud")
+    with pytest.raises(ValueError, match="SCALEMB_DASK_LOG_LEVEL must be a logging level name"):
+        quiet_dask_logs()
+    monkeypatch.delenv("SCALEMB_DASK_LOG_LEVEL")
+    quiet_dask_logs()

@@ -70,6 +70,30 @@ RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up 
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
 
 
+# Dask task keys by operation, so that the dashboard's task stream and progress bars read as the algorithm
+# ("gradient", "repulsion-spread", "laplacian"), not as the generic wrapper every call goes through.
+_OPERATIONS = {
+    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft", "evaluate_view": "gradient",
+    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids", "convolve_total": "repulsion-convolution",
+    "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",
+    "laplacian_block": "laplacian", "laplacian_view": "laplacian", "diagonal_partition": "curvature-diag",
+    "own_halo": "halo-own-rows", "make_view": "halo-view", "_make_view": "halo-view", "take_columns": "halo-cut",
+    "assemble": "halo-join", "relay": "halo-relay", "factorize_partitions": "curvature-factorize",
+    "factor_ordering": "curvature-ordering", "entropy_partition": "entropy", "solve_factorized": "curvature-solve",
+    "getitem": "take",
+}
+
+
+def task_key(fn) -> str:
+    """A unique Dask key named by the operation ``fn`` performs: ``'<operation>-<uuid>'``.  Dask groups keys by
+    ``dask.utils.key_split``, which drops any 8-letter word starting with a-f as if it were a hash ("convolve",
+    "assemble", "diagonal"): operation names avoid such words.  Unlisted functions are named after themselves
+    (``_`` written ``-``)."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    name = _OPERATIONS.get(name, name.strip("_<>").replace("_", "-"))
+    return f"{name}-{uuid.uuid4().hex}"
+
+
 # --------------------------------------------------------------------------- functions run on the workers
 
 def run_partitions(fn, arguments: list) -> list:
@@ -132,16 +156,18 @@ class RemoteFactorization:
         ex = self._executor
         parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
         self._future = ex._run(lambda: ex.client.submit(factorize_partitions, ex.n_points, self._mu,
-                                                        self._ordering, self._kind, *parts, pure=False))
+                                                        self._ordering, self._kind, *parts,
+                                                        key=task_key(factorize_partitions)))
         if self.ordering is None:
-            self.ordering = ex._run(lambda: ex._gather([ex.client.submit(factor_ordering, self._future)])[0])
+            self.ordering = ex._run(lambda: ex._gather([ex.client.submit(factor_ordering, self._future,
+                                                                              key=task_key(factor_ordering))])[0])
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         ex = self._executor
         G = np.ascontiguousarray(G, dtype=np.float64)
 
         def attempt():
-            return ex._gather([ex.client.submit(solve_factorized, self._future, G, pure=False)])[0]
+            return ex._gather([ex.client.submit(solve_factorized, self._future, G, key=task_key(solve_factorized))])[0]
 
         try:
             return ex._run(attempt, retries=0)
@@ -404,7 +430,7 @@ class DaskExecutor(Executor):
         surfaces here, not in a later use)."""
         shipped = self._ship(args)
         futures = [self.client.submit(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
-                                      allow_other_workers=True, pure=False)
+                                      allow_other_workers=True, key=task_key(fn))
                    for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
         self._settle(futures)
         return futures
@@ -442,7 +468,7 @@ class DaskExecutor(Executor):
         for k, holder in enumerate(self._holders):
             per_worker.setdefault(holder, []).append(k)
         futures = [self.client.submit(run_partitions, fn, [[args[k] for args in per_partition_args] for k in ks],
-                                      workers=[h] if h else None, allow_other_workers=True, pure=False)
+                                      workers=[h] if h else None, allow_other_workers=True, key=task_key(fn))
                    for h, ks in per_worker.items()]
         results = [None] * len(self._holders)
         for ks, batch in zip(per_worker.values(), self._gather(futures)):
@@ -473,7 +499,7 @@ class DaskExecutor(Executor):
         scattered to their worker, so a lost worker fails them (and ``_run`` recovers) instead of leaving them
         waiting for it."""
         return self.client.submit(fn, *args, workers=None if worker is None else [worker],
-                                  allow_other_workers=not strict, pure=False)
+                                  allow_other_workers=not strict, key=task_key(fn))
 
     def _halo_state(self):
         """The ``HaloPlan`` of the current holders, each worker's relabelled partitions (``WorkerView``
