@@ -208,5 +208,7 @@ def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     aff = run_affinity(result, "auto" if affinity is None else affinity)
     data = map_data(result, affinity=aff, classes=classes)
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
+    if data.ball:
+        dims = "the Poincaré disk" if result.space_dims == 2 else f"the Poincaré ball B^{result.space_dims}"
     return map_html(map_payload(data, _per_node_np(result, aff), run_communities(run, result, aff)),
                     title or f"scalemb map: {run_name} ({result.model} in {dims}, N = {data.n_points})")
