@@ -201,6 +201,8 @@ def test_colour_by_label_and_density_from_1e5_points(rings):
     fig = plot_embedding(run, affinity=str(path), colour="label", classes=classes)
     legend = fig.axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["ring a", "ring b"]
+    renderer = fig.canvas.get_renderer()
+    assert not legend.get_window_extent(renderer).overlaps(fig.axes[0].get_window_extent(renderer))  # beside
     with pytest.raises(ScalembError, match="shape"):
         plot_embedding(run, classes=classes[:-1])
     with pytest.raises(ScalembError, match="needs a model with time"):

@@ -454,6 +454,12 @@ def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map
     legend, canvas = browser.evaluate("[document.getElementById('legend'), document.getElementById('map')].map("
                                       "e => (r => [r.left, r.top, r.right, r.bottom])(e.getBoundingClientRect()))")
     assert legend[2] > legend[0] and (legend[0] >= canvas[2] or legend[2] <= canvas[0])  # never over the points
+    _wait_frames(browser)
+    shot = browser.screenshot()  # in the screenshot: the box of the drawn points' pixels misses the legend's box
+    c0, r0, c1, r1 = (int(round(v)) for v in canvas)
+    rows, cols = np.nonzero(shot[r0:r1, c0:c1].min(axis=2) < 0.9)
+    ink = (c0 + cols.min(), r0 + rows.min(), c0 + cols.max(), r0 + rows.max())
+    assert rows.size > 1000 and (legend[0] > ink[2] or legend[2] < ink[0] or legend[1] > ink[3] or legend[3] < ink[1])
     # community labels: from the stored partition, named by the highest-degree members, never overlapping
     membership, _ = load_communities(run)
     data = map_data(EmbeddingResult.load(run))
@@ -501,7 +507,9 @@ def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map
                      "8 * scalembMap.view.scale); 0")
     _wait_frames(browser)
     near = browser.evaluate("scalembMap.edgesDrawn()")
-    (ax, ay), (bx, by) = browser.evaluate(f"[scalembMap.toData(0, {height}), scalembMap.toData({width}, 0)]")
+    # the page's own view size (whole CSS pixels; the canvas's box may be fractional)
+    (ax, ay), (bx, by) = browser.evaluate("(([w, h]) => [scalembMap.toData(0, h), scalembMap.toData(w, 0)])"
+                                          "(scalembMap.size())")
     xy = data.xy.astype(np.float32)  # as the page holds them
     inside = (xy[:, 0] >= ax) & (xy[:, 0] <= bx) & (xy[:, 1] >= ay) & (xy[:, 1] <= by)
     visible = int((inside[data.edges[:, 0]] | inside[data.edges[:, 1]]).sum())

@@ -680,7 +680,7 @@
                          select: indices => scatter.select(indices), selected: () => selected.slice(),
                          labels: () => placed.map(b => ({text: b.text, kind: b.kind, index: b.index,
                                                          box: [b.x, b.y, b.w, b.h]})),
-                         edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, renderer, glName,
+                         edgesDrawn: () => lastEdges, redraw: schedule, size: () => [width, height], frameTimes, scatter, renderer, glName,
                          gl: renderer === "webgl", ready: true};
     document.body.dataset.readyMs = performance.now().toFixed(0);  // since navigation started
     document.body.dataset.ready = "1";
