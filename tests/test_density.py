@@ -18,8 +18,9 @@ from scalemb.plot.layout import poincare_grid
 from .cli_runner import run_cli
 from .test_communities import planted
 
-ENGINES = ["numpy", pytest.param("datashader", marks=pytest.mark.skipif(not density.have_datashader(),
-                                                                         reason="datashader is not installed"))]
+# datashader compiles its aggregations with numba on first use in a process (~10-30 s): its cases are slow
+ENGINES = ["numpy", pytest.param("datashader", marks=[pytest.mark.slow, pytest.mark.skipif(
+    not density.have_datashader(), reason="datashader is not installed")])]
 
 
 def _blobs(n=120_000, seed=0):
@@ -32,6 +33,7 @@ def _blobs(n=120_000, seed=0):
     return EmbeddingResult(xy, np.arange(n), 1.0, np.ones(2), "tsne", 2, 0, 1, 0), membership
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not density.have_datashader(), reason="datashader is not installed")
 def test_numpy_aggregation_is_datashaders_and_shading_follows_the_rule():
     rng = np.random.default_rng(0)
@@ -63,6 +65,7 @@ def test_numpy_aggregation_is_datashaders_and_shading_follows_the_rule():
 
 
 def test_engine_choice_and_bad_grids():
+    assert density._engine("auto") == density._engine(None) == "numpy"
     xy = np.zeros((3, 2))
     with pytest.raises(ScalembError, match="unknown density engine"):
         density.aggregate(xy, (0, 1, 0, 1), (2, 2), engine="gpu")

@@ -253,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: community when stored with the run (scalemb communities), else time (snest), "
                           "else degree; from 1e5 points a density raster")
     plo.add_argument("--density-engine", choices=("auto", "numpy", "datashader"), default="auto",
-                     help="what aggregates the density raster (the same counts): datashader (the plot extra) or "
-                          "numpy; auto: see scalemb.plot.density")
+                     help="what draws the density raster (the same counts): numpy or datashader (the plot "
+                          "extra); auto: numpy (faster per process, see scalemb.plot.density)")
     plo.add_argument("--dpi", type=_bounded(int, 10, 1200), default=110)
     plo.add_argument("--title", default=None)
     plo.add_argument("--overwrite", action="store_true")

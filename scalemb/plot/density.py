@@ -14,10 +14,12 @@ the extent are left out.  Aggregates:
   equalisation (the rank of the count among the non-empty pixels' counts, from ``MIN_ALPHA`` to opaque), so a
   few points in a sparse region stay visible beside 1e4 points in a dense one.
 
-The aggregation and the categorical shading are datashader's (``Canvas.points``, ``transfer_functions.shade``)
-when it is installed (the ``plot`` extra); without it the same grid is counted with ``numpy.bincount`` (the same
-integers: tested) and shaded by the rule above in numpy.  ``ENGINE`` (or ``engine=``) chooses:
-``"auto"``, ``"datashader"`` or ``"numpy"``.
+Two engines draw the same raster: ``"datashader"`` (``Canvas.points`` aggregates, ``transfer_functions.shade``
+shades; the ``plot`` extra) and ``"numpy"`` (``numpy.bincount`` on the same grid: the same integers, tested, and
+the rule above; shaded images equal to 2/255).  ``"auto"`` (``ENGINE``) is numpy: a ``scalemb plot`` process
+draws one raster, and datashader's import and its numba compilation of the aggregation on first use (~10 s of
+CPU per process) cost more than numpy's whole aggregation of 1e6 points (~0.1 s); datashader is the engine to
+ask for where its out-of-core / Dask aggregation is wanted.
 """
 import numpy as np
 
@@ -38,7 +40,7 @@ def have_datashader() -> bool:
 def _engine(engine: str | None) -> str:
     engine = engine or ENGINE
     if engine == "auto":
-        return "datashader" if have_datashader() else "numpy"
+        return "numpy"
     if engine == "datashader" and not have_datashader():
         raise ScalembError("density rendering with datashader needs it installed: pip install 'scalemb[plot]'")
     if engine not in ("datashader", "numpy"):

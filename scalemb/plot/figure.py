@@ -392,13 +392,11 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
     dims = f"R^{ds}" + (f",{result.time_dims}" if result.time_dims else "")
     if data.ball:
         dims = f"the Poincaré {'disk' if ds == 2 else f'ball B^{ds}'}"
-    heading = title or f"{result.model} in {dims}, N = {n}"
+    heading = title or f"{result.model} in {dims}, N = {n}" + (" (density: each pixel its points)" if dense else "")
     if colour == "community":
         info = data.communities[1]
         heading += (f"\ncolour: {info.get('count', int(np.max(data.communities[0])) + 1)} communities "
-                    f"({info.get('method', '?')}), named by their best-connected members")
-    if dense:
-        heading += "; density (each pixel: its points)"
+                    f"({info.get('method', '?')}); labels: their best-connected members")
     if data.sizes.size > 1:
         heading += (f"\n{data.sizes.size} components packed for display; framed on the largest "
                     f"({int(data.sizes[0])} nodes)")
