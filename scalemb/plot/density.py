@@ -17,15 +17,15 @@ the extent are left out.  Aggregates:
 Two engines draw the same raster: ``"datashader"`` (``Canvas.points`` aggregates, ``transfer_functions.shade``
 shades; the ``plot`` extra) and ``"numpy"`` (``numpy.bincount`` on the same grid: the same integers, tested, and
 the rule above; shaded images equal to 2/255).  ``"auto"`` (``ENGINE``) is numpy: a ``scalemb plot`` process
-draws one raster, and datashader's import and its numba compilation of the aggregation on first use (~10 s of
-CPU per process) cost more than numpy's whole aggregation of 1e6 points (~0.1 s); datashader is the engine to
-ask for where its out-of-core / Dask aggregation is wanted.
+draws one raster, and datashader's import and its numba compilation of the aggregation on first use cost more
+(CPU and memory) than numpy's whole aggregation of 1e6 points (~0.1 s); datashader is the engine to ask for
+where its out-of-core / Dask aggregation is wanted.
 """
 import numpy as np
 
 from ..errors import ScalembError
 
-MIN_ALPHA = 40  # opacity (of 255) of the sparsest non-empty pixel
+MIN_ALPHA = 110  # opacity (of 255) of the sparsest non-empty pixel: a lone point keeps its colour
 ENGINE = "auto"
 
 
