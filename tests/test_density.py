@@ -143,6 +143,10 @@ def test_cli_plot_of_stored_communities_matches_the_map_page(tmp_path):
     colours = ax.collections[0].get_facecolors()[:, :3]
     membership, _ = load_communities(run)
     assert np.allclose(colours * 255, np.asarray(PALETTE)[membership % len(PALETTE)], atol=0.5)
+    from scalemb.report import build_report
+
+    page, _ = build_report(run)  # the report shows the community map too, first
+    assert page.index('alt="map by community"') < page.index('alt="map by degree"')
 
 
 def test_poincare_grid_is_geodesics_at_unit_hyperbolic_steps():
