@@ -380,6 +380,41 @@ def test_hostile_string_ids_are_shown_as_text(tmp_path, browser):
     assert browser.evaluate("scalembMap.search('plaim', 3)") == [4]  # fuzzy: one typing error
 
 
+@pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+def test_poincare_run_is_drawn_in_the_disk_with_its_geodesic_grid(tmp_path, browser, renderer):
+    """A run whose model's geometry is the Poincaré ball: the page draws the unit circle and the geodesic grid
+    (straight diameters through the centre, arcs elsewhere) around the points; a Euclidean run draws neither."""
+    from scalemb.plot.layout import poincare_grid
+    from scalemb.report.mappage import build_map_page
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(400, 2)) * 0.04 + [0.5, 0.3]
+    page = tmp_path / "disk.html"
+    page.write_text(build_map_page(EmbeddingResult(emb, np.arange(400), 1.0, np.ones(2), "cosne", 2, 0, 1, 0)))
+    browser.open_map(page.as_uri() + f"#renderer={renderer}")
+    assert browser.errors() == [] and browser.evaluate("scalembMap.renderer") == renderer
+    _wait_frames(browser)
+    left, top = browser.evaluate("(r => [r.left, r.top])(document.getElementById('map').getBoundingClientRect())")
+    shot = browser.screenshot()
+    ink = shot.min(axis=2) < 0.93
+
+    def inked(x, y):  # any ink within 1 px of data point (x, y)
+        u, v = browser.evaluate(f"scalembMap.toScreen({x}, {y})")
+        r, c = int(round(top + v)), int(round(left + u))
+        return bool(ink[r - 1:r + 2, c - 1:c + 2].any())
+
+    angles = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+    assert all(inked(np.cos(a), np.sin(a)) for a in angles)  # the boundary
+    assert all(inked(0.0, y) for y in (-0.8, -0.4, 0.6))  # the vertical diameter (no point there)
+    arc = poincare_grid()[2]  # the geodesic crossing the x-axis 1 hyperbolic unit from the centre
+    assert sum(inked(*arc[k]) for k in range(4, 61, 8)) >= 7
+    assert not inked(-0.5, -0.5) and not inked(-0.75, 0.2)  # between the lines: blank
+    flat = tmp_path / "flat.html"
+    flat.write_text(build_map_page(EmbeddingResult(emb, np.arange(400), 1.0, np.ones(2), "tsne", 2, 0, 1, 0)))
+    browser.open_map(flat.as_uri() + f"#renderer={renderer}")
+    assert browser.evaluate("JSON.parse(document.getElementById('map-data').textContent).disk") is False
+
+
 @pytest.fixture(scope="module")
 def grqc_map(tmp_path_factory):
     """A short SNEST run of the bundled GrQc graph with its communities stored, and its map page."""
@@ -419,6 +454,12 @@ def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map
     legend, canvas = browser.evaluate("[document.getElementById('legend'), document.getElementById('map')].map("
                                       "e => (r => [r.left, r.top, r.right, r.bottom])(e.getBoundingClientRect()))")
     assert legend[2] > legend[0] and (legend[0] >= canvas[2] or legend[2] <= canvas[0])  # never over the points
+    _wait_frames(browser)
+    shot = browser.screenshot()  # in the screenshot: the box of the drawn points' pixels misses the legend's box
+    c0, r0, c1, r1 = (int(round(v)) for v in canvas)
+    rows, cols = np.nonzero(shot[r0:r1, c0:c1].min(axis=2) < 0.9)
+    ink = (c0 + cols.min(), r0 + rows.min(), c0 + cols.max(), r0 + rows.max())
+    assert rows.size > 1000 and (legend[0] > ink[2] or legend[2] < ink[0] or legend[1] > ink[3] or legend[3] < ink[1])
     # community labels: from the stored partition, named by the highest-degree members, never overlapping
     membership, _ = load_communities(run)
     data = map_data(EmbeddingResult.load(run))
@@ -466,7 +507,9 @@ def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map
                      "8 * scalembMap.view.scale); 0")
     _wait_frames(browser)
     near = browser.evaluate("scalembMap.edgesDrawn()")
-    (ax, ay), (bx, by) = browser.evaluate(f"[scalembMap.toData(0, {height}), scalembMap.toData({width}, 0)]")
+    # the page's own view size (whole CSS pixels; the canvas's box may be fractional)
+    (ax, ay), (bx, by) = browser.evaluate("(([w, h]) => [scalembMap.toData(0, h), scalembMap.toData(w, 0)])"
+                                          "(scalembMap.size())")
     xy = data.xy.astype(np.float32)  # as the page holds them
     inside = (xy[:, 0] >= ax) & (xy[:, 0] <= bx) & (xy[:, 1] >= ay) & (xy[:, 1] <= by)
     visible = int((inside[data.edges[:, 0]] | inside[data.edges[:, 1]]).sum())
@@ -538,7 +581,30 @@ def test_service_serves_metrics_report_and_map(tmp_path, browser):
         assert browser.errors() == [] and browser.evaluate("scalembMap.n") == 42
         assert browser.evaluate("scalembMap.find('41')") >= 0  # SCHOOL's second teacher
         assert (browser.screenshot().min(axis=2) < 0.9).mean() > 0.001
+        # the selection export works on the served page: a box over the whole view, then the CSV download
+        browser.evaluate("document.getElementById('all').click(); const v = scalembMap.view;"
+                         "scalembMap.setView(v.cx, v.cy, 0.8 * v.scale);"  # every node well inside the view
+                         "document.getElementById('mode').value = 'box';"
+                         "document.getElementById('mode').dispatchEvent(new Event('change')); 0")
+        _wait_frames(browser)
+        left, top, width, height = browser.evaluate("(r => [r.left, r.top, r.width, r.height])(document"
+                                                    ".getElementById('map').getBoundingClientRect())")
+        _drag(browser, [(3 + t * (width - 6), 3 + t * (height - 6)) for t in np.linspace(0, 1, 12)], left, top)
+        _until(browser, "scalembMap.selected().length")
+        ids = EmbeddingResult.load(tmp_path / "jobs" / job / "run.zarr").node_ids
+        expected = "id\n" + "".join(f"{v}\n" for v in ids.tolist())
+        assert browser.evaluate("scalembMap.selectionCsv()") == expected  # every node, in row order
+        downloads = tmp_path / "downloads"
+        downloads.mkdir()
+        browser.call("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
+        browser.evaluate("document.getElementById('export').click(); 0")
+        deadline = time.monotonic() + 30
+        while not (downloads / "selection.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (downloads / "selection.csv").read_text() == expected
+        assert browser.errors() == []
     finally:
+        browser.call("Browser.setDownloadBehavior", behavior="default")
         browser.call("Network.setExtraHTTPHeaders", headers={})
         svc.stop()
 

@@ -238,13 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true")
 
     plo = commands.add_parser("plot", help="draw an embedding result (layout and KL history) to an image",
-                              description="Space coordinates as positions; with time (snest) colour = time "
+                              description="Space coordinates as positions (Poincaré runs in the disk with its "
+                                          "geodesic grid); colour by the communities stored with the run (the "
+                                          "map page's colours and names), else with time (snest) colour = time "
                                           "(diverging, centred at 0), marker size ~ |time|, the nodes of largest "
-                                          "|time| labelled; a KL-vs-iteration panel.")
+                                          "|time| labelled; from 1e5 points a density raster; a KL-vs-iteration "
+                                          "panel.")
     plo.add_argument("run", help="a finished result store (scalemb embed --out)")
     plo.add_argument("--out", required=True, help="image file; format from the suffix (png, pdf, svg)")
     plo.add_argument("--labels", type=_non_negative_int, default=10,
-                     help="label this many nodes of largest |time| with their ids (default 10)")
+                     help="label this many communities (colour community) or nodes of largest |time| or degree "
+                          "(default 10)")
+    plo.add_argument("--colour", choices=("auto", "community", "time", "label", "degree", "none"), default="auto",
+                     help="auto: community when stored with the run (scalemb communities), else time (snest), "
+                          "else degree; from 1e5 points a density raster")
+    plo.add_argument("--density-engine", choices=("auto", "numpy", "datashader"), default="auto",
+                     help="what draws the density raster (the same counts): numpy or datashader (the plot "
+                          "extra); auto: numpy (faster per process, see scalemb.plot.density)")
     plo.add_argument("--dpi", type=_bounded(int, 10, 1200), default=110)
     plo.add_argument("--title", default=None)
     plo.add_argument("--overwrite", action="store_true")
@@ -341,7 +351,8 @@ def _plot(args) -> int:
     from ..plot import save_plot
 
     _refuse_existing(args.out, args.overwrite, (args.run,), kind="file")
-    save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title)
+    save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title, colour=args.colour,
+              engine=args.density_engine)
     print(f"wrote {args.out}")
     return 0
 

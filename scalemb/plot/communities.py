@@ -28,6 +28,12 @@ from ..errors import ScalembError
 
 ARRAY = "communities"
 NAME_MEMBERS = 3
+# Community k is drawn in PALETTE[k % 20] on the map page and in ``scalemb plot``: matplotlib's tab10 colours,
+# then tab20's light shades of them (RGB, 0-255).
+PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207), (174, 199, 232), (255, 187, 120),
+           (152, 223, 138), (255, 152, 150), (197, 176, 213), (196, 156, 148), (247, 182, 210), (199, 199, 199),
+           (219, 219, 141), (158, 218, 229))
 
 
 def _ranked(raw: np.ndarray) -> np.ndarray:
@@ -91,14 +97,17 @@ def detect_communities(P, resolution: float = 1.0, seed: int = 0, method: str = 
     return membership, info
 
 
-def community_labels(xy: np.ndarray, membership: np.ndarray, degree, ids, members: int = NAME_MEMBERS) -> dict:
-    """Per community (in id order): ``names`` (its ``members`` highest-degree members' ids joined by " · "),
-    ``sizes`` and the label anchor ``x``, ``y`` (see the module docstring)."""
+def community_labels(xy: np.ndarray, membership: np.ndarray, degree, ids, members: int = NAME_MEMBERS,
+                     limit: int | None = None) -> dict:
+    """Per community (in id order; the first ``limit`` only, if given): ``names`` (its ``members``
+    highest-degree members' ids joined by " · "), ``sizes`` and the label anchor ``x``, ``y`` (see the module
+    docstring)."""
     membership = np.asarray(membership, dtype=np.int64)
-    count = int(membership.max() + 1) if membership.size else 0
+    total = int(membership.max() + 1) if membership.size else 0
+    count = total if limit is None else min(total, int(limit))
     degree = np.zeros(membership.size) if degree is None else np.asarray(degree, dtype=np.float64)
     order = np.lexsort((np.arange(membership.size), -degree, membership))  # by community, degree desc, node
-    sizes = np.bincount(membership, minlength=count)
+    sizes = np.bincount(membership, minlength=total)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     names, ax, ay = [], np.empty(count), np.empty(count)
     for c in range(count):
@@ -108,7 +117,7 @@ def community_labels(xy: np.ndarray, membership: np.ndarray, degree, ids, member
         centre = np.median(pts, axis=0)
         best = rows[int(np.argmin(((pts - centre) ** 2).sum(axis=1)))]
         ax[c], ay[c] = xy[best]
-    return {"names": names, "sizes": sizes.tolist(), "x": ax.tolist(), "y": ay.tolist()}
+    return {"names": names, "sizes": sizes[:count].tolist(), "x": ax.tolist(), "y": ay.tolist()}
 
 
 def load_communities(run) -> tuple | None:

@@ -89,19 +89,23 @@ def robust_frame(xy: np.ndarray, mask=None) -> tuple:
     return float(lo[0]), float(hi[0]), float(lo[1]), float(hi[1])
 
 
-def place_labels(anchors: np.ndarray, sizes: np.ndarray, bounds: tuple, offset: float = 3.0) -> list:
+def place_labels(anchors: np.ndarray, sizes: np.ndarray, bounds: tuple, offset: float = 3.0,
+                 centred: bool = False) -> list:
     """Greedy non-overlapping label boxes in display (pixel) coordinates.
 
     ``anchors`` (k x 2): the labelled points in priority order; ``sizes`` (k x 2): each label's width and height;
     ``bounds``: ``(x0, y0, x1, y1)`` the boxes must stay inside.  Each label tries eight positions around its
-    point (right-above first) and takes the first that overlaps no label placed before; a label with no free
-    position is dropped.  Returns ``(index, (x, y))`` of the placed labels' lower-left corners.
+    point (right-above first; with ``centred``, centred on it first) and takes the first that overlaps no label
+    placed before; a label with no free position is dropped.  Returns ``(index, (x, y))`` of the placed labels'
+    lower-left corners.
     """
     placed, boxes = [], []
     for i, ((px, py), (w, h)) in enumerate(zip(anchors, sizes)):
         candidates = [(px + offset, py + offset), (px + offset, py - offset - h), (px - offset - w, py + offset),
                       (px - offset - w, py - offset - h), (px - w / 2, py + offset), (px - w / 2, py - offset - h),
                       (px + offset, py - h / 2), (px - offset - w, py - h / 2)]
+        if centred:
+            candidates.insert(0, (px - w / 2, py - h / 2))
         for x, y in candidates:
             if x < bounds[0] or y < bounds[1] or x + w > bounds[2] or y + h > bounds[3]:
                 continue
@@ -111,3 +115,32 @@ def place_labels(anchors: np.ndarray, sizes: np.ndarray, bounds: tuple, offset: 
             placed.append((i, (x, y)))
             break
     return placed
+
+
+GRID_SPACING = 1.0  # hyperbolic distance between neighbouring lines of the Poincaré disk's geodesic grid
+GRID_REACH = 6.0  # lines up to this distance from the centre (Euclidean radius tanh(3) = 0.995)
+
+
+def poincare_grid(spacing: float = GRID_SPACING, reach: float = GRID_REACH, samples: int = 65) -> list:
+    """The geodesic grid of the Poincaré disk as polylines (each ``samples`` x 2): the two diameters and, at
+    signed hyperbolic distances d = +-spacing, +-2 spacing, ... (|d| <= reach) from the centre along each of them,
+    the geodesic crossing it at a right angle.  A point at Euclidean radius r lies at hyperbolic distance
+    2 artanh(r) from the centre, so that geodesic crosses the diameter at a = tanh(d / 2); geodesics are arcs of
+    circles orthogonal to the unit circle, here the one centred at (c, 0) with c = (1 + a^2) / (2a) and radius
+    rho = (1 - a^2) / (2|a|) (c^2 = 1 + rho^2: orthogonal), drawn between its two points on the boundary.  The
+    grid is the hyperbolic plane's analogue of a square grid: the lines of each family never meet, and equal
+    steps between them mean equal hyperbolic distances, so cells shrink towards the boundary as the metric
+    grows."""
+    t = np.linspace(-1.0, 1.0, samples)
+    lines = [np.column_stack([t, 0 * t]), np.column_stack([0 * t, t])]
+    steps = int(np.floor(reach / spacing + 1e-9))
+    for k in range(1, steps + 1):
+        a = float(np.tanh(k * spacing / 2.0))
+        c, rho = (1.0 + a * a) / (2.0 * a), (1.0 - a * a) / (2.0 * a)
+        phi_max = float(np.arccos(np.clip((c - 1.0 / c) / rho, -1.0, 1.0)))
+        phi = np.linspace(-phi_max, phi_max, samples)
+        arc = np.column_stack([c - rho * np.cos(phi), rho * np.sin(phi)])
+        for sign in (1.0, -1.0):
+            lines.append(arc * [sign, 1.0])
+            lines.append(arc[:, ::-1] * [1.0, sign])
+    return lines

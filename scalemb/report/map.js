@@ -47,10 +47,7 @@
   const RDBU = [[33, 102, 172], [103, 169, 207], [209, 229, 240], [220, 220, 220], [253, 219, 199],
                 [239, 138, 98], [178, 24, 43]];
   const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-  const TAB = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75],
-               [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207], [174, 199, 232], [255, 187, 120],
-               [152, 223, 138], [255, 152, 150], [197, 176, 213], [196, 156, 148], [247, 182, 210],
-               [199, 199, 199], [219, 219, 141], [158, 218, 229]];
+  const TAB = meta.palette;  // categorical colours: community k is TAB[k % TAB.length], as in scalemb plot
   const BINS = 64;
   const continuousPalette = stops => Array.from({length: BINS}, (_, k) => hex(ramp(stops, k / (BINS - 1))));
   function continuous(v, lo, hi, transform) {
@@ -443,10 +440,25 @@
     }
     return out;
   }
+  // the Poincaré disk (a run in the hyperbolic ball): its boundary and geodesic grid, faint, under the labels
+  function drawDisk() {
+    octx.strokeStyle = "rgba(0,0,0,0.22)"; octx.lineWidth = 0.8; octx.beginPath();
+    for (const line of meta.grid || []) {
+      for (let k = 0; k < line.length; k += 2) {
+        const [px, py] = toScreen(line[k], line[k + 1]);
+        if (k) octx.lineTo(px, py); else octx.moveTo(px, py);
+      }
+    }
+    octx.stroke();
+    const [cx, cy] = toScreen(0, 0);
+    octx.strokeStyle = "#000"; octx.lineWidth = 1.2; octx.beginPath();
+    octx.arc(cx, cy, view.scale, 0, 2 * Math.PI); octx.stroke();
+  }
   let lastEdges = 0;
   function drawOverlay() {
     pendingOverlay = false;
     octx.clearRect(0, 0, width, height);
+    if (meta.disk) drawDisk();
     lastEdges = edges && $("edges").checked ? drawEdges() : 0;
     placed = placeLabels(labelCandidates());
     octx.textBaseline = "middle";
@@ -668,7 +680,7 @@
                          select: indices => scatter.select(indices), selected: () => selected.slice(),
                          labels: () => placed.map(b => ({text: b.text, kind: b.kind, index: b.index,
                                                          box: [b.x, b.y, b.w, b.h]})),
-                         edgesDrawn: () => lastEdges, redraw: schedule, frameTimes, scatter, renderer, glName,
+                         edgesDrawn: () => lastEdges, redraw: schedule, size: () => [width, height], frameTimes, scatter, renderer, glName,
                          gl: renderer === "webgl", ready: true};
     document.body.dataset.readyMs = performance.now().toFixed(0);  // since navigation started
     document.body.dataset.ready = "1";

@@ -7,9 +7,11 @@ The page carries its data as typed arrays (little-endian, base64) in a JSON scri
 2^53; string ids as a JSON list ``id_names``), and per node the degree, each time coordinate, NP@deg (graph
 neighbours among its deg(i) most similar nodes / deg(i), the per-node term of
 ``scalemb.metrics.neighbourhood_preservation``; up to ``EXACT_MAX_ROWS`` nodes), label, component and community
-(with each community's name and label anchor); edges as uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample
-above).  ``home`` frames the largest component (robust frame) together with the strip of packed small components,
-so the first view shows every component.  The script is ``vendor/regl-scatterplot.min.js`` (built by
+(with each community's name and label anchor, coloured ``PALETTE[k % 20]`` as in ``scalemb plot``); edges as
+uint32 pairs (at most ``MAX_MAP_EDGES``, a seeded sample above).  A Poincaré-ball run (``disk``) carries the
+disk's geodesic grid (``scalemb.plot.layout.poincare_grid``) as polylines, drawn faintly with the boundary
+circle under the labels.  ``home`` frames the largest component (robust frame) together with the strip of packed
+small components, so the first view shows every component.  The script is ``vendor/regl-scatterplot.min.js`` (built by
 ``scalemb/report/js``: ``npm ci && npm run build``) followed by ``map.js``, both inlined; the page loads nothing.
 About 30 bytes per node: 1e6 nodes make a ~40 MB page.
 """
@@ -23,6 +25,8 @@ import numpy as np
 
 from ..errors import ScalembError
 from ..io.nodeids import is_string_ids
+from ..plot.communities import PALETTE
+from ..plot.layout import poincare_grid
 
 MAX_MAP_EDGES = 200_000
 
@@ -74,8 +78,11 @@ def map_payload(data, per_node_np=None, communities=None) -> dict:
                "id_names": ids.tolist() if strings else None, "frame": [float(v) for v in data.frame],
                "values": {}, "component": _array(data.component, "u32"), "n_components": int(data.sizes.size),
                "component_sizes": [int(s) for s in data.sizes], "model": result.model,
-               "title": f"{result.model}, N = {data.n_points}"}
+               "title": f"{result.model}, N = {data.n_points}", "palette": [list(c) for c in PALETTE],
+               "disk": bool(data.ball)}
     payload["home"] = home_frame(data)
+    if data.ball and result.space_dims == 2:  # the Poincaré disk's geodesic grid
+        payload["grid"] = [np.round(line, 5).ravel().tolist() for line in poincare_grid()]
     if data.degree is not None:
         payload["values"]["degree"] = _array(data.degree, "u32")
     for k in range(result.time_dims):
@@ -201,5 +208,7 @@ def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     aff = run_affinity(result, "auto" if affinity is None else affinity)
     data = map_data(result, affinity=aff, classes=classes)
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
+    if data.ball:
+        dims = "the Poincaré disk" if result.space_dims == 2 else f"the Poincaré ball B^{result.space_dims}"
     return map_html(map_payload(data, _per_node_np(result, aff), run_communities(run, result, aff)),
                     title or f"scalemb map: {run_name} ({result.model} in {dims}, N = {data.n_points})")

@@ -10,6 +10,7 @@ import base64
 import html
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +65,12 @@ def _figures(data, labels: int):
 
     result = data.result
     figures = []
-    colours = [c for c, ok in (("time", result.time_dims >= 1), ("label", data.classes is not None),
+    colours = [c for c, ok in (("community", data.communities is not None), ("time", result.time_dims >= 1),
+                               ("label", data.classes is not None),
                                ("degree", data.degree is not None)) if ok] or ["none"]
-    captions = {"time": "colour: time 1 (diverging, centred at 0); marker area grows with |time|; the nodes of "
+    captions = {"community": "colour: the communities stored with the run (the map page's colours); the largest "
+                             "named by their best-connected members",
+                "time": "colour: time 1 (diverging, centred at 0); marker area grows with |time|; the nodes of "
                         "largest |time| labelled",
                 "label": "colour: label", "degree": "colour: degree (log scale); the highest-degree nodes labelled",
                 "none": "positions only"}
@@ -154,6 +158,7 @@ def build_report(run, affinity=None, labels=None, *, n_labels: int = 12, sample=
     non-finite coordinates)."""
     from ..metrics import evaluate_run
     from ..metrics.evaluate import load_run, read_labels
+    from ..plot.communities import load_communities
     from ..plot.figure import map_data, run_affinity
 
     result, run_name = load_run(run)
@@ -166,7 +171,8 @@ def build_report(run, affinity=None, labels=None, *, n_labels: int = 12, sample=
     metrics = {}
     if aff is not None or classes is not None:
         metrics = evaluate_run(result, affinity=aff, labels=classes, sample=sample, seed=seed, n_threads=n_threads)
-    data = map_data(result, affinity=aff, classes=classes)
+    stored = load_communities(run) if isinstance(run, (str, os.PathLike)) else None
+    data = map_data(result, affinity=aff, classes=classes, communities=stored)
     page = report_html(result, metrics, _figures(data, n_labels), run_name, input_name, map_href)
     return page, metrics
 
