@@ -107,7 +107,7 @@ def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     assert status == 200 and np.array_equal(np.load(__import__("io").BytesIO(npy)), stored.embedding)
     status, csv, headers = service.request("GET", f"/jobs/{created['id']}/embedding?format=csv")
     lines = csv.decode().splitlines()
-    assert status == 200 and lines[0] == "node_id,space1,space2,time1" and len(lines) == 43
+    assert status == 200 and lines[0] == "node_id,s1,s2,t1" and len(lines) == 43
     table = np.loadtxt(lines[1:], delimiter=",")
     assert np.array_equal(table[:, 0], stored.node_ids) and np.array_equal(table[:, 1:], stored.embedding)
     status, png, headers = service.request("GET", f"/jobs/{created['id']}/plot.png")

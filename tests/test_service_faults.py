@@ -17,10 +17,12 @@ import pytest
 import scalemb
 from scalemb.embedding import EmbeddingResult
 from scalemb.service import ServiceConfig
-from scalemb.service.jobs import _SCHEMA
+from scalemb.service.database import MIGRATIONS
 from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
 from scalemb.service.snapshots import DIRECTORY, clean_snapshots, snapshot
 from scalemb.service.stores import clean_stores
+
+_SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the service migrates it
 
 from .test_service import TOKEN, Service
 from .test_service_hardening import serve_once
