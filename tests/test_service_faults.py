@@ -22,11 +22,10 @@ from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
 from scalemb.service.snapshots import DIRECTORY, clean_snapshots, snapshot
 from scalemb.service.stores import clean_stores
 
-_SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the service migrates it
-
 from .test_service import TOKEN, Service
 from .test_service_hardening import serve_once
 
+_SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the service migrates it
 INF, NAN = float("inf"), float("nan")
 
 
