@@ -366,10 +366,15 @@ class _Multipart:
     def finish(self) -> None:
         if self.parser is None:
             return
+        from python_multipart.multipart import MultipartState
+
         try:
             self.parser.finalize()
         except Exception as exc:  # noqa: BLE001 - a malformed form, whatever the parser says
             self.error = f"malformed multipart upload ({type(exc).__name__})"
+        if self.error is None and self.parser.state != MultipartState.END:  # the parser does not check this
+            self.error = "the multipart upload ends before its closing boundary (cut off?)"
+            return
         if self.error is None and self.files != 1:
             self.error = (f"a multipart upload holds one file part (a part with a filename, or named 'file'); "
                           f"got {self.files}")
