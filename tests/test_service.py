@@ -226,7 +226,8 @@ def test_queue_full_is_429_and_jobs_cancel(tmp_path):
         assert svc.json("DELETE", f"/jobs/{running['id']}")[1]["state"] == "cancelling"
         assert svc.wait(running["id"], timeout=30)["state"] == "cancelled"
         assert not (tmp_path / "jobs" / running["id"] / "run.zarr").exists()
-        assert svc.json("DELETE", f"/jobs/{running['id']}")[0] == 409
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[1] == {"id": running["id"], "deleted": True}
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[0] == 404
         status, after = svc.json("POST", "/jobs", {"input": "school", "iterations": 10})  # room again
         assert status == 201 and svc.wait(after["id"])["state"] == "done"
     finally:

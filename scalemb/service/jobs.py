@@ -212,10 +212,14 @@ class JobStore:
         """Apply ``changes`` (in memory for a job this service runs; written at once unless ``persist`` is
         False).  A write the database refuses is kept and retried by the next write."""
         with self._lock:
-            if job_id in self._live:
-                self._live[job_id].update(changes)
+            live = self._live.get(job_id)
+            if live is not None:
+                live.update(changes)
             if persist:
-                self._pending.setdefault(job_id, {}).update(changes)
+                pending = self._pending.setdefault(job_id, {})
+                if live is not None:  # the progress since the last flush goes with it (a failure's last KL)
+                    pending.update(iteration=live["iteration"], kl=live["kl"], kl_history=list(live["kl_history"]))
+                pending.update(changes)
                 self._save()
             record = self._live.get(job_id)
         return dict(record) if record is not None else self.get(job_id)
