@@ -67,12 +67,15 @@ class ServiceConfig:
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
     database: str | None = None  # scalemb.service.database URL; None: sqlite DATA_ROOT/jobs.sqlite3
     retention_hours: float | None = None  # finished jobs purged this long after they end; None: kept
+    lease_seconds: float = 30.0  # a job whose service stopped renewing its lease this long is taken over
 
     def __post_init__(self):
         if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
             raise ValueError(f"store_ttl_hours must be a finite number >= 0, got {self.store_ttl_hours!r}")
         if self.retention_hours is not None and not 0 < self.retention_hours < float("inf"):
             raise ValueError(f"retention_hours must be a finite number > 0, got {self.retention_hours!r}")
+        if not 1 <= self.lease_seconds <= 3600:
+            raise ValueError(f"lease_seconds must be in [1, 3600], got {self.lease_seconds!r}")
 
 
 class _JobBase(BaseModel):
@@ -397,7 +400,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app):
-        store = JobStore(database)
+        store = JobStore(database, config.lease_seconds)
         state["store"] = store
         state["runner"] = JobRunner(store, root, config.max_running, config.max_queue, config.scheduler,
                                     config.checkpoint_every, config.n_threads, config.store_ttl_hours,

@@ -48,6 +48,7 @@ MIGRATIONS = {
         "CREATE INDEX IF NOT EXISTS job_log_job ON job_log (job_id, seq)"],
 }
 VERSION = max(MIGRATIONS)
+POOL_SIZE = 8  # PostgreSQL connections per service (PostgreSQL's default max_connections is 100)
 _MIGRATION_LOCK = 7_361_524_001  # the advisory lock key replicas migrate under (PostgreSQL)
 
 
@@ -83,7 +84,6 @@ class Database:
         self.dialect = {"sqlite": "sqlite", "postgresql": "postgresql", "postgres": "postgresql"}.get(parts.scheme)
         if self.dialect is None:
             raise ScalembError(f"--database {self._shown()}: use sqlite:///PATH or postgresql://USER@HOST/DB")
-        self._local = threading.local()
         self._lock = threading.RLock()  # SQLite: one connection shared by the threads, used under this lock
         if self.dialect == "sqlite":
             raw = self.url[len("sqlite:///"):] if self.url.startswith("sqlite:///") else ""
@@ -107,7 +107,9 @@ class Database:
                     from None
             self.path, self.journal = None, None
             self.now = "extract(epoch from clock_timestamp())"
-            self._connection()  # fail at start, in one line, when the server is unreachable
+            self._slots, self._idle = threading.BoundedSemaphore(POOL_SIZE), []
+            with self._borrow():  # fail at start, in one line, when the server is unreachable
+                pass
         self.migrate()
 
     def _shown(self) -> str:
@@ -115,20 +117,37 @@ class Database:
         return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
 
     # -- connections ---------------------------------------------------------------------------------------
-    def _connection(self):
-        if self.dialect == "sqlite":
-            return self._sqlite
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
+    def _open(self):
         import psycopg
 
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
             raise DatabaseUnavailable(f"database {self._shown()} unreachable: {str(exc).splitlines()[0]}") from None
-        self._local.conn = conn
-        return conn
+
+    @contextmanager
+    def _borrow(self):
+        """A PostgreSQL connection from the pool (at most ``POOL_SIZE`` open: the request threads of a replica
+        share them), returned after use; a broken one is closed and replaced by the next borrower."""
+        self._slots.acquire()
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or conn.closed or conn.broken:
+                conn = self._open()
+            try:
+                yield conn
+            finally:
+                if conn.closed or conn.broken or conn.info.transaction_status != 0:  # 0: idle
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - closing a broken connection
+                        pass
+                else:
+                    with self._lock:
+                        self._idle.append(conn)
+        finally:
+            self._slots.release()
 
     def _sql(self, statement: str) -> str:
         statement = statement.replace("{now}", self.now)
@@ -149,24 +168,35 @@ class Database:
                     raise
                 cursor.execute("COMMIT")
             return
-        conn = self._connection()
         try:
-            with conn.transaction():
-                with conn.cursor() as cursor:
-                    yield _Cursor(self, cursor)
+            with self._borrow() as conn, conn.transaction(), conn.cursor() as cursor:
+                yield _Cursor(self, cursor)
         except _connection_errors() as exc:
             raise DatabaseUnavailable(f"database {self._shown()}: {str(exc).splitlines()[0]}") from None
 
     def execute(self, statement: str, params=()) -> list:
         """Run one statement (autocommit); its rows (a list of dicts) for a query, else ``[]``."""
-        with self._autocommit() as cursor:
-            return cursor.execute(statement, params)
+        return self._retried(lambda cursor: cursor.execute(statement, params))
 
     def update(self, statement: str, params=()) -> int:
         """Run one statement; the number of rows it changed."""
-        with self._autocommit() as cursor:
+        def run(cursor):
             cursor.execute(statement, params)
             return cursor.rowcount
+
+        return self._retried(run)
+
+    def _retried(self, run):
+        """``run(cursor)`` on a pooled connection, once more on a new one when the first was found broken (a
+        pooled connection the server closed meanwhile: a restart, a failover, an idle timeout).  The service's
+        single statements are idempotent (they set values; a log line may be written twice)."""
+        for attempt in (0, 1):
+            try:
+                with self._autocommit() as cursor:
+                    return run(cursor)
+            except DatabaseUnavailable:
+                if attempt or self.dialect == "sqlite":
+                    raise
 
     @contextmanager
     def _autocommit(self):
@@ -174,9 +204,8 @@ class Database:
             with self._lock:
                 yield _Cursor(self, self._sqlite.cursor())
             return
-        conn = self._connection()
         try:
-            with conn.cursor() as cursor:
+            with self._borrow() as conn, conn.cursor() as cursor:
                 yield _Cursor(self, cursor)
         except _connection_errors() as exc:
             raise DatabaseUnavailable(f"database {self._shown()}: {str(exc).splitlines()[0]}") from None
@@ -186,8 +215,9 @@ class Database:
             with self._lock:
                 self._sqlite.close()
         else:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:
+            with self._lock:
+                idle, self._idle = self._idle, []
+            for conn in idle:
                 conn.close()
 
     # -- schema ----------------------------------------------------------------------------------------------

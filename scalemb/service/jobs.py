@@ -4,10 +4,10 @@ A job's output store is ``DATA_ROOT/jobs/<id>/run.zarr``: a checkpointed run whi
 done.  A job runs on the service (replica) that claimed it: ``JobStore.claim`` takes the oldest queued job, or a
 running one whose lease has expired (its service was killed or lost the database), in one transaction with
 ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite: ``BEGIN IMMEDIATE``), sets ``owner``, a lease
-(``LEASE_SECONDS`` on the database's clock) and increments ``claim``.  The owner renews the leases of its jobs
-every ``HEARTBEAT_SECONDS``; every write it makes about a job is fenced by the claim number (``... WHERE claim
+(``--lease-seconds``, on the database's clock) and increments ``claim``.  The owner renews the leases of its
+jobs every tenth of the lease; every write it makes about a job is fenced by the claim number (``... WHERE claim
 = ?``), so a service that lost a job (its lease expired and another took it) changes nothing; a service that
-cannot renew its leases for ``FENCE_SECONDS`` (< the lease) stops its jobs at their next iteration, before
+cannot renew its leases for two thirds of the lease stops its jobs at their next iteration, before
 another may take them.  A job taken over continues from its last checkpoint (``Checkpointer(resume=True)``), or
 from the start if none was written yet.  With SQLite one service owns the database (the data root's ``flock``),
 so the leases of its previous life are void when it starts.
@@ -52,9 +52,8 @@ logger = logging.getLogger("scalemb")
 STATES = ("queued", "running", "done", "failed", "cancelled")
 ENDED = ("done", "failed", "cancelled")
 FLUSH_SECONDS = 0.5  # progress is written to the database at most this often per job
-LEASE_SECONDS = 30.0
-HEARTBEAT_SECONDS = 3.0
-FENCE_SECONDS = 20.0  # no renewal this long: the service stops its jobs (another may take them at LEASE_SECONDS)
+LEASE_SECONDS = 30.0  # default of ``scalemb serve --lease-seconds``; leases are renewed every tenth of it, and a
+# service that could not renew them for two thirds of it stops its jobs (another may take them once it has passed)
 POLL_SECONDS = 0.5  # an idle runner thread looks for jobs (other replicas' submissions) this often
 COLUMNS = ("id", "state", "params", "created", "started", "finished", "iteration", "kl", "kl_history", "error",
            "resumed_from", "n_points", "owner", "lease_until", "claim", "cancel_requested", "metrics_state",
@@ -129,8 +128,8 @@ class JobStore:
     service (``hold``) keep their progress in memory between flushes, and writes the database refused wait in
     ``_pending`` for the next one that succeeds."""
 
-    def __init__(self, db: Database):
-        self.db = db
+    def __init__(self, db: Database, lease_seconds: float = LEASE_SECONDS):
+        self.db, self.lease = db, float(lease_seconds)
         self._lock = threading.RLock()
         self._live = {}  # id -> record of a job this service runs (progress newer than the database)
         self._claims = {}  # id -> claim number this service holds
@@ -268,7 +267,7 @@ class JobStore:
             job_id = rows[0]["id"]
             cursor.execute("UPDATE jobs SET state = 'running', owner = ?, claim = claim + 1, "
                            "lease_until = {now} + ?, started = COALESCE(started, ?) WHERE id = ?",
-                           (owner, LEASE_SECONDS, time.time(), job_id))
+                           (owner, self.lease, time.time(), job_id))
             row = cursor.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE id = ?", (job_id,))[0]
         record = _record(row)
         with self._lock:
@@ -296,7 +295,7 @@ class JobStore:
             if claim is None:
                 continue
             rows = self.db.execute("UPDATE jobs SET lease_until = {now} + ? WHERE id = ? AND claim = ? "
-                                   "RETURNING cancel_requested", (LEASE_SECONDS, job_id, claim))
+                                   "RETURNING cancel_requested", (self.lease, job_id, claim))
             if not rows:
                 lost.add(job_id)
             elif rows[0]["cancel_requested"]:
@@ -322,14 +321,14 @@ class JobStore:
         return self.db.update(
             "UPDATE jobs SET metrics_state = 'running', metrics_error = NULL, owner = ?, lease_until = {now} + ? "
             "WHERE id = ? AND state = 'done' AND (metrics_state IS NULL OR (metrics_state = 'running' AND "
-            "(lease_until IS NULL OR lease_until < {now})))", (owner, LEASE_SECONDS, job_id)) == 1
+            "(lease_until IS NULL OR lease_until < {now})))", (owner, self.lease, job_id)) == 1
 
     def set_metrics(self, job_id: str, state: str, error: str | None = None) -> None:
         self.db.update("UPDATE jobs SET metrics_state = ?, metrics_error = ? WHERE id = ?", (state, error, job_id))
 
     def renew(self, job_id: str) -> None:
         """Renew the lease of a done job's metrics phase."""
-        self.db.update("UPDATE jobs SET lease_until = {now} + ? WHERE id = ?", (LEASE_SECONDS, job_id))
+        self.db.update("UPDATE jobs SET lease_until = {now} + ? WHERE id = ?", (self.lease, job_id))
 
     def delete(self, job_id: str) -> bool:
         """Delete the record of finished job ``job_id`` and its log; False if it is not finished (or gone)."""
@@ -550,10 +549,10 @@ class JobRunner:
 
     def _heartbeat(self):
         """Renew this service's leases; stop jobs another service took, or all of them when renewing has failed
-        for ``FENCE_SECONDS``; pass on cancellations requested through other replicas; retry refused writes;
+        for two thirds of the lease; pass on cancellations requested through other replicas; retry refused writes;
         apply the retention."""
         last_sweep = 0.0
-        while not self._stopping.wait(HEARTBEAT_SECONDS):
+        while not self._stopping.wait(self.store.lease / 10):
             with self._lock:
                 held, evaluating = set(self._held), set(self._evaluating)
             try:
@@ -565,7 +564,7 @@ class JobRunner:
             except self.store._errors as exc:
                 logger.warning("renewing job leases: %s", str(exc).splitlines()[0])
                 lost, cancel = set(), set()
-                if time.monotonic() - self._last_renewal > FENCE_SECONDS:
+                if time.monotonic() - self._last_renewal > self.store.lease * 2 / 3:
                     lost = held  # another service may take them at the lease's end: stop writing now
             with self._lock:
                 for job_id in lost | cancel:
