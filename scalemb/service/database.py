@@ -172,6 +172,7 @@ class Database:
             with self._borrow() as conn, conn.transaction(), conn.cursor() as cursor:
                 yield _Cursor(self, cursor)
         except _connection_errors() as exc:
+            self._drop_idle()
             raise DatabaseUnavailable(f"database {self._shown()}: {str(exc).splitlines()[0]}") from None
 
     def execute(self, statement: str, params=()) -> list:
@@ -188,7 +189,8 @@ class Database:
 
     def _retried(self, run):
         """``run(cursor)`` on a pooled connection, once more on a new one when the first was found broken (a
-        pooled connection the server closed meanwhile: a restart, a failover, an idle timeout).  The service's
+        pooled connection the server closed meanwhile: a restart, a failover, an idle timeout; the other idle ones
+        are dropped then too).  The service's
         single statements are idempotent (they set values; a log line may be written twice)."""
         for attempt in (0, 1):
             try:
@@ -197,6 +199,16 @@ class Database:
             except DatabaseUnavailable:
                 if attempt or self.dialect == "sqlite":
                     raise
+                self._drop_idle()  # the server closed one: it has likely closed the others too
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
 
     @contextmanager
     def _autocommit(self):
@@ -215,10 +227,7 @@ class Database:
             with self._lock:
                 self._sqlite.close()
         else:
-            with self._lock:
-                idle, self._idle = self._idle, []
-            for conn in idle:
-                conn.close()
+            self._drop_idle()
 
     # -- schema ----------------------------------------------------------------------------------------------
     def migrate(self) -> None:
