@@ -25,6 +25,7 @@ class PostgresServer:
         self.bindir = Path(bindir)
         self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="scalemb-pg-"))
+        self.dir.mkdir(parents=True, exist_ok=True)  # (its parents must be searchable by the postgres user)
         self.data = self.dir / "data"
         self.user = "postgres" if os.geteuid() == 0 else None
         with socket.socket() as s:
