@@ -104,13 +104,18 @@ def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_
         if record is not None and record["state"] == "done":
             _, e, k = compare(replicas[0].port, job_id, record, inputs, name, seed, iterations)
             same, same_kl = same + e, same_kl + k
+    for job_id, record in records.items():
+        if record["state"] != "done":  # the failure's log (where an unexpected exception was raised)
+            lines = Client(replicas[0].port).json("GET", f"/jobs/{job_id}/log")[1]["lines"]
+            print(f"failed {job_id}: " + " | ".join(e["line"] for e in lines[-3:]), file=sys.stderr, flush=True)
     owners = claims(server, url)
     ms = np.array(poller.latencies) * 1e3
     ran = {}
     for job_id in accepted:
         for owner in owners.get(job_id, []):
             ran[owner.rsplit(":", 1)[0]] = ran.get(owner.rsplit(":", 1)[0], 0) + 1
-    return {"submitted": n_jobs, "accepted": len(accepted), "refused": n_jobs - len(accepted),
+    errors = sorted({r["error"] for r in records.values() if r["error"]})
+    return {"errors": errors[:5], "submitted": n_jobs, "accepted": len(accepted), "refused": n_jobs - len(accepted),
             "done": sum(r["state"] == "done" for r in records.values()),
             "failed": sum(r["state"] == "failed" for r in records.values()),
             "lost": len(accepted) - len(records), "identical": same, "identical_kl": same_kl,

@@ -33,6 +33,7 @@ import socket
 import sqlite3
 import threading
 import time
+import traceback
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -457,6 +458,11 @@ class JobRunner:
             return
         message = self.reason(exc, params)
         logger.warning("job %s failed: %s", job_id, message)
+        if not isinstance(exc, (ScalembError, FloatingPointError)) and exc.__traceback__ is not None:
+            # an unexpected exception: where it was raised, for the job's log (the status keeps the one line)
+            frames = traceback.extract_tb(exc.__traceback__)[-4:]
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+            self.store.log(job_id, self.reason(RuntimeError(f"raised at {where}"), params))
         shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
         self.store.update(job_id, state="failed", error=message, finished=time.time())
 
@@ -617,7 +623,10 @@ class JobRunner:
                                           finished=time.time())
             finally:
                 self._current.job = None
-                final = self.store.get(job_id) or {}
+                try:
+                    final = self.store.get(job_id) or {}
+                except self.store._errors:  # the database is away: the log line is not worth a runner thread
+                    final = {}
                 if final.get("state") in ENDED:
                     self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error")
                                                                    else ""))
