@@ -54,7 +54,7 @@ class Poller(threading.Thread):
     def __init__(self, replicas, pending: dict, records: dict):
         super().__init__(daemon=True)
         self.replicas, self.pending, self.records = replicas, pending, records
-        self.latencies, self.codes, self.halt = [], {}, threading.Event()
+        self.latencies, self.codes, self.halt, self.vanished = [], {}, threading.Event(), set()
         self.start()
 
     def run(self):
@@ -71,13 +71,16 @@ class Poller(threading.Thread):
                     continue
                 self.latencies.append(time.perf_counter() - t)
                 self.codes[status] = self.codes.get(status, 0) + 1
+                if status == 404:
+                    self.vanished.add(job_id)
+                    self.pending.pop(job_id, None)
                 if status == 200 and record["state"] in ENDED:
                     self.records[job_id] = record
                     self.pending.pop(job_id, None)
             time.sleep(0.05)
 
 
-def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_seeds=5):
+def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_seeds=5, max_wait=7200):
     names = ["school"] + [inputs.upload(replicas[0].port, k) for k in range(n_uploads)]
     assert None not in names, "an upload failed"
     plan = [(names[i % len(names)], (i // len(names)) % n_seeds) for i in range(n_jobs)]
@@ -91,7 +94,7 @@ def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_
     records, pending = {}, dict(accepted)
     poller = Poller(replicas, pending, records)
     peak = max(os.getloadavg())
-    while pending and time.perf_counter() - t0 < 7200:
+    while pending and time.perf_counter() - t0 < max_wait:
         time.sleep(1)
         peak = max(peak, max(os.getloadavg()))
     poller.halt.set()
@@ -118,7 +121,8 @@ def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_
     return {"errors": errors[:5], "submitted": n_jobs, "accepted": len(accepted), "refused": n_jobs - len(accepted),
             "done": sum(r["state"] == "done" for r in records.values()),
             "failed": sum(r["state"] == "failed" for r in records.values()),
-            "lost": len(accepted) - len(records), "identical": same, "identical_kl": same_kl,
+            "lost": len(poller.vanished), "unfinished": len(accepted) - len(records) - len(poller.vanished),
+            "identical": same, "identical_kl": same_kl,
             "run_twice": sum(len(owners.get(j, [])) > 1 for j in accepted),
             "never_claimed": sum(j not in owners for j in accepted), "per_replica": sorted(ran.values()),
             "wall_s": wall, "submit_s": t_submit, "calls": len(ms), "codes": poller.codes,
@@ -207,6 +211,7 @@ def main():
     parser.add_argument("--kill-min", type=float, default=20)
     parser.add_argument("--kill-max", type=float, default=60)
     parser.add_argument("--drain-seconds", type=float, default=600)
+    parser.add_argument("--max-wait", type=float, default=7200, help="seconds to wait for the jobs to end")
     parser.add_argument("--work-dir", default=tempfile.gettempdir())
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -225,7 +230,7 @@ def main():
     replicas = [ClusterService(root, dask.address, *extra, max_queue=args.jobs + 64,
                                log=os.path.join(directory, f"replica{k}.log")) for k in range(2)]
     header = [machine_description() + "  ", run_description(), ""]
-    load = load_test(replicas, inputs, server, url, args.jobs, args.iterations)
+    load = load_test(replicas, inputs, server, url, args.jobs, args.iterations, max_wait=args.max_wait)
     print(load, file=sys.stderr, flush=True)
     soaked = None
     if args.soak_seconds:
@@ -241,11 +246,13 @@ def main():
              "each) on one data root, PostgreSQL 15 in a cluster of the benchmark's own, a `dask scheduler` and 2 "
              "single-threaded `dask worker` processes; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
              "seeds; submitted by 32 client threads alternating replicas; status polled through both.", "",
-             "| submitted | accepted | done | failed | lost | identical embedding | identical KL history | run twice "
+             "| submitted | accepted | done | failed | lost | unfinished at --max-wait "
+             "| identical embedding | identical KL history | run twice "
              "| jobs per replica | wall, submit to last end | submit phase | status calls | p50 | p99 | max | load "
              "before / after / peak |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
              f"| {load['submitted']} | {load['accepted']} | {load['done']} | {load['failed']} | {load['lost']} | "
+             f"{load['unfinished']} | "
              f"{load['identical']} | {load['identical_kl']} | {load['run_twice']} | {load['per_replica']} | "
              f"{load['wall_s']:.0f} s | {load['submit_s']:.1f} s | {load['calls']} ({load['codes']}) | "
              f"{load['p50_ms']:.1f} ms | {load['p99_ms']:.1f} ms | {load['max_ms']:.0f} ms | {load['load_before']} "
