@@ -307,16 +307,17 @@ def test_delete_purges_a_finished_job_and_keeps_what_another_job_reads(tmp_path)
 
 @pytest.mark.slow
 def test_retention_purges_jobs_that_finished_long_enough_ago(tmp_path):
-    svc = Service(tmp_path, "--retention-hours", "0.002")  # 7.2 s
+    svc = Service(tmp_path, "--retention-hours", "0.005")  # 18 s
     try:
         assert svc.json("PUT", "/uploads/e.txt", raw=b"1 2\n2 3\n3 1\n")[0] == 201
         job_id = _submit(svc, input="uploads/e.txt")
-        svc.wait(job_id, predicate=lambda r: r["metrics_state"] == "done")
-        assert (tmp_path / "jobs" / job_id / "metrics.json").exists()
-        deadline = time.monotonic() + 60
+        finished = _iso(svc.wait(job_id)["timing"]["finished"])
+        assert (tmp_path / "jobs" / job_id / "run.zarr").exists()
+        deadline = time.monotonic() + 120
         while svc.json("GET", f"/jobs/{job_id}")[0] == 200:
             assert time.monotonic() < deadline, "not purged"
             time.sleep(0.5)
+        assert (datetime.now(timezone.utc) - finished).total_seconds() >= 18  # not before its time
         assert not (tmp_path / "jobs" / job_id).exists() and not any((tmp_path / "snapshots").iterdir())
         assert (tmp_path / "uploads" / "e.txt").exists()
     finally:
