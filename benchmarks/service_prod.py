@@ -211,6 +211,7 @@ def main():
     parser.add_argument("--kill-min", type=float, default=20)
     parser.add_argument("--kill-max", type=float, default=60)
     parser.add_argument("--drain-seconds", type=float, default=600)
+    parser.add_argument("--local", action="store_true", help="jobs run in the replicas (no Dask cluster)")
     parser.add_argument("--max-wait", type=float, default=7200, help="seconds to wait for the jobs to end")
     parser.add_argument("--work-dir", default=tempfile.gettempdir())
     parser.add_argument("--out", default=None)
@@ -225,9 +226,9 @@ def main():
     atexit.register(server.stop)
     url = server.create_database()
     inputs = Inputs(directory)
-    dask = Dask(directory, 2)
+    dask = None if args.local else Dask(directory, 2)
     extra = ("--database", url, "--lease-seconds", str(args.lease_seconds), "--checkpoint-every", "50")
-    replicas = [ClusterService(root, dask.address, *extra, max_queue=args.jobs + 64,
+    replicas = [ClusterService(root, None if dask is None else dask.address, *extra, max_queue=args.jobs + 64,
                                log=os.path.join(directory, f"replica{k}.log")) for k in range(2)]
     header = [machine_description() + "  ", run_description(), ""]
     load = load_test(replicas, inputs, server, url, args.jobs, args.iterations, max_wait=args.max_wait)
@@ -239,12 +240,15 @@ def main():
         print(soaked, file=sys.stderr, flush=True)
     for replica in replicas:
         replica.stop()
-    lines = [*header, "## Two replicas on one PostgreSQL, a 2-worker Dask cluster (loopback)", "",
+    lines = [*header, "## Two replicas on one PostgreSQL, " + ("local executor" if args.local else
+                                                              "a 2-worker Dask cluster") + " (loopback)", "",
              f"`python benchmarks/service_prod.py --jobs {args.jobs} --iterations {args.iterations} --lease-seconds "
-             f"{args.lease_seconds:g}" + (f" --soak-seconds {args.soak_seconds:g}" if args.soak_seconds else "")
-             + "`: two `scalemb serve --database postgresql://... --scheduler ...` replicas (`--max-running 2` "
-             "each) on one data root, PostgreSQL 15 in a cluster of the benchmark's own, a `dask scheduler` and 2 "
-             "single-threaded `dask worker` processes; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
+             f"{args.lease_seconds:g}" + (" --local" if args.local else "")
+             + (f" --soak-seconds {args.soak_seconds:g}" if args.soak_seconds else "")
+             + "`: two `scalemb serve --database postgresql://...` replicas (`--max-running 2` each) on one data "
+             "root, PostgreSQL 15 in a cluster of the benchmark's own, "
+             + ("jobs run in the replicas (local executor, no Dask)" if args.local else
+                "jobs on a `dask scheduler` and 2 single-threaded `dask worker` processes") + "; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
              "seeds; submitted by 32 client threads alternating replicas; status polled through both.", "",
              "| submitted | accepted | done | failed | lost | unfinished at --max-wait "
              "| identical embedding | identical KL history | run twice "
