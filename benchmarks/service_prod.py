@@ -248,7 +248,8 @@ def main():
              + "`: two `scalemb serve --database postgresql://...` replicas (`--max-running 2` each) on one data "
              "root, PostgreSQL 15 in a cluster of the benchmark's own, "
              + ("jobs run in the replicas (local executor, no Dask)" if args.local else
-                "jobs on a `dask scheduler` and 2 single-threaded `dask worker` processes") + "; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
+                "jobs on a `dask scheduler` and 2 single-threaded `dask worker` processes")
+             + "; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
              "seeds; submitted by 32 client threads alternating replicas; status polled through both.", "",
              "| submitted | accepted | done | failed | lost | unfinished at --max-wait "
              "| identical embedding | identical KL history | run twice "
