@@ -134,7 +134,8 @@ def soak(replicas, dask, server, url, inputs, seconds, iterations, outstanding, 
     rng = random.Random(seed)
     names = ["school"] + [n for n in inputs.local if n.startswith("uploads/")]
     accepted, records, pending = {}, {}, {}
-    kills = {"replica": 0, "worker": 0, "database connections": 0}
+    kills = {"replica": 0, "worker": 0, "database connections": 0} if dask is not None else \
+        {"replica": 0, "database connections": 0}
     killed_owners, post_errors = set(), 0
     poller = Poller(replicas, pending, records)
     t0 = time.perf_counter()
