@@ -100,3 +100,17 @@ def service(tmp_path):
     svc = Service(tmp_path)
     yield svc
     svc.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (``tests/postgres_server.py``) for the session; the tests using it skip, naming
+    the package, where Debian's ``postgresql`` is not installed (``.ci/run`` installs it)."""
+    from .postgres_server import PostgresServer
+
+    if PostgresServer.binaries() is None:
+        pytest.skip(PostgresServer.MISSING)
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'scalemb[postgres]'")
+    server = PostgresServer()
+    yield server
+    server.stop()

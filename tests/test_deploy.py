@@ -692,10 +692,10 @@ def test_dockerfile_is_slim_non_root_and_installs_the_recommended_extras():
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
     (extras,) = re.findall(r'pip install "\.\[([^\]]+)\]" -c constraints\.txt', text)
-    # the service, and what the README recommends for Dask stores and the dashboards
-    assert set(extras.split(",")) == {"service", "arrow", "partition", "anndata", "dashboard"}
+    # the service, and what the README recommends for Dask stores, the dashboards and replicas (PostgreSQL)
+    assert set(extras.split(",")) == {"service", "arrow", "partition", "anndata", "dashboard", "postgres"}
     readme = (ROOT / "README.md").read_text()
-    for extra in ("arrow", "partition"):
+    for extra in ("arrow", "partition", "postgres"):
         assert f"scalemb[{extra}]" in readme, extra
     assert not any(line.startswith("ENTRYPOINT") for line in lines)  # Kubernetes args replace CMD
     cmd = next(line for line in lines if line.startswith("CMD "))

@@ -107,7 +107,7 @@ def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     assert status == 200 and np.array_equal(np.load(__import__("io").BytesIO(npy)), stored.embedding)
     status, csv, headers = service.request("GET", f"/jobs/{created['id']}/embedding?format=csv")
     lines = csv.decode().splitlines()
-    assert status == 200 and lines[0] == "node_id,space1,space2,time1" and len(lines) == 43
+    assert status == 200 and lines[0] == "node_id,s1,s2,t1" and len(lines) == 43
     table = np.loadtxt(lines[1:], delimiter=",")
     assert np.array_equal(table[:, 0], stored.node_ids) and np.array_equal(table[:, 1:], stored.embedding)
     status, png, headers = service.request("GET", f"/jobs/{created['id']}/plot.png")
@@ -226,7 +226,8 @@ def test_queue_full_is_429_and_jobs_cancel(tmp_path):
         assert svc.json("DELETE", f"/jobs/{running['id']}")[1]["state"] == "cancelling"
         assert svc.wait(running["id"], timeout=30)["state"] == "cancelled"
         assert not (tmp_path / "jobs" / running["id"] / "run.zarr").exists()
-        assert svc.json("DELETE", f"/jobs/{running['id']}")[0] == 409
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[1] == {"id": running["id"], "deleted": True}
+        assert svc.json("DELETE", f"/jobs/{running['id']}")[0] == 404
         status, after = svc.json("POST", "/jobs", {"input": "school", "iterations": 10})  # room again
         assert status == 201 and svc.wait(after["id"])["state"] == "done"
     finally:

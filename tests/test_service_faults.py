@@ -17,7 +17,7 @@ import pytest
 import scalemb
 from scalemb.embedding import EmbeddingResult
 from scalemb.service import ServiceConfig
-from scalemb.service.jobs import _SCHEMA
+from scalemb.service.database import MIGRATIONS
 from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
 from scalemb.service.snapshots import DIRECTORY, clean_snapshots, snapshot
 from scalemb.service.stores import clean_stores
@@ -25,6 +25,7 @@ from scalemb.service.stores import clean_stores
 from .test_service import TOKEN, Service
 from .test_service_hardening import serve_once
 
+_SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the service migrates it
 INF, NAN = float("inf"), float("nan")
 
 

@@ -282,6 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--store-ttl-hours", type=_bounded(float, 0, _FINITE), default=24.0,
                      help="with --scheduler: delete DATA_ROOT/stores entries unused this long (default 24)")
     srv.add_argument("--max-upload-mb", type=_positive_int, default=256, help="upload size limit (default 256)")
+    srv.add_argument("--database", metavar="URL", default=None,
+                     help="job database: sqlite:///PATH (default DATA_ROOT/jobs.sqlite3; one service) or "
+                          "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (replicas sharing the data root; needs "
+                          "'scalemb[postgres]'); also $SCALEMB_DATABASE")
+    srv.add_argument("--retention-hours", type=_bounded(float, 0, _FINITE, low_open=True), default=None, metavar="H",
+                     help="delete finished jobs (records, files, unshared snapshots) H hours after they end "
+                          "(default: kept until DELETE /jobs/ID)")
+    srv.add_argument("--lease-seconds", type=_bounded(float, 1, 3600), default=30.0, metavar="S",
+                     help="a running job is leased to its service for S seconds, renewed every S/10; a replica "
+                          "takes over a job whose lease ran out (its service died or lost the database; default 30)")
     srv.add_argument("--quiet", action="store_true")
     export_cli.add_parser(commands)
     continue_cli.add_parser(commands)
@@ -382,7 +392,9 @@ def _serve(args) -> int:
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
-                           max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours)
+                           max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours,
+                           database=args.database or os.environ.get("SCALEMB_DATABASE") or None,
+                           retention_hours=args.retention_hours, lease_seconds=args.lease_seconds)
     serve(config, host=args.host, port=args.port)
     return 0
 

@@ -56,12 +56,17 @@ def write_result(path, arrays: dict, attrs: dict, overwrite: bool = False) -> Pa
     if missing:
         raise ValueError(f"result is missing arrays {missing}")
     with atomic_directory(path, overwrite) as tmp:
-        group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
-        for name in _ARRAYS:
-            data = to_stored(arrays[name]) if name == "node_ids" else np.ascontiguousarray(arrays[name])
-            group.create_array(name, data=data, dimension_names=DIMENSIONS[name])
-        group.attrs.update(_json_safe({**attrs, "content_hash": arrays_hash({n: arrays[n] for n in _ARRAYS})}))
+        write_group(zarr.open_group(store=str(tmp), mode="w", zarr_format=3), arrays, attrs)
     return Path(path)
+
+
+def write_group(group, arrays: dict, attrs: dict) -> None:
+    """The result's arrays and attributes (with their content hash) into the empty Zarr v3 ``group``."""
+    for name in _ARRAYS:
+        data = to_stored(arrays[name]) if name == "node_ids" else np.ascontiguousarray(arrays[name])
+        group.create_array(name, data=data, dimension_names=DIMENSIONS[name])
+    attrs = {k: v for k, v in attrs.items() if k != "content_hash"}
+    group.attrs.update(_json_safe({**attrs, "content_hash": arrays_hash({n: arrays[n] for n in _ARRAYS})}))
 
 
 def read_result(path) -> tuple[dict, dict]:

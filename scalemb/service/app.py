@@ -1,22 +1,24 @@
 """The FastAPI application: jobs, uploads, results and plots, behind a bearer token, confined to a data root.
 
-Routes (JSON; errors are ``{"detail": "..."}``): ``POST /jobs``, ``GET /jobs``, ``GET /jobs/{id}`` (with the
-quality metrics once done), ``DELETE /jobs/{id}``, ``GET /jobs/{id}/embedding?format=csv|npy``,
-``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map`` (HTML pages),
-``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
-``PUT /uploads/{name}`` (raw body), ``GET /health`` and ``GET /openapi.json`` (both without a token).
+Routes (JSON bodies typed by ``scalemb.service.schemas``; errors are ``{"detail": "..."}``): ``POST /jobs``,
+``GET /jobs?state=&limit=&offset=`` (oldest first), ``GET /jobs/{id}`` (with the quality metrics once done),
+``DELETE /jobs/{id}`` (cancels a queued or running job; deletes a finished one with its files),
+``GET /jobs/{id}/log``, ``GET /jobs/{id}/embedding?format=csv|parquet|npy|h5ad|zarr`` (``scalemb.io.export``, the
+writer of ``scalemb export``), ``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map``
+(HTML pages), ``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
+``PUT /uploads/{name}`` (a raw body or a one-file multipart form).  Without a token: ``GET /health``,
+``/openapi.json``, and the Swagger UI (``/docs``) and ReDoc (``/redoc``) pages, whose scripts the service serves
+itself (``/docs/static``, from the ``fastapi-offline`` package): they work without Internet access.
 
 A job reads a snapshot of its input taken when it is submitted (``scalemb.service.snapshots``): an upload may be
 replaced at any time without changing what a queued, running or done job reads.  Every JSON body goes through
 ``scalemb.service.jsonsafe`` (non-finite floats as ``null``).  A full disk answers 507 and leaves nothing
 half-written.
 """
-import csv
+import hashlib
 import hmac
-import io
 import os
 import re
-import sqlite3
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -24,20 +26,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .._version import __version__
 from ..datasets import DATASETS
+from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
 from ..models import model_names
-from .jobs import JobRunner, JobStore, QueueFull, disk_full
+from . import schemas
+from .database import Database, DatabaseUnavailable, database_error_types, describe
+from .jobs import ENDED, InUse, JobRunner, JobStore, QueueFull, disk_full
 from .jsonsafe import JSONResponse
 from .snapshots import snapshot
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+DOCS_STATIC = "/docs/static/"
 UPLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # the service's own entries in the data root, never a job's input (with every name starting with '.': the
 # service's temporary files and lock); "jobs.sqlite3" covers its -wal, -shm and -journal files too
@@ -59,10 +65,17 @@ class ServiceConfig:
     max_upload_bytes: int = 256 * 1024 * 1024
     n_threads: int | None = None
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
+    database: str | None = None  # scalemb.service.database URL; None: sqlite DATA_ROOT/jobs.sqlite3
+    retention_hours: float | None = None  # finished jobs purged this long after they end; None: kept
+    lease_seconds: float = 30.0  # a job whose service stopped renewing its lease this long is taken over
 
     def __post_init__(self):
         if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
             raise ValueError(f"store_ttl_hours must be a finite number >= 0, got {self.store_ttl_hours!r}")
+        if self.retention_hours is not None and not 0 < self.retention_hours < float("inf"):
+            raise ValueError(f"retention_hours must be a finite number > 0, got {self.retention_hours!r}")
+        if not 1 <= self.lease_seconds <= 3600:
+            raise ValueError(f"lease_seconds must be in [1, 3600], got {self.lease_seconds!r}")
 
 
 class _JobBase(BaseModel):
@@ -277,68 +290,168 @@ def _input_snapshot(root: Path, relative: str) -> dict:
 
 
 def _public(record: dict, history: bool = True) -> dict:
+    """A job record as ``schemas.JobSummary`` (``history``: ``schemas.Job``, without its metrics)."""
     hidden = ("input_path", "store_path", "snapshot", "cancel_requested")
     params = {k: v for k, v in record["params"].items() if k not in hidden}
     started, finished = record["started"], record["finished"]
     end = finished if finished is not None else time.time()
-    out = {"id": record["id"], "state": record["state"], "params": params, "iteration": record["iteration"],
-           "kl": record["kl"], "error": record["error"], "resumed_from": record["resumed_from"],
-           "n_points": record["n_points"],
-           "timing": {"created": record["created"], "started": started, "finished": finished,
+    out = {"id": record["id"], "kind": record["params"].get("kind", "embed"), "state": record["state"],
+           "params": params, "iteration": record["iteration"], "kl": record["kl"], "error": record["error"],
+           "resumed_from": record["resumed_from"], "n_points": record["n_points"],
+           "metrics_state": record.get("metrics_state"), "metrics_error": record.get("metrics_error"),
+           "timing": {"created": schemas.iso(record["created"]), "started": schemas.iso(started),
+                      "finished": schemas.iso(finished),
                       "elapsed_s": None if started is None else round(end - started, 3)}}
     if history:
         out["kl_history"] = record["kl_history"]
     return out
 
 
+def _sniff(name: str, head: bytes) -> str | None:
+    """Why the first bytes of upload ``name`` do not match its name (a ``.gz`` that is not gzip, a ``.npy``
+    without NumPy's magic, ...), or None."""
+    magic = {".gz": (b"\x1f\x8b", "gzip"), ".npy": (b"\x93NUMPY", "a NumPy .npy file"),
+             ".parquet": (b"PAR1", "a Parquet file"), ".zip": (b"PK", "a zip file")}
+    for suffix, (start, what) in magic.items():
+        if name.endswith(suffix) and not head.startswith(start):
+            return f"uploads/{name}: the body is not {what} (its name ends in {suffix})"
+    if head.startswith(b"--") and b"content-disposition: form-data" in head[:2048].lower():
+        return (f"uploads/{name}: the body is a multipart form sent without Content-Type multipart/form-data; "
+                "send it with curl -F 'file=@PATH' (or the raw file with --data-binary @PATH)")
+    return None
+
+
+class _Multipart:
+    """A streaming ``multipart/form-data`` reader (python-multipart) passing the bytes of the one file part (a
+    part with a filename, or named 'file') to ``write``; ``error`` says why the form is refused."""
+
+    def __init__(self, content_type: str, write):
+        from python_multipart.multipart import MultipartParser, parse_options_header
+
+        _, options = parse_options_header(content_type)
+        boundary = options.get(b"boundary")
+        self.error = None if boundary else "multipart upload without a boundary in its Content-Type"
+        self.write, self.files, self._in_file = write, 0, False
+        self._field, self._value, self._headers = b"", b"", {}
+        self._options = parse_options_header
+        callbacks = {"on_part_begin": self._begin, "on_header_field": self._header_field,
+                     "on_header_value": self._header_value, "on_header_end": self._header_end,
+                     "on_headers_finished": self._headers_finished, "on_part_data": self._data}
+        self.parser = MultipartParser(boundary, callbacks) if boundary else None
+
+    def _begin(self):
+        self._headers, self._in_file = {}, False
+
+    def _header_field(self, data, start, end):
+        self._field += data[start:end]
+
+    def _header_value(self, data, start, end):
+        self._value += data[start:end]
+
+    def _header_end(self):
+        self._headers[self._field.lower()] = self._value
+        self._field, self._value = b"", b""
+
+    def _headers_finished(self):
+        _, options = self._options(self._headers.get(b"content-disposition", b""))
+        if b"filename" in options or options.get(b"name") == b"file":
+            self.files += 1
+            self._in_file = self.files == 1
+
+    def _data(self, data, start, end):
+        if self._in_file:
+            self.write(data[start:end])
+
+    def feed(self, chunk: bytes) -> None:
+        if self.parser is not None:
+            self.parser.write(chunk)
+
+    def finish(self) -> None:
+        if self.parser is None:
+            return
+        from python_multipart.multipart import MultipartState
+
+        try:
+            self.parser.finalize()
+        except Exception as exc:  # noqa: BLE001 - a malformed form, whatever the parser says
+            self.error = f"malformed multipart upload ({type(exc).__name__})"
+        if self.error is None and self.parser.state != MultipartState.END:  # the parser does not check this
+            self.error = "the multipart upload ends before its closing boundary (cut off?)"
+            return
+        if self.error is None and self.files != 1:
+            self.error = (f"a multipart upload holds one file part (a part with a filename, or named 'file'); "
+                          f"got {self.files}")
+
+
 def create_app(config: ServiceConfig) -> FastAPI:
-    """The service's ASGI application; jobs start running when the application starts."""
+    """The service's ASGI application; the job database is opened (and migrated) here, jobs start running when
+    the application starts."""
     root = Path(config.data_root).resolve()
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     (root / "uploads").mkdir(exist_ok=True)
     for partial in (root / "uploads").glob(".*.part"):  # uploads cut off by a killed service
-        partial.unlink(missing_ok=True)
-    state = {}
+        try:
+            if config.database is None or partial.stat().st_mtime < time.time() - 3600:  # replicas: not theirs
+                partial.unlink(missing_ok=True)
+        except OSError:
+            pass
+    database = Database(config.database, root)
+    state = {"database": database}
 
     @asynccontextmanager
     async def lifespan(app):
-        store = JobStore(root / "jobs.sqlite3")
+        store = JobStore(database, config.lease_seconds)
         state["store"] = store
         state["runner"] = JobRunner(store, root, config.max_running, config.max_queue, config.scheduler,
-                                    config.checkpoint_every, config.n_threads, config.store_ttl_hours)
+                                    config.checkpoint_every, config.n_threads, config.store_ttl_hours,
+                                    config.retention_hours)
         yield
         state["runner"].stop()
         store.close()
 
     app = FastAPI(title="scalemb", version=__version__, lifespan=lifespan, default_response_class=JSONResponse,
-                  description="SNE-family embedding jobs (SNE, t-SNE, space-time SNE).")
+                  description="SNE-family embedding jobs (SNE, t-SNE, space-time SNE). Every route but /health "
+                              "and the documentation needs `Authorization: Bearer <token>` (the Authorize button).",
+                  docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+    bearer = HTTPBearer(auto_error=False, description="the service's token ($SCALEMB_TOKEN or --token-file)")
+    api = APIRouter(dependencies=[Security(bearer)], responses=schemas.error_responses(401, 422))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         return _error(422, _one_line(exc))
 
     @app.exception_handler(OSError)
-    @app.exception_handler(sqlite3.Error)
+    @app.exception_handler(DatabaseUnavailable)
     async def storage(request: Request, exc: Exception):
-        """A full disk anywhere in a request: 507 (the handlers leave nothing half-written); else a 500."""
+        """A full disk anywhere in a request: 507 (the handlers leave nothing half-written); an unreachable
+        database: 503; else a 500."""
         if disk_full(exc):
             return _error(507, f"{DISK_FULL}; nothing was stored, retry once space is freed")
+        if isinstance(exc, DatabaseUnavailable):
+            return _error(503, f"{exc.args[0]}; retry shortly", {"Retry-After": "2"})
         raise exc
+
+    for error_type in database_error_types():
+        if error_type is not DatabaseUnavailable:
+            app.add_exception_handler(error_type, storage)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if config.token is not None and request.url.path not in PUBLIC_PATHS:
+        path = request.url.path
+        if config.token is not None and path not in PUBLIC_PATHS and not path.startswith(DOCS_STATIC):
             header = request.headers.get("authorization", "")
             scheme, _, supplied = header.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), config.token.encode()):
                 return _error(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
                               {"WWW-Authenticate": "Bearer"})
-        limit = config.max_upload_bytes if request.url.path.startswith("/uploads/") else config.max_request_bytes
+        limit = config.max_upload_bytes if path.startswith("/uploads/") else config.max_request_bytes
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             return _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
         return await call_next(request)
+
+    _add_docs(app)
 
     def _job(job_id: str) -> dict:
         record = state["store"].get(job_id)
@@ -352,86 +465,115 @@ def create_app(config: ServiceConfig) -> FastAPI:
             raise HTTPException(409, f"job {job_id} is {record['state']}; results exist once it is done")
         return record
 
-    @app.get("/health")
-    def health():
-        return {"status": "ok", "version": __version__}
-
-    @app.post("/jobs", status_code=201)
-    def submit(job: JobRequest):
-        """Queue an embedding job; 429 when the queue is full."""
-        params = job.model_dump()
-        if job.input in DATASETS and not (root / job.input).exists():
-            params.update(input_path=job.input, input_sha256=None)  # package data: immutable
-        else:
-            params.update(_input_snapshot(root, job.input))
-        params["affinity"] = _affinity_kind(job, params["input_path"])
+    def _queue(params: dict) -> dict:
         try:
             record = state["runner"].submit(params)
         except QueueFull as exc:
-            return _error(429, f"queue full: {exc.args[0]} jobs are waiting (limit {config.max_queue}); retry "
-                               "later", {"Retry-After": "5"})
+            raise HTTPException(429, f"queue full: {exc.args[0]} jobs are waiting (limit {config.max_queue}); "
+                                     "retry later", {"Retry-After": "5"}) from None
         return {"id": record["id"], "state": record["state"]}
 
-    @app.post("/jobs/{job_id}/transform", status_code=201)
+    @app.get("/health", response_model=schemas.Health)
+    def health():
+        return {"status": "ok", "version": __version__}
+
+    @api.post("/jobs", status_code=201, response_model=schemas.JobCreated,
+              responses=schemas.error_responses(400, 403, 404, 413, 429, 507))
+    def submit(job: JobRequest):
+        """Queue an embedding job; 429 when the queue is full."""
+        params = job.model_dump()
+        with state["runner"].submit_lock.shared():
+            if job.input in DATASETS and not (root / job.input).exists():
+                params.update(input_path=job.input, input_sha256=None)  # package data: immutable
+            else:
+                params.update(_input_snapshot(root, job.input))
+            params["affinity"] = _affinity_kind(job, params["input_path"])
+            return _queue(params)
+
+    @api.post("/jobs/{job_id}/transform", status_code=201, response_model=schemas.JobCreated,
+              responses=schemas.error_responses(400, 403, 404, 409, 429, 507))
     def transform(job_id: str, request: TransformRequest):
         """Place new nodes into done job ``job_id``'s map, which stays fixed: a new job whose result is the
         whole map (old rows first); 409 unless that job is done, 429 when the queue is full."""
         source = _done(job_id)
-        params = {"kind": "transform", "source_job": job_id, "input": request.new,
-                  **_input_snapshot(root, request.new), "iterations": request.iterations,
-                  "free_hops": request.free_hops, "free_iterations": request.free_iterations,
-                  "model": source["params"].get("model")}
-        try:
-            record = state["runner"].submit(params)
-        except QueueFull as exc:
-            return _error(429, f"queue full: {exc.args[0]} jobs are waiting (limit {config.max_queue}); retry "
-                               "later", {"Retry-After": "5"})
-        return {"id": record["id"], "state": record["state"]}
+        with state["runner"].submit_lock.shared():
+            params = {"kind": "transform", "source_job": job_id, "input": request.new,
+                      **_input_snapshot(root, request.new), "iterations": request.iterations,
+                      "free_hops": request.free_hops, "free_iterations": request.free_iterations,
+                      "model": source["params"].get("model")}
+            return _queue(params)
 
-    @app.get("/jobs")
-    def list_jobs():
-        return {"jobs": [_public(r, history=False) for r in state["store"].list()]}
+    @api.get("/jobs", response_model=schemas.JobList)
+    def list_jobs(state_: schemas.State | None = Query(None, alias="state", description="only jobs in this state"),
+                  limit: int = Query(100, ge=1, le=1000, description="at most this many jobs"),
+                  offset: int = Query(0, ge=0, description="skip this many (oldest first)")):
+        """The jobs, oldest first (without their KL histories), ``limit`` of them from ``offset``; ``total``
+        counts every job matching ``state``."""
+        records, total = state["store"].list(state_, limit, offset)
+        return {"jobs": [_public(r, history=False) for r in records], "total": total, "limit": limit,
+                "offset": offset}
 
-    @app.get("/jobs/{job_id}")
+    @api.get("/jobs/{job_id}", response_model=schemas.Job, responses=schemas.error_responses(404))
     def status(job_id: str):
         """The job; once done also ``metrics`` (``scalemb.metrics.to_json`` of the run; ``null`` while they are
-        computed, in the background once the job is done)."""
+        computed, in the background once the job is done, or when that phase failed: ``metrics_error``)."""
         record = _job(job_id)
         out = _public(record)
         if record["state"] == "done":
-            out["metrics"] = state["runner"].metrics(job_id)
+            out["metrics"] = state["runner"].metrics(record)
         return out
 
-    @app.delete("/jobs/{job_id}")
-    def cancel(job_id: str):
-        """Cancel a queued or running job (a running one stops at its next iteration)."""
+    @api.delete("/jobs/{job_id}", response_model=schemas.Cancelled | schemas.Deleted,
+                responses=schemas.error_responses(404, 409))
+    def delete(job_id: str):
+        """A queued job is cancelled at once, a running one at its next iteration (``cancelling``); a finished
+        job (done, failed, cancelled) is deleted with its files and its input's snapshot, unless another job reads
+        them (the snapshot stays while another job's record names it; 409 while a transform job reads its
+        result)."""
         record = _job(job_id)
-        if record["state"] in ("done", "failed", "cancelled"):
-            raise HTTPException(409, f"job {job_id} is already {record['state']}")
+        if record["state"] in ENDED:
+            try:
+                if state["runner"].purge(job_id):
+                    return {"id": job_id, "deleted": True}
+            except InUse as exc:
+                raise HTTPException(409, f"job {job_id} is read by job {exc.args[0]} (a transform of its map); "
+                                         "delete it once that job has ended") from None
+            record = _job(job_id)
+            raise HTTPException(409, f"job {job_id} is {record['state']}")
         record = state["runner"].cancel(job_id)
-        return {"id": job_id, "state": record["state"] if record["state"] != "running" else "cancelling"}
+        return {"id": job_id, "state": "cancelled" if record["state"] == "cancelled" else "cancelling"}
 
-    @app.get("/jobs/{job_id}/embedding")
-    def embedding(job_id: str, format: Literal["csv", "npy"] = Query("csv")):
-        """The embedding (N x (space + time)): csv with a node_id column and a header, or npy (float64)."""
+    @api.get("/jobs/{job_id}/log", response_model=schemas.JobLog, responses=schemas.error_responses(404))
+    def job_log(job_id: str):
+        """What happened to the job, one line per event: queued, claimed (by which service), resumed, warnings
+        of its run, its end (with the reason of a failure), its metrics phase."""
+        _job(job_id)
+        return {"id": job_id, "lines": [{"time": schemas.iso(row["t"]), "line": row["line"]}
+                                        for row in state["store"].log_lines(job_id)]}
+
+    @api.get("/jobs/{job_id}/embedding", response_class=Response, responses={
+        200: {"description": "the embedding file", "content": {t: {} for t in sorted(set(MEDIA_TYPES.values()))}},
+        **schemas.error_responses(404, 409, 507)})
+    def embedding(job_id: str, format: Literal[FORMATS] = Query("csv", description="csv and parquet: columns "
+                  "node_id, s1.., t1..; npy: the float64 matrix; h5ad: AnnData (obsm X_scalemb); zarr: the result "
+                  "group in a zip store")):
+        """The embedding (N x (space + time)) as ``scalemb export`` writes it (``scalemb.io.export``)."""
         _done(job_id)
-        from ..embedding import EmbeddingResult
+        from ..io.export import write_embedding
 
-        result = EmbeddingResult.load(state["runner"].run_dir(job_id) / "run.zarr")
-        if format == "npy":
-            buffer = io.BytesIO()
-            np.save(buffer, result.embedding)
-            return Response(buffer.getvalue(), media_type="application/octet-stream",
-                            headers={"Content-Disposition": f'attachment; filename="{job_id}.npy"'})
-        names = [f"space{i + 1}" for i in range(result.space_dims)] + [f"time{i + 1}" for i in range(result.time_dims)]
-        text = io.StringIO()  # the csv module quotes ids holding commas or quotes (string ids from Parquet input)
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["node_id", *names])
-        writer.writerows([node, *(repr(float(v)) for v in row)]
-                         for node, row in zip(result.node_ids.tolist(), result.embedding))
-        return Response(text.getvalue(), media_type="text/csv")
+        run_dir = state["runner"].run_dir(job_id)
+        cached = run_dir / f"embedding{SUFFIXES[format]}"
+        if not cached.exists():
+            tmp = run_dir / f".embedding.{os.getpid()}.{time.monotonic_ns()}{SUFFIXES[format]}"
+            try:
+                write_embedding(run_dir / "run.zarr", format, tmp)
+                os.replace(tmp, cached)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return FileResponse(cached, media_type=MEDIA_TYPES[format], filename=f"{job_id}{SUFFIXES[format]}")
 
-    @app.get("/jobs/{job_id}/plot.png", response_class=Response)
+    @api.get("/jobs/{job_id}/plot.png", response_class=Response,
+             responses={200: {"content": {"image/png": {}}}, **schemas.error_responses(404, 409)})
     def plot(job_id: str):
         """The result's figure (layout and KL history), PNG."""
         _done(job_id)
@@ -461,36 +603,50 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 raise HTTPException(422, str(exc).splitlines()[0]) from None
         return HTMLResponse(cached.read_text(encoding="utf-8"))
 
-    @app.get("/jobs/{job_id}/report", response_class=HTMLResponse)
+    @api.get("/jobs/{job_id}/report", response_class=HTMLResponse,
+             responses=schemas.error_responses(401, 404, 409, 422, html=True))
     def report(job_id: str):
         """The run report of ``scalemb report`` (self-contained HTML: metrics, maps, KL curve)."""
         from ..report import build_report
 
         return _page(job_id, "report.html", lambda run: build_report(run, map_href=f"/jobs/{job_id}/map")[0])
 
-    @app.get("/jobs/{job_id}/map", response_class=HTMLResponse)
+    @api.get("/jobs/{job_id}/map", response_class=HTMLResponse,
+             responses=schemas.error_responses(401, 404, 409, 422, html=True))
     def map_page(job_id: str):
         """The interactive map page (self-contained HTML canvas: pan, zoom, hover, find a node)."""
         from ..report.mappage import build_map_page
 
         return _page(job_id, "map.html", build_map_page)
 
-    @app.put("/uploads/{name}", status_code=201)
+    @api.put("/uploads/{name}", status_code=201, response_model=schemas.Upload,
+             responses=schemas.error_responses(400, 413, 507), openapi_extra={"requestBody": {
+                 "required": True, "content": {
+                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+                         "file": {"type": "string", "format": "binary"}}}}}}})
     async def upload(name: str, request: Request):
-        """Store the raw request body as ``uploads/NAME`` (an edge list, optionally gzipped); use
-        ``"input": "uploads/NAME"`` in ``POST /jobs``.  Replacing an upload never changes a job submitted
-        before: jobs read snapshots.  507 when the disk is full (the previous upload of NAME, if any, stays)."""
+        """Store the request body as ``uploads/NAME`` (an edge list, optionally gzipped, or a feature matrix):
+        the raw body (``curl --data-binary @FILE``) or the one file of a multipart form (``curl -F file=@FILE``).
+        Refused: an empty file, a form without exactly one file part, a body that does not match its name (a
+        ``.gz`` that is not gzip, a ``.npy`` without NumPy's header, a form sent as a raw body).  Use ``"input":
+        "uploads/NAME"`` in ``POST /jobs``.  Replacing an upload never changes a job submitted before: jobs read
+        snapshots.  507 when the disk is full (the previous upload of NAME, if any, stays)."""
         if not UPLOAD_NAME.fullmatch(name):
             raise HTTPException(400, f"upload name {name[:80]!r}: use letters, digits, '.', '_' and '-' only")
         target = root / "uploads" / name
         tmp = target.with_name(f".{name}.{time.monotonic_ns()}.part")
-        size, full = 0, None
+        size, full, head, digest = 0, None, bytearray(), hashlib.sha256()
         try:
             with open(tmp, "wb") as handle:
-                async for chunk in request.stream():
+                def write(chunk):
+                    nonlocal size, full
                     size += len(chunk)
                     if size > config.max_upload_bytes:
                         raise HTTPException(413, f"upload exceeds the limit of {config.max_upload_bytes} bytes")
+                    if len(head) < 4096:
+                        head.extend(chunk[:4096 - len(head)])
+                    digest.update(chunk)
                     if full is None:
                         try:
                             handle.write(chunk)
@@ -498,11 +654,28 @@ def create_app(config: ServiceConfig) -> FastAPI:
                             if not disk_full(exc):
                                 raise
                             full = exc
+
+                content_type = request.headers.get("content-type", "")
+                form = _Multipart(content_type, write) if content_type.lower().startswith("multipart/") else None
+                async for chunk in request.stream():
+                    if form is None:
+                        write(chunk)
+                    elif form.error is None:
+                        form.feed(chunk)
+                if form is not None:
+                    form.finish()
+                    if form.error is not None:
+                        raise HTTPException(400, f"uploads/{name}: {form.error}")
                 if full is None:
                     handle.flush()
                     os.fsync(handle.fileno())
             if full is not None:
                 raise full
+            if size == 0:
+                raise HTTPException(400, f"uploads/{name}: the body is empty; nothing was stored")
+            mismatch = _sniff(name, bytes(head))
+            if mismatch is not None:
+                raise HTTPException(400, f"{mismatch}; nothing was stored")
             os.replace(tmp, target)
         except OSError as exc:
             if disk_full(exc):
@@ -511,9 +684,47 @@ def create_app(config: ServiceConfig) -> FastAPI:
             raise
         finally:
             tmp.unlink(missing_ok=True)
-        return {"input": f"uploads/{name}", "bytes": size}
+        return {"input": f"uploads/{name}", "bytes": size, "sha256": digest.hexdigest()}
 
+    app.include_router(api)
+    app.state.database = database
     return app
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) with their scripts and styles served from ``/docs/static``
+    (the files of the ``fastapi-offline`` package, MIT): no CDN, so they work offline."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+
+    try:
+        import fastapi_offline
+    except ImportError:  # the page says what is missing rather than loading scripts from the Internet
+        @app.get("/docs", include_in_schema=False)
+        def no_docs():
+            return _error(501, "the documentation pages need fastapi-offline: pip install 'scalemb[service]' "
+                               "(the schema is at /openapi.json)")
+        return
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC.rstrip("/"), StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="scalemb - Swagger UI",
+                                   oauth2_redirect_url="/docs/oauth2-redirect",
+                                   swagger_js_url=f"{DOCS_STATIC}swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_STATIC}swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_STATIC}favicon.png")
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def swagger_redirect():
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title="scalemb - ReDoc",
+                              redoc_js_url=f"{DOCS_STATIC}redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_STATIC}favicon.png", with_google_fonts=False)
 
 
 def lock_data_root(root: Path):
@@ -560,13 +771,20 @@ def serve(config: ServiceConfig, host: str = "127.0.0.1", port: int = 8000) -> N
     Order: lock the data root, bind the port, then start the application (and its job runner)."""
     import uvicorn
 
-    lock = lock_data_root(config.data_root)
+    # SQLite: one service per data root; PostgreSQL: replicas share it, jobs claimed through the database
+    lock = lock_data_root(config.data_root) if not _shared_database(config.database) else None
     sock = bind_socket(host, port)
-    print(f"scalemb serve: http://{host}:{port} data root {Path(config.data_root).resolve()}", file=sys.stderr,
-          flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning",
+        app = create_app(config)
+        print(f"scalemb serve: http://{host}:{port} data root {Path(config.data_root).resolve()}, jobs in "
+              f"{describe(app.state.database)}", file=sys.stderr, flush=True)
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                       access_log=False)).run(sockets=[sock])
     finally:
         sock.close()
-        lock.close()
+        if lock is not None:
+            lock.close()
+
+
+def _shared_database(url: str | None) -> bool:
+    return bool(url) and url.split(":", 1)[0] in ("postgresql", "postgres")

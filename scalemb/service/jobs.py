@@ -1,51 +1,108 @@
-"""Job records (SQLite under the data root) and the runner threads that execute them.
+"""Job records (a database: ``scalemb.service.database``) and the runner threads that execute them.
 
 A job's output store is ``DATA_ROOT/jobs/<id>/run.zarr``: a checkpointed run while it runs, the result once
-done.  A job found ``running`` or ``queued`` when the service starts is queued again; a running one continues
-from its last checkpoint (``Checkpointer(resume=True)``), or from the start if none was written yet.
+done.  A job runs on the service (replica) that claimed it: ``JobStore.claim`` takes the oldest queued job, or a
+running one whose lease has expired (its service was killed or lost the database), in one transaction with
+``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite: ``BEGIN IMMEDIATE``), sets ``owner``, a lease
+(``--lease-seconds``, on the database's clock) and increments ``claim``.  The owner renews the leases of its
+jobs every tenth of the lease; every write it makes about a job is fenced by the claim number (``... WHERE claim
+= ?``), so a service that lost a job (its lease expired and another took it) changes nothing; a service that
+cannot renew its leases for two thirds of the lease stops its jobs at their next iteration, before
+another may take them.  A job taken over continues from its last checkpoint (``Checkpointer(resume=True)``), or
+from the start if none was written yet.  With SQLite one service owns the database (the data root's ``flock``),
+so the leases of its previous life are void when it starts.
 
 A job reads its input's snapshot (``scalemb.service.snapshots``), never the path the request named.  Records
 are JSON through ``scalemb.service.jsonsafe`` (a non-finite KL is stored and shown as ``null``).  A job that
 fails (bad input, a diverged optimisation, a full disk) is ``failed`` with a one-line reason naming paths
 relative to the data root, and its output directory is removed: a failed job has no result, and a partial
 ``run.zarr`` is never left to be read as one.  A full disk (``ENOSPC``/``EDQUOT``) fails the job rather than
-retrying it: the space may not come back, and the client resubmits (a snapshot of its input is kept).  A
-record that cannot be written to SQLite (the disk is full) stays current in memory and is written with the next
-write that succeeds; a submission that cannot be written is refused (``disk_full`` tells the service to
-answer 507).
+retrying it: the space may not come back, and the client resubmits (a snapshot of its input is kept).  A write
+about a running job that the database refuses (a full disk, a lost connection) stays current in memory and is
+written with the next write that succeeds; a submission that cannot be written is refused (``disk_full`` tells
+the service to answer 507).  The quality metrics of a done job are a phase of their own (``metrics_state``
+``running``/``done``/``failed`` with ``metrics_error``); every phase writes lines to the job's log
+(``job_log``: ``GET /jobs/{id}/log``).
 """
 import errno
 import logging
 import os
-import queue
+import queue  # noqa: F401 - kept for callers importing it from here
 import shutil
+import socket
 import sqlite3
 import threading
 import time
+import traceback
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..affinity.store import is_affinity_store
 from ..embedding import Embedder
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from .database import Database, database_error_types
 from .features import knn_settings
 from .jsonsafe import dumps, finite, loads
-from .snapshots import clean_snapshots
+from .snapshots import clean_snapshots, remove_snapshot
 from .stores import clean_stores, ensure_store, touch
 
 logger = logging.getLogger("scalemb")
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
-_SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, state TEXT NOT NULL, params TEXT NOT NULL, created REAL NOT NULL,
-    started REAL, finished REAL, iteration INTEGER, kl REAL, kl_history TEXT NOT NULL DEFAULT '[]',
-    error TEXT, resumed_from INTEGER, n_points INTEGER)"""
-FLUSH_SECONDS = 0.5  # progress is written to SQLite at most this often per job
+ENDED = ("done", "failed", "cancelled")
+FLUSH_SECONDS = 0.5  # progress is written to the database at most this often per job
+LEASE_SECONDS = 30.0  # default of ``scalemb serve --lease-seconds``; leases are renewed every tenth of it, and a
+# service that could not renew them for two thirds of it stops its jobs (another may take them once it has passed)
+POLL_SECONDS = 0.5  # an idle runner thread looks for jobs (other replicas' submissions) this often
+COLUMNS = ("id", "state", "params", "created", "started", "finished", "iteration", "kl", "kl_history", "error",
+           "resumed_from", "n_points", "owner", "lease_until", "claim", "cancel_requested", "metrics_state",
+           "metrics_error")
+SUMMARY = ", ".join(c for c in COLUMNS if c != "kl_history")
+LOG_LINES = 2000  # lines kept per job (the first ones; the last line says how many were left out)
 
 
 class QueueFull(Exception):
     """The queue holds ``max_queue`` jobs already."""
+
+
+class SharedLock:
+    """Many holders of ``shared()`` at once (submissions taking snapshots) or one of ``exclusive()`` (a purge
+    checking that no record names a snapshot before removing it)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class InUse(Exception):
+    """A finished job cannot be deleted while another job reads it (``args[0]``: that job's id)."""
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -57,74 +114,134 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
+def _record(row: dict) -> dict:
+    record = dict(row)
+    record["params"] = loads(record["params"])
+    if "kl_history" in record:
+        record["kl_history"] = loads(record["kl_history"])
+    record["cancel_requested"] = bool(record.get("cancel_requested")) or bool(
+        record["params"].get("cancel_requested"))
+    return finite(record)  # rows written before non-finite floats became null
+
+
 class JobStore:
-    """Job records: an in-memory copy for fast reads, every change persisted to SQLite."""
+    """Job records in ``db`` (read from the database: any replica's changes are seen); the running jobs of this
+    service (``hold``) keep their progress in memory between flushes, and writes the database refused wait in
+    ``_pending`` for the next one that succeeds."""
 
-    def __init__(self, path: Path):
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(_SCHEMA)
-        self._lock = threading.Lock()
-        self._jobs = {}
-        self._unsaved = set()  # ids whose latest change SQLite refused (a full disk): written by the next write
-        for row in self._db.execute("SELECT * FROM jobs ORDER BY created"):
-            record = dict(zip([c[0] for c in self._db.execute("SELECT * FROM jobs LIMIT 0").description], row))
-            record["params"] = loads(record["params"])
-            record["kl_history"] = loads(record["kl_history"])
-            self._jobs[record["id"]] = finite(record)  # rows written before non-finite floats became null
+    def __init__(self, db: Database, lease_seconds: float = LEASE_SECONDS):
+        self.db, self.lease = db, float(lease_seconds)
+        self._lock = threading.RLock()
+        self._live = {}  # id -> record of a job this service runs (progress newer than the database)
+        self._claims = {}  # id -> claim number this service holds
+        self._pending = {}  # id -> changes the database refused, written by the next write that succeeds
+        self.lost = set()  # ids whose claim another service took over
+        self._errors = database_error_types()
 
-    def _persist(self, record):
-        values = dict(finite(record), params=dumps(record["params"]), kl_history=dumps(record["kl_history"]))
-        names = list(values)
-        self._db.execute(f"INSERT OR REPLACE INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                         [values[n] for n in names])
+    # -- reading -------------------------------------------------------------------------------------------
+    def get(self, job_id: str) -> dict | None:
+        with self._lock:
+            live = self._live.get(job_id)
+            if live is not None:
+                return dict(live, kl_history=list(live["kl_history"]))
+            pending = dict(self._pending.get(job_id, {}))
+        rows = self.db.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            return None
+        return {**_record(rows[0]), **pending}
 
-    def _save(self, job_id: str) -> None:
-        """Persist ``job_id`` and any record a failed write left unsaved; a failure is logged, the records
-        stay unsaved (current in memory) until a later write succeeds."""
-        self._unsaved.add(job_id)
-        try:
-            for pending in sorted(self._unsaved):
-                self._persist(self._jobs[pending])
-                self._unsaved.discard(pending)
-        except (sqlite3.Error, OSError) as exc:
-            logger.warning("job records not saved (%d pending): %s", len(self._unsaved), exc)
+    def list(self, state: str | None = None, limit: int | None = None, offset: int = 0) -> tuple[list, int]:
+        """``(records without their KL history, total)``: the jobs in ``state`` (all if ``None``), oldest first,
+        ``limit`` of them from ``offset``."""
+        where, args = ("WHERE state = ?", (state,)) if state else ("", ())
+        total = int(self.db.execute(f"SELECT COUNT(*) AS n FROM jobs {where}", args)[0]["n"])
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        rows = self.db.execute(f"SELECT {SUMMARY} FROM jobs {where} ORDER BY created, id{page}", args)
+        records = []
+        with self._lock:
+            for row in rows:
+                record = _record(row)
+                live = self._live.get(record["id"])
+                record.update({k: v for k, v in (live or self._pending.get(record["id"], {})).items()
+                               if k != "kl_history"})
+                records.append(dict(record, kl_history=None))
+        return records, total
 
+    def count(self, state: str) -> int:
+        return int(self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = ?", (state,))[0]["n"])
+
+    def referenced(self, key: str) -> set:
+        """The values of ``params[key]`` over every record (the snapshots and stores jobs read)."""
+        return {loads(row["params"]).get(key) for row in self.db.execute("SELECT params FROM jobs")} - {None}
+
+    # -- writing -------------------------------------------------------------------------------------------
     def add(self, params: dict, max_queue: int) -> dict:
         """A new queued job; raises ``QueueFull``, or the database's error when it cannot be written (nothing
         is added then)."""
-        with self._lock:
-            queued = sum(1 for r in self._jobs.values() if r["state"] == "queued")
+        with self.db.transaction() as cursor:
+            queued = int(cursor.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'queued'")[0]["n"])
             if queued >= max_queue:
                 raise QueueFull(queued)
             record = {"id": uuid.uuid4().hex[:16], "state": "queued", "params": params, "created": time.time(),
                       "started": None, "finished": None, "iteration": None, "kl": None, "kl_history": [],
                       "error": None, "resumed_from": None, "n_points": None}
-            self._persist(record)
-            self._jobs[record["id"]] = record
-            return dict(record)
+            values = dict(finite(record), params=dumps(params), kl_history="[]")
+            cursor.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                           list(values.values()))
+        return dict(record, claim=0, owner=None, cancel_requested=False, metrics_state=None, metrics_error=None)
 
-    def get(self, job_id: str) -> dict | None:
-        with self._lock:
-            record = self._jobs.get(job_id)
-            return None if record is None else dict(record, kl_history=list(record["kl_history"]))
-
-    def list(self) -> list:
-        with self._lock:
-            return [dict(r, kl_history=None) for r in self._jobs.values()]
+    def _write(self, job_id: str, changes: dict) -> bool:
+        """One fenced write of ``changes``; False when this service no longer holds the job's claim."""
+        values = finite(dict(changes))
+        for key in ("params", "kl_history"):
+            if key in values:
+                values[key] = dumps(values[key])
+        if "cancel_requested" in values:
+            values["cancel_requested"] = int(bool(values["cancel_requested"]))
+        sets = ", ".join(f"{name} = ?" for name in values)
+        claim = self._claims.get(job_id)
+        fence, args = (" AND claim = ?", [claim]) if claim is not None else ("", [])
+        changed = self.db.update(f"UPDATE jobs SET {sets} WHERE id = ?{fence}", [*values.values(), job_id, *args])
+        if changed == 0 and claim is not None:
+            self.lost.add(job_id)
+            logger.warning("job %s: taken over by another service; this one stops it", job_id)
+            return False
+        return True
 
     def update(self, job_id: str, persist: bool = True, **changes) -> dict:
+        """Apply ``changes`` (in memory for a job this service runs; written at once unless ``persist`` is
+        False).  A write the database refuses is kept and retried by the next write."""
         with self._lock:
-            record = self._jobs[job_id]
-            record.update(changes)
+            live = self._live.get(job_id)
+            if live is not None:
+                live.update(changes)
             if persist:
-                self._save(job_id)
-            return dict(record)
+                pending = self._pending.setdefault(job_id, {})
+                if live is not None:  # the progress since the last flush goes with it (a failure's last KL)
+                    pending.update(iteration=live["iteration"], kl=live["kl"], kl_history=list(live["kl_history"]))
+                pending.update(changes)
+                self._save()
+            record = self._live.get(job_id)
+        return dict(record) if record is not None else self.get(job_id)
+
+    def _save(self) -> None:
+        """Write every pending change (under ``_lock``); a failure is logged, the changes stay pending."""
+        try:
+            for pending in sorted(self._pending):
+                self._write(pending, self._pending[pending])
+                del self._pending[pending]
+        except self._errors + (OSError,) as exc:
+            logger.warning("job records not saved (%d pending): %s", len(self._pending), str(exc).splitlines()[0])
+
+    def retry_pending(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._save()
 
     def progress(self, job_id: str, iteration: int, kl: float) -> None:
         """Record an iteration (in memory; ``flush`` persists)."""
         with self._lock:
-            record = self._jobs[job_id]
+            record = self._live[job_id]
             record["iteration"], record["kl"] = iteration, float(kl)
             history = record["kl_history"]
             del history[iteration:]  # a resumed or restarted run overwrites the tail
@@ -132,53 +249,188 @@ class JobStore:
 
     def flush(self, job_id: str) -> None:
         with self._lock:
-            self._save(job_id)
+            record = self._live.get(job_id)
+            if record is not None:
+                self._pending.setdefault(job_id, {}).update(
+                    iteration=record["iteration"], kl=record["kl"], kl_history=list(record["kl_history"]))
+                self._save()
+
+    # -- claims ----------------------------------------------------------------------------------------------
+    def claim(self, owner: str) -> dict | None:
+        """Take the oldest queued job, or a running one whose lease expired: its record (``claim`` set), or None."""
+        skip = " FOR UPDATE SKIP LOCKED" if self.db.dialect == "postgresql" else ""
+        with self.db.transaction() as cursor:
+            rows = cursor.execute(
+                f"SELECT id FROM jobs WHERE state = 'queued' OR (state = 'running' AND (lease_until IS NULL OR "
+                f"lease_until < {{now}})) ORDER BY created, id LIMIT 1{skip}")
+            if not rows:
+                return None
+            job_id = rows[0]["id"]
+            cursor.execute("UPDATE jobs SET state = 'running', owner = ?, claim = claim + 1, "
+                           "lease_until = {now} + ?, started = COALESCE(started, ?) WHERE id = ?",
+                           (owner, self.lease, time.time(), job_id))
+            row = cursor.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE id = ?", (job_id,))[0]
+        record = _record(row)
+        with self._lock:
+            self._claims[job_id] = record["claim"]
+            self._live[job_id] = record
+            self._pending.pop(job_id, None)
+            self.lost.discard(job_id)
+        return dict(record)
+
+    def release(self, job_id: str, end: bool = True) -> None:
+        """Forget this service's hold of ``job_id`` (after writing what is pending)."""
+        with self._lock:
+            if job_id in self._pending:
+                self._save()
+            if job_id not in self._pending:
+                self._claims.pop(job_id, None)
+            self._live.pop(job_id, None)
+
+    def heartbeat(self, owner: str, ids) -> tuple[set, set]:
+        """Renew the leases of ``ids`` (jobs this service holds): ``(lost, cancel)``, the ids another service took
+        and the ids whose cancellation was requested (possibly through another replica)."""
+        lost, cancel = set(), set()
+        for job_id in ids:
+            claim = self._claims.get(job_id)
+            if claim is None:
+                continue
+            rows = self.db.execute("UPDATE jobs SET lease_until = {now} + ? WHERE id = ? AND claim = ? "
+                                   "RETURNING cancel_requested", (self.lease, job_id, claim))
+            if not rows:
+                lost.add(job_id)
+            elif rows[0]["cancel_requested"]:
+                cancel.add(job_id)
+        with self._lock:
+            self.lost |= lost
+        return lost, cancel
+
+    def void_leases(self) -> None:
+        """Expire every lease (SQLite: the service starting owns the database alone)."""
+        self.db.update("UPDATE jobs SET lease_until = NULL WHERE lease_until IS NOT NULL")
+
+    def cancel_queued(self, job_id: str) -> bool:
+        return self.db.update("UPDATE jobs SET state = 'cancelled', finished = ? WHERE id = ? AND state = 'queued'",
+                              (time.time(), job_id)) == 1
+
+    def request_cancel(self, job_id: str) -> bool:
+        return self.db.update("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'running'",
+                              (job_id,)) == 1
+
+    def claim_metrics(self, job_id: str, owner: str) -> bool:
+        """Take the metrics phase of done job ``job_id`` (not started, or its evaluator's lease expired)."""
+        return self.db.update(
+            "UPDATE jobs SET metrics_state = 'running', metrics_error = NULL, owner = ?, lease_until = {now} + ? "
+            "WHERE id = ? AND state = 'done' AND (metrics_state IS NULL OR (metrics_state = 'running' AND "
+            "(lease_until IS NULL OR lease_until < {now})))", (owner, self.lease, job_id)) == 1
+
+    def set_metrics(self, job_id: str, state: str, error: str | None = None) -> None:
+        self.db.update("UPDATE jobs SET metrics_state = ?, metrics_error = ? WHERE id = ?", (state, error, job_id))
+
+    def renew(self, job_id: str) -> None:
+        """Renew the lease of a done job's metrics phase."""
+        self.db.update("UPDATE jobs SET lease_until = {now} + ? WHERE id = ?", (self.lease, job_id))
+
+    def delete(self, job_id: str) -> bool:
+        """Delete the record of finished job ``job_id`` and its log; False if it is not finished (or gone)."""
+        with self.db.transaction() as cursor:
+            cursor.execute("DELETE FROM jobs WHERE id = ? AND state IN ('done', 'failed', 'cancelled')", (job_id,))
+            if cursor.rowcount != 1:
+                return False
+            cursor.execute("DELETE FROM job_log WHERE job_id = ?", (job_id,))
+        return True
+
+    def expired(self, hours: float) -> list:
+        """Ids of the jobs that finished more than ``hours`` ago."""
+        cutoff = time.time() - hours * 3600
+        return [row["id"] for row in self.db.execute(
+            "SELECT id FROM jobs WHERE state IN ('done', 'failed', 'cancelled') AND finished < ?", (cutoff,))]
+
+    # -- logs ------------------------------------------------------------------------------------------------
+    def log(self, job_id: str, line: str) -> None:
+        """Append ``line`` to the job's log (never raises: a log is not worth failing a job for)."""
+        try:
+            self.db.update("INSERT INTO job_log (job_id, t, line) VALUES (?, ?, ?)",
+                           (job_id, time.time(), line.replace("\n", " | ")[:2000]))
+        except self._errors + (OSError,) as exc:
+            logger.debug("job %s: log line not stored (%s)", job_id, exc)
+
+    def log_lines(self, job_id: str) -> list:
+        return self.db.execute(f"SELECT t, line FROM job_log WHERE job_id = ? ORDER BY seq LIMIT {LOG_LINES}",
+                               (job_id,))
 
     def close(self):
-        with self._lock:
-            self._db.close()
+        self.db.close()
+
+
+class _JobLogHandler(logging.Handler):
+    """Records of the ``scalemb`` logger emitted by a thread working on a job (``_current.job``) go to that
+    job's log too."""
+
+    def __init__(self, store: JobStore, current: threading.local):
+        super().__init__(logging.INFO)
+        self.store, self.current = store, current
+
+    def emit(self, record):
+        job_id = getattr(self.current, "job", None)
+        if job_id is None or getattr(self.current, "writing", False):
+            return
+        self.current.writing = True
+        try:
+            self.store.log(job_id, f"{record.levelname.lower()}: {record.getMessage()}")
+        finally:
+            self.current.writing = False
 
 
 class JobRunner:
-    """``max_running`` threads taking job ids from a FIFO queue and running them."""
+    """``max_running`` threads claiming jobs from the database and running them; a heartbeat thread renewing
+    their leases; with ``retention_hours``, finished jobs purged that long after they ended."""
 
     def __init__(self, store: JobStore, data_root: Path, max_running: int, max_queue: int,
                  scheduler: str | None = None, checkpoint_every: int = 100, n_threads: int | None = None,
-                 store_ttl_hours: float = 24.0):
+                 store_ttl_hours: float = 24.0, retention_hours: float | None = None):
         self.store, self.data_root = store, data_root
-        self.store_ttl_hours = store_ttl_hours
+        self.store_ttl_hours, self.retention_hours = store_ttl_hours, retention_hours
         self.max_queue, self.scheduler = max_queue, scheduler
         self.checkpoint_every, self.n_threads = checkpoint_every, n_threads
-        self._queue = queue.Queue()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # replicas: a snapshot made by another service's submission is recorded an instant later
+        self.snapshot_grace = 0.0 if store.db.dialect == "sqlite" else 300.0
+        self.submit_lock = SharedLock()  # submissions (snapshot + record) vs a purge removing a snapshot
         self._active = {}  # job id -> Checkpointer of the running job
+        self._held = set()  # jobs (and metrics phases) this service holds a lease on
         self._cancelled = set()
-        self._evaluating = set()  # done jobs whose metrics are being computed (or failed)
+        self._evaluating = set()  # done jobs whose metrics this service computes
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        for record in store.list():  # jobs a previous service left unfinished
-            if record["state"] in ("queued", "running") and record["params"].get("cancel_requested"):
-                shutil.rmtree(self.run_dir(record["id"]) / "run.zarr", ignore_errors=True)
-                store.update(record["id"], state="cancelled", finished=record["finished"] or time.time())
-            elif record["state"] in ("queued", "running"):
-                store.update(record["id"], state="queued")
-                self._queue.put(record["id"])
+        self._wake = threading.Event()
+        self._current = threading.local()
+        self._handler = _JobLogHandler(store, self._current)
+        logger.addHandler(self._handler)
+        self._last_renewal = time.monotonic()
+        if store.db.dialect == "sqlite":
+            store.void_leases()
         try:
-            clean_snapshots(data_root, [r["params"].get("snapshot") for r in store.list()])
+            clean_snapshots(data_root, store.referenced("snapshot"), self.snapshot_grace)
         except OSError as exc:
             logger.warning("cleaning %s/snapshots: %s", data_root.name, exc)
         self.clean_stores()
         self._threads = [threading.Thread(target=self._loop, name=f"scalemb-job-{i}", daemon=True)
                          for i in range(max_running)]
+        self._threads.append(threading.Thread(target=self._heartbeat, name="scalemb-heartbeat", daemon=True))
         for thread in self._threads:
             thread.start()
 
     def clean_stores(self) -> None:
         """Apply the stores' cleaning rule (``scalemb.service.stores``)."""
-        in_use = [r["params"].get("store_path") for r in self.store.list() if r["state"] in ("queued", "running")]
         try:
+            in_use = [r["params"].get("store_path") for r in self.store.list("queued")[0] + self.store.list(
+                "running")[0]]
             clean_stores(self.data_root, in_use, self.store_ttl_hours)
         except OSError as exc:
             logger.warning("cleaning %s/stores: %s", self.data_root.name, exc)
+        except self.store._errors as exc:
+            logger.warning("cleaning %s/stores: database: %s", self.data_root.name, str(exc).splitlines()[0])
 
     def reason(self, exc: BaseException, params: dict) -> str:
         """The one-line reason a job failed: the input's snapshot named as the request named the input, every
@@ -196,8 +448,21 @@ class JobRunner:
 
     def _fail(self, job_id: str, exc: BaseException, params: dict) -> None:
         """Mark ``job_id`` failed with its reason and remove its output directory (a failed job has none)."""
+        if job_id in self.store.lost:
+            return
+        if isinstance(exc, ScalembError) and "in use by another running scalemb process" in str(exc):
+            # another service still writes this job's output (it lost the job but has not stopped yet): leave
+            # the job running; its lease expires and it is taken again
+            self.store.log(job_id, "its output is still in use by another service; retried once its lease ends")
+            self.store.lost.add(job_id)
+            return
         message = self.reason(exc, params)
         logger.warning("job %s failed: %s", job_id, message)
+        if not isinstance(exc, (ScalembError, FloatingPointError)) and exc.__traceback__ is not None:
+            # an unexpected exception: where it was raised, for the job's log (the status keeps the one line)
+            frames = traceback.extract_tb(exc.__traceback__)[-4:]
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+            self.store.log(job_id, self.reason(RuntimeError(f"raised at {where}"), params))
         shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
         self.store.update(job_id, state="failed", error=message, finished=time.time())
 
@@ -222,55 +487,152 @@ class JobRunner:
 
     def submit(self, params: dict) -> dict:
         record = self.store.add(params, self.max_queue)
-        self._queue.put(record["id"])
+        self.store.log(record["id"], f"queued ({params.get('kind', 'embed')} job)")
+        self._wake.set()
         return record
 
     def cancel(self, job_id: str) -> dict:
-        """Cancel a queued job at once, a running one at its next iteration."""
-        with self._lock:
-            record = self.store.get(job_id)
-            if record["state"] == "queued":
+        """Cancel a queued job at once, a running one at its next iteration (on whichever service runs it)."""
+        if self.store.cancel_queued(job_id):
+            with self._lock:
                 self._cancelled.add(job_id)
-                return self.store.update(job_id, state="cancelled", finished=time.time())
-            if record["state"] == "running":
+            self.store.log(job_id, "cancelled while queued")
+            return self.store.get(job_id)
+        if self.store.request_cancel(job_id):  # durable: whoever runs it (or takes it over) cancels it
+            self.store.log(job_id, "cancellation requested")
+            with self._lock:
                 self._cancelled.add(job_id)
-                # durable: a service killed before the job stops cancels it when it starts again
-                self.store.update(job_id, params={**record["params"], "cancel_requested": True})
                 checkpointer = self._active.get(job_id)
-                if checkpointer is not None:
-                    checkpointer.request_stop()
-            return record
+            if checkpointer is not None:
+                checkpointer.request_stop()
+        return self.store.get(job_id)
+
+    def purge(self, job_id: str) -> bool:
+        """Delete finished job ``job_id``: its record and log, its files, and its input's snapshot unless another
+        job reads it; ``InUse`` while a queued or running transform job reads its result; False if it is not a
+        finished job."""
+        record = self.store.get(job_id)
+        if record is None or record["state"] not in ENDED:
+            return False
+        for other in self.store.list("queued")[0] + self.store.list("running")[0]:
+            if other["params"].get("source_job") == job_id:
+                raise InUse(other["id"])
+        with self.submit_lock.exclusive():
+            if not self.store.delete(job_id):
+                return False
+            shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+            snap = record["params"].get("snapshot")
+            if snap and snap not in self.store.referenced("snapshot"):
+                remove_snapshot(self.data_root, snap, self.snapshot_grace)
+        return True
+
+    def sweep(self) -> list:
+        """Purge the jobs finished more than ``retention_hours`` ago (none without a retention); their ids."""
+        if self.retention_hours is None:
+            return []
+        purged = []
+        for job_id in self.store.expired(self.retention_hours):
+            try:
+                if self.purge(job_id):
+                    purged.append(job_id)
+            except InUse:
+                continue
+        if purged:
+            logger.info("retention: purged %d jobs finished over %g hours ago", len(purged), self.retention_hours)
+        return purged
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the running jobs at their next iteration (they stay ``running`` and resume on restart)."""
+        """Stop the running jobs at their next iteration (they stay ``running`` and resume on restart, here or on
+        another replica once their lease expires)."""
         self._stopping.set()
+        self._wake.set()
         with self._lock:
             for checkpointer in self._active.values():
                 checkpointer.request_stop()
-        for _ in self._threads:
-            self._queue.put(None)
         for thread in self._threads:
             thread.join(timeout)
+        logger.removeHandler(self._handler)
+
+    def _heartbeat(self):
+        """Renew this service's leases; stop jobs another service took, or all of them when renewing has failed
+        for two thirds of the lease; pass on cancellations requested through other replicas; retry refused writes;
+        apply the retention."""
+        last_sweep = 0.0
+        while not self._stopping.wait(self.store.lease / 10):
+            with self._lock:
+                held, evaluating = set(self._held), set(self._evaluating)
+            try:
+                lost, cancel = self.store.heartbeat(self.owner, held)
+                for job_id in evaluating:
+                    self.store.renew(job_id)
+                self._last_renewal = time.monotonic()
+                self.store.retry_pending()
+            except self.store._errors as exc:
+                logger.warning("renewing job leases: %s", str(exc).splitlines()[0])
+                lost, cancel = set(), set()
+                if time.monotonic() - self._last_renewal > self.store.lease * 2 / 3:
+                    lost = held  # another service may take them at the lease's end: stop writing now
+            with self._lock:
+                for job_id in lost | cancel:
+                    if job_id in cancel:
+                        self._cancelled.add(job_id)
+                    checkpointer = self._active.get(job_id)
+                    if checkpointer is not None:
+                        checkpointer.request_stop()
+                if lost:
+                    self.store.lost |= lost
+            if self.retention_hours is not None and time.monotonic() - last_sweep > min(60.0, self.retention_hours
+                                                                                         * 360):
+                last_sweep = time.monotonic()
+                try:
+                    self.sweep()
+                except (OSError,) + self.store._errors as exc:
+                    logger.warning("retention: %s", str(exc).splitlines()[0])
 
     def _loop(self):
         while not self._stopping.is_set():
-            job_id = self._queue.get()
-            if job_id is None or self._stopping.is_set():
-                return
-            with self._lock:
-                if job_id in self._cancelled or self.store.get(job_id)["state"] != "queued":
-                    continue
-                self.store.update(job_id, state="running", started=self.store.get(job_id)["started"] or time.time())
             try:
-                self._run(job_id)
+                record = self.store.claim(self.owner)
+            except self.store._errors as exc:
+                logger.warning("claiming a job: %s", str(exc).splitlines()[0])
+                record = None
+            if record is None:
+                self._wake.wait(POLL_SECONDS)
+                self._wake.clear()
+                continue
+            job_id = record["id"]
+            with self._lock:
+                self._held.add(job_id)
+            self._current.job = job_id
+            try:
+                self.store.log(job_id, f"claimed by {self.owner} (claim {record['claim']})")
+                if record["cancel_requested"]:
+                    shutil.rmtree(self.run_dir(job_id) / "run.zarr", ignore_errors=True)
+                    self.store.update(job_id, state="cancelled", finished=record["finished"] or time.time())
+                    self.store.log(job_id, "cancelled")
+                else:
+                    self._run(job_id)
             except Exception as exc:  # never lose a runner thread, never leave a job "running"
                 if disk_full(exc):
                     self._fail(job_id, exc, {})
                 else:
                     logger.exception("job %s: runner error", job_id)
-                    shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
-                    self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
-                                      finished=time.time())
+                    if job_id not in self.store.lost:
+                        shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+                        self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
+                                          finished=time.time())
+            finally:
+                self._current.job = None
+                try:
+                    final = self.store.get(job_id) or {}
+                except self.store._errors:  # the database is away: the log line is not worth a runner thread
+                    final = {}
+                if final.get("state") in ENDED:
+                    self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error")
+                                                                   else ""))
+                with self._lock:
+                    self._held.discard(job_id)
+                self.store.release(job_id)
             self.clean_stores()
 
     def _run(self, job_id: str):
@@ -295,6 +657,7 @@ class JobRunner:
         if resume:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
+            self.store.log(job_id, f"resuming from the checkpoint at iteration {resumed_from}")
         constructor = dict(params.get("model_params") or {})
         embedder = Embedder(model=params["model"], model_params=constructor, space_dims=params["space"],
                             time_dims=params["time"],
@@ -321,11 +684,14 @@ class JobRunner:
             with checkpointer:
                 embedder.fit(self._source(job_id, params), params["graph_affinity"], checkpoint=checkpointer)
         except RunInterrupted:
+            if job_id in self.store.lost:  # another service runs it now: leave everything to it
+                return
             if job_id in self._cancelled:
                 shutil.rmtree(run, ignore_errors=True)
                 self.store.update(job_id, state="cancelled", finished=time.time())
             else:
                 self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
+                self.store.log(job_id, "interrupted: the service stopped; the job resumes from its checkpoint")
             return
         except Exception as exc:
             self._fail(job_id, exc, params)
@@ -335,36 +701,58 @@ class JobRunner:
                 self._active.pop(job_id, None)
         self._finish(job_id, run)
 
-    def metrics(self, job_id: str):
-        """The done job's metrics (``metrics.json``), or ``None`` while they are computed: a background thread
-        started when the job finished (or here, for a job finished before a restart)."""
+    def metrics(self, record: dict):
+        """The done job's metrics (``metrics.json``), or ``None`` while they are computed (a background thread
+        started when the job finished, or here for a job whose evaluator stopped) or when they failed
+        (``metrics_state`` 'failed', the reason in ``metrics_error``)."""
+        job_id = record["id"]
         path = self.run_dir(job_id) / "metrics.json"
         if path.exists():
             return loads(path.read_text())
-        self._start_evaluation(job_id)
+        if record.get("metrics_state") != "failed":
+            self._start_evaluation(job_id)
         return None
 
     def _start_evaluation(self, job_id: str) -> None:
         with self._lock:
             if job_id in self._evaluating:
                 return
+        try:
+            if not self.store.claim_metrics(job_id, self.owner):
+                return
+        except self.store._errors as exc:
+            logger.warning("job %s: metrics not started (%s)", job_id, str(exc).splitlines()[0])
+            return
+        with self._lock:
             self._evaluating.add(job_id)
         threading.Thread(target=self._evaluate, args=(job_id,), name=f"scalemb-metrics-{job_id}", daemon=True).start()
 
     def _evaluate(self, job_id: str) -> None:
-        """Write the run's quality metrics to ``metrics.json`` (a failure is logged and left at that: the job
-        stays done, its metrics ``None``)."""
+        """Write the run's quality metrics to ``metrics.json``: the job's metrics phase.  A failure leaves the
+        job done with ``metrics_state`` 'failed' and the reason in ``metrics_error`` and its log (a full disk:
+        tried again on the next request for them)."""
         from ..metrics import evaluate_run, to_json
         from ..report.page import write_text_atomic
 
+        self._current.job = job_id
+        self.store.log(job_id, "metrics: computing")
         try:
             metrics = to_json(evaluate_run(self.run_dir(job_id) / "run.zarr", n_threads=self.n_threads))
             write_text_atomic(self.run_dir(job_id) / "metrics.json", dumps(metrics))
-        except Exception as exc:  # noqa: BLE001 - metrics are an extra: never fail a finished job
-            logger.warning("job %s: no metrics (%s)", job_id, self.reason(exc, self.store.get(job_id)["params"]))
-            if disk_full(exc):  # tried again on the next request for them
-                with self._lock:
-                    self._evaluating.discard(job_id)
+            self.store.set_metrics(job_id, "done")
+            self.store.log(job_id, "metrics: done")
+        except Exception as exc:  # noqa: BLE001 - metrics are a phase of their own: never fail a finished job
+            record = self.store.get(job_id)
+            message = self.reason(exc, record["params"] if record else {})
+            logger.warning("job %s: no metrics (%s)", job_id, message)
+            try:
+                self.store.set_metrics(job_id, None if disk_full(exc) else "failed", message)
+            except self.store._errors + (OSError,):
+                pass
+        finally:
+            self._current.job = None
+            with self._lock:
+                self._evaluating.discard(job_id)
 
     def _run_transform(self, job_id: str, params: dict):
         """A ``POST /jobs/{id}/transform`` job: place new nodes into a done job's map (``scalemb.placement``).

@@ -9,8 +9,11 @@ name is the content whatever happens to the original during or after the copy; `
 file suffixes (how readers tell ``.npy`` from ``.csv`` or ``.gz``).  The copy is written under a temporary
 name and renamed into place, then made read-only; an existing snapshot of the same content is reused.  The
 job record keeps the hash (``input_sha256``) and the snapshot path; a snapshot is kept while any job record
-references it (``clean_snapshots``, when the service starts, deletes the others and the temporary copies a
-killed service left).
+references it: deleting a finished job (``DELETE /jobs/{id}``, or the retention) removes its snapshot unless
+another job's record names it, and ``clean_snapshots``, when the service starts, deletes the unreferenced ones
+and the temporary copies a killed service left.  Replicas of the service (PostgreSQL) share the directory: a
+snapshot another replica has just made or reused (its modification time, set on reuse too) may belong to a
+submission not yet recorded, so removal spares snapshots younger than a grace period there.
 Built-in datasets are package data, not files under the data root: they need no snapshot.
 """
 import hashlib
@@ -80,7 +83,9 @@ def snapshot(root: Path, source: Path) -> tuple[str, Path]:
             _copy_file(source, tmp, digest)
         key = digest.hexdigest()
         target = folder / f"{key}{_suffix(source.name)}"
-        if not target.exists():
+        if target.exists():
+            _touch(target)
+        else:
             _read_only(tmp)
             try:
                 os.rename(tmp, target)  # a directory renamed onto an existing one fails: the other copy wins
@@ -100,16 +105,42 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def clean_snapshots(root: Path, referenced) -> list:
-    """Delete the snapshots no path in ``referenced`` names and every temporary copy; returns them.  Call only
-    while no submission is under way (at service start)."""
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _older(path: Path, grace: float) -> bool:
+    try:
+        return grace <= 0 or path.lstat().st_mtime < time.time() - grace
+    except OSError:
+        return False
+
+
+def remove_snapshot(root: Path, path, grace: float = 0.0) -> bool:
+    """Remove snapshot ``path`` (a path under ``ROOT/snapshots`` only) unless modified within ``grace`` seconds.
+    The caller has checked that no job record names it."""
+    path = Path(path)
+    folder = (Path(root) / DIRECTORY).resolve()
+    if path.parent.resolve() != folder or not path.exists() or not _older(path, grace):
+        return False
+    _remove(path)
+    return True
+
+
+def clean_snapshots(root: Path, referenced, grace: float = 0.0) -> list:
+    """Delete the snapshots no path in ``referenced`` names and the temporary copies, sparing those modified in
+    the last ``grace`` seconds; returns them.  With ``grace`` 0, call only while no submission is under way
+    (the service starting, alone on the data root)."""
     folder = Path(root) / DIRECTORY
     if not folder.is_dir():
         return []
     keep = {Path(p).name for p in referenced if p}
     removed = []
     for entry in folder.iterdir():
-        if entry.name not in keep:
+        if entry.name not in keep and _older(entry, grace):
             _remove(entry)
             removed.append(entry)
     return removed
