@@ -383,6 +383,26 @@ class _Multipart:
                           f"got {self.files}")
 
 
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+
+
+def prometheus_text(store: JobStore, runner) -> str:
+    """The service's metrics in Prometheus' text format 0.0.4 (``# HELP``/``# TYPE`` then samples)."""
+    counts = store.counts()
+    lines = ["# HELP scalemb_jobs Jobs in the database by state (all replicas).", "# TYPE scalemb_jobs gauge"]
+    lines += [f'scalemb_jobs{{state="{name}"}} {counts.get(name, 0)}' for name in JOB_STATES]
+    lines += ["# HELP scalemb_queue_length Jobs waiting to run (all replicas).", "# TYPE scalemb_queue_length gauge",
+              f"scalemb_queue_length {counts.get('queued', 0)}",
+              "# HELP scalemb_jobs_running_here Jobs this replica is running.",
+              "# TYPE scalemb_jobs_running_here gauge", f"scalemb_jobs_running_here {runner.running_here()}",
+              "# HELP scalemb_iterations_total Optimiser iterations run by this replica's jobs.",
+              "# TYPE scalemb_iterations_total counter", f"scalemb_iterations_total {store.iterations_total}",
+              "# HELP scalemb_info The service's version.", "# TYPE scalemb_info gauge",
+              f'scalemb_info{{version="{__version__}"}} 1']
+    return "\n".join(lines) + "\n"
+
+
 def create_app(config: ServiceConfig) -> FastAPI:
     """The service's ASGI application; the job database is opened (and migrated) here, jobs start running when
     the application starts."""
@@ -476,6 +496,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.get("/health", response_model=schemas.Health)
     def health():
         return {"status": "ok", "version": __version__}
+
+    @api.get("/metrics", response_class=Response,
+             responses={200: {"content": {PROMETHEUS: {"schema": {"type": "string"}}}}})
+    def metrics():
+        """Prometheus text exposition: jobs by state and the queue length over the whole database (every
+        replica), this replica's running jobs, and a counter of the optimiser iterations its jobs ran (the
+        iteration rate is ``rate(scalemb_iterations_total[1m])``)."""
+        return Response(prometheus_text(state["store"], state["runner"]), media_type=PROMETHEUS)
 
     @api.post("/jobs", status_code=201, response_model=schemas.JobCreated,
               responses=schemas.error_responses(400, 403, 404, 413, 429, 507))

@@ -137,6 +137,7 @@ class JobStore:
         self._pending = {}  # id -> changes the database refused, written by the next write that succeeds
         self.lost = set()  # ids whose claim another service took over
         self._errors = database_error_types()
+        self.iterations_total = 0  # optimiser iterations this service's jobs have run (the /metrics counter)
 
     # -- reading -------------------------------------------------------------------------------------------
     def get(self, job_id: str) -> dict | None:
@@ -169,6 +170,11 @@ class JobStore:
 
     def count(self, state: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = ?", (state,))[0]["n"])
+
+    def counts(self) -> dict:
+        """``{state: number of jobs}`` over the whole database (every replica's jobs), one query."""
+        return {row["state"]: int(row["n"])
+                for row in self.db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")}
 
     def referenced(self, key: str) -> set:
         """The values of ``params[key]`` over every record (the snapshots and stores jobs read)."""
@@ -241,6 +247,7 @@ class JobStore:
     def progress(self, job_id: str, iteration: int, kl: float) -> None:
         """Record an iteration (in memory; ``flush`` persists)."""
         with self._lock:
+            self.iterations_total += 1
             record = self._live[job_id]
             record["iteration"], record["kl"] = iteration, float(kl)
             history = record["kl_history"]
@@ -420,6 +427,11 @@ class JobRunner:
         self._threads.append(threading.Thread(target=self._heartbeat, name="scalemb-heartbeat", daemon=True))
         for thread in self._threads:
             thread.start()
+
+    def running_here(self) -> int:
+        """The number of jobs this service is running now."""
+        with self._lock:
+            return len(self._active)
 
     def clean_stores(self) -> None:
         """Apply the stores' cleaning rule (``scalemb.service.stores``)."""
