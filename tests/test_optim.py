@@ -143,6 +143,17 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert snest == DeltaBarDelta(max_iterations=750)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
+    # from AUTO_SCHEDULE_MIN_POINTS (below the size at scale) the spectral direction after a momentum
+    # exaggeration phase for t-SNE (x12) and SNEST (x4); below it the spectral direction alone
+    from scalemb.optim import AUTO_SCHEDULE_MIN_POINTS
+
+    mid = resolve_optimizer(auto, AUTO_SCHEDULE_MIN_POINTS)
+    assert (mid.exaggeration, mid.exaggeration_iterations, mid.exaggeration_steps) == (12.0, 125, "momentum")
+    assert resolve_optimizer(auto, AUTO_SCHEDULE_MIN_POINTS - 1) == LineSearchDescent()
+    snest_mid = make_optimizer("auto", "snest", n_points=5241)
+    assert (snest_mid.exaggeration, snest_mid.exaggeration_iterations, snest_mid.exaggeration_momentum) == (4.0, 100,
+                                                                                                            0.8)
+    assert make_optimizer("auto", "tsne", n_points=5241, exaggeration_iterations=0).exaggeration_iterations == 0
     assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
     assert isinstance(make_optimizer("auto", "ee"), LineSearchDescent)
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
