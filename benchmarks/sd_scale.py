@@ -11,7 +11,8 @@ the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP
 ``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
 overlap: on a machine shared with other work that adds one process to the load; the results file says so).
 
-``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --out benchmarks/results/sd_scale.md``
+``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --candidates 'hybrid;dbd' --out
+benchmarks/results/sd_scale.md`` (``--candidates``: which scalemb runs, ``candidate``)
 (stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out
 PN.zarr``; ``grqc``: the bundled ca-GrQc).
 """
@@ -47,7 +48,7 @@ SPECTRAL_AT_SCALE = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacob
 # The hybrid (issue 29's next step): the same exaggeration phase and spectral steps, then after
 # ``spectral_iterations`` of them delta-bar-delta momentum steps as openTSNE's (momentum 0.8, lr N/12, each point's
 # step bounded by 5) for the neighbourhoods, until the KL falls by less than ``tol`` per iteration over ``window``.
-HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 30, "tol": 0.0, "window": 50}
+HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 10, "tol": 0.0, "window": 50}
 
 
 def candidate(spec: str):
