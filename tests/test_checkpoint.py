@@ -54,6 +54,11 @@ def assert_same_result(a, b):
     ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "max_point_step": 0.5,
                           "exaggeration": 12.0, "exaggeration_iterations": 60, "exaggeration_steps": "momentum",
                           "tol": 0.0}),
+    # the hybrid: spectral steps, then delta-bar-delta polish steps (their gains are state; resumed inside both)
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "max_point_step": 0.5,
+                          "exaggeration": 12.0, "exaggeration_iterations": 20, "exaggeration_steps": "momentum",
+                          "spectral_iterations": 10, "tol": 0.0}),
+    ("sd", "snest", 2, 1, {"spectral_iterations": 30, "tol": 0.0}),
     ("gd", "snest", 2, 1, {}),
 ])
 def test_optimizer_state_round_trip_is_exact(school_affinity, name, model, ds, dt, options):

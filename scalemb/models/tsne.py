@@ -5,7 +5,7 @@
 from numba import njit
 
 from ..repulsion.fft import NEAR_CAUCHY, FFTSpec, cauchy_plan, cauchy_self_weight
-from .base import OPENTSNE_SCHEDULE, Model
+from .base import MOMENTUM_EXAGGERATION, OPENTSNE_SCHEDULE, Model
 from .kernels import euclidean_similarity, make_kernels
 from .vecmath import fast_log
 
@@ -36,4 +36,4 @@ FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY,
 # layout there, where repulsion costs ~N²: benchmarks/results/scale.md, "Defaults at scale")
 MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair),
               similarity=euclidean_similarity, fft=FFT, default_optimizer="sd",
-              default_optimizer_at_scale=OPENTSNE_SCHEDULE)
+              default_optimizer_at_scale=OPENTSNE_SCHEDULE, default_optimizer_options=MOMENTUM_EXAGGERATION)
