@@ -432,6 +432,12 @@ class _DescentRun(StepRun):
         update = -max(1.0, self.n_points / 12.0) * scale * rgrad[:ds]
         if s.previous_space is not None:
             update += r.exaggeration_momentum * s.previous_space
+        return self._momentum_move(it, update, rgrad)
+
+    def _momentum_move(self, it: int, update: np.ndarray, rgrad: np.ndarray) -> str:
+        """Move by the space ``update`` (each point's bounded by ``max_point_step``; kept as the momentum buffer
+        ``previous_space``) and ``-time_rate g`` in time, then evaluate: one evaluation, no line search."""
+        r, s, ds = self.rule, self.state, self.space_dims
         if r.max_point_step is not None:
             from .dbd import clip_step_norms
 
@@ -453,8 +459,6 @@ class _DescentRun(StepRun):
         ``u`` bounded by ``max_point_step``), time ``-time_rate g``; one evaluation per iteration, no line search.
         Its first step starts from unit gains and no momentum (the spectral direction is no momentum buffer)."""
         r, s, ds = self.rule, self.state, self.space_dims
-        from .dbd import clip_step_norms
-
         if s.gains is None:
             s.gains = np.ones((ds, self.n_points))
             s.previous_space = None
@@ -466,16 +470,7 @@ class _DescentRun(StepRun):
         np.maximum(s.gains, 0.01, out=s.gains)
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         update = r.polish_momentum * s.previous_space - max(1.0, self.n_points / 12.0) * scale * s.gains * grad
-        if r.max_point_step is not None:
-            clip_step_norms(update, r.max_point_step)
-        s.previous_space = update
-        direction = np.empty_like(s.coords)
-        direction[:ds] = update
-        direction[ds:] = -s.time_rate * rgrad[ds:]
-        s.coords = self.geometry.retract(s.coords, direction)
-        self.ev = self.evaluate(s.coords, s.alpha, it + 1)
-        s.evaluations += 1
-        return MOVED
+        return self._momentum_move(it, update, rgrad)
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
         """The KL at the last iterate: the last evaluation's, or one without exaggeration if it was on (that
