@@ -53,8 +53,9 @@ def read_new_edges(path, old_ids: np.ndarray):
     both_old = first_old & second_old
     if both_old.any():
         k = int(np.flatnonzero(both_old)[0])
-        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({int(both_old.sum())}"
-                               " such lines; every edge needs a new node at one end)",
+        count = int(both_old.sum())
+        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({count} such "
+                               f"line{'s' if count != 1 else ''}; every edge needs a new node at one end)",
                          first_lines(path, [first[k]], column=0)[0])
     swap = first_old  # the new end goes first
     src, dst = np.where(swap, second, first), np.where(swap, first, second)
