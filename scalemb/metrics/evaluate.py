@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, is_affinity_store, knn_affinity, read_features
+from ..affinity.knn import PERPLEXITY
 from ..affinity.store import check_source
 from ..datasets import DATASETS, load_dataset
 from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
@@ -67,8 +68,8 @@ def affinity_from_provenance(provenance: dict, graph_affinity: str = "coauthorsh
         return load_dataset(provenance["dataset"]), f"dataset {provenance['dataset']}", None
     source = provenance.get("source")
     if provenance.get("method") == "knn" and source:
-        affinity = knn_affinity(source, perplexity=provenance.get("perplexity", 30.0)
-                                if provenance.get("perplexity") != "uniform" else 30.0,
+        affinity = knn_affinity(source, perplexity=provenance.get("perplexity", PERPLEXITY)
+                                if provenance.get("perplexity") != "uniform" else PERPLEXITY,
                                 n_neighbors=provenance.get("n_neighbors"), metric=provenance.get("metric", "euclidean"),
                                 method="uniform" if provenance.get("perplexity") == "uniform" else "gaussian",
                                 random_state=provenance.get("seed", 0))

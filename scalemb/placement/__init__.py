@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, read_features
+from ..affinity.knn import PERPLEXITY
 from ..datasets import DATASETS, grqc_path, school_edges
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
@@ -106,7 +107,7 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
         raise InputError(where, "non-finite values in the new rows")
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
-                              knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs,
+                              knn.get("metric") or "euclidean", knn.get("perplexity") or PERPLEXITY, n_jobs,
                               lvq=knn.get("lvq"))
     return P, new_point_ids(node_ids, X_new.shape[0])
 
