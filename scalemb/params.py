@@ -185,7 +185,7 @@ PARAMS = (
           "rank, epochs, ...; default: LiRaMLVQ's)", type=dict | None),
     Param("init", None, "the start: random (1e-4 N(0,1), the SNEST paper's; None: random), spectral (graph "
           "eigenmap of P), pca (kNN inputs from a feature file), or an (N, space [+ time]) .npy file in node order "
-          "(in Python also an array)", None, "--init", "init", str | None, validate=_check_init_value),
+          "(in Python also an array)", None, "--init", None, str | None, validate=_check_init_value),
     Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
           {"ge": 1, "le": 1_000_000}),
     Param("random_state", None, "seed of the random start (None: 0); restart k uses the stream (seed, k)",

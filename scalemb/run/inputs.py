@@ -121,18 +121,24 @@ def resolve(source, spec, front: str = "python", shown=None) -> InputPlan:
     if spec.graph_affinity not in GRAPH_AFFINITIES:  # a spec is checked; a plain caller's value is not
         BY_NAME["graph_affinity"].check(spec.graph_affinity, front_name(BY_NAME["graph_affinity"], front))
     kind = input_kind(source, spec.affinity, front, shown)
+    check_knn_settings(kind, spec, front, shown or source)
     if kind != "knn":
-        given = [front_name(BY_NAME[n], front) for n in KNN_PARAMS if getattr(spec, n) != DEFAULTS[n]]
-        if given:
-            affinity = front_name(BY_NAME["affinity"], front)
-            raise ValueError(f"{', '.join(given)}: kNN settings apply to a feature matrix ({affinity} knn); "
-                             f"{shown or source or 'grqc'} is read as {'P' if kind == 'precomputed' else 'a graph'}")
         return InputPlan(kind, source, source, spec.graph_affinity)
     from ..affinity.knn import read_features
 
     affinity = knn_features_affinity(read_features(source), spec.perplexity, spec.n_neighbors, spec.metric,
                                      spec.seed, spec.threads, source=str(source))
     return InputPlan(kind, source, affinity, spec.graph_affinity)
+
+
+def check_knn_settings(kind: str, spec, front: str = "python", shown=None) -> None:
+    """``ValueError`` naming the kNN settings ``spec`` gives (not their defaults) when the input is read as
+    ``kind`` other than 'knn': they would be silently ignored."""
+    given = [front_name(BY_NAME[n], front) for n in KNN_PARAMS if getattr(spec, n) != DEFAULTS[n]]
+    if kind != "knn" and given:
+        affinity = front_name(BY_NAME["affinity"], front)
+        raise ValueError(f"{', '.join(given)}: kNN settings apply to a feature matrix ({affinity} knn); "
+                         f"{shown or 'grqc'} is read as {'P' if kind == 'precomputed' else 'a graph'}")
 
 
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:

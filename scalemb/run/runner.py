@@ -41,6 +41,28 @@ def _with_source_hash(provenance: dict) -> dict:
     return provenance
 
 
+@contextmanager
+def executor_for(spec: RunSpec, plan, model, time_dims: int):
+    """``(executor, node_ids, provenance)`` for the input ``plan`` (an ``InputPlan``) where ``spec`` says the run
+    executes: Dask workers (``scheduler`` or ``workers``) reading an affinity store, or in-process threads.
+    ``model`` None: an executor of the row-block maps and Laplacian products only (the eigenmaps)."""
+    options = {"repulsion": spec.repulsion, "fft_params": spec.fft_params()}
+    if spec.scheduler is None and spec.workers is None:
+        affinity, partitions = plan.load()
+        with LocalExecutor(affinity, model, spec.space_dims, time_dims, n_threads=spec.threads,
+                           partitions=partitions, **options) as executor:
+            yield executor, affinity.node_ids, _with_source_hash(dict(affinity.provenance))
+        return
+    with dask_client(spec.scheduler, spec.workers) as client, plan.store() as path, \
+            DaskExecutor(path, model, spec.space_dims, time_dims, client, **options) as executor:
+        store = executor.store  # the metadata the executor opened; P stays on the workers
+        provenance = dict(store.provenance, content_hash=store.content_hash,
+                          executor="dask", scheduler=client.scheduler.address)
+        if plan.store_path is not None:
+            provenance["store"] = str(path)
+        yield executor, store.node_ids, _with_source_hash(provenance)
+
+
 class Runner:
     """Runs ``spec`` on an input (``fit``), continues the best run (``continue_run``), places new points into the
     map (``transform``).  Beside the spec, the Python-only values JSON cannot hold: ``init`` (an array; else the
@@ -91,26 +113,8 @@ class Runner:
         name = self.optimizer if isinstance(self.optimizer, str) else self.spec.optimizer
         return make_optimizer(name, model, **self.spec.optimizer_options())
 
-    @contextmanager
     def _executor(self, data, graph_affinity: str, model, time_dims: int):
-        """``(executor, node_ids, provenance)`` for ``data`` (an ``InputPlan`` or an input): Dask workers or
-        in-process threads."""
-        spec, plan = self.spec, plan_of(data, graph_affinity)
-        options = {"repulsion": spec.repulsion, "fft_params": spec.fft_params()}
-        if spec.scheduler is None and spec.workers is None:
-            affinity, partitions = plan.load()
-            with LocalExecutor(affinity, model, spec.space_dims, time_dims, n_threads=spec.threads,
-                               partitions=partitions, **options) as executor:
-                yield executor, affinity.node_ids, _with_source_hash(dict(affinity.provenance))
-            return
-        with dask_client(spec.scheduler, spec.workers) as client, plan.store() as path, \
-                DaskExecutor(path, model, spec.space_dims, time_dims, client, **options) as executor:
-            store = executor.store  # the metadata the executor opened; P stays on the workers
-            provenance = dict(store.provenance, content_hash=store.content_hash,
-                              executor="dask", scheduler=client.scheduler.address)
-            if plan.store_path is not None:
-                provenance["store"] = str(path)
-            yield executor, store.node_ids, _with_source_hash(provenance)
+        return executor_for(self.spec, plan_of(data, graph_affinity), model, time_dims)
 
     def fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
         """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).

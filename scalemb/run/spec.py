@@ -33,6 +33,13 @@ class _Spec:
                    for name, value in values.items()}
         return cls(**checked)
 
+    @classmethod
+    def from_front(cls, values: dict, front: str) -> "RunSpec":
+        """A spec from a front's own names (``{"space": 2, "seed": 3}`` for the service, ``{"--space": 2}`` for
+        the CLI); names that are no table row's are ignored (the front's own fields)."""
+        names = {front_name(p, front): p.name for p in RUN_PARAMS if front == "python" or getattr(p, front)}
+        return cls.from_values({names[k]: v for k, v in values.items() if k in names}, front)
+
     def to_json(self) -> dict:
         """The spec as JSON values (every field; ``ValueError`` for an init array: store it as a .npy file)."""
         out = {}

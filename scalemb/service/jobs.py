@@ -26,7 +26,8 @@ import uuid
 from pathlib import Path
 
 from ..affinity.store import is_affinity_store
-from ..embedding import Embedder
+from ..run import Runner, RunSpec
+from ..run.inputs import plan_of
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
 from .features import knn_settings
@@ -137,6 +138,11 @@ class JobStore:
     def close(self):
         with self._lock:
             self._db.close()
+
+
+def job_spec(params: dict) -> RunSpec:
+    """The ``RunSpec`` a job record stores (a record written before the spec: from its fields)."""
+    return RunSpec.from_json(params["spec"]) if "spec" in params else RunSpec.from_front(params, "service")
 
 
 class JobRunner:
@@ -295,12 +301,7 @@ class JobRunner:
         if resume:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
-        constructor = dict(params.get("model_params") or {})
-        embedder = Embedder(model=params["model"], model_params=constructor, space_dims=params["space"],
-                            time_dims=params["time"],
-                            iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
-                            optimizer=params["optimizer"], repulsion=params["repulsion"], quiet=True,
-                            n_threads=self.n_threads, scheduler=self.scheduler)
+        embedder = Runner(job_spec(params).replace(n_jobs=self.n_threads, scheduler=self.scheduler))
         last_flush = [0.0]
 
         def on_iteration(restart, iteration, kl):
@@ -319,7 +320,7 @@ class JobRunner:
             self._active[job_id] = checkpointer
         try:
             with checkpointer:
-                embedder.fit(self._source(job_id, params), params["graph_affinity"], checkpoint=checkpointer)
+                embedder.fit(plan_of(self._source(job_id, params), params["graph_affinity"]), checkpoint=checkpointer)
         except RunInterrupted:
             if job_id in self._cancelled:
                 shutil.rmtree(run, ignore_errors=True)
