@@ -2,11 +2,10 @@
 ``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state.  Both read
 the run's stored ``RunSpec`` back (``stored_spec``) and hand it to the one runner."""
 from .errors import ScalembError
-from .io.checkpoint import (Checkpointer, input_hash, read_config, read_final_state, with_iterations,
-                            write_final_state)
+from .io.checkpoint import Checkpointer, read_config, read_final_state, with_iterations, write_final_state
 from .io.results import EmbeddingResult
 from .optim import optimizer_from_config
-from .run.inputs import plan_of, resolve
+from .run.inputs import input_hash, plan_of, resolve
 from .run.runner import Runner
 from .run.spec import RunSpec, fft_settings
 

@@ -23,9 +23,8 @@ import zarr
 from numba import njit
 from scipy.spatial.distance import cdist
 
-from ..engine.local import default_threads
 from ..errors import InputError
-from .affinity import Affinity, row_partition
+from .affinity import Affinity, default_threads, row_partition
 
 EXACT_MAX_POINTS = 4096
 ENTROPY_TOL = 1e-5

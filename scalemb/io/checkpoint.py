@@ -71,18 +71,6 @@ def _state_class(optimizer_name: str):
     return DBDState if optimizer_name == "dbd" else DescentState
 
 
-def input_hash(provenance: dict, executor, node_ids) -> str:
-    """The input's identity: an affinity store's recorded SHA-256 (in ``provenance``), else the same hash
-    computed over the in-process executor's P and ``node_ids``."""
-    recorded = provenance.get("content_hash")
-    if recorded:
-        return str(recorded)
-    from ..affinity.store import content_hash
-
-    P = executor.affinity.P
-    return content_hash(P.indptr, P.indices, P.data, node_ids)
-
-
 def record_hash(arrays: dict, attrs: dict) -> str:
     """SHA-256 over a stored record: its arrays (``arrays_hash``: name, dtype, shape, bytes) and its JSON
     attributes (canonical JSON: sorted keys, no whitespace; the ``record_hash`` key itself left out).  A
@@ -405,18 +393,19 @@ class Checkpointer:
         return False
 
     # -- the run ---------------------------------------------------------------------------------------
-    def start(self, *, spec: dict, source, time_dims, executor, node_ids, provenance, optimizer,
-              repulsion) -> Checkpoint | None:
+    def start(self, *, spec: dict, source, input_ref, input_hash: str, time_dims, executor, node_ids, provenance,
+              optimizer, repulsion) -> Checkpoint | None:
         """Record the run configuration (new run) or check it against the stored one (resume); returns the
         checkpoint to continue from (``None``: start at restart 0, iteration 0).  ``spec``: the run's settings
-        (``RunSpec.to_json``); ``source``: the input as given (a path or dataset name is recorded)."""
+        (``RunSpec.to_json``); ``source``: the input as given; ``input_ref``: how ``resume`` finds it again (a
+        dataset name, an absolute path, or None: in memory); ``input_hash``: its content's identity."""
         if not isinstance(optimizer, (DeltaBarDelta, LineSearchDescent)):
             raise ValueError(f"checkpoints need a scalemb optimiser (dbd, sd or gd), got {optimizer!r}")
         iterations = int(spec["iterations"])
         if spec.get("n_jobs") is None and getattr(executor, "n_threads", None) is not None:
             spec = {**spec, "n_jobs": executor.n_threads}  # resumed with the threads it ran on
-        config = {"input": _input_reference(source), "provenance": dict(provenance),
-                  "input_hash": input_hash(provenance, executor, node_ids), "n_points": len(node_ids),
+        config = {"input": input_ref, "provenance": dict(provenance), "input_hash": input_hash,
+                  "n_points": len(node_ids),
                   "time_dims": time_dims, "optimizer": optimizer_config(optimizer), "repulsion": repulsion,
                   "checkpoint_every": self.every, "scalemb_version": __version__, "spec": spec}
         data = source
@@ -524,16 +513,3 @@ def with_iterations(config: dict, iterations: int) -> dict:
     if "spec" in config:
         return {**config, "spec": {**config["spec"], "iterations": int(iterations)}}
     return {**config, "iterations": int(iterations)}
-
-
-def _input_reference(data):
-    """How ``resume`` finds the input again: a dataset name, an absolute path, or ``None`` (in memory)."""
-    from ..datasets import DATASETS
-
-    if data is None:
-        return "grqc"
-    if isinstance(data, (str, Path)):
-        if isinstance(data, str) and data in DATASETS and not Path(data).exists():
-            return data
-        return str(Path(data).resolve())
-    return None

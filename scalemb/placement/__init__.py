@@ -270,7 +270,7 @@ def _kernel_map(result, new, run_name):
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
     """An ``EmbeddingResult`` of the whole map: the old rows (unchanged but for the ones ``run.moved``
     names), the placed rows after them."""
-    from ..embedding import EmbeddingResult  # the estimator module imports this package
+    from ..io.results import EmbeddingResult
 
     stored = result.embedding.copy()
     if run.moved.size:
@@ -325,7 +325,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
                   workers: int | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
-    from ..embedding import EmbeddingResult
+    from ..io.results import EmbeddingResult
 
     out = check_output_path(out, overwrite)
     try:

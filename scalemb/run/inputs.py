@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinity_store, normalized_affinity
+from ..affinity.store import content_hash
 from ..affinity.knn import FEATURE_SUFFIXES, default_neighbours, looks_like_features
 from ..datasets import DATASETS, load_dataset
 from ..io.edgelist import read_edge_list
@@ -178,3 +179,24 @@ def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_
 def fitting_perplexity(perplexity: float, neighbours: int) -> float:
     """``perplexity`` lowered below the number of neighbours a small input has (openTSNE does the same)."""
     return float(min(float(perplexity), max(1.0, neighbours - 1.0)))
+
+
+def input_hash(provenance: dict, executor, node_ids) -> str:
+    """The input's identity: an affinity store's recorded SHA-256 (in ``provenance``), else the same hash
+    computed over the in-process executor's P and ``node_ids``."""
+    recorded = provenance.get("content_hash")
+    if recorded:
+        return str(recorded)
+    P = executor.affinity.P
+    return content_hash(P.indptr, P.indices, P.data, node_ids)
+
+
+def input_reference(data):
+    """How ``resume`` finds the input again: a dataset name, an absolute path, or ``None`` (in memory)."""
+    if data is None:
+        return "grqc"
+    if isinstance(data, (str, Path)):
+        if isinstance(data, str) and data in DATASETS and not Path(data).exists():
+            return data
+        return str(Path(data).resolve())
+    return None

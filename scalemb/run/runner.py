@@ -22,7 +22,7 @@ from ..io.results import EmbeddingResult
 from ..models import get_model
 from ..optim import make_optimizer, resolve_optimizer
 from ..progress import Progress
-from .inputs import plan_of
+from .inputs import input_hash, input_reference, plan_of
 from .spec import RunSpec
 
 
@@ -138,7 +138,8 @@ class Runner:
             initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed)
             initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
             resumed = None if checkpoint is None else checkpoint.start(
-                spec=spec.to_json(), source=data.source, time_dims=time_dims, executor=executor,
+                spec=spec.to_json(), source=data.source, input_ref=input_reference(data.source),
+                input_hash=input_hash(provenance, executor, node_ids), time_dims=time_dims, executor=executor,
                 node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)
             if resumed is not None:
                 restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
