@@ -33,7 +33,7 @@ FLOORS = {  # room -> floor (1 = ground)
     "cli": 14, "__main__.py": 15, "__init__.py": 15,
 }
 METHOD_NAMES = {"eigenmap": "eigenmaps", "kernel-eigenmap": "eigenmaps", "liram": "lvq", "poincare": "affinity"}
-PROBE_HOMES = ("affinity/store.py", "affinity/knn.py", "datasets.py")  # the probes' own modules
+PROBE_HOMES = ("affinity/store.py", "affinity/knn.py", "datasets.py", "run/inputs.py")  # probes' homes, resolver
 INPUT_KIND_NAMES = {"is_affinity_store", "looks_like_features", "DATASETS", "_is_anndata", "_is_networkx"}
 
 
@@ -322,8 +322,9 @@ def main(argv=None):
          "`grep -rn \"30\\.0\\|perplexity=30\" scalemb | grep -v timeout`"),
         ("neighbour rule min(N-1, 3 perplexity) written", neighbour_rules(),
          "`grep -rnE \"3 \\* (self\\.)?perplexity\" scalemb` (code lines)"),
-        ("functions deciding the input kind", input_kind_functions(),
-         "functions naming is_affinity_store / looks_like_features / DATASETS / _is_anndata / _is_networkx"),
+        ("functions deciding the input kind outside the resolver", input_kind_functions(),
+         "functions naming is_affinity_store / looks_like_features / DATASETS / _is_anndata / _is_networkx, "
+         "outside scalemb/run/inputs.py and the probes' modules"),
         ("imports running back up", [f"{a.relative_to(ROOT)} -> {b.relative_to(ROOT)}" + (" (in a function)" if f
                                                                                           else "")
                                      for a, b, f in sorted(up)], "file imports to a higher floor of FLOORS"),

@@ -65,7 +65,9 @@ def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
     """
     graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
-    runner = Embedder(**kwargs)
+    quiet = kwargs.pop("quiet", True)
+    spec, array, instance = runner_spec(**kwargs, graph_affinity=graph_affinity)
+    runner = Runner(spec, init=array, optimizer=instance, quiet=quiet)
     if out is None:
         return runner.fit(plan_of(data, graph_affinity)).result_
     with Checkpointer(out, every=checkpoint_every, overwrite=overwrite) as checkpoint:

@@ -4,11 +4,11 @@ import time
 import numpy as np
 
 from .._version import __version__
-from .graph import EIGENSOLVERS, laplacian_eigenmap, nystrom_extend
+from ..engine.eigenmap import EIGENSOLVERS, laplacian_eigenmap, nystrom_extend
 
 
 class Eigenmap:
-    """Laplacian eigenmap of an affinity P (``scalemb.eigenmaps.graph``), on local threads or a Dask cluster.
+    """Laplacian eigenmap of an affinity P (``scalemb.engine.eigenmap``), on local threads or a Dask cluster.
 
     Parameters: ``n_components`` (output dimensions), ``method`` ('lanczos' or 'lobpcg'), ``tol``, ``seed``
     (the solver's start vector), ``n_threads``, ``scheduler`` / ``workers`` (as ``Embedder``: P stays in row

@@ -224,7 +224,7 @@ def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
     (``scalemb.eigenmaps.nystrom_extend``, weights: the new rows of ``P'`` on the stored columns)."""
     import time
 
-    from ..eigenmaps.graph import nystrom_extend
+    from ..engine.eigenmap import nystrom_extend
 
     eigenvalues = result.optimizer.get("eigenvalues")
     if eigenvalues is None:
