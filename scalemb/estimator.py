@@ -43,7 +43,7 @@ from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
 from .models import DEFAULT_MODEL
 from .affinity.knn import default_neighbours
-from .params import DEFAULTS, PARAM_NAMES, PARAMS
+from .params import BY_NAME, DEFAULTS, PARAM_NAMES, PARAMS
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
@@ -128,17 +128,12 @@ class Embedder(TransformerMixin, BaseEstimator):
             return int(value.randint(np.iinfo(np.int32).max))
         if isinstance(value, np.random.Generator):
             return int(value.integers(np.iinfo(np.int32).max))
-        if not isinstance(value, numbers.Integral):
-            raise ValueError(f"random_state must be an int, None or a NumPy random generator, got {value!r}")
-        return int(value)
+        return BY_NAME["random_state"].check(value)  # the table's one check (an int, or a NumPy generator above)
 
     def _threads(self):
         value = self.n_jobs if self.n_jobs is not None else self.n_threads
-        if value is None or value == -1:
-            return None
-        if not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"n_jobs must be a positive int, -1 or None, got {value!r}")
-        return int(value)
+        value = BY_NAME["n_jobs"].check(value)  # the table's one check: None, -1 (every CPU) or a positive int
+        return None if value in (None, -1) else value
 
     def _callbacks(self) -> list:
         if self.callbacks is None:
