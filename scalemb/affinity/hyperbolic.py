@@ -10,7 +10,7 @@
   (the hyperbolic random-graph relation ``ρ ≈ R - 2 log k`` of Krioukov et al. 2010, shifted so that the
   largest hub sits at the centre and scaled by ``c``), Euclidean ball radius ``r = tanh(ρ/2)
   = ((k_max/k)^{2c} - 1)/((k_max/k)^{2c} + 1)``.  ``c`` is chosen by measurement on GrQc
-  (benchmarks/results/hyperbolic.md).
+  (docs/design/inputs.md).
 * ``wrapped_normal_clusters``: the paper's synthetic data: wrapped normal clusters ``x = μ ⊕ exp_0(v)``,
   ``v ~ N(0, σ² I)`` (the tangent sample at the origin, transported to ``μ``; ``⊕`` Möbius addition).
 """

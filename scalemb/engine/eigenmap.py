@@ -173,7 +173,7 @@ def laplacian_eigenmap(executor, n_components: int = 2, method: str = "lanczos",
     ``executor``: a ``LocalExecutor`` or ``DaskExecutor`` (its curvature is set to the constant ``4 P``).
     ``method``: ``'lanczos'`` (ARPACK's implicitly restarted Lanczos on ``A``, one product per step) or
     ``'lobpcg'`` (block LOBPCG, ``max(n_components, 4)`` extra vectors, one block product per step; without a
-    preconditioner it needs more products on these small-gap spectra, see benchmarks/results/eigenmaps.md).
+    preconditioner it needs more products on these small-gap spectra: docs/design/engine.md).
     ``tol``: the solver's tolerance; ``labels``: the components, if known.  Graphs with few more nodes
     than components are solved densely (through the same products)."""
     if method not in EIGENSOLVERS:

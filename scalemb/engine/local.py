@@ -34,7 +34,7 @@ class LocalExecutor(Executor):
     renumbering the points internally: coordinates, gradients and curvature are still exchanged in the input's
     order, and results differ from ``'given'`` by summation order only -- so not bit for bit, which is why no
     run uses it by default.  It is kept for measurements (``benchmarks/layout_cpu.py``): per evaluation at
-    N ~ 1e5 it did not pay (``benchmarks/results/layout_cpu.md``).
+    N ~ 1e5 it did not pay (docs/design/engine.md).
     """
 
     _shared_memory = True

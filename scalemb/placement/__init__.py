@@ -125,9 +125,9 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
 
 # the free phase's descent direction: 'spectral' (the moving stored points are coupled by their edges: the solved
 # partial Hessian moves a freed region as a whole where Jacobi moves each point alone; chosen on GrQc's random
-# split, benchmarks/results/transform.md)
+# split, docs/design/placement.md)
 FREE_DIRECTION = "spectral"
-FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (benchmarks/results/transform.md)
+FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (docs/design/placement.md)
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
 FFT_MIN_OLD = 20_000
@@ -172,7 +172,7 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     a new node whose neighbours lie in regions the stored map put far apart (it was embedded without the node
     that links them) can only sit near one of them; a full re-embedding pulls them together.  Placing GrQc's
     held-out 10 % into the full re-embedding's own stored rows reaches its neighbourhood preservation, into the
-    map of the other 90 % it cannot (``benchmarks/results/transform.md``): the gap is the stored map's, and
+    map of the other 90 % it cannot (docs/design/placement.md): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
     ``moved_coords``; every other stored row stays exactly where it was.  The free phase descends along
     ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one).
