@@ -27,6 +27,8 @@ from .repulsion import REPULSION_METHODS
 from .repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY
 
 _SAME = object()
+_BAD = object()
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a text", dict: "a dict"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Param:
         """What a value must be, in words (the tail of every front's message)."""
         if isinstance(self.choices, (tuple, ModelChoices)):
             return f"one of {', '.join(map(str, self.choices))}"
-        kind = {int: "an integer", float: "a number"}.get(_base(self.type), "a value")
+        kind = _KINDS.get(_base(self.type), "a value")
         limits = [f"{op} {_number(self.bounds[key])}" for key, op in (("ge", ">="), ("gt", ">"), ("le", "<="),
                                                                       ("lt", "<")) if key in self.bounds]
         words = f" or {', '.join(map(repr, self.words))}" if self.words else ""
@@ -80,26 +82,23 @@ class Param:
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from None
             return value
+        checked = self._checked(value)
+        if checked is _BAD:
+            raise ValueError(f"{name}: must be {self.describe()}, got {_shown(value)}")
+        return checked
+
+    def _checked(self, value):
+        """``value`` as the row's kind takes it, or ``_BAD``."""
         if isinstance(self.choices, (tuple, ModelChoices)):
-            if not isinstance(value, str) or value not in self.choices:
-                raise ValueError(f"{name}: must be {self.describe()}, got {_shown(value)}")
-            return value
+            return value if isinstance(value, str) and value in self.choices else _BAD
         base = _base(self.type)
-        if base is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"{name}: must be true or false, got {_shown(value)}")
-            return value
         if base in (int, float):
             number = value if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
             if number is None or not math.isfinite(number) or (base is int and number != int(number)) or \
                     not _within(number, self.bounds):
-                raise ValueError(f"{name}: must be {self.describe()}, got {_shown(value)}")
+                return _BAD
             return int(number) if base is int else float(number)
-        if base is str and not isinstance(value, str):
-            raise ValueError(f"{name}: must be a text, got {_shown(value)}")
-        if base is dict and not isinstance(value, dict):
-            raise ValueError(f"{name}: must be a dict, got {_shown(value)}")
-        return value
+        return value if base not in _KINDS or isinstance(value, base) else _BAD
 
     def parse(self, text: str):
         """A command-line ``text`` as this row's value (``check``ed), or ``ValueError`` as ``check`` gives it."""
