@@ -200,3 +200,35 @@ def input_reference(data):
             return data
         return str(Path(data).resolve())
     return None
+
+
+def reopen(provenance: dict, graph_affinity: str = "coauthorship"):
+    """``(Affinity or None, source name, features path or None)``: a finished run's input again, from its
+    ``provenance`` (what metrics, reports and maps read; a file or store changed since the run is refused:
+    ``check_source``, the store's content hash)."""
+    from ..affinity.knn import PERPLEXITY, knn_affinity
+    from ..affinity.store import check_source
+    from ..errors import InputError
+
+    check_source(provenance)
+    if provenance.get("store"):
+        store = provenance["store"]
+        affinity = AffinityStore(store).to_affinity()
+        recorded = provenance.get("content_hash")
+        if recorded and affinity.provenance.get("content_hash") not in (None, recorded):
+            raise InputError(store, "the affinity store changed since the run (content hash differs)")
+        return affinity, str(store), provenance.get("source") if provenance.get("method") == "knn" else None
+    if provenance.get("dataset") in DATASETS:
+        return load_dataset(provenance["dataset"]), f"dataset {provenance['dataset']}", None
+    source = provenance.get("source")
+    if provenance.get("method") == "knn" and source:
+        affinity = knn_affinity(source, perplexity=provenance.get("perplexity", PERPLEXITY)
+                                if provenance.get("perplexity") != "uniform" else PERPLEXITY,
+                                n_neighbors=provenance.get("n_neighbors"), metric=provenance.get("metric", "euclidean"),
+                                method="uniform" if provenance.get("perplexity") == "uniform" else "gaussian",
+                                random_state=provenance.get("seed", 0))
+        return affinity, str(source), source
+    if source and not str(source).startswith(("bundled:", "builtin:")):
+        kind = provenance.get("affinity", graph_affinity)
+        return load_affinity(source, kind if kind in GRAPH_AFFINITIES else graph_affinity), str(source), None
+    return None, None, None
