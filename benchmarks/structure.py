@@ -319,7 +319,7 @@ def main(argv=None):
         ("bounds or defaults differing between CLI and service", differing_bounds(),
          "probes each row's bounds, one step out, choices, 'bogus' on argparse and pydantic"),
         ("literal perplexity defaults", perplexity_literals(),
-         "`grep -rn \"30\\.0\\|perplexity=30\" scalemb | grep -v timeout`"),
+         "`grep -rn \"30\\.0\\\\|perplexity=30\" scalemb \\| grep -v timeout`"),
         ("neighbour rule min(N-1, 3 perplexity) written", neighbour_rules(),
          "`grep -rnE \"3 \\* (self\\.)?perplexity\" scalemb` (code lines)"),
         ("functions deciding the input kind outside the resolver", input_kind_functions(),
