@@ -156,3 +156,41 @@ def _cli_features_embedding(tmp_path):
     done = run_cli("embed", *argv, "--out", folder / "run.zarr", "--quiet")
     assert done.returncode == 0, done.stderr
     return EmbeddingResult.load(folder / "run.zarr").embedding
+
+
+def test_a_checkpoint_written_before_the_spec_resumes_identically(tmp_path):
+    """A checkpoint in the layout before ``RunSpec`` (the settings as keys of the configuration, the runner's
+    arguments under ``embedder``) still resumes, to the uninterrupted run's result."""
+    import zarr
+
+    from scalemb.io.checkpoint import _config_hash
+
+    out = tmp_path / "run.zarr"
+
+    def stop(checkpointer, restart, iteration):
+        if iteration == 20:
+            checkpointer.request_stop()
+
+    with pytest.raises(RunInterrupted):
+        with Checkpointer(out, every=10, on_checkpoint=stop, handle_signals=False) as checkpointer:
+            Runner(model="snest", iterations=60, seed=3).fit("school", checkpoint=checkpointer)
+    group = zarr.open_group(str(out), mode="r+")
+    meta = dict(group.attrs["scalemb_checkpoint"])
+    config = dict(meta["config"])
+    spec = config.pop("spec")
+    fft = {k[4:]: spec[k] for k in spec if k.startswith("fft_")}
+    config.update(graph_affinity=spec["graph_affinity"], model=spec["model"], model_params=spec["model_params"],
+                  space_dims=spec["space_dims"], iterations=spec["iterations"], seed=spec["random_state"],
+                  restarts=spec["restarts"], n_threads=spec["n_jobs"], scheduler=None, workers=None,
+                  embedder={"model": spec["model"], "space_dims": spec["space_dims"], "time_dims": spec["time_dims"],
+                            "iterations": spec["iterations"], "seed": spec["random_state"],
+                            "restarts": spec["restarts"], "n_threads": spec["n_jobs"], "repulsion": spec["repulsion"],
+                            "fft_params": fft, "scheduler": None, "workers": None, "init": "random",
+                            "model_params": spec["model_params"]})
+    meta["config"] = config
+    meta["config_hash"] = _config_hash(config)
+    group.attrs["scalemb_checkpoint"] = meta
+    done = run_cli("resume", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert os.environ.get("SCALEMB_PRINT_HASHES") or result_hash(EmbeddingResult.load(out)) == \
+        RECORDED["cli-school-snest"]
