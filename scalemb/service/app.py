@@ -92,10 +92,6 @@ class _JobBase(BaseModel):
         """The model's constructor parameters (checked by its ``make_model`` when the job is submitted)."""
         return dict(self.model_params or {})
 
-    def knn_fields_given(self) -> list:
-        """The kNN settings the request names (they apply to feature input only)."""
-        return [name for name in KNN_FIELDS if name in self.model_fields_set]
-
     def spec(self):
         """The job's ``scalemb.run.RunSpec`` (the table's fields of the request)."""
         from ..run import RunSpec
@@ -109,9 +105,6 @@ class _JobBase(BaseModel):
 
         Runner(self.spec())._check()
         return self
-
-
-KNN_FIELDS = ("perplexity", "n_neighbors", "metric")
 
 
 def _job_request():
