@@ -38,8 +38,9 @@ def default_optimizer_name(model=None, n_points: int | None = None) -> str:
 
 
 def make_optimizer(name: str, model=None, n_points: int | None = None, **options):
-    """Build optimiser ``name`` from ``options``; options that optimiser has no use for are ignored, ``None``
-    values keep its defaults.  ``'auto'`` is resolved for ``model`` and ``n_points``
+    """Build optimiser ``name`` from ``options`` (``None`` values keep its defaults); an option that optimiser has
+    no use for is refused (``ValueError`` naming it), or with ``'auto'``, whose choice the caller did not make,
+    left out with a ``UserWarning`` naming it.  ``'auto'`` is resolved for ``model`` and ``n_points``
     (``default_optimizer_name``; below ``AUTO_SCALE_MIN_POINTS`` the model's ``default_optimizer``, from there on
     its ``default_optimizer_at_scale`` with the options it names, e.g. openTSNE's schedule for t-SNE; from
     ``AUTO_SCHEDULE_MIN_POINTS`` below that, ``default_optimizer`` with the model's ``default_optimizer_options``,
@@ -51,6 +52,7 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     if name == "auto" and n_points is None and (at_scale is not None or mid is not None):
         _check_options(options)
         return AutoOptimizer(model, {k: v for k, v in options.items() if v is not None})
+    chosen = name != "auto"
     if name == "auto":
         name = default_optimizer_name(model, n_points)
         if at_scale is not None and n_points >= AUTO_SCALE_MIN_POINTS:  # the model's schedule at scale
@@ -63,6 +65,15 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     cls = DeltaBarDelta if name == "dbd" else LineSearchDescent
     accepted = {f.name for f in fields(cls) if f.init}
     kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    unused = sorted(k for k, v in options.items() if v is not None and k not in accepted and
+                    not (k == "optimizer" and v == name))  # a schedule naming its own optimiser
+    if unused and chosen:
+        raise ValueError(f"{', '.join(unused)}: not a setting of the {name} optimiser")
+    if unused:
+        import warnings
+
+        warnings.warn(f"{', '.join(unused)}: not a setting of the {name} optimiser that 'auto' chose for this "
+                      "input; left out", UserWarning, stacklevel=2)
     if name == "gd":
         kwargs["direction"] = "gradient"
     return cls(**kwargs)
@@ -88,8 +99,9 @@ def _schedule(model) -> dict | None:
 
 def _check_options(options: dict) -> None:
     """Build both candidates once so a bad option fails now, not when the input's size is known."""
-    for name in ("dbd", "sd"):
-        make_optimizer(name, **options)
+    for name, cls in (("dbd", DeltaBarDelta), ("sd", LineSearchDescent)):
+        accepted = {f.name for f in fields(cls) if f.init}
+        make_optimizer(name, **{k: v for k, v in options.items() if k in accepted})
 
 
 @dataclass
