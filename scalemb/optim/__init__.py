@@ -11,8 +11,7 @@ OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # SNEST).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
 # iterations; from here on the LU fills in (PCG + multigrid instead: ~36 V-cycles per iteration at 7.7e4 points)
 # and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
-# gradient / mu): at 7.7e4 co-authors the extent reached ~1e5 units in 10 iterations, where the FFT grid is capped
-# and the near field costs O(N^2) (benchmarks/results/scale.md, "Defaults at scale").
+# gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
 # 'auto' from this many points on (below AUTO_SCALE_MIN_POINTS): the model's ``default_optimizer`` with its
 # ``default_optimizer_options`` (t-SNE, SNEST: a momentum early-exaggeration phase before the spectral steps,

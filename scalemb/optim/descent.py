@@ -57,8 +57,8 @@ CURVATURES = ("iterate", "fixed")
 PRECONDITIONERS = ("lu", "amg", "jacobi")
 EXAGGERATION_STEPS = ("spectral", "momentum")
 # solver='auto': sparse LU below this many points, PCG on the row-block Laplacian products from it on
-# (benchmarks/scale.py, benchmarks/results/scale.md: the LU of a co-authorship graph's curvature fills in
-# super-linearly; GrQc, N = 5241, keeps LU and its results).
+# (the LU of a co-authorship graph's curvature fills in super-linearly; GrQc, N = 5241, keeps LU and its
+# results: docs/design/optimisation.md).
 AUTO_LU_MAX_POINTS = 20_000
 # PCG with a multigrid preconditioner rebuilds it (a set-up costs many V-cycles) only once CG needs more than
 # this many iterations, or when the curvature is refreshed (``refactor_every``).
