@@ -20,7 +20,7 @@ from ..io.results import EmbeddingResult
 from ..run.inputs import is_dataset, load_affinity, reopen as affinity_from_provenance
 from ..errors import InputError, ScalembError
 from ..io.nodeids import as_node_ids, is_string_ids
-from ..models.objective import model_of
+from ..models.registry import model_of
 from .base import Metric
 from .kl import kl
 from .quality import feature_metrics, graph_metrics, one_nn_error

@@ -76,12 +76,6 @@ class Model:
     learning_rate_scale: float = 1.0
     params: dict = field(default_factory=dict, compare=False)
 
-    def ref(self):
-        """A small picklable handle a Dask worker rebuilds this model from (``scalemb.models.ModelRef``)."""
-        from .registry import model_ref
-
-        return model_ref(self)
-
     def check_dims(self, space_dims: int, time_dims: int) -> None:
         """Raise ValueError unless this model can embed in R^{space_dims, time_dims}."""
         if space_dims < 1:
