@@ -31,10 +31,13 @@ def run(tmp_path_factory, request):
 def test_xarray_opens_the_result_group(run):
     out, result = run
     ds = xr.open_zarr(out, consolidated=False)
-    assert ds["embedding"].dims == ("node", "component")
-    assert ds["node_ids"].dims == ("node",) and ds["kl_history"].dims == ("iteration",)
+    assert ds["embedding"].dims == ("node_ids", "component")
+    assert ds["node_ids"].dims == ("node_ids",) and ds["kl_history"].dims == ("iteration",)
     assert np.array_equal(ds["embedding"].values, result.embedding)
     assert ds["node_ids"].values.tolist() == result.node_ids.tolist()
+    assert "node_ids" in ds.indexes  # the ids are the node axis' coordinate: select a node by its id
+    k = len(result.node_ids) // 2
+    np.testing.assert_array_equal(ds["embedding"].sel(node_ids=result.node_ids[k]).values, result.embedding[k])
     assert ds.attrs["model"] == "snest"
 
 

@@ -4,8 +4,9 @@ Layout: arrays ``embedding`` (N x (ds + dt) float64, space columns first), ``nod
 ``string`` for string ids: ``scalemb.io.nodeids``),
 ``kl_history`` (float64, one exact KL per iteration of the best restart); attributes ``model``,
 ``space_dims``, ``time_dims``, ``iterations``, ``kl``, ``seed``, ``scalemb_version``, ``provenance`` and
-``optimizer``.  Each array names its dimensions (Zarr v3 ``dimension_names``: ``node``, ``component``,
-``iteration``), so ``xarray.open_zarr(path)`` opens the group as a Dataset.  The group is written to a hidden
+``optimizer``.  Each array names its dimensions (Zarr v3 ``dimension_names``: ``node_ids``, ``component``,
+``iteration``), so ``xarray.open_zarr(path)`` opens the group as a Dataset indexed by the node ids
+(``ds.embedding.sel(node_ids=...)``).  The group is written to a hidden
 sibling directory and renamed into place, so a crash never leaves a half-written result under the requested name.
 """
 import hashlib
@@ -22,7 +23,8 @@ from .atomic import atomic_directory, recover_directory
 from .nodeids import from_stored, ids_bytes, is_string_ids, to_stored
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
-DIMENSIONS = {"embedding": ("node", "component"), "node_ids": ("node",), "kl_history": ("iteration",)}
+# the node axis is named after the node ids, so that xarray opens them as its index: ds.sel(node_ids=...)
+DIMENSIONS = {"embedding": ("node_ids", "component"), "node_ids": ("node_ids",), "kl_history": ("iteration",)}
 
 
 def _json_safe(value):

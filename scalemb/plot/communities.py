@@ -149,7 +149,7 @@ def store_communities(run, membership: np.ndarray, info: dict, n_points: int, ov
         raise ScalembError(f"{target} already exists (pass --overwrite to replace it)")
     tmp = run / f".{ARRAY}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        array = zarr.create_array(store=str(tmp), data=membership.astype(np.int32), dimension_names=("node",),
+        array = zarr.create_array(store=str(tmp), data=membership.astype(np.int32), dimension_names=("node_ids",),
                                   zarr_format=3)
         array.attrs.update(info)
         if target.exists():
