@@ -6,6 +6,7 @@ from .embedding import EmbeddingResult, embed, load_affinity
 from .estimator import SNE, SNEST, TSNE, Embedder
 from .io.checkpoint import RunInterrupted
 from .resume import resume
+from . import tl  # noqa: E402  (scverse-style tools: scalemb.tl.tsne(adata))
 
 __all__ = ["__version__", "Affinity", "Eigenmap", "Embedder", "EmbeddingResult", "KernelEigenmap", "RunInterrupted",
-           "SNE", "SNEST", "TSNE", "embed", "load_affinity", "resume"]
+           "SNE", "SNEST", "TSNE", "embed", "load_affinity", "resume", "tl"]
