@@ -249,3 +249,20 @@ def test_factorisation_moved_to_another_worker_still_solves(store, dask_cluster)
                               pure=False)
         assert np.array_equal(moved.result(timeout=60), here)
         assert np.array_equal(remote.solve(V), here)
+
+
+@pytest.mark.slow
+def test_a_task_that_can_never_run_is_an_error_not_a_hang(store, dask_cluster):
+    """A task restricted to a worker that is not in the cluster stays ``no-worker`` for ever: the wait for it
+    gives up after ``recovery_timeout`` seconds with ``WorkersLostError`` naming the task."""
+    from scalemb.engine.distributed import WorkersLostError
+
+    client = dask_cluster.client
+    with DaskExecutor(store, get_model("snest"), 2, 1, client, recovery_timeout=2.0) as dask:
+        stuck = client.submit(operator.add, 1, 2, workers=["tcp://127.0.0.1:9"], allow_other_workers=False,
+                              pure=False)
+        start = time.monotonic()
+        with pytest.raises(WorkersLostError, match=stuck.key):
+            dask._gather([stuck])
+        assert time.monotonic() - start < 30
+        stuck.cancel()

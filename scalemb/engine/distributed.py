@@ -23,7 +23,9 @@ them apart.
   for any number of workers and equals ``LocalExecutor(..., blocks=store partitions)`` bit for bit.
 * **Spectral direction.**  The curvature weights C of each partition stay on its worker
   (``set_curvature``); ``laplacian_matvec`` is a row-block product there; the sparse factorisation of
-  ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P.
+  ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P; its
+  solves are pinned to that worker, and it pickles as its inputs (``WorkerFactor``: scipy's SuperLU cannot be
+  pickled), so a move by the scheduler costs a refactorisation, never a transfer retried for ever.
 * **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
   (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
   so the call is repeated after planning the halos for the new placement and recomputing the curvature at the
