@@ -11,7 +11,8 @@ the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP
 ``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
 overlap: on a machine shared with other work that adds one process to the load; the results file says so).
 
-``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --out benchmarks/results/sd_scale.md``
+``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --candidates 'hybrid;dbd' --out
+benchmarks/results/sd_scale.md`` (``--candidates``: which scalemb runs, ``candidate``)
 (stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out
 PN.zarr``; ``grqc``: the bundled ca-GrQc).
 """
@@ -44,6 +45,28 @@ from scalemb.optim import make_optimizer
 SPECTRAL_AT_SCALE = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
                      "cg_tol": 0.1, "max_point_step": 5.0, "exaggeration": 12.0, "exaggeration_iterations": 250,
                      "exaggeration_steps": "momentum", "tol": 2e-3, "window": 10}
+# The hybrid (issue 29's next step): the same exaggeration phase and spectral steps, then after
+# ``spectral_iterations`` of them delta-bar-delta momentum steps as openTSNE's (momentum 0.8, lr N/12, each point's
+# step bounded by 5) for the neighbourhoods, until the KL falls by less than ``tol`` per iteration over ``window``.
+HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 10, "tol": 0.0, "window": 50}
+
+
+def candidate(spec: str):
+    """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
+    (``SPECTRAL_AT_SCALE``) or ``hybrid`` (``HYBRID``), each optionally followed by ``:key=value,...`` overrides
+    (JSON values), e.g. ``hybrid:spectral_iterations=10,tol=1e-4``."""
+    import json
+
+    name, _, extra = spec.partition(":")
+    base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID}[name]
+    overrides = {}
+    for item in [x for x in extra.split(",") if x]:
+        key, _, value = item.partition("=")
+        overrides[key] = json.loads(value)
+    labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
+              "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID"}
+    label = labels[name] + (f" {extra}" if extra else "")
+    return label, {**base, **overrides}
 
 
 def load(store):
@@ -140,10 +163,11 @@ def size_section(store, args, lines):
     lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
     rows, finals = [], {}
     options = lambda schedule: {k: v for k, v in schedule.items() if k != "optimizer"}  # noqa: E731
-    candidates = [(f"scalemb auto ({make_optimizer('auto', 'tsne', n).name})", make_optimizer("auto", "tsne", n)),
-                  ("scalemb dbd, openTSNE schedule (old default)",
-                   make_optimizer("dbd", "tsne", n, **options(OPENTSNE_SCHEDULE))),
-                  ("scalemb sd, SPECTRAL_AT_SCALE", make_optimizer("sd", "tsne", n, **options(SPECTRAL_AT_SCALE)))]
+    candidates = []
+    for spec in args.candidates.split(";"):
+        label, opts = candidate(spec)
+        opt = make_optimizer(opts["optimizer"], "tsne", n, **options(opts))
+        candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt))
     runs = {}
     child = None
     if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
@@ -153,7 +177,7 @@ def size_section(store, args, lines):
     for label, opt in candidates:
         if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
             continue  # auto is one of the explicit schedules
-        budget = args.sd_iterations if label.endswith("SPECTRAL_AT_SCALE") else args.iterations
+        budget = args.sd_iterations if "SPECTRAL_AT_SCALE" in label else args.iterations
         curve, snaps, result = run_scalemb(make, opt, budget, args.every)
         runs[label] = curve
         print(label, result.iterations, curve[-1], flush=True)
@@ -193,6 +217,9 @@ def size_section(store, args, lines):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stores", default="grqc")
+    parser.add_argument("--candidates", default="auto;dbd;sd;hybrid",
+                        help="scalemb runs, ';'-separated: auto, dbd, sd, hybrid, each with optional "
+                             "':key=value,...' option overrides (JSON values)")
     parser.add_argument("--iterations", type=int, default=1000, help="budget of scalemb's runs")
     parser.add_argument("--sd-iterations", type=int, default=310, help="budget of the SPECTRAL_AT_SCALE run")
     parser.add_argument("--every", type=float, default=20.0, help="seconds between scalemb layout snapshots")

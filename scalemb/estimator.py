@@ -42,7 +42,9 @@ from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
 from .models import DEFAULT_MODEL
-from .params import AFFINITY_KINDS, DEFAULTS, GRAPH_AFFINITIES, PARAM_NAMES
+from .affinity.knn import default_neighbours
+from .params import BY_NAME, DEFAULTS, PARAM_NAMES, PARAMS
+from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
 
@@ -88,32 +90,8 @@ def _knn_pair(pair, perplexity, n_jobs):
     D = sp.csr_matrix((distances.astype(np.float64).ravel(), indices.astype(np.int64).ravel(),
                        np.arange(0, n * k + 1, k)), shape=(n, n))
     neighbours = k - int(np.all(indices[:, 0] == np.arange(n)))
-    return affinity_from_distances(D, _fitting_perplexity(perplexity, neighbours), n_jobs=n_jobs,
+    return affinity_from_distances(D, fitting_perplexity(perplexity, neighbours), n_jobs=n_jobs,
                                    source="precomputed_knn")
-
-
-def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None, source=None):
-    """kNN affinities of a feature array ``X`` (N x d) or feature file, as ``Embedder(affinity='knn')`` builds
-    them (the service's feature jobs call this too): for an array, ``n_neighbors`` defaults to
-    ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``_fitting_perplexity``).  ``source``:
-    the feature file ``X`` was read from, recorded in the provenance (placing new rows reads it)."""
-    from .affinity.knn import knn_affinity
-
-    if not isinstance(perplexity, numbers.Real) or not perplexity >= 1:
-        raise ValueError(f"perplexity must be a number >= 1, got {perplexity!r}")
-    n = X.shape[0] if hasattr(X, "shape") else None
-    perplexity = float(perplexity)
-    if n is not None:
-        neighbours = min(n - 1, int(n_neighbors) if n_neighbors is not None else max(1, int(3 * perplexity)))
-        perplexity = _fitting_perplexity(perplexity, neighbours)
-        n_neighbors = neighbours
-    return knn_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, metric=metric, random_state=seed,
-                        n_jobs=n_jobs, source=source)
-
-
-def _fitting_perplexity(perplexity: float, neighbours: int) -> float:
-    """``perplexity`` lowered below the number of neighbours a small input has (openTSNE does the same)."""
-    return float(min(float(perplexity), max(1.0, neighbours - 1.0)))
 
 
 class Embedder(TransformerMixin, BaseEstimator):
@@ -150,17 +128,12 @@ class Embedder(TransformerMixin, BaseEstimator):
             return int(value.randint(np.iinfo(np.int32).max))
         if isinstance(value, np.random.Generator):
             return int(value.integers(np.iinfo(np.int32).max))
-        if not isinstance(value, numbers.Integral):
-            raise ValueError(f"random_state must be an int, None or a NumPy random generator, got {value!r}")
-        return int(value)
+        return BY_NAME["random_state"].check(value)  # the table's one check (an int, or a NumPy generator above)
 
     def _threads(self):
         value = self.n_jobs if self.n_jobs is not None else self.n_threads
-        if value is None or value == -1:
-            return None
-        if not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"n_jobs must be a positive int, -1 or None, got {value!r}")
-        return int(value)
+        value = BY_NAME["n_jobs"].check(value)  # the table's one check: None, -1 (every CPU) or a positive int
+        return None if value in (None, -1) else value
 
     def _callbacks(self) -> list:
         if self.callbacks is None:
@@ -173,20 +146,44 @@ class Embedder(TransformerMixin, BaseEstimator):
             raise ValueError(f"callbacks_every_iters must be a positive int, got {self.callbacks_every_iters!r}")
         return callbacks
 
-    def _runner(self):
-        from .embedding import Embedder as Runner
+    def _spec(self):
+        """``(RunSpec, init array or None, optimiser instance or None)`` of the estimator's parameters: the
+        aliases (``seed``, ``n_threads``, deprecated), a NumPy random generator, ``n_jobs=-1``, an ``FFTParams`` and
+        an optimiser instance translated here, at the edge; every value checked by its table row."""
+        import warnings
 
-        options = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
-                   "iterations": self.iterations, "seed": self._seed(), "restarts": self.restarts,
-                   "optimizer": self.optimizer, "n_threads": self._threads(), "quiet": self.quiet,
-                   "repulsion": self.repulsion, "fft_params": self.fft_params, "scheduler": self.scheduler,
-                   "workers": self.workers,
-                   "model_params": self.model_params}
-        if self.init is not None:
-            if "init" not in inspect.signature(Runner.__init__).parameters:
-                raise ValueError("init: this scalemb's engine takes no initial coordinates (init=None only)")
-            options["init"] = self.init
-        runner = Runner(**options)
+        from .run.spec import RUN_PARAMS, RunSpec, fft_settings
+
+        for alias in (p for p in PARAMS if p.alias_of and getattr(self, p.name) is not None):
+            warnings.warn(f"{alias.name} is a deprecated alias of {alias.alias_of}; use {alias.alias_of}",
+                          FutureWarning, stacklevel=3)
+        values = {p.name: getattr(self, p.name) for p in RUN_PARAMS}
+        values.update(random_state=self._seed(), n_jobs=self._threads())
+        if self.fft_params is not None:
+            given = [p.name for p in RUN_PARAMS if p.name.startswith("fft_") and values[p.name] != DEFAULTS[p.name]]
+            if given:
+                raise ValueError(f"fft_params and {', '.join(given)} both set the FFT grid; give one")
+            values.update(fft_settings(self.fft_params))
+        model = values["model"]
+        if not isinstance(model, str) and model is not None:  # a Model: recorded by name and parameters
+            values.update(model=model.name, model_params={**model.params, **(values["model_params"] or {})})
+        optimizer = values["optimizer"]
+        if not isinstance(optimizer, str):
+            values["optimizer"] = getattr(optimizer, "name", "auto")
+            if values["optimizer"] not in ("dbd", "sd", "gd"):
+                values["optimizer"] = "auto"
+        init = values["init"]
+        array = init if hasattr(init, "shape") else None
+        values["init"] = None if array is not None else (None if init is None else str(init))
+        if values["metric"] == "liram":  # learned from the labels (fit(X, y)), not a kNN metric of the table
+            values["metric"] = DEFAULTS["metric"]
+        return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
+
+    def _runner(self):
+        from .run.runner import Runner
+
+        spec, init, optimizer = self._spec()
+        runner = Runner(spec, init=init, optimizer=optimizer, quiet=bool(self.quiet))
         callbacks, every = self._callbacks(), self.callbacks_every_iters
         if callbacks:
             def stop(restart, iteration, kl, coords):
@@ -202,21 +199,16 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ inputs
 
-    def _as_input(self, X):
-        """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``."""
+    def _as_input(self, X, spec):
+        """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``: a path, a
+        dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds here."""
+        from .run.inputs import resolve
+
         kind = self.affinity
-        if kind not in AFFINITY_KINDS:
-            raise ValueError(f"unknown affinity {kind!r}; choose one of {', '.join(AFFINITY_KINDS)}")
-        if self.graph_affinity not in GRAPH_AFFINITIES:
-            raise ValueError(f"unknown graph_affinity {self.graph_affinity!r}; choose one of "
-                             f"{', '.join(GRAPH_AFFINITIES)}")
-        if X is None or isinstance(X, (str, Path, Affinity)):
-            if kind == "knn" and isinstance(X, (str, Path)):
-                return self._knn(X), None, None
-            if kind not in ("auto", "graph") and not isinstance(X, Affinity):
-                raise ValueError(f"affinity={kind!r} does not apply to a path or dataset name: use 'auto' or 'graph'"
-                                 + (" ('knn' reads a feature file)" if kind != "knn" else ""))
+        if isinstance(X, Affinity):
             return X, None, None
+        if X is None or isinstance(X, (str, Path)):
+            return resolve(X, spec), None, None
         if _is_anndata(X):
             return self._from_anndata(X)
         if _is_networkx(X):
@@ -258,6 +250,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         return self._knn(X), None, None
 
     def _knn(self, X):
+
         return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
 
     def _from_anndata(self, adata):
@@ -300,9 +293,8 @@ class Embedder(TransformerMixin, BaseEstimator):
         if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
             raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
         n = X.shape[0]
-        neighbours = min(n - 1, int(self.n_neighbors) if self.n_neighbors is not None
-                         else max(1, int(3 * self.perplexity)))
-        affinity = supervised_affinity(X, y, perplexity=_fitting_perplexity(self.perplexity, neighbours),
+        neighbours = default_neighbours(n, self.perplexity, self.n_neighbors)
+        affinity = supervised_affinity(X, y, perplexity=fitting_perplexity(self.perplexity, neighbours),
                                        n_neighbors=neighbours, n_jobs=self._threads(), **options)
         self.lvq_ = LiRaMLVQ.from_dict(affinity.provenance["lvq"])
         return affinity
@@ -315,6 +307,10 @@ class Embedder(TransformerMixin, BaseEstimator):
         if isinstance(y, str):  # the earlier fit(data, graph_affinity) form: y is a label vector here
             raise TypeError(f"fit(X, y): y={y!r} looks like a graph affinity; pass graph_affinity={y!r} as a "
                             "keyword or set the estimator's graph_affinity")
+        if isinstance(X, (np.ndarray, list)):  # scikit-learn's contract: too few samples is named first
+            from sklearn.utils import check_array
+
+            check_array(X, dtype=None, ensure_min_samples=2, ensure_all_finite=False, ensure_2d=False)
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
         if self.metric_params is not None and self.metric != "liram":
@@ -322,8 +318,8 @@ class Embedder(TransformerMixin, BaseEstimator):
         if self.metric == "liram":
             data, node_ids, adata = self._liram(X, y), None, None
         else:
-            data, node_ids, adata = self._as_input(X)
-        runner.fit(data, graph_affinity or self.graph_affinity, checkpoint=checkpoint)
+            data, node_ids, adata = self._as_input(X, runner.spec)
+        runner.fit(data, graph_affinity, checkpoint=checkpoint)
         self._set_fitted(runner, data, node_ids)
         if adata is not None:
             adata.obsm[OBSM_KEY] = self.embedding_

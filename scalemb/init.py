@@ -1,7 +1,7 @@
 """Initial coordinates of an SNE-family run: ``random``, ``spectral``, ``pca`` or given (a ``.npy`` file / array).
 
 - ``random`` (the SNEST reference code's start): space ``1e-4 N(0, 1)``, time ``1e-5 N(0, 1)``.
-- ``spectral``: the graph eigenmap of P (``scalemb.eigenmaps.graph``, through the executor's row-block
+- ``spectral``: the graph eigenmap of P (``scalemb.engine.eigenmap``, through the executor's row-block
   Laplacian products, so it runs where the run runs), scaled as openTSNE's spectral start: the eigenvectors
   ``v_k`` of ``D^{-1} P`` times their eigenvalues ``mu_k`` (diffusion-map coordinates), centred, then all
   columns divided by the same factor so that the first has standard deviation 1e-4.  Components the
@@ -66,7 +66,7 @@ def rescale(Y: np.ndarray, target: float = SCALE) -> np.ndarray:
 def spectral_layout(executor, space_dims: int, seed: int = 0, method: str = "lanczos") -> np.ndarray:
     """``(N, ds)`` diffusion-map coordinates ``mu_k v_k`` of P's graph (not yet rescaled); rows of components
     the eigenvectors do not reach are NaN (they take the random start, see ``initial_coords``)."""
-    from .eigenmaps.graph import laplacian_eigenmap
+    from .engine.eigenmap import laplacian_eigenmap
 
     solution = laplacian_eigenmap(executor, space_dims, method=method, seed=seed)
     Y = solution.coords * (1.0 - solution.eigenvalues)

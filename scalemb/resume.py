@@ -1,9 +1,29 @@
 """``scalemb.resume(path)``: continue a checkpointed run (``scalemb.io.checkpoint``) to its end;
-``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state."""
-from .embedding import Embedder, EmbeddingResult
+``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state.  Both read
+the run's stored ``RunSpec`` back (``stored_spec``) and hand it to the one runner."""
 from .errors import ScalembError
-from .io.checkpoint import Checkpointer, input_hash, read_config, read_final_state, write_final_state
+from .io.checkpoint import Checkpointer, read_config, read_final_state, with_iterations, write_final_state
+from .io.results import EmbeddingResult
 from .optim import optimizer_from_config
+from .run.inputs import input_hash, plan_of, resolve
+from .run.runner import Runner
+from .run.spec import RunSpec, fft_settings
+
+# a configuration written before the RunSpec held the runner's constructor arguments under these names
+_LEGACY_NAMES = {"seed": "random_state", "n_threads": "n_jobs"}
+
+
+def stored_spec(config: dict) -> RunSpec:
+    """The ``RunSpec`` a checkpoint or a finished run's state stored (one written before the spec existed: from
+    its runner arguments and graph affinity)."""
+    if "spec" in config:
+        return RunSpec.from_json(config["spec"])
+    values = {_LEGACY_NAMES.get(k, k): v for k, v in config["embedder"].items() if k != "fft_params"}
+    values.update(fft_settings(config["embedder"].get("fft_params")), graph_affinity=config["graph_affinity"],
+                  iterations=config["iterations"])
+    if values.get("init") == "random":
+        values["init"] = None
+    return RunSpec.from_values(values)
 
 
 def resume(path, iterations: int | None = None, quiet: bool = True, data=None, handle_signals: bool = True,
@@ -18,41 +38,33 @@ def resume(path, iterations: int | None = None, quiet: bool = True, data=None, h
     is never connected to on its own (Dask exchanges pickles; an edited checkpoint must not choose the peer).
     """
     config = read_config(path)["config"]
-    source = _source(path, config, data)
-    arguments = _on_cluster(path, _arguments(config), scheduler)
-    arguments.update(iterations=iterations or config["iterations"], quiet=quiet)
+    spec = _on_cluster(path, stored_spec(config), scheduler)
+    spec = spec.replace(iterations=iterations or spec.iterations)
+    plan = _plan(path, config, data, spec)
     with Checkpointer(path, every=config["checkpoint_every"], resume=True, handle_signals=handle_signals,
                       on_checkpoint=on_checkpoint) as checkpoint:
-        return Embedder(**arguments).fit(source, config["graph_affinity"], checkpoint=checkpoint).result_
+        runner = Runner(spec, optimizer=optimizer_from_config(config["optimizer"]), quiet=quiet)
+        return runner.fit(plan, checkpoint=checkpoint).result_
 
 
-def _source(path, config: dict, data):
-    source = data if data is not None else config["input"]
-    if source is None:
+def _plan(path, config: dict, data, spec: RunSpec):
+    """The input again: ``data`` as given, else the stored reference resolved under the stored spec."""
+    if data is not None:
+        return plan_of(data, spec.graph_affinity)
+    if config["input"] is None:
         raise ScalembError(f"{path}: the run embedded an in-memory affinity; pass data= to continue it")
-    return source
+    return resolve(config["input"], spec)
 
 
-def _on_cluster(path, arguments: dict, scheduler: str | None) -> dict:
+def _on_cluster(path, spec: RunSpec, scheduler: str | None) -> RunSpec:
     """A run stored with a Dask scheduler goes on only on the ``scheduler`` given by the caller: the stored address
     is never connected to on its own (Dask exchanges pickles; an edited store must not choose the peer)."""
-    if arguments.get("scheduler") and not scheduler:
+    if spec.scheduler and not scheduler:
         raise ScalembError(f"{path}: the run used a Dask scheduler; pass --scheduler ADDRESS (scheduler=) to "
                            "go on on a cluster you trust")
     if scheduler:
-        arguments.update(scheduler=scheduler, workers=None)
-    return arguments
-
-
-def _arguments(config: dict) -> dict:
-    """The runner's constructor arguments stored in a run's configuration."""
-    arguments = dict(config["embedder"])
-    if isinstance(arguments.get("fft_params"), dict):
-        from .repulsion import FFTParams
-
-        arguments["fft_params"] = FFTParams(**arguments["fft_params"])
-    arguments["optimizer"] = optimizer_from_config(config["optimizer"])
-    return arguments
+        spec = spec.replace(scheduler=scheduler, workers=None)
+    return spec
 
 
 def continue_finished(path, iterations: int, quiet: bool = True, data=None,
@@ -66,9 +78,9 @@ def continue_finished(path, iterations: int, quiet: bool = True, data=None,
     if int(iterations) < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     config, state = read_final_state(path)
-    source = _source(path, config, data)
-    arguments = _on_cluster(path, _arguments(config), scheduler)
-    runner = Embedder(**dict(arguments, quiet=quiet))
+    spec = _on_cluster(path, stored_spec(config), scheduler)
+    optimizer = optimizer_from_config(config["optimizer"])
+    runner = Runner(spec, optimizer=optimizer, quiet=quiet)
     runner.result_ = EmbeddingResult.load(path)
     runner.run_ = SimpleNamespace(state=state)
 
@@ -77,8 +89,8 @@ def continue_finished(path, iterations: int, quiet: bool = True, data=None,
             raise ScalembError(f"{path}: the input changed since the run (content hash "
                                f"{str(config['input_hash'])[:12]}…); refusing to continue")
 
-    runner.continue_run(source, arguments["optimizer"], int(iterations), config["graph_affinity"], verify=verify)
+    runner.continue_run(_plan(path, config, data, spec), optimizer, int(iterations), verify=verify)
     result = runner.result_
     result.save(path, overwrite=True)
-    write_final_state(path, {**config, "iterations": int(result.iterations)}, runner.run_.state)
+    write_final_state(path, with_iterations(config, result.iterations), runner.run_.state)
     return result

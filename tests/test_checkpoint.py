@@ -54,6 +54,11 @@ def assert_same_result(a, b):
     ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "max_point_step": 0.5,
                           "exaggeration": 12.0, "exaggeration_iterations": 60, "exaggeration_steps": "momentum",
                           "tol": 0.0}),
+    # the hybrid: spectral steps, then delta-bar-delta polish steps (their gains are state; resumed inside both)
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10, "max_point_step": 0.5,
+                          "exaggeration": 12.0, "exaggeration_iterations": 20, "exaggeration_steps": "momentum",
+                          "spectral_iterations": 10, "tol": 0.0}),
+    ("sd", "snest", 2, 1, {"spectral_iterations": 30, "tol": 0.0}),
     ("gd", "snest", 2, 1, {}),
 ])
 def test_optimizer_state_round_trip_is_exact(school_affinity, name, model, ds, dt, options):
@@ -142,8 +147,9 @@ def test_api_interrupt_at_checkpoint_then_resume_is_identical(tmp_path, optimize
             scalemb.Embedder(**settings).fit("school", checkpoint=checkpointer)
     assert checkpointer.written == 5 + 3  # restart 1: 50..250; restart 2: 50, 100, 150
     config = read_config(out)["config"]
-    assert config["input"] == "school" and config["model"] == "snest" and config["restarts"] == 3
-    assert config["optimizer"]["name"] == optimizer and config["seed"] == 2 and config["iterations"] == 300
+    spec = config["spec"]  # the run's settings: its RunSpec, stored once
+    assert config["input"] == "school" and spec["model"] == "snest" and spec["restarts"] == 3
+    assert config["optimizer"]["name"] == optimizer and spec["random_state"] == 2 and spec["iterations"] == 300
     assert config["scalemb_version"] == scalemb.__version__ and len(config["input_hash"]) == 64
     checkpoint = read_checkpoint(out)
     assert (checkpoint.restart, checkpoint.iteration) == (1, 150)

@@ -109,7 +109,7 @@ def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["scalemb_checkpoint"])
     address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-    meta["config"] = {**meta["config"], "embedder": {**meta["config"]["embedder"], "scheduler": address}}
+    meta["config"] = {**meta["config"], "spec": {**meta["config"]["spec"], "scheduler": address}}
     # an edited checkpoint naming an arbitrary listener, its configuration hash recomputed by the editor (without
     # that the hash alone refuses it): the stored scheduler is still never contacted
     meta["config_hash"] = _config_hash(meta["config"])

@@ -40,6 +40,7 @@ STACK_KINDS = ["ConfigMap", "DaskAutoscaler", "DaskCluster", "Deployment", "Name
                "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim", "PodDisruptionBudget",
                "Service", "ServiceAccount"]
 JOB_KINDS = ["ConfigMap", "DaskJob", "NetworkPolicy", "NetworkPolicy"]
+REPLICATED = {"prod"}  # overlays with two service replicas on PostgreSQL (components/replicas): one more budget
 OPERATOR_NAMESPACE = "dask-operator"  # where the operator's Helm chart is installed (kubernetes.dask.org)
 
 
@@ -135,7 +136,37 @@ def test_every_overlay_is_tested_and_renders():
         expected = STACK_KINDS if "/" not in overlay else JOB_KINDS
         if not OVERLAYS[overlay][2]:
             expected = [kind for kind in expected if kind != "ConfigMap"]  # the TLS settings
+        if overlay in REPLICATED:
+            expected = sorted(expected + ["PodDisruptionBudget"])  # the service's
         assert kinds == expected, overlay
+
+
+def test_replicated_overlays_share_a_postgresql_database_and_single_ones_stay_on_sqlite():
+    """Two replicas only where the job database is PostgreSQL (from the Secret), updated one at a time and kept
+    one at a time through drains; elsewhere one replica on SQLite, replaced (Recreate), never two writers."""
+    for overlay in ("dev", "prod"):
+        stack = _docs(overlay)
+        deployment = next(doc for doc in stack if doc["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container.get("env", [])}
+        budgets = [doc for doc in stack if doc["kind"] == "PodDisruptionBudget"
+                   and doc["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") == "service"]
+        if overlay in REPLICATED:
+            assert deployment["spec"]["replicas"] == 2
+            assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                                      "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+            assert env["SCALEMB_DATABASE"]["valueFrom"]["secretKeyRef"] == {"name": "scalemb-database", "key": "url"}
+            assert "--database" not in container["args"]  # the URL (with its password) only in the Secret
+            (budget,) = budgets
+            assert budget["spec"]["maxUnavailable"] == 1
+            assert budget["metadata"]["namespace"] == OVERLAYS[overlay][0]
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        else:
+            assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+            assert "SCALEMB_DATABASE" not in env and budgets == []
+    parser = build_parser()  # the variable is one the service reads
+    assert parser.parse_args(["serve", "--data-root", "/d"]).database is None
 
 
 def test_kustomize_errors_are_reported(tmp_path):
@@ -363,7 +394,8 @@ def test_disruption_budget_and_autoscaler_select_the_operators_workers():
         assert autoscaler["spec"]["cluster"] == cluster["metadata"]["name"]
         assert 1 <= autoscaler["spec"]["minimum"] <= cluster["spec"]["worker"]["replicas"] <= \
             autoscaler["spec"]["maximum"]
-        (pdb,) = [doc for doc in docs if doc["kind"] == "PodDisruptionBudget"]
+        (pdb,) = [doc for doc in docs if doc["kind"] == "PodDisruptionBudget" and doc["metadata"]["name"] ==
+                  "scalemb-workers"]
         assert pdb["spec"]["maxUnavailable"] == 1
         selected = [role for role, _, pod in _operator_pods(overlay)
                     if _selects(pdb["spec"]["selector"], pod["metadata"]["labels"])]
@@ -501,7 +533,7 @@ def test_containers_run_valid_commands():
         for role, cluster, pod in _operator_pods(overlay):
             (container,) = pod["spec"]["containers"]
             args = container["args"]
-            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
             if role == "scheduler":
                 context = dask_scheduler.make_context("dask scheduler", list(args[2:]))
                 assert context.params["protocol"] == (scheme if tls else None)
@@ -592,7 +624,7 @@ def _container_env(container, configmaps, remap):
     env = {}
     for source in container.get("envFrom", []):
         env.update(configmaps[source["configMapRef"]["name"]])
-    env.update({e["name"]: e["value"] for e in container.get("env", [])})
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})  # not Secrets' values
     return {key: remap(value) for key, value in env.items()}
 
 

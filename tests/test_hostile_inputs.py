@@ -263,8 +263,10 @@ def _strings(value):
 @pytest.mark.parametrize("argv, fragment", [
     (["--model", "cosne", "--model-param", "gamma=1e-200"], "cosne: gamma must be in [1e-06, 1e+06], got 1e-200"),
     (["--model", "cosne", "--model-param", "gamma=1e300"], "cosne: gamma must be in [1e-06, 1e+06], got 1e+300"),
-    (["--repulsion", "fft", "--fft-box-width", "1e-300"], "--fft-box-width: must be in [0.001, 1000], got 1e-300"),
-    (["--repulsion", "fft", "--fft-box-width", "nan"], "--fft-box-width: must be in [0.001, 1000], got nan"),
+    (["--repulsion", "fft", "--fft-box-width", "1e-300"],
+     "--fft-box-width: must be a number >= 0.001 and <= 1000, got 1e-300"),
+    (["--repulsion", "fft", "--fft-box-width", "nan"],
+     "--fft-box-width: must be a number >= 0.001 and <= 1000, got nan"),
 ])
 def test_out_of_range_settings_are_one_line_errors(tmp_path, argv, fragment):
     proc = run_cli("embed", "school", "--out", tmp_path / "r.zarr", "--iterations", "2", "--quiet", *argv)

@@ -100,7 +100,7 @@ def test_bad_init_names(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["embed", "school", "--init", "nope", "--out", str(tmp_path / "r.zarr")])
     assert exc.value.code == 2
-    with pytest.raises(ValueError, match="unknown init"):
+    with pytest.raises(ValueError, match="init: must be one of"):
         scalemb.embed("school", model="tsne", iterations=2, init="nope")
     code = main(["embed", "school", "--model", "tsne", "--init", "pca", "--out", str(tmp_path / "r.zarr"), "--quiet"])
     assert code == 2 and "feature input" in capsys.readouterr().err

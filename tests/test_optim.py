@@ -143,6 +143,17 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert snest == DeltaBarDelta(max_iterations=750)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
+    # from AUTO_SCHEDULE_MIN_POINTS (below the size at scale) the spectral direction after a momentum
+    # exaggeration phase for t-SNE (x12) and SNEST (x4); below it the spectral direction alone
+    from scalemb.optim import AUTO_SCHEDULE_MIN_POINTS
+
+    mid = resolve_optimizer(auto, AUTO_SCHEDULE_MIN_POINTS)
+    assert (mid.exaggeration, mid.exaggeration_iterations, mid.exaggeration_steps) == (12.0, 125, "momentum")
+    assert resolve_optimizer(auto, AUTO_SCHEDULE_MIN_POINTS - 1) == LineSearchDescent()
+    snest_mid = make_optimizer("auto", "snest", n_points=5241)
+    assert (snest_mid.exaggeration, snest_mid.exaggeration_iterations, snest_mid.exaggeration_momentum) == (4.0, 100,
+                                                                                                            0.8)
+    assert make_optimizer("auto", "tsne", n_points=5241, exaggeration_iterations=0).exaggeration_iterations == 0
     assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
     assert isinstance(make_optimizer("auto", "ee"), LineSearchDescent)
     assert isinstance(make_optimizer("auto", "ee", n_points=10 ** 6), LineSearchDescent)
@@ -238,3 +249,31 @@ def test_momentum_exaggeration_phase_then_spectral_steps(school_affinity):
     run = LineSearchDescent(**kw).optimize(ex, coords, 120)
     after = run.kl_history[31:]
     assert np.all(np.diff(after) <= 1e-12) and run.kl < phase.kl_history[-1]
+
+
+def test_hybrid_spectral_then_polish_steps(school_affinity):
+    """``spectral_iterations=k``: after the exaggeration phase, k spectral iterations with their line search, then
+    delta-bar-delta momentum steps, one evaluation each, every point's step bounded by ``max_point_step``; the
+    polish steps lower the KL further."""
+    from scalemb.optim import LineSearchDescent
+
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match="spectral_iterations"):
+            LineSearchDescent(spectral_iterations=bad)
+    with pytest.raises(ValueError, match="polish_momentum"):
+        LineSearchDescent(polish_momentum=1.0)
+    ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    kw = dict(exaggeration=12.0, exaggeration_iterations=20, exaggeration_steps="momentum", max_point_step=0.5,
+              tol=0.0)
+    spectral = LineSearchDescent(**kw).optimize(ex, coords, 30)
+    states = []
+    hybrid = LineSearchDescent(spectral_iterations=10, **kw).optimize(
+        ex, coords, 130, checkpoint=lambda it, export: states.append(export()))
+    assert np.array_equal(hybrid.kl_history[:31], spectral.kl_history)  # the same run up to the switch
+    assert hybrid.evaluations == spectral.evaluations + 100  # then one evaluation per iteration
+    at = {state.iteration: state for state in states}  # checkpoints from iteration 1 on
+    assert at[30].gains is None and at[31].gains.shape == (2, school_affinity.n_points)
+    moves = np.linalg.norm(np.diff(np.stack([at[i].coords for i in range(30, 130)]), axis=0), axis=1)
+    assert moves.max() <= 2 * 0.5 * (1 + 1e-9)
+    assert hybrid.kl < spectral.kl

@@ -57,7 +57,7 @@ def test_interrupted_overwrite_keeps_old_result_and_resume_replaces_it(tmp_path)
 
     with pytest.raises(scalemb.RunInterrupted) as info:
         with Checkpointer(out, every=10, overwrite=True, on_checkpoint=stop) as checkpointer:
-            scalemb.Embedder(model="tsne", iterations=40, seed=2).fit("school", checkpoint=checkpointer)
+            scalemb.Embedder(model="tsne", iterations=40, random_state=2).fit("school", checkpoint=checkpointer)
     assert np.array_equal(EmbeddingResult.load(out).embedding, good.embedding)
     assert info.value.path == tmp_path / "R.zarr.next"
     result = scalemb.resume(info.value.path)

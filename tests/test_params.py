@@ -1,5 +1,6 @@
 """One parameter table (scalemb.params.PARAMS): the estimator's signature is generated from it; the CLI flags
 and the service's job fields it names must exist with the same choices and defaults."""
+import argparse
 import inspect
 import typing
 
@@ -48,10 +49,13 @@ def test_cli_flags_agree_with_the_table():
             continue
         if not isinstance(p.default, str) or p.name != "optimizer":
             assert action.default == default, (p.name, action.default, default)
+        assert action.help == f"{p.help} (default {p.outer_default})", p.name  # generated from the row
         if p.choices is not None:
             # the CLI's --model also names the eigenmap runs (separate estimators: scalemb.Eigenmap, KernelEigenmap)
             extra = EIGENMAP_MODELS if p.name == "model" else ()
-            assert tuple(action.choices) == tuple(p.choices) + tuple(extra), p.name
+            assert [action.type(c) for c in tuple(p.choices) + tuple(extra)] == list(p.choices) + list(extra)
+            with pytest.raises(argparse.ArgumentTypeError, match="must be one of"):
+                action.type("bogus")
 
 
 def test_service_fields_agree_with_the_table():

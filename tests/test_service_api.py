@@ -359,3 +359,33 @@ def test_docs_and_redoc_render_offline_in_chromium(api, tmp_path):
         assert outside == []
     finally:
         browser.close()
+
+
+def _samples(text: str) -> dict:
+    """``{'name{labels}': value}`` of a Prometheus text exposition (comments checked for HELP/TYPE pairs)."""
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            assert name.split("{")[0] in typed, line  # every sample's family is declared
+            samples[name] = float(value)
+    return samples
+
+
+@pytest.mark.slow
+def test_metrics_count_jobs_by_state_and_iterations_for_prometheus(api):
+    status, body, headers = api.request("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    before = _samples(body.decode())
+    assert set(before) >= {f'scalemb_jobs{{state="{s}"}}' for s in ("queued", "running", "done", "failed",
+                                                                    "cancelled")}
+    job_id = _submit(api, seed=11, iterations=30)
+    assert api.wait(job_id)["state"] == "done"
+    after = _samples(api.request("GET", "/metrics")[1].decode())
+    assert after['scalemb_jobs{state="done"}'] == before['scalemb_jobs{state="done"}'] + 1
+    assert after["scalemb_iterations_total"] >= before["scalemb_iterations_total"] + 30
+    assert after["scalemb_queue_length"] == after['scalemb_jobs{state="queued"}']
+    assert after["scalemb_jobs_running_here"] >= 0
+    assert api.request("GET", "/metrics", auth=False)[0] == 401  # behind the token like every other route

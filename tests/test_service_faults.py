@@ -224,7 +224,7 @@ def test_transform_errors_name_the_input_relative_to_the_data_root(shared):
     assert shared.wait(done["id"])["state"] == "done"
     (root / "sub").mkdir(exist_ok=True)
     for name, content, fragment in (("uploads/new.txt", b"9 1\n9 x y\n", "uploads/new.txt:2: "),
-                                    ("sub/old.txt", b"1 2\n", "sub/old.txt:1: new node id 1")):
+                                    ("sub/old.txt", b"1 2\n", "sub/old.txt:1: edge 1 2 joins two nodes")):
         (root / name).write_bytes(content)
         _, job = shared.json("POST", f"/jobs/{done['id']}/transform", {"new": name})
         record = shared.wait(job["id"])

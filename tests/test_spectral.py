@@ -110,9 +110,16 @@ def test_optimizer_names_and_auto():
 
     assert isinstance(make_optimizer("auto", "sne"), DeltaBarDelta)
     assert make_optimizer("auto", "tsne").resolve(5241).name == "sd"
-    gd = make_optimizer("gd", learning_rate=3.0, solver="cg")  # options of other optimisers are ignored
+    gd = make_optimizer("gd", solver="cg")
     assert gd.name == "gd" and gd.direction == "gradient" and gd.solver == "cg"
-    assert make_optimizer("dbd", solver="cg", learning_rate=3.0).learning_rate == 3.0
+    assert make_optimizer("dbd", learning_rate=3.0).learning_rate == 3.0
+    # an option the named optimiser has no use for is refused, naming it (never dropped silently)
+    with pytest.raises(ValueError, match="learning_rate: not a setting of the gd optimiser"):
+        make_optimizer("gd", learning_rate=3.0, solver="cg")
+    with pytest.raises(ValueError, match="solver: not a setting of the dbd optimiser"):
+        make_optimizer("dbd", solver="cg", learning_rate=3.0)
+    with pytest.warns(UserWarning, match="max_step_norm: not a setting of the sd optimiser that 'auto' chose"):
+        assert make_optimizer("auto", "tsne", 100, max_step_norm=5.0).name == "sd"
     with pytest.raises(ValueError, match="unknown optimizer"):
         make_optimizer("adam")
 

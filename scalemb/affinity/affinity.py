@@ -1,4 +1,5 @@
 """The input affinity matrix P: sparse, symmetric, summing to 1 over ordered pairs, zero diagonal."""
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +93,14 @@ def check_radii(radii, n_points: int, source: str = "radii"):
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{source} must be finite and in [0, 1) (inside the unit ball); entry {i} is {radii[i]}")
     return radii
+
+
+def default_threads() -> int:
+    """Threads to use: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def row_partition(n_rows: int, n_blocks: int) -> list:

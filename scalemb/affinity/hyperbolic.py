@@ -10,7 +10,7 @@
   (the hyperbolic random-graph relation ``ρ ≈ R - 2 log k`` of Krioukov et al. 2010, shifted so that the
   largest hub sits at the centre and scaled by ``c``), Euclidean ball radius ``r = tanh(ρ/2)
   = ((k_max/k)^{2c} - 1)/((k_max/k)^{2c} + 1)``.  ``c`` is chosen by measurement on GrQc
-  (benchmarks/results/hyperbolic.md).
+  (docs/design/inputs.md).
 * ``wrapped_normal_clusters``: the paper's synthetic data: wrapped normal clusters ``x = μ ⊕ exp_0(v)``,
   ``v ~ N(0, σ² I)`` (the tangent sample at the origin, transported to ``μ``; ``⊕`` Möbius addition).
 """
@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from .affinity import Affinity
-from .knn import EXACT_MAX_POINTS, conditional_affinities, exact_knn, joint_affinity
+from .knn import EXACT_MAX_POINTS, PERPLEXITY, conditional_affinities, default_neighbours, exact_knn, joint_affinity
 
 # the paper's five cluster means in the 5-D ball (sec. 4.1)
 PAPER_MEANS = np.array([[0, 0, 0, 0, 0], [0.1, 0, 0, 0, 0], [0, -0.2, 0, 0, 0], [0, 0, 0.9, 0, 0],
@@ -89,14 +89,14 @@ def hyperbolic_knn(X, n_neighbors: int = 15, random_state: int | None = 0, n_job
     return indices[keep].reshape(-1, k).astype(np.int64), distances[keep].reshape(-1, k).astype(np.float64)
 
 
-def hyperbolic_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = None, random_state: int | None = 0,
+def hyperbolic_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = None, random_state: int | None = 0,
                         n_jobs: int | None = None, source=None) -> Affinity:
     """CO-SNE's input affinity of points ``X`` (N x d, inside the unit ball), with ``radii = |x_i|`` (module
     docstring); ``n_neighbors`` defaults to ``min(N - 1, 3 perplexity)`` as for Euclidean kNN."""
     X = check_ball(X, "X" if source is None else str(source))
     n = X.shape[0]
     if n_neighbors is None:
-        n_neighbors = min(n - 1, int(3 * perplexity))
+        n_neighbors = default_neighbours(n, perplexity)
     if not 1.0 <= perplexity < n_neighbors:
         raise ValueError(f"perplexity ({perplexity}) must be at least 1 and below n_neighbors ({n_neighbors})")
     indices, distances = hyperbolic_knn(X, n_neighbors, random_state, n_jobs)

@@ -23,14 +23,20 @@ import zarr
 from numba import njit
 from scipy.spatial.distance import cdist
 
-from ..engine.local import default_threads
 from ..errors import InputError
-from .affinity import Affinity, row_partition
+from .affinity import Affinity, default_threads, row_partition
 
 EXACT_MAX_POINTS = 4096
 ENTROPY_TOL = 1e-5
 MAX_STEPS = 200
 METHODS = ("gaussian", "uniform")
+PERPLEXITY = 30.0  # the target perplexity every front defaults to (scalemb.params), openTSNE's and t-SNE's usual
+
+
+def default_neighbours(n_points: int, perplexity: float = PERPLEXITY, n_neighbors: int | None = None) -> int:
+    """Neighbours per point of a kNN affinity: ``n_neighbors``, by default ``int(3 perplexity)`` (openTSNE's
+    choice: the Gaussian of that perplexity puts almost no mass beyond), at most ``N - 1``."""
+    return min(int(n_points) - 1, int(n_neighbors) if n_neighbors is not None else int(3 * perplexity))
 # metric name -> (scipy.spatial.distance name, pynndescent name); both compute the same distance.
 METRICS = {
     "euclidean": ("euclidean", "euclidean"),
@@ -316,7 +322,7 @@ def _gaussian_rows(indptr, dist, log_perplexity, r0, r1, out):
     return missed
 
 
-def conditional_affinities(D: sp.csr_matrix, perplexity: float = 30.0, method: str = "gaussian",
+def conditional_affinities(D: sp.csr_matrix, perplexity: float = PERPLEXITY, method: str = "gaussian",
                            n_jobs: int | None = None) -> sp.csr_matrix:
     """``P_cond`` on the stored pattern of ``D`` (row ``i``'s stored entries are its neighbours' distances).
 
@@ -361,7 +367,7 @@ def joint_affinity(P_cond: sp.csr_matrix, provenance: dict) -> Affinity:
     return Affinity(P, np.arange(n, dtype=np.int64), provenance)
 
 
-def knn_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = None, metric: str = "euclidean",
+def knn_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = None, metric: str = "euclidean",
                  method: str = "gaussian", random_state: int | None = 0, n_jobs: int | None = None,
                  source=None) -> Affinity:
     """SNE / t-SNE input affinity ``P = (P_cond + P_cond^T) / (2N)`` on the kNN graph of the rows of ``X``.
@@ -379,7 +385,7 @@ def knn_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = None, me
     X = _as_features(X)
     n = X.shape[0]
     if n_neighbors is None:
-        n_neighbors = min(n - 1, int(3 * perplexity) if method == "gaussian" else 15)
+        n_neighbors = default_neighbours(n, perplexity) if method == "gaussian" else min(n - 1, 15)
     if method == "gaussian" and not 1.0 <= perplexity < n_neighbors:
         raise ValueError(f"perplexity ({perplexity}) must be at least 1 and below n_neighbors ({n_neighbors})")
     indices, distances = knn_graph(X, n_neighbors, metric, random_state, n_jobs)
@@ -393,7 +399,7 @@ def knn_affinity(X, perplexity: float = 30.0, n_neighbors: int | None = None, me
                            "seed": random_state})
 
 
-def affinity_from_distances(D, perplexity: float = 30.0, method: str = "gaussian", n_jobs: int | None = None,
+def affinity_from_distances(D, perplexity: float = PERPLEXITY, method: str = "gaussian", n_jobs: int | None = None,
                             source=None) -> Affinity:
     """``P = (P_cond + P_cond^T) / (2N)`` from a square sparse distance matrix: each row's stored entries
     (explicit zeros included, diagonal ignored) are its neighbours; duplicate entries are summed (SciPy)."""

@@ -64,7 +64,7 @@ def metis_parts(P: sp.csr_matrix, n_parts: int, target_fractions=None, weights=N
     edges, smaller halos.  Recursive bisection balances the parts to ~0.1 %; METIS k-way minimising the
     communication volume ``sum_k h_k`` directly (``objtype=vol``) found halo sums within 2.5 % of it at K = 4-47
     on generated co-authorship graphs (12 % larger at K = 64), 1.4-5x the CPU time, with parts up to 2 % off their size
-    (benchmarks/results/scale.md).  Bisection numbers the parts hierarchically (parts ``[0, K/2)`` are the first
+    (docs/design/inputs.md).  Bisection numbers the parts hierarchically (parts ``[0, K/2)`` are the first
     bisection's first side), so contiguous ranges of parts are good coarser partitions too.  ``target_fractions``:
     each part's share of the total vertex weight (``weights``: per point, default 1).  Deterministic: METIS's seed
     is fixed."""

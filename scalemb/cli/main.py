@@ -7,18 +7,13 @@ import sys
 from .._version import __version__
 from ..affinity.ordering import STORE_POINT_ORDERS
 from ..datasets import DATASETS
-from ..embedding import GRAPH_AFFINITIES, Embedder
+from ..affinity.knn import PERPLEXITY
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
 from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
-from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer, RunInterrupted
-from ..models import DEFAULT_MODEL, get_model, model_names
-from ..params import KNN_PARAMS
+from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
+from ..params import GRAPH_AFFINITIES, PARAMS
 from ..progress import value_label
-from ..optim import OPTIMIZER_NAMES, make_optimizer
-from ..optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
-from ..repulsion import DEFAULT_INTERPOLATION, REPULSION_METHODS, FFTParams
-from ..repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY
 from . import cont as continue_cli, export as export_cli
 from .lvq import add_arguments as add_liram_arguments, liram_affinity
 from . import metrics as metrics_command
@@ -72,20 +67,58 @@ def _bounded(kind, low, high, low_open=False, name=None):
 _FINITE = 1e300
 
 
-def add_param_arguments(parser, names) -> None:
+class _Settings(argparse.Action):
+    """``--model-param NAME=VALUE`` (repeatable) gathered into one dict."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name, value = values
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name: value})
+
+
+def _row_type(param, extra_choices=()):
+    """The argparse type of a table row: ``Param.parse`` (its one check; the message without the flag, which
+    argparse puts in front); ``extra_choices``: more values this command takes (e.g. the eigenmap methods)."""
+    def parse(text):
+        if text in extra_choices:
+            return text
+        try:
+            return param.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+    parse.__name__ = param.name
+    return parse
+
+
+def add_param_arguments(parser, names, groups=None, extra_choices=None) -> None:
     """``parser``'s flags for the ``scalemb.params.PARAMS`` rows ``names``, generated from the rows (flag,
-    default, help, choices, type, bounds) as the service's job fields are."""
+    default, help, choices, type, bounds; ``Param.parse`` checks a value), as the service's job fields are.
+    ``groups``: ``{name: argparse group}`` to add a row's flag to; ``extra_choices``: ``{name: values}``."""
     from ..params import PARAMS
 
+    groups, extra_choices = groups or {}, extra_choices or {}
     for p in (row for row in PARAMS if row.name in names):
-        options = {"default": p.outer_default, "help": f"{p.help} (default {p.outer_default})", "dest": p.name}
-        if isinstance(p.choices, tuple):
-            options["choices"] = p.choices
+        target = groups.get(p.name, parser)
+        help_text = f"{p.help} (default {p.outer_default})"
+        if p.type is bool:
+            target.add_argument(p.cli, action="store_true", dest=p.name, help=help_text)
+            continue
+        options = {"default": p.outer_default, "help": help_text, "dest": p.name,
+                   "metavar": p.cli.lstrip("-").upper().replace("-", "_")}
+        if p.name == "model_params":
+            options.update(type=_model_param, action=_Settings, metavar="NAME=VALUE")
         else:
-            kind = int if p.type in (int, int | None) else float
-            low, high = p.bounds.get("ge", p.bounds.get("gt", -_FINITE)), p.bounds.get("le", _FINITE)
-            options["type"] = _bounded(kind, low, high, low_open="gt" in p.bounds)
-        parser.add_argument(p.cli, **options)
+            options["type"] = _row_type(p, extra_choices.get(p.name, ()))
+            if p.choices is not None:
+                options["metavar"] = "{" + ",".join(list(p.choices) + list(extra_choices.get(p.name, ()))) + "}"
+        target.add_argument(p.cli, **options)
+
+
+def embed_spec(args):
+    """The ``RunSpec`` of ``scalemb embed``'s arguments (every table row with a flag)."""
+    from ..params import PARAMS
+    from ..run import RunSpec
+
+    return RunSpec.from_values({p.name: getattr(args, p.name) for p in PARAMS if p.cli and p.run}, front="cli")
 
 
 def _model_param(text: str) -> tuple:
@@ -113,76 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="edge list path, feature matrix (.npy, .csv, .tsv: kNN affinities, see --affinity), "
                           "affinity store (scalemb affinity ...), or a built-in dataset name "
                           f"({', '.join(DATASETS)}); default grqc")
-    # the models of scalemb.models (and registered ones), and the eigenmap methods (not KL models: cli.eigenmap)
-    emb.add_argument("--model", choices=model_names() + EIGENMAP_MODELS, default=DEFAULT_MODEL)
-    emb.add_argument("--model-param", type=_model_param, action="append", default=None, metavar="NAME=VALUE",
-                     help="a parameter of the model's make_model (repeatable), e.g. cosne: gamma=0.1, lambda1=10, "
-                          "lambda2=0.01, warmup=500")
-    emb.add_argument("--space", type=_positive_int, default=2, help="space dimensions (default 2)")
-    emb.add_argument("--time", type=int, default=None,
-                     help="time dimensions (default 1 for a model with time, e.g. snest, 0 otherwise)")
     emb.add_argument("--out", default="embedding.zarr", help="output Zarr group (default embedding.zarr)")
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    emb.add_argument("--iterations", type=_positive_int, default=5000, help="maximum iterations per restart")
-    emb.add_argument("--seed", type=_bounded(int, 0, 2 ** 32 - 1), default=0)
-    emb.add_argument("--restarts", type=_positive_int, default=1, help="independent runs; the lowest KL is kept")
-    emb.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     where = emb.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", metavar="ADDRESS",
-                       help="run on the Dask cluster at ADDRESS (e.g. tcp://host:8786); INPUT should then be an "
-                            "affinity store the workers can read")
-    where.add_argument("--workers", type=_positive_int, metavar="N",
-                       help="run on a Dask LocalCluster of N worker processes x 1 thread started for this run")
-    add_param_arguments(emb, ("affinity",) + KNN_PARAMS)
-    emb.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship",
-                     help="P from the edge weights C: coauthorship C_ij(1/deg_i + 1/deg_j), or C/sum(C)")
-    emb.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="auto",
-                     help="dbd: delta-bar-delta; sd: spectral direction + line search; gd: gradient + line search; "
-                          "auto (default): the model's default, e.g. sd for tsne/snest, dbd for sne")
-    emb.add_argument("--solver", choices=SOLVERS, default=None,
-                     help="sd: lu (sparse factorisation of the curvature), cg (matrix-free preconditioned "
-                          "conjugate gradient) or auto (default: lu below 20000 points, cg with --preconditioner "
-                          "amg from there)")
-    emb.add_argument("--preconditioner", choices=PRECONDITIONERS, default=None,
-                     help="sd with cg: lu (a lagged factorisation, default), amg (aggregation multigrid) "
-                          "or jacobi")
-    emb.add_argument("--curvature", choices=CURVATURES, default=None,
-                     help="sd: iterate (L(P o K) at the current point, default) or fixed (L(P))")
-    emb.add_argument("--learning-rate", type=_learning_rate, default=None,
-                     help="dbd: space learning rate (default auto = max(1, N/12))")
-    emb.add_argument("--time-ratio", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
-                     help="dbd: time learning rate / space learning rate (default 0.002)")
-    emb.add_argument("--max-step-norm", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
-                     help="dbd: clip each point's space step to this norm (openTSNE's default 5; default off)")
-    emb.add_argument("--kl-every", type=int, default=None,
-                     help="dbd: compute the KL only every K-th iteration (saves its logarithms; the other "
-                          "history entries are NaN; default 1)")
-    emb.add_argument("--exaggeration", type=_bounded(float, 0, _FINITE, low_open=True), default=None,
-                     help="early exaggeration factor (default: dbd 4, sd/gd 1 = off)")
-    emb.add_argument("--exaggeration-iterations", type=_bounded(int, 0, 10 ** 9), default=None,
-                     help="iterations with exaggeration (default: dbd 100, sd/gd 0)")
-    emb.add_argument("--tol", type=_bounded(float, 0, _FINITE), default=None,
-                     help="stop when the mean relative KL decrease per iteration falls below this (0: never)")
-    emb.add_argument("--repulsion", choices=REPULSION_METHODS, default="auto",
-                     help="all-pairs term: exact (N^2), fft (FFT-accelerated interpolation, O(N)) or auto "
-                          "(default: fft from the measured crossover N)")
-    defaults = ", ".join(f"{model} R^{ds}: {p} in {w:g}" for (model, ds), (p, w) in DEFAULT_INTERPOLATION.items())
-    emb.add_argument("--fft-points", type=_positive_int, default=None,
-                     help=f"fft: interpolation points per box and space dimension (defaults, points in box width: "
-                          f"{defaults})")
-    emb.add_argument("--fft-box-width", type=_bounded(float, *BOX_WIDTH_RANGE), default=None,
-                     help="fft: space box width (default per model and dimension, see --fft-points)")
-    emb.add_argument("--fft-max-nodes", type=_positive_int, default=None,
-                     help="fft: cap on the grid's node count (default min(2^23, max(2^14, 64 N)) without time, "
-                          "min(2^23, max(2^14, 16 N)) r with r time components)")
-    emb.add_argument("--fft-accuracy", choices=tuple(FFT_ACCURACY), default="default",
-                     help="fft: how the default grid is chosen: fast (wider boxes, ~2e-2 gradient error on a 1e5 "
-                          "t-SNE layout), default (~7e-3), high (one more point per box, ~1e-3); "
-                          "benchmarks/results/scale.md")
+    add_param_arguments(emb, [p.name for p in PARAMS if p.cli], groups={"scheduler": where, "workers": where},
+                        extra_choices={"model": EIGENMAP_MODELS})
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
-    emb.add_argument("--quiet", action="store_true", help="no progress output")
     add_eigenmap_arguments(emb)
 
     res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
@@ -208,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--graph", action="store_true", help="INPUT is an edge list (default)")
     mode.add_argument("--knn", type=_positive_int, metavar="K", help="INPUT holds features; use K neighbours")
     aff.add_argument("--graph-affinity", choices=GRAPH_AFFINITIES, default="coauthorship")
-    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=30.0,
-                     help="kNN: target perplexity (default 30)")
+    aff.add_argument("--perplexity", type=_bounded(float, 0, _FINITE, low_open=True), default=PERPLEXITY,
+                     help=f"kNN: target perplexity (default {PERPLEXITY:g})")
     aff.add_argument("--uniform", action="store_true", help="kNN: p_j|i = 1/K instead of a perplexity Gaussian")
     aff.add_argument("--metric", default="euclidean",
                      help="kNN: distance (pynndescent metric names; poincare: points in the unit ball, hyperbolic "
@@ -413,54 +384,13 @@ def _is_loopback(host: str) -> bool:
 def _embed(args) -> int:
     if args.model in EIGENMAP_MODELS:
         return run_eigenmap(args)
-    optimizer = make_optimizer(args.optimizer, args.model, solver=args.solver, preconditioner=args.preconditioner,
-                               curvature=args.curvature,
-                               learning_rate=args.learning_rate, time_ratio=args.time_ratio,
-                               max_step_norm=args.max_step_norm, kl_every=args.kl_every,
-                               exaggeration=args.exaggeration, exaggeration_iterations=args.exaggeration_iterations,
-                               tol=args.tol)
-    params = dict(args.model_param or ())
-    try:
-        get_model(args.model, **params)  # refuse bad parameters before anything is written
-    except TypeError as exc:  # a name make_model does not take
-        raise ValueError(f"--model-param: model {args.model!r} does not take these parameters ({exc})") from None
-    embedder = Embedder(model=args.model, model_params=params or None, space_dims=args.space, time_dims=args.time,
-                        iterations=args.iterations, seed=args.seed, restarts=args.restarts,
-                        optimizer=optimizer, n_threads=args.threads, quiet=args.quiet, repulsion=args.repulsion,
-                        scheduler=args.scheduler, workers=args.workers, init=args.init,
-                        fft_params=FFTParams(points=args.fft_points, box_width=args.fft_box_width,
-                                             max_nodes=args.fft_max_nodes, accuracy=args.fft_accuracy))
+    from ..run import run
+
+    spec = embed_spec(args)
     _refuse_existing(args.out, args.overwrite, (args.input,))
-    data = _embed_input(args)
-    with Checkpointer(args.out, every=args.checkpoint_every, overwrite=args.overwrite) as checkpoint:
-        result = embedder.fit(data, graph_affinity=args.graph_affinity, checkpoint=checkpoint).result_
+    result = run(spec, args.input, out=args.out, checkpoint_every=args.checkpoint_every, overwrite=args.overwrite,
+                 front="cli", quiet=args.quiet)
     return _report(args.out, result)
-
-
-def _embed_input(args):
-    """What ``embed`` fits: INPUT, or for a feature matrix (``--affinity knn``, or ``auto`` and a file
-    ``looks_like_features``) its kNN affinity, built as ``scalemb.Embedder(affinity='knn')`` builds it."""
-    from ..affinity.knn import looks_like_features, read_features
-    from ..affinity.store import is_affinity_store
-    from ..estimator import knn_features_affinity
-    from ..params import DEFAULTS, PARAMS
-
-    kind, source = args.affinity, args.input
-    store = source is not None and is_affinity_store(source)
-    if kind == "auto":
-        kind = "precomputed" if store else "knn" if source is not None and looks_like_features(source) else "graph"
-    if kind == "precomputed" and not store:
-        raise ValueError(f"--affinity precomputed needs an affinity store (P itself); {source or 'grqc'} is not one")
-    if kind != "knn":
-        given = [p.cli for p in PARAMS if p.name in KNN_PARAMS and getattr(args, p.name) != DEFAULTS[p.name]]
-        if given:
-            raise ValueError(f"{', '.join(given)}: kNN settings apply to a feature matrix (--affinity knn); "
-                             f"{source or 'grqc'} is read as {'P' if kind == 'precomputed' else 'a graph'}")
-        return source
-    if source is None or store or source in DATASETS:
-        raise ValueError(f"--affinity knn needs a feature matrix (.npy, .csv, .tsv); {source or 'grqc'} is not one")
-    return knn_features_affinity(read_features(source), args.perplexity, args.n_neighbors, args.metric, args.seed,
-                                 args.threads)
 
 
 def _report(out, result) -> int:

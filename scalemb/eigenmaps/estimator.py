@@ -4,11 +4,11 @@ import time
 import numpy as np
 
 from .._version import __version__
-from .graph import EIGENSOLVERS, laplacian_eigenmap, nystrom_extend
+from ..engine.eigenmap import EIGENSOLVERS, laplacian_eigenmap, nystrom_extend
 
 
 class Eigenmap:
-    """Laplacian eigenmap of an affinity P (``scalemb.eigenmaps.graph``), on local threads or a Dask cluster.
+    """Laplacian eigenmap of an affinity P (``scalemb.engine.eigenmap``), on local threads or a Dask cluster.
 
     Parameters: ``n_components`` (output dimensions), ``method`` ('lanczos' or 'lobpcg'), ``tol``, ``seed``
     (the solver's start vector), ``n_threads``, ``scheduler`` / ``workers`` (as ``Embedder``: P stays in row
@@ -32,7 +32,10 @@ class Eigenmap:
         self.quiet = quiet
 
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Eigenmap":
-        from ..embedding import Embedder, EmbeddingResult
+        from ..io.results import EmbeddingResult
+        from ..run.inputs import plan_of
+        from ..run.runner import executor_for
+        from ..run.spec import RunSpec
 
         if int(self.n_components) < 1:
             raise ValueError(f"n_components must be >= 1, got {self.n_components}")
@@ -40,11 +43,10 @@ class Eigenmap:
             raise ValueError(f"unknown eigensolver {self.method!r}; choose one of {', '.join(EIGENSOLVERS)}")
         # An eigenmap uses only the executors' row-block maps and Laplacian products with the constant weights
         # 4 P, never a model's evaluation: its executor has no model (model=None).
-        host = Embedder(model=None, space_dims=1, time_dims=0, repulsion="exact", n_threads=self.n_threads,
-                        scheduler=self.scheduler, workers=self.workers)
-
+        where = RunSpec.from_values({"space_dims": 1, "time_dims": 0, "repulsion": "exact", "n_jobs": self.n_threads,
+                                     "scheduler": self.scheduler, "workers": self.workers})
         start = time.perf_counter()
-        with host._executor(data, graph_affinity, None, 0) as (executor, node_ids, provenance):
+        with executor_for(where, plan_of(data, graph_affinity), None, 0) as (executor, node_ids, provenance):
             solution = laplacian_eigenmap(executor, int(self.n_components), method=self.method, seed=self.seed,
                                           tol=self.tol, quiet=self.quiet)
         wall = time.perf_counter() - start

@@ -180,7 +180,7 @@ class KernelEigenmap:
 
     def to_result(self, source=None):
         """An ``EmbeddingResult`` (``save`` writes the embed-run store) holding the map in ``optimizer``."""
-        from ..embedding import EmbeddingResult
+        from ..io.results import EmbeddingResult
 
         params = {k: getattr(self, k) for k in ("n_centres", "n_neighbors", "bandwidth", "regularize", "seed")}
         optimizer = {"name": "kernel-eigenmap", **params, "eigenvalues": [float(v) for v in self.eigenvalues_],
@@ -195,7 +195,7 @@ class KernelEigenmap:
     def from_result(cls, result) -> "KernelEigenmap":
         """The fitted map stored in a ``kernel-eigenmap`` result (``EmbeddingResult`` or its store path), ready
         for ``transform``."""
-        from ..embedding import EmbeddingResult
+        from ..io.results import EmbeddingResult
 
         if not isinstance(result, EmbeddingResult):
             result = EmbeddingResult.load(result)

@@ -72,8 +72,7 @@ def repulsion_window(r0: int, r1: int, n_points: int) -> tuple:
     an even N, wrapping around, so the rows write columns ``r0 .. r1 - 1 + N // 2`` at most.
 
     Why: a block's partial is then about half of a ``(d, N)`` array, which halves the zeroing and the reduction
-    adds per block, part of the fixed per-block cost of the data-determined 16-64 blocks
-    (``benchmarks/results/layout_cpu.md``)."""
+    adds per block, part of the fixed per-block cost of the data-determined 16-64 blocks (docs/design/engine.md)."""
     return r0, min(n_points, max(0, r1 - r0) + n_points // 2)
 
 

@@ -1,12 +1,8 @@
 """Where a run executes: in-process threads, an existing Dask cluster (``scheduler``) or a LocalCluster of
-``workers`` processes started for the run; and the affinity store the Dask workers read their rows from."""
+``workers`` processes started for the run (the affinity store the workers read is ``scalemb.run.InputPlan.store``)."""
 import logging
-import shutil
-import tempfile
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
-from ..affinity.store import is_affinity_store, write_affinity_store
 from ..errors import ScalembError
 
 DASK_LOGGERS = ("distributed", "dask", "tornado", "bokeh")
@@ -64,30 +60,3 @@ def dask_client(scheduler=None, workers: int | None = None):
                                                        processes=True, dashboard_address=None))
             client = stack.enter_context(Client(cluster))
         yield client
-
-
-@contextmanager
-def affinity_store_for(data, graph_affinity: str, n_partitions: int | None, load_affinity):
-    """Path of an affinity store holding ``data``'s P: ``data`` itself if it is a store; an edge-list file
-    is streamed into a temporary store (``ingest_edge_list``: the client never holds the edges or P);
-    anything else (a built-in dataset, an ``Affinity``) goes through ``load_affinity(data, graph_affinity)``.
-    Temporary stores are removed on exit.
-
-    Workers read the store by path, so with a remote cluster ``data`` must be a store on storage the
-    workers see (write one with ``scalemb affinity``).
-    """
-    if isinstance(data, (str, Path)) and is_affinity_store(data):
-        yield Path(data)
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="scalemb-P-"))
-    try:
-        out = tmp / "P.zarr"
-        if isinstance(data, (str, Path)) and Path(data).is_file():
-            from ..affinity.ingest import ingest_edge_list
-
-            ingest_edge_list(data, out, affinity=graph_affinity, n_partitions=n_partitions)
-        else:
-            write_affinity_store(out, load_affinity(data, graph_affinity), n_partitions=n_partitions)
-        yield out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

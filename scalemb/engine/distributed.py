@@ -44,6 +44,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
+from ..models import model_ref
 from ..repulsion.fft import FFTParams, fft_dtype
 from . import halo as halo_fns
 from .base import Executor
@@ -260,8 +261,8 @@ class DaskExecutor(Executor):
     (module docstring); False: send all of Y to every worker and spread the charges on the client (kept for
     measurements, ``benchmarks/halo_traffic.py``).  ``stats``: calls, payload bytes sent to and gathered from
     the workers, bytes between workers (halo pieces, grids, potentials), evaluations by halo, recoveries.
-    The workers get the model as a ``ModelRef`` (``Model.ref()``: name, parameters, and where a registered model
-    was defined) and rebuild it once per process.
+    The workers get the model as a ``ModelRef`` (``models.model_ref(model)``: name, parameters, and where a
+    registered model was defined) and rebuild it once per process.
     """
 
     def __init__(self, store, model, space_dims: int, time_dims: int, client, retries: int = 3,
@@ -272,7 +273,7 @@ class DaskExecutor(Executor):
         self.store = AffinityStore(store)
         self.store.verify_hash()
         self._setup(model, space_dims, time_dims, self.store.n_points, repulsion, fft_params,
-                    None if model is None else model.ref())
+                    None if model is None else model_ref(model))
         self.client = client
         self.retries = retries
         self.recovery_timeout = float(recovery_timeout)

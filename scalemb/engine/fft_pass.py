@@ -12,7 +12,7 @@ where the coordinates are: the result is a function of the coordinates alone, wh
 or worker count.  Spreading them per row block instead (a partial grid per block, summed in block order) cost a
 whole grid per block -- allocated, page-faulted, summed, and on Dask sent to the client: with the 16-64 blocks
 of the data-determined layout that was +10 % per t-SNE evaluation and +74 % per SNEST R^{2,1} evaluation at
-N = 1e5 against one block (``benchmarks/results/layout_cpu.md``).
+N = 1e5 against one block (docs/design/engine.md).
 """
 import logging
 

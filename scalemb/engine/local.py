@@ -1,11 +1,10 @@
 """In-process executor: row blocks evaluated on a thread pool (the kernels release the GIL)."""
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..affinity.affinity import Affinity, row_partition
+from ..affinity.affinity import Affinity, default_threads, row_partition  # noqa: F401 - default_threads: kept here
 from ..affinity.ordering import inverse_permutation, locality_order
 from ..affinity.store import layout_partitions
 from ..models.base import Model
@@ -16,14 +15,6 @@ from .laplacian import laplacian_matrix
 
 
 POINT_ORDERS = ("given", "locality")
-
-
-def default_threads() -> int:
-    """Threads to use: the CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class LocalExecutor(Executor):
@@ -43,7 +34,7 @@ class LocalExecutor(Executor):
     renumbering the points internally: coordinates, gradients and curvature are still exchanged in the input's
     order, and results differ from ``'given'`` by summation order only -- so not bit for bit, which is why no
     run uses it by default.  It is kept for measurements (``benchmarks/layout_cpu.py``): per evaluation at
-    N ~ 1e5 it did not pay (``benchmarks/results/layout_cpu.md``).
+    N ~ 1e5 it did not pay (docs/design/engine.md).
     """
 
     _shared_memory = True

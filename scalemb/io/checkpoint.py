@@ -7,16 +7,18 @@ Layout while a run is in progress (``scalemb.io.results`` is the layout once it 
         state/<field>          the optimiser state's arrays (coords, gains, update, gradient, ...)
         best/<field>           coords, kl_history, seconds of the best finished restart, if any
 
-``config`` holds what ``scalemb resume`` needs to rebuild the run: input, graph affinity, model, dimensions,
-optimiser (every constructor field), iterations, seed, restarts, threads, repulsion, checkpoint interval,
-scalemb version and the input's content hash.  ``current`` is ``null`` until the first checkpoint.
+``config`` holds what ``scalemb resume`` needs to rebuild the run: ``spec`` (the run's settings,
+``scalemb.run.RunSpec.to_json``: the only place they are stored), the input reference and its content hash, and
+what the run resolved from them: the point count, the time dimensions, the optimiser (every constructor field),
+the repulsion, the checkpoint interval and the scalemb version.  A checkpoint written before the spec existed
+holds the settings as keys of ``config`` itself (``settings`` reads both).  ``current`` is ``null`` until the
+first checkpoint.
 
 A write creates version ``n + 1`` completely, then switches ``current`` (zarr rewrites the root's
 ``zarr.json`` through a temporary file and a rename), then deletes the older versions.  A crash at any point
 leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
 write.  Durability against power loss (fsync) is not attempted.
 """
-import inspect
 import logging
 import shutil
 import signal
@@ -67,18 +69,6 @@ class Checkpoint:
 
 def _state_class(optimizer_name: str):
     return DBDState if optimizer_name == "dbd" else DescentState
-
-
-def input_hash(provenance: dict, executor, node_ids) -> str:
-    """The input's identity: an affinity store's recorded SHA-256 (in ``provenance``), else the same hash
-    computed over the in-process executor's P and ``node_ids``."""
-    recorded = provenance.get("content_hash")
-    if recorded:
-        return str(recorded)
-    from ..affinity.store import content_hash
-
-    P = executor.affinity.P
-    return content_hash(P.indptr, P.indices, P.data, node_ids)
 
 
 def record_hash(arrays: dict, attrs: dict) -> str:
@@ -174,19 +164,26 @@ def read_checkpoint(path) -> Checkpoint | None:
     return checkpoint
 
 
+def settings(config: dict) -> dict:
+    """The run's settings in a stored configuration: its ``spec``, or (written before the spec existed) the
+    configuration itself, whose keys named them (``model``, ``space_dims``, ``seed``, ``restarts``...)."""
+    return config.get("spec") or config
+
+
 def _check_state(state: dict, best: dict, attrs: dict, config: dict) -> None:
     """Shapes and values of a checkpoint's arrays against the run configuration (``ValueError``)."""
     if "coords" not in state:
         raise ValueError("no state/coords")
     n = config.get("n_points")
-    dims = int(config["space_dims"]) + int(config["time_dims"]) if "space_dims" in config else None
+    space_dims = settings(config).get("space_dims")
+    dims = int(space_dims) + int(config["time_dims"]) if space_dims is not None else None
     for name, array in list(state.items()) + [(f"best {k}", v) for k, v in best.items() if k == "coords"]:
         if name.endswith("coords") and n is not None and dims is not None and \
                 array.shape not in ((int(n), dims), (dims, int(n))):  # layouts: point- or dim-major
             raise ValueError(f"{name} has shape {array.shape}, expected {(n, dims)} or {(dims, n)}")
         if name.endswith("coords") and not np.all(np.isfinite(array)):
             raise ValueError(f"{name} has non-finite values")
-    if not 0 <= int(attrs["restart"]) < int(config.get("restarts", attrs["restart"] + 1)) or \
+    if not 0 <= int(attrs["restart"]) < int(settings(config).get("restarts", attrs["restart"] + 1)) or \
             int(attrs["iteration"]) < 0:
         raise ValueError(f"restart {attrs['restart']} / iteration {attrs['iteration']} out of range")
 
@@ -202,7 +199,7 @@ def check_state_arrays(arrays: dict, scalars: dict, config: dict) -> None:
     ``seconds`` hold one float64 entry per iteration done; ``ordering`` is a permutation of ``0 .. n - 1``."""
     if "coords" not in arrays:
         raise ValueError("no coords")
-    n, ds, dt = int(config["n_points"]), int(config["space_dims"]), int(config["time_dims"])
+    n, ds, dt = int(config["n_points"]), int(settings(config)["space_dims"]), int(config["time_dims"])
     coords = arrays["coords"]
     if coords.shape not in ((ds + dt, n), (n, ds + dt)):
         raise ValueError(f"coords has shape {coords.shape}, expected {(ds + dt, n)} or {(n, ds + dt)}")
@@ -282,8 +279,17 @@ def _check_same_run(path, stored: dict, config: dict) -> None:
         raise ScalembError(f"{path}: the input changed since the run was checkpointed (content hash "
                            f"{str(stored.get('input_hash'))[:12]}…, now {config['input_hash'][:12]}…); "
                            "refusing to resume")
-    keys = ("model", "model_params", "space_dims", "time_dims", "seed", "restarts", "optimizer", "repulsion")
-    changed = [k for k in keys if _json_safe(config[k]) != stored.get(k)]
+    changed = [k for k in ("time_dims", "optimizer", "repulsion") if _json_safe(config[k]) != stored.get(k)]
+    old, new = settings(stored), config["spec"]
+    for key in ("model", "model_params", "space_dims", "restarts", "random_state", "graph_affinity"):
+        before = old.get(key, old.get("seed") if key == "random_state" else None)
+        if key == "random_state":  # None is seed 0 (a record written before the spec holds the number)
+            before, now = before or 0, new.get(key) or 0
+        else:
+            now = new.get(key)
+        if key in old or key == "random_state":
+            if _json_safe(now) != _json_safe(before) and not (key == "model_params" and not now and not before):
+                changed.append(key)
     if changed:
         raise ScalembError(f"{path}: settings differ from the checkpointed run ({', '.join(changed)}); "
                            "refusing to resume")
@@ -387,22 +393,22 @@ class Checkpointer:
         return False
 
     # -- the run ---------------------------------------------------------------------------------------
-    def start(self, *, embedder, data, graph_affinity, time_dims, executor, node_ids, provenance, optimizer,
-              repulsion) -> Checkpoint | None:
+    def start(self, *, spec: dict, source, input_ref, input_hash: str, time_dims, executor, node_ids, provenance,
+              optimizer, repulsion) -> Checkpoint | None:
         """Record the run configuration (new run) or check it against the stored one (resume); returns the
-        checkpoint to continue from (``None``: start at restart 0, iteration 0)."""
+        checkpoint to continue from (``None``: start at restart 0, iteration 0).  ``spec``: the run's settings
+        (``RunSpec.to_json``); ``source``: the input as given; ``input_ref``: how ``resume`` finds it again (a
+        dataset name, an absolute path, or None: in memory); ``input_hash``: its content's identity."""
         if not isinstance(optimizer, (DeltaBarDelta, LineSearchDescent)):
             raise ValueError(f"checkpoints need a scalemb optimiser (dbd, sd or gd), got {optimizer!r}")
-        config = {"input": _input_reference(data), "graph_affinity": graph_affinity,
-                  "provenance": dict(provenance), "input_hash": input_hash(provenance, executor, node_ids),
-                  "n_points": len(node_ids), "model": embedder.model,
-                  "model_params": getattr(embedder, "model_params", None), "space_dims": embedder.space_dims,
-                  "time_dims": time_dims, "iterations": int(embedder.iterations), "seed": embedder.seed,
-                  "restarts": int(embedder.restarts), "optimizer": optimizer_config(optimizer),
-                  "n_threads": getattr(executor, "n_threads", embedder.n_threads), "repulsion": repulsion,
-                  "scheduler": getattr(embedder, "scheduler", None), "workers": getattr(embedder, "workers", None),
-                  "checkpoint_every": self.every, "scalemb_version": __version__,
-                  "embedder": _embedder_arguments(embedder, executor)}
+        iterations = int(spec["iterations"])
+        if spec.get("n_jobs") is None and getattr(executor, "n_threads", None) is not None:
+            spec = {**spec, "n_jobs": executor.n_threads}  # resumed with the threads it ran on
+        config = {"input": input_ref, "provenance": dict(provenance), "input_hash": input_hash,
+                  "n_points": len(node_ids),
+                  "time_dims": time_dims, "optimizer": optimizer_config(optimizer), "repulsion": repulsion,
+                  "checkpoint_every": self.every, "scalemb_version": __version__, "spec": spec}
+        data = source
         self.config = _json_safe(config)
         if not self.resume:
             check_output_path(self.path, self.overwrite, inputs=(data,))
@@ -420,16 +426,16 @@ class Checkpointer:
         if stored.get("replaces"):
             self.target = own_target(self.path, stored["replaces"])
             self._lock(self.target)
-        self.config = {**stored, "iterations": int(embedder.iterations)}
+        self.config = with_iterations(stored, iterations)
         _check_same_run(self.path, stored, config)
         checkpoint = read_checkpoint(self.path)
-        if checkpoint is not None and checkpoint.iteration > embedder.iterations:
+        if checkpoint is not None and checkpoint.iteration > iterations:
             raise ScalembError(f"{self.path}: the checkpoint is at iteration {checkpoint.iteration}; "
-                               f"--iterations {embedder.iterations} is fewer")
-        if int(embedder.iterations) != stored["iterations"]:
+                               f"--iterations {iterations} is fewer")
+        if iterations != settings(stored)["iterations"]:
             meta = read_config(self.path)
             group = zarr.open_group(store=str(self.path), mode="r+")
-            _write_meta(group, {**meta, "config": {**stored, "iterations": int(embedder.iterations)}})
+            _write_meta(group, {**meta, "config": self.config})
         return checkpoint
 
     def _lock(self, path) -> None:
@@ -501,25 +507,9 @@ def own_target(path, replaces) -> Path:
     return target
 
 
-def _embedder_arguments(embedder, executor) -> dict:
-    """``Embedder``'s constructor arguments as JSON values (``optimizer`` and ``quiet`` aside), threads resolved;
-    ``scalemb.resume`` passes them back."""
-    names = [n for n in inspect.signature(type(embedder).__init__).parameters if n not in ("self", "optimizer",
-                                                                                         "quiet")]
-    arguments = {n: getattr(embedder, n) for n in names}
-    if arguments.get("n_threads") is None and hasattr(executor, "n_threads"):
-        arguments["n_threads"] = executor.n_threads
-    return {n: v.as_dict() if hasattr(v, "as_dict") else v for n, v in arguments.items()}
-
-
-def _input_reference(data):
-    """How ``resume`` finds the input again: a dataset name, an absolute path, or ``None`` (in memory)."""
-    from ..datasets import DATASETS
-
-    if data is None:
-        return "grqc"
-    if isinstance(data, (str, Path)):
-        if isinstance(data, str) and data in DATASETS and not Path(data).exists():
-            return data
-        return str(Path(data).resolve())
-    return None
+def with_iterations(config: dict, iterations: int) -> dict:
+    """``config`` with the run's per-restart maximum ``iterations`` (in its spec, or in a configuration written
+    before the spec existed, in its own key)."""
+    if "spec" in config:
+        return {**config, "spec": {**config["spec"], "iterations": int(iterations)}}
+    return {**config, "iterations": int(iterations)}

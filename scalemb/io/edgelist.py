@@ -427,7 +427,7 @@ def parse_edge_chunks(path, chunk_lines: int = 1_000_000, reader: str = "auto"):
     naming the file and line (row) of the first bad one.
 
     Text files are read by pyarrow's CSV reader when pyarrow is installed (``reader="auto"``; several times
-    faster, ``benchmarks/results/parse.md``) and accepted only if every value passes the checks the exact reader
+    faster, docs/design/inputs.md) and accepted only if every value passes the checks the exact reader
     applies; from the first block that does not (a malformed line, a comment after the data, a mixed id ...)
     on, the exact reader (NumPy's parser per chunk, line by line for a chunk with a bad line) takes over at that
     block's first line, so every error names the file and line as it always did.  ``reader="exact"`` uses the

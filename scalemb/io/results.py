@@ -10,11 +10,13 @@ sibling directory and renamed into place, so a crash never leaves a half-written
 """
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from .._version import __version__
 from ..errors import ScalembError
 from .atomic import atomic_directory, recover_directory
 from .nodeids import from_stored, ids_bytes, is_string_ids, to_stored
@@ -111,3 +113,48 @@ def to_anndata(run):
 def column_names(space_dims: int, time_dims: int) -> list:
     """Names of the embedding's columns: ``s1 .. s{ds}``, then ``t1 .. t{dt}``."""
     return [f"s{k + 1}" for k in range(space_dims)] + [f"t{k + 1}" for k in range(time_dims)]
+
+
+@dataclass
+class EmbeddingResult:
+    """A finished embedding: ``embedding`` is N x (ds + dt), space columns first, rows in ``node_ids`` order."""
+
+    embedding: np.ndarray
+    node_ids: np.ndarray
+    kl: float
+    kl_history: np.ndarray
+    model: str
+    space_dims: int
+    time_dims: int
+    iterations: int
+    seed: int
+    restart_kls: list = field(default_factory=list)
+    wall_time: float = 0.0
+    provenance: dict = field(default_factory=dict)
+    optimizer: dict = field(default_factory=dict)
+    repulsion: dict = field(default_factory=dict)  # {"method": "exact"} or {"method": "fft", **FFTParams}
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wall time at each kl_history entry
+    model_params: dict = field(default_factory=dict)  # the model is get_model(model, **model_params)
+
+    def attrs(self) -> dict:
+        attrs = {"model": self.model, "space_dims": self.space_dims, "time_dims": self.time_dims,
+                 "iterations": self.iterations, "kl": self.kl, "seed": self.seed,
+                 "restarts": len(self.restart_kls), "restart_kls": self.restart_kls,
+                 "wall_time_s": self.wall_time, "scalemb_version": __version__,
+                 "provenance": self.provenance, "optimizer": self.optimizer, "repulsion": self.repulsion}
+        if self.model_params:  # models without parameters keep the attributes they always had
+            attrs["model_params"] = self.model_params
+        return attrs
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the result as a Zarr v3 group (the layout of this module)."""
+        return write_result(path, {"embedding": self.embedding, "node_ids": self.node_ids,
+                                   "kl_history": self.kl_history}, self.attrs(), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path) -> "EmbeddingResult":
+        arrays, attrs = read_result(path)
+        return cls(arrays["embedding"], arrays["node_ids"], attrs["kl"], arrays["kl_history"], attrs["model"],
+                   attrs["space_dims"], attrs["time_dims"], attrs["iterations"], attrs["seed"],
+                   attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
+                   attrs.get("optimizer", {}), attrs.get("repulsion", {}), model_params=attrs.get("model_params", {}))

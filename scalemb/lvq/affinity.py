@@ -17,7 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity.affinity import row_partition
-from ..affinity.knn import EXACT_MAX_POINTS, conditional_affinities, joint_affinity, k_smallest
+from ..affinity.knn import (EXACT_MAX_POINTS, PERPLEXITY, conditional_affinities, default_neighbours, joint_affinity,
+                            k_smallest)
 from .estimator import LiRaMLVQ, _check_X, check_labelled, squared_distances
 
 _BLOCK_ENTRIES = 1 << 22
@@ -124,7 +125,7 @@ def learned_neighbours(model: LiRaMLVQ, X, n_neighbors: int, algorithm: str = "a
     return _tree(r, Z, k, int(candidates))
 
 
-def supervised_affinity(X, y=None, perplexity: float = 30.0, n_neighbors: int | None = None, model=None,
+def supervised_affinity(X, y=None, perplexity: float = PERPLEXITY, n_neighbors: int | None = None, model=None,
                         algorithm: str = "auto", n_jobs: int | None = None, source=None, **lvq_params):
     """SNE+ input: ``P = (P_cond + P_cond^T) / (2N)`` with ``P_cond`` calibrated to ``perplexity`` on the
     ``n_neighbors`` (default ``min(N - 1, 3 perplexity)``) nearest neighbours under the learned dissimilarity.
@@ -144,7 +145,7 @@ def supervised_affinity(X, y=None, perplexity: float = 30.0, n_neighbors: int | 
         raise ValueError(f"LVQ parameters {sorted(lvq_params)} given together with a fitted model")
     n = X.shape[0]
     if n_neighbors is None:
-        n_neighbors = min(n - 1, int(3 * perplexity))
+        n_neighbors = default_neighbours(n, perplexity)
     if not 1.0 <= perplexity < n_neighbors:
         raise ValueError(f"perplexity ({perplexity}) must be at least 1 and below n_neighbors ({n_neighbors})")
     indices, s = learned_neighbours(model, X, n_neighbors, algorithm)

@@ -1,11 +1,11 @@
 """LVQ epochs on a Dask cluster: each worker holds row partitions of ``(X, y)``; per epoch the client sends
 the current prototypes and matrices (``m x D`` and ``R x M x D``: small), every partition runs its stochastic
-sweep (``estimator.partition_sweep``), and the client sums the parameter changes in partition order -- the
+sweep (``kernels.partition_sweep``), and the client sums the parameter changes in partition order -- the
 same reduction ``_LocalRunner`` does, so local and Dask runs with the same partitions agree."""
 import numpy as np
 
 from ..engine.cluster import dask_client
-from .estimator import partition_sweep
+from .kernels import partition_sweep
 
 
 class DaskRunner:

@@ -27,6 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
 
 from ..affinity.affinity import row_partition
 from . import kernels
+from .kernels import partition_sweep
 
 
 def _check_X(X, n_features=None, name="X") -> np.ndarray:
@@ -122,14 +123,6 @@ def logdet_regularizer(omegas: np.ndarray, weight: float):
         value -= weight * logdet
         grad[r] = -2.0 * weight * np.linalg.solve(gram, omega)
     return value, grad
-
-
-def partition_sweep(X, y, order, W, proto_labels, omegas, omega_of, lr_w, lr_omega):
-    """One partition's epoch: ``(sum mu, W change, Omega change)`` of a sweep over ``X[order]`` started from
-    ``(W, omegas)``, which are not modified (what a Dask worker runs on its rows)."""
-    W1, O1 = W.copy(), omegas.copy()
-    cost = kernels.sgd_sweep(X, y, order, W1, proto_labels, O1, omega_of, lr_w, lr_omega)
-    return cost, W1 - W, O1 - omegas
 
 
 class LiRaMLVQ(ClassifierMixin, TransformerMixin, BaseEstimator):

@@ -201,3 +201,11 @@ def winner_projections(X, W, omegas, omega_of):
                 s += omega[a, b] * X[i, b]
             out[i, a] = s
     return win, out
+
+
+def partition_sweep(X, y, order, W, proto_labels, omegas, omega_of, lr_w, lr_omega):
+    """One partition's epoch: ``(sum mu, W change, Omega change)`` of a sweep over ``X[order]`` started from
+    ``(W, omegas)``, which are not modified (what a Dask worker runs on its rows)."""
+    W1, O1 = W.copy(), omegas.copy()
+    cost = sgd_sweep(X, y, order, W1, proto_labels, O1, omega_of, lr_w, lr_omega)
+    return cost, W1 - W, O1 - omegas

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from ..affinity import Affinity, AffinityStore, is_affinity_store, knn_affinity, read_features
-from ..affinity.store import check_source
-from ..datasets import DATASETS, load_dataset
-from ..embedding import GRAPH_AFFINITIES, EmbeddingResult, load_affinity
+from ..affinity import Affinity, read_features
+from ..io.results import EmbeddingResult
+from ..run.inputs import is_dataset, load_affinity, reopen as affinity_from_provenance
 from ..errors import InputError, ScalembError
 from ..io.nodeids import as_node_ids, is_string_ids
-from ..models.objective import model_of
+from ..models.registry import model_of
 from .base import Metric
 from .kl import kl
 from .quality import feature_metrics, graph_metrics, one_nn_error
@@ -52,47 +51,18 @@ def load_run(run) -> tuple:
     return result, name
 
 
-def affinity_from_provenance(provenance: dict, graph_affinity: str = "coauthorship"):
-    """``(Affinity or None, source name, features path or None)``: the run's input from its ``provenance``
-    (a file or store changed since the run is refused: ``check_source``, ``check_store``)."""
-    check_source(provenance)
-    if provenance.get("store"):
-        store = provenance["store"]
-        affinity = AffinityStore(store).to_affinity()
-        recorded = provenance.get("content_hash")
-        if recorded and affinity.provenance.get("content_hash") not in (None, recorded):
-            raise InputError(store, "the affinity store changed since the run (content hash differs)")
-        return affinity, str(store), provenance.get("source") if provenance.get("method") == "knn" else None
-    if provenance.get("dataset") in DATASETS:
-        return load_dataset(provenance["dataset"]), f"dataset {provenance['dataset']}", None
-    source = provenance.get("source")
-    if provenance.get("method") == "knn" and source:
-        affinity = knn_affinity(source, perplexity=provenance.get("perplexity", 30.0)
-                                if provenance.get("perplexity") != "uniform" else 30.0,
-                                n_neighbors=provenance.get("n_neighbors"), metric=provenance.get("metric", "euclidean"),
-                                method="uniform" if provenance.get("perplexity") == "uniform" else "gaussian",
-                                random_state=provenance.get("seed", 0))
-        return affinity, str(source), source
-    if source and not str(source).startswith(("bundled:", "builtin:")):
-        kind = provenance.get("affinity", graph_affinity)
-        return load_affinity(source, kind if kind in GRAPH_AFFINITIES else graph_affinity), str(source), None
-    return None, None, None
-
-
 def _resolve_affinity(affinity, graph_affinity: str):
     """``(Affinity, name)`` for an ``Affinity``, a sparse matrix (node ids 0..N-1), an affinity store, an edge
-    list or a built-in dataset name."""
+    list or a built-in dataset name (read as ``scalemb.run.inputs`` reads them)."""
     if isinstance(affinity, Affinity):
         return affinity, "<affinity>"
     if sp.issparse(affinity):
         return Affinity(affinity, np.arange(affinity.shape[0])), "<affinity>"
     name = str(affinity)
-    if isinstance(affinity, str) and affinity in DATASETS and not Path(affinity).exists():
-        return load_dataset(affinity), f"dataset {affinity}"
+    if is_dataset(affinity):
+        return load_affinity(affinity), f"dataset {affinity}"
     if not Path(name).exists():
         raise InputError(name, "no such file")
-    if is_affinity_store(name):
-        return AffinityStore(name).to_affinity(), name
     return load_affinity(name, graph_affinity), name
 
 

@@ -2,10 +2,8 @@
 
 Exact all-pairs normaliser below the exact/fft crossover (``scalemb.repulsion.method``), FFT-interpolated
 above it (``repulsion='auto'``; force ``'exact'`` or ``'fft'``).  The FFT value's error is that of log Z
-(``sum p log w`` is exact, on P's non-zeros): measured against the exact value on the same layouts, 1.2e-7
-(t-SNE R^2) and 5.5e-9 (SNEST R^{2,1}) at GrQc's final layouts (benchmarks/results/repulsion_grqc.md), and
-on the generated co-authorship graph's layouts in benchmarks/results/quality.md; the relative error of Z is
-below 1e-3 on every layout of tests/test_fft_repulsion.py, so the KL's is below ~1e-3.
+(``sum p log w`` is exact, on P's non-zeros): the relative error of Z is below 1e-3 on every layout of
+tests/test_fft_repulsion.py, so the KL's is below ~1e-3 (the measured errors: docs/design/metrics.md).
 """
 import numpy as np
 import scipy.sparse as sp

@@ -31,7 +31,7 @@ per-point target radii, ``affinity.radii``).  Two choices, both because of what 
 500 iterations); an evaluation outside an optimisation (``iteration`` None) includes it.  Reported values:
 ``Evaluation.kl`` is this objective; ``norm_loss`` gives H alone.
 
-Optimisation (benchmarks/results/hyperbolic.md): Riemannian delta-bar-delta is the default (``auto``); its
+Optimisation (docs/design/optimisation.md): Riemannian delta-bar-delta is the default (``auto``); its
 learning rate is t-SNE's ``max(1, N/12)`` times ``learning_rate_scale = 4γ²`` (the kernel's length is γ and the
 Poincaré metric at the origin is 2: at N = 1000 the unscaled rate throws the points onto the boundary, where the
 Riemannian gradient vanishes, KL 2.73 against 1.06).  ``curvature`` gives the weights of the Laplacian part

@@ -19,22 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def model_of(result):
-    """The model of a stored run (``scalemb.embedding.EmbeddingResult``) with its parameters, or None for a run of
-    another method (the spectral eigenmaps, ``scalemb.eigenmaps``: no output kernel, no objective)."""
-    from .registry import get_model, model_names
-
-    if result.model not in model_names():
-        return None
-    return get_model(result.model, **(getattr(result, "model_params", None) or {}))
-
-
-def objective_of(result) -> "Objective":
-    """The objective of a stored run: its model's, or the unnamed ``Objective()`` for a run without a model."""
-    model = model_of(result)
-    return Objective() if model is None else model.objective
-
-
 class Objective:
     """Reduction of the block partials to ``(value, objective, gradient)`` (see the module docstring)."""
 

@@ -7,7 +7,7 @@ module's import must stay cheap: numba compiles on first call, not at import), `
 builds one.  ``register_model(model_or_factory)``
 adds a model defined elsewhere (a test file, a user's script).
 
-Dask workers rebuild a model from a ``ModelRef`` (``Model.ref()``): its name, its parameters and, for a
+Dask workers rebuild a model from a ``ModelRef`` (``model_ref(model)``): its name, its parameters and, for a
 registered model, where it was defined (module name and file).  A worker that does not know the name imports
 that module (by name, else from its file), which registers the model again or defines it at module level.
 Built models are cached per (name, parameters): the kernels of a ``make_kernels`` closure compile once per
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .base import Model
+from .objective import Objective
 
 _LOCK = threading.RLock()
 _REGISTERED = {}  # name -> (Model or factory, origin)
@@ -197,3 +198,17 @@ def _import_origin(name: str, module_name: str | None, path: str | None, attr: s
         raise ValueError(f"module {module.__name__!r} defines no model {name!r}")
     with _LOCK:
         _REGISTERED[name] = (found, (module_name, path, attr))
+
+
+def model_of(result):
+    """The model of a stored run (``scalemb.embedding.EmbeddingResult``) with its parameters, or None for a run of
+    another method (the spectral eigenmaps, ``scalemb.eigenmaps``: no output kernel, no objective)."""
+    if result.model not in model_names():
+        return None
+    return get_model(result.model, **(getattr(result, "model_params", None) or {}))
+
+
+def objective_of(result) -> Objective:
+    """The objective of a stored run: its model's, or the unnamed ``Objective()`` for a run without a model."""
+    model = model_of(result)
+    return Objective() if model is None else model.objective

@@ -26,7 +26,7 @@ def pair(d2s, d2t):
 FFT = FFTSpec(gauss_plan, {1: (4, 0.25), 2: (4, 0.25), 3: (4, 0.25)}, NEAR_GAUSS, gauss_self_weight,
               near_cutoff=GAUSS_CUTOFF)
 
-# 'auto' optimizer: delta-bar-delta, whose momentum finds lower KL minima for SNE (GrQc R^2: 3.266 vs
-# 3.277-3.333 with sd; benchmarks/results/optimizers.md)
+# 'auto' optimizer: delta-bar-delta, whose momentum finds lower KL minima for SNE than the spectral direction
+# (docs/design/optimisation.md)
 MODEL = Model("sne", "SNE, Gaussian kernel exp(-d^2)", False, *make_kernels(log_pair, pair),
               similarity=euclidean_similarity, fft=FFT, default_optimizer="dbd")

@@ -10,7 +10,7 @@ import math
 from numba import njit
 
 from ..repulsion.fft import NEAR_CAUCHY_TIME, FFTSpec, cauchy_self_weight, cauchy_time_plan
-from .base import Model
+from .base import MOMENTUM_EXAGGERATION, Model
 from .kernels import make_kernels
 from .vecmath import fast_exp, fast_log
 
@@ -45,8 +45,9 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, NEAR_CA
               time_dims=1, far_box_width=0.6)
 
 # From 20 000 points 'auto' is delta-bar-delta with the SNEST paper's own schedule (exaggeration 4 for 100
-# iterations) and openTSNE's budget of 750 iterations: openTSNE's exaggeration 12 drove the time coordinates to
-# overflow at 7.7e4 co-authors (benchmarks/results/scale.md, "Defaults at scale").
+# iterations) and openTSNE's budget of 750 iterations: openTSNE's exaggeration 12 drives the time coordinates
+# (exp(dt^2)) to overflow (docs/design/optimisation.md).
 MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair),
               similarity=similarity, fft=FFT, default_optimizer="sd",
-              default_optimizer_at_scale={"optimizer": "dbd", "max_iterations": 750})
+              default_optimizer_at_scale={"optimizer": "dbd", "max_iterations": 750},
+              default_optimizer_options={**MOMENTUM_EXAGGERATION, "exaggeration": 4.0, "exaggeration_iterations": 100})

@@ -5,7 +5,7 @@
 from numba import njit
 
 from ..repulsion.fft import NEAR_CAUCHY, FFTSpec, cauchy_plan, cauchy_self_weight
-from .base import OPENTSNE_SCHEDULE, Model
+from .base import MOMENTUM_EXAGGERATION, OPENTSNE_SCHEDULE, Model
 from .kernels import euclidean_similarity, make_kernels
 from .vecmath import fast_log
 
@@ -31,9 +31,9 @@ def pair(d2s, d2t):
 # 5.8e-4), R^3: 4 in 0.5 (3.3e-4).  A split grid's far boxes are 1 sigma wide (gradient error 2e-5 on GrQc).
 FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY, cauchy_self_weight)
 
-# 'auto' optimizer: the spectral direction (10-20x fewer iterations than delta-bar-delta on GrQc,
-# benchmarks/results/optimizers.md); from 20 000 points openTSNE's schedule for large data (its steps spread the
-# layout there, where repulsion costs ~N²: benchmarks/results/scale.md, "Defaults at scale")
+# 'auto' optimizer: the spectral direction (far fewer iterations than delta-bar-delta); from 20 000 points
+# openTSNE's schedule for large data (its steps spread the layout there, where repulsion costs ~N²):
+# docs/design/optimisation.md
 MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair),
               similarity=euclidean_similarity, fft=FFT, default_optimizer="sd",
-              default_optimizer_at_scale=OPENTSNE_SCHEDULE)
+              default_optimizer_at_scale=OPENTSNE_SCHEDULE, default_optimizer_options=MOMENTUM_EXAGGERATION)

@@ -11,9 +11,12 @@ OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # SNEST).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
 # iterations; from here on the LU fills in (PCG + multigrid instead: ~36 V-cycles per iteration at 7.7e4 points)
 # and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
-# gradient / mu): at 7.7e4 co-authors the extent reached ~1e5 units in 10 iterations, where the FFT grid is capped
-# and the near field costs O(N^2) (benchmarks/results/scale.md, "Defaults at scale").
+# gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
+# 'auto' from this many points on (below AUTO_SCALE_MIN_POINTS): the model's ``default_optimizer`` with its
+# ``default_optimizer_options`` (t-SNE, SNEST: a momentum early-exaggeration phase before the spectral steps,
+# measured on GrQc); below it the spectral direction alone, as SCHOOL's Table 1 values were measured.
+AUTO_SCHEDULE_MIN_POINTS = 1024
 
 
 def default_optimizer_name(model=None, n_points: int | None = None) -> str:
@@ -34,26 +37,42 @@ def default_optimizer_name(model=None, n_points: int | None = None) -> str:
 
 
 def make_optimizer(name: str, model=None, n_points: int | None = None, **options):
-    """Build optimiser ``name`` from ``options``; options that optimiser has no use for are ignored, ``None``
-    values keep its defaults.  ``'auto'`` is resolved for ``model`` and ``n_points``
+    """Build optimiser ``name`` from ``options`` (``None`` values keep its defaults); an option that optimiser has
+    no use for is refused (``ValueError`` naming it), or with ``'auto'``, whose choice the caller did not make,
+    left out with a ``UserWarning`` naming it.  ``'auto'`` is resolved for ``model`` and ``n_points``
     (``default_optimizer_name``; below ``AUTO_SCALE_MIN_POINTS`` the model's ``default_optimizer``, from there on
-    its ``default_optimizer_at_scale`` with the options it names, e.g. openTSNE's schedule for t-SNE); without
+    its ``default_optimizer_at_scale`` with the options it names, e.g. openTSNE's schedule for t-SNE; from
+    ``AUTO_SCHEDULE_MIN_POINTS`` below that, ``default_optimizer`` with the model's ``default_optimizer_options``,
+    e.g. a momentum exaggeration phase); without
     ``n_points``, for a model whose choice depends on the size, an ``AutoOptimizer``, resolved by
     ``resolve_optimizer`` once the input's size is known (or by its ``optimize``, from the executor's)."""
     at_scale = _at_scale(model)
-    if name == "auto" and n_points is None and at_scale is not None:
+    mid = _schedule(model)
+    if name == "auto" and n_points is None and (at_scale is not None or mid is not None):
         _check_options(options)
         return AutoOptimizer(model, {k: v for k, v in options.items() if v is not None})
+    chosen = name != "auto"
     if name == "auto":
         name = default_optimizer_name(model, n_points)
         if at_scale is not None and n_points >= AUTO_SCALE_MIN_POINTS:  # the model's schedule at scale
             schedule = {k: v for k, v in at_scale.items() if k != "optimizer"}
             options = {**schedule, **{k: v for k, v in options.items() if v is not None}}
+        elif mid is not None and n_points >= AUTO_SCHEDULE_MIN_POINTS:  # its default's options at this size
+            options = {**mid, **{k: v for k, v in options.items() if v is not None}}
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_NAMES)}")
     cls = DeltaBarDelta if name == "dbd" else LineSearchDescent
     accepted = {f.name for f in fields(cls) if f.init}
     kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    unused = sorted(k for k, v in options.items() if v is not None and k not in accepted and
+                    not (k == "optimizer" and v == name))  # a schedule naming its own optimiser
+    if unused and chosen:
+        raise ValueError(f"{', '.join(unused)}: not a setting of the {name} optimiser")
+    if unused:
+        import warnings
+
+        warnings.warn(f"{', '.join(unused)}: not a setting of the {name} optimiser that 'auto' chose for this "
+                      "input; left out", UserWarning, stacklevel=2)
     if name == "gd":
         kwargs["direction"] = "gradient"
     return cls(**kwargs)
@@ -68,10 +87,20 @@ def _at_scale(model) -> dict | None:
     return (get_model(model) if isinstance(model, str) else model).default_optimizer_at_scale
 
 
+def _schedule(model) -> dict | None:
+    """The model's ``default_optimizer_options`` or None."""
+    from ..models import get_model
+
+    if model is None:
+        return None
+    return (get_model(model) if isinstance(model, str) else model).default_optimizer_options
+
+
 def _check_options(options: dict) -> None:
     """Build both candidates once so a bad option fails now, not when the input's size is known."""
-    for name in ("dbd", "sd"):
-        make_optimizer(name, **options)
+    for name, cls in (("dbd", DeltaBarDelta), ("sd", LineSearchDescent)):
+        accepted = {f.name for f in fields(cls) if f.init}
+        make_optimizer(name, **{k: v for k, v in options.items() if k in accepted})
 
 
 @dataclass
@@ -114,6 +143,6 @@ def optimizer_from_config(config: dict):
     return cls(**{k: tuple(v) if kinds.get(k) in (tuple, "tuple") else v for k, v in config.items()})
 
 
-__all__ = ["AUTO_SCALE_MIN_POINTS", "AutoOptimizer", "resolve_optimizer",
+__all__ = ["AUTO_SCALE_MIN_POINTS", "AUTO_SCHEDULE_MIN_POINTS", "AutoOptimizer", "resolve_optimizer",
            "DBDState", "DeltaBarDelta", "DescentState", "LineSearchDescent", "OptimizeResult", "OptimizerState",
            "OPTIMIZER_NAMES", "default_optimizer_name", "make_optimizer", "optimizer_config", "optimizer_from_config"]

@@ -1,6 +1,6 @@
 """What every optimiser returns, the shared stopping rule, and the base of the optimisers' state objects
 (checkpoints: ``optimize(..., state=..., checkpoint=...)``)."""
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -71,13 +71,15 @@ class OptimizerState:
 
     @classmethod
     def join(cls, arrays: dict, scalars: dict):
-        """Inverse of ``split``; raises ``KeyError`` naming a missing field."""
+        """Inverse of ``split``; raises ``KeyError`` naming a missing field that has no default."""
         values = {}
         for f in fields(cls):
             if f.name in arrays:
                 values[f.name] = np.asarray(arrays[f.name])
             elif f.name in scalars:
                 values[f.name] = scalars[f.name]
+            elif f.default is not MISSING:  # a field added since the state was written: its default
+                values[f.name] = f.default
             else:
                 raise KeyError(f.name)
         return cls(**values)

@@ -57,8 +57,8 @@ CURVATURES = ("iterate", "fixed")
 PRECONDITIONERS = ("lu", "amg", "jacobi")
 EXAGGERATION_STEPS = ("spectral", "momentum")
 # solver='auto': sparse LU below this many points, PCG on the row-block Laplacian products from it on
-# (benchmarks/scale.py, benchmarks/results/scale.md: the LU of a co-authorship graph's curvature fills in
-# super-linearly; GrQc, N = 5241, keeps LU and its results).
+# (the LU of a co-authorship graph's curvature fills in super-linearly; GrQc, N = 5241, keeps LU and its
+# results: docs/design/optimisation.md).
 AUTO_LU_MAX_POINTS = 20_000
 # PCG with a multigrid preconditioner rebuilds it (a set-up costs many V-cycles) only once CG needs more than
 # this many iterations, or when the curvature is refreshed (``refactor_every``).
@@ -98,6 +98,7 @@ class DescentState(OptimizerState):
     factor_coords: np.ndarray | None
     factor_alpha: float | None
     factor_ordered: bool
+    gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
 
     def evaluation(self):
         from ..engine.blocks import Evaluation
@@ -138,6 +139,8 @@ class LineSearchDescent:
     exaggeration_iterations: int = 0
     exaggeration_steps: str = "spectral"
     exaggeration_momentum: float = 0.5
+    spectral_iterations: int | None = None
+    polish_momentum: float = 0.8
     tol: float = 1e-5
     window: int = 50
     max_failures: int = 3
@@ -154,6 +157,11 @@ class LineSearchDescent:
                              f"{', '.join(EXAGGERATION_STEPS)}")
         if self.max_point_step is not None and not self.max_point_step > 0:
             raise ValueError(f"max_point_step must be > 0 or None, got {self.max_point_step!r}")
+        if self.spectral_iterations is not None and (int(self.spectral_iterations) != self.spectral_iterations
+                                                     or self.spectral_iterations < 0):
+            raise ValueError(f"spectral_iterations must be an integer >= 0 or None, got {self.spectral_iterations!r}")
+        if not 0 <= self.polish_momentum < 1:
+            raise ValueError(f"polish_momentum must be in [0, 1), got {self.polish_momentum!r}")
         if self.direction == "gradient":
             self.name = "gd"
 
@@ -167,6 +175,7 @@ class LineSearchDescent:
                 "max_point_step": self.max_point_step, "time_rate": self.time_rate,
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "exaggeration_steps": self.exaggeration_steps, "exaggeration_momentum": self.exaggeration_momentum,
+                "spectral_iterations": self.spectral_iterations, "polish_momentum": self.polish_momentum,
                 "tol": self.tol, "window": self.window}
 
     def methods(self, n_points: int) -> tuple[str, str]:
@@ -360,6 +369,8 @@ class _DescentRun(StepRun):
         rgrad = self.geometry.riemannian_gradient(s.coords, grad)
         if r.exaggeration_steps == "momentum" and it < r.exaggeration_iterations:
             return self._momentum_step(it, rgrad)
+        if r.spectral_iterations is not None and it >= r.exaggeration_iterations + r.spectral_iterations:
+            return self._polish_step(it, rgrad)
         direction = np.empty_like(s.coords)
         if r.direction == "spectral":
             if it - s.factored_at >= self.refactor_every:
@@ -421,6 +432,12 @@ class _DescentRun(StepRun):
         update = -max(1.0, self.n_points / 12.0) * scale * rgrad[:ds]
         if s.previous_space is not None:
             update += r.exaggeration_momentum * s.previous_space
+        return self._momentum_move(it, update, rgrad)
+
+    def _momentum_move(self, it: int, update: np.ndarray, rgrad: np.ndarray) -> str:
+        """Move by the space ``update`` (each point's bounded by ``max_point_step``; kept as the momentum buffer
+        ``previous_space``) and ``-time_rate g`` in time, then evaluate: one evaluation, no line search."""
+        r, s, ds = self.rule, self.state, self.space_dims
         if r.max_point_step is not None:
             from .dbd import clip_step_norms
 
@@ -433,6 +450,27 @@ class _DescentRun(StepRun):
         self.ev = self.evaluate(s.coords, s.alpha, it + 1)
         s.evaluations += 1
         return MOVED
+
+    def _polish_step(self, it: int, rgrad: np.ndarray) -> str:
+        """One step of the polish phase (``spectral_iterations`` set, after that many spectral iterations):
+        delta-bar-delta on the space block as ``DeltaBarDelta`` after openTSNE's exaggeration (gains ``+0.2`` where
+        gradient and last update disagree in sign, ``x0.8`` otherwise, floored at 0.01; ``u <- m u - lr gains g``,
+        ``m = polish_momentum``, ``lr = max(1, N/12)`` times the model's ``learning_rate_scale``, each point's
+        ``u`` bounded by ``max_point_step``), time ``-time_rate g``; one evaluation per iteration, no line search.
+        Its first step starts from unit gains and no momentum (the spectral direction is no momentum buffer)."""
+        r, s, ds = self.rule, self.state, self.space_dims
+        if s.gains is None:
+            s.gains = np.ones((ds, self.n_points))
+            s.previous_space = None
+        grad = rgrad[:ds]
+        if s.previous_space is None:
+            s.previous_space = np.zeros_like(grad)
+        same = np.sign(grad) == np.sign(s.previous_space)
+        s.gains = np.where(same, s.gains * 0.8, s.gains + 0.2)
+        np.maximum(s.gains, 0.01, out=s.gains)
+        scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
+        update = r.polish_momentum * s.previous_space - max(1.0, self.n_points / 12.0) * scale * s.gains * grad
+        return self._momentum_move(it, update, rgrad)
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
         """The KL at the last iterate: the last evaluation's, or one without exaggeration if it was on (that

@@ -58,8 +58,8 @@ class MultigridPreconditioner:
     Aggregation multigrid suits graph Laplacians: aggregates follow the graph's strong connections and the
     near-null space is the constant vector per aggregate (L's null space is constant per connected component).
     The prolongator is left unsmoothed: the coarse operators are then contracted graphs, as sparse as the
-    graph, where smoothing fills them in on small-world graphs (co-authorship, N = 7.7e4: set-up 1.6 s instead
-    of 63 s and the same 7-8 CG iterations; benchmarks/results/scale.md).  The coarsest level is factorised
+    graph, where smoothing fills them in on small-world graphs (a set-up ~40x cheaper at the same CG iterations:
+    docs/design/optimisation.md).  The coarsest level is factorised
     sparsely (it keeps one block per connected component).  ``ordering`` exists for the ``FactorizedSolver``
     interface and is always None.
     """

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, read_features
+from ..affinity.knn import PERPLEXITY
 from ..datasets import DATASETS, grqc_path, school_edges
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
@@ -106,7 +107,7 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
         raise InputError(where, "non-finite values in the new rows")
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
-                              knn.get("metric") or "euclidean", knn.get("perplexity") or 30.0, n_jobs,
+                              knn.get("metric") or "euclidean", knn.get("perplexity") or PERPLEXITY, n_jobs,
                               lvq=knn.get("lvq"))
     return P, new_point_ids(node_ids, X_new.shape[0])
 
@@ -124,9 +125,9 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
 
 # the free phase's descent direction: 'spectral' (the moving stored points are coupled by their edges: the solved
 # partial Hessian moves a freed region as a whole where Jacobi moves each point alone; chosen on GrQc's random
-# split, benchmarks/results/transform.md)
+# split, docs/design/placement.md)
 FREE_DIRECTION = "spectral"
-FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (benchmarks/results/transform.md)
+FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (docs/design/placement.md)
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
 FFT_MIN_OLD = 20_000
@@ -171,7 +172,7 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     a new node whose neighbours lie in regions the stored map put far apart (it was embedded without the node
     that links them) can only sit near one of them; a full re-embedding pulls them together.  Placing GrQc's
     held-out 10 % into the full re-embedding's own stored rows reaches its neighbourhood preservation, into the
-    map of the other 90 % it cannot (``benchmarks/results/transform.md``): the gap is the stored map's, and
+    map of the other 90 % it cannot (docs/design/placement.md): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
     ``moved_coords``; every other stored row stays exactly where it was.  The free phase descends along
     ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one).
@@ -223,7 +224,7 @@ def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
     (``scalemb.eigenmaps.nystrom_extend``, weights: the new rows of ``P'`` on the stored columns)."""
     import time
 
-    from ..eigenmaps.graph import nystrom_extend
+    from ..engine.eigenmap import nystrom_extend
 
     eigenvalues = result.optimizer.get("eigenvalues")
     if eigenvalues is None:
@@ -269,7 +270,7 @@ def _kernel_map(result, new, run_name):
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
     """An ``EmbeddingResult`` of the whole map: the old rows (unchanged but for the ones ``run.moved``
     names), the placed rows after them."""
-    from ..embedding import EmbeddingResult  # the estimator module imports this package
+    from ..io.results import EmbeddingResult
 
     stored = result.embedding.copy()
     if run.moved.size:
@@ -324,7 +325,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
                   workers: int | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
-    from ..embedding import EmbeddingResult
+    from ..io.results import EmbeddingResult
 
     out = check_output_path(out, overwrite)
     try:

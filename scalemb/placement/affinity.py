@@ -22,7 +22,7 @@ from scipy.spatial.distance import cdist
 
 from ..affinity.affinity import Affinity, row_partition
 from ..affinity.graph import coauthorship_affinity, normalized_affinity
-from ..affinity.knn import METRICS, conditional_affinities
+from ..affinity.knn import METRICS, PERPLEXITY, conditional_affinities
 from ..errors import InputError
 from ..io.edgelist import Edges, Graph, first_lines, graph_from_edges, parse_edge_chunks
 from ..io.nodeids import as_node_ids, check_case_collision, is_string_ids
@@ -53,8 +53,9 @@ def read_new_edges(path, old_ids: np.ndarray):
     both_old = first_old & second_old
     if both_old.any():
         k = int(np.flatnonzero(both_old)[0])
-        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({int(both_old.sum())}"
-                               " such lines; every edge needs a new node at one end)",
+        count = int(both_old.sum())
+        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({count} such "
+                               f"line{'s' if count != 1 else ''}; every edge needs a new node at one end)",
                          first_lines(path, [first[k]], column=0)[0])
     swap = first_old  # the new end goes first
     src, dst = np.where(swap, second, first), np.where(swap, first, second)
@@ -213,7 +214,7 @@ def extended_knn_affinity(old: Affinity, X_ref: np.ndarray, X_new: np.ndarray, n
         indices, distances = _knn_against(X_new, X_ref, k, metric, n_jobs)
     D = sp.csr_matrix((distances.ravel(), indices.ravel(), np.arange(0, m * k + 1, k)), shape=(m, n))
     method = "uniform" if perplexity == "uniform" else "gaussian"
-    C = conditional_affinities(D, 30.0 if method == "uniform" else float(perplexity), method, n_jobs)
+    C = conditional_affinities(D, PERPLEXITY if method == "uniform" else float(perplexity), method, n_jobs)
     total = n + m
     cross = (C / (2.0 * total)).tocsr()
     return sp.bmat([[old.P * (n / total), cross.T], [cross, None]], format="csr")

@@ -486,7 +486,7 @@ def finish_map(fig, ax, data: MapData, labels, overview_ax=None, rasters=()):
 
 def draw_kl(ax, result):
     """The run's objective (KL(P‖Q), or its model's own, e.g. EE's E) per computed iteration on ``ax``."""
-    from ..models.objective import objective_of
+    from ..models.registry import objective_of
 
     objective = objective_of(result)
     history = np.asarray(result.kl_history, dtype=float)

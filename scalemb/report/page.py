@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.objective import objective_of
+from ..models.registry import objective_of
 
 
 def _png_uri(fig, dpi: int = 100) -> str:

@@ -113,10 +113,8 @@ MAX_TIME_POINTS = 64
 # ~1.2 per space axis, and the time map's row sums), checked in tests/test_fft_repulsion.py
 CHARGE_HEADROOM_BITS = 8
 # FFTParams.accuracy: (extra Lagrange points per box, factor on the box width) applied to the model's default
-# interpolation where the user gave none.  Relative error of the full t-SNE R^2 gradient on a 7.7e4-point
-# co-authorship layout (openTSNE's schedule, 750 iterations, extent 208), benchmarks/results/scale.md "FFT
-# accuracy": fast (5 in 0.9) 2.3e-2, default (5 in 0.7) 7.0e-3, high (6 in 0.6) 1.0e-3; openTSNE's own grid
-# (3 in 1.0) 3.7e-1 in this kernel formulation.
+# interpolation where the user gave none: more points per box and narrower boxes lower the gradient's error
+# (measured errors per level: docs/design/repulsion.md).
 FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 # FFTParams.box_width's range, in units of the kernels' length scale (1; the defaults are 0.5-1.0): narrower
 # boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
@@ -185,12 +183,9 @@ class FFTParams:
         """``max_nodes``, or by default ``min(2^23, max(2^14, 64 N))`` without a time axis and
         ``min(2^23, max(2^14, 16 N)) r`` with ``r = time_slices`` time components: the FFT work per time
         component stays proportional to N (at most ~1.2 s of transforms per component on one core), beyond it
-        the kernel split takes over.  64 N without time (16 N until measured otherwise for SNEST's r slices): t-SNE
-        layouts of 7.7e4 co-authors under openTSNE's schedule span 140-210 units (14-29 N nodes at the default
-        accuracy), where a 16 N cap's near field made an evaluation 2.7-5.7x slower than the uncapped grid
-        (benchmarks/results/scale.md, "FFT node cap").  (SNEST's cap was 2^22
-        per component while each evaluation held its (1, t) charges and five outputs: its clustered 1e6-point
-        layouts crossed it at an extent of ~360 units and then spent ~70 s per evaluation on the near field.)"""
+        the kernel split takes over.  64 N without time (16 N for SNEST's r slices): a cap that large-data
+        layouts reach sends pairs to the near field, which then dominates an evaluation (the measurements:
+        docs/design/repulsion.md)."""
         if self.max_nodes is not None:
             return int(self.max_nodes)
         per_point = 16 if time_slices else 64

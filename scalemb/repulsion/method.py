@@ -2,7 +2,7 @@
 (interpolation, ``scalemb.repulsion.fft``) or ``auto``.
 
 ``auto`` considers ``fft`` when the model and dimensions are supported and N is at least the crossover
-measured by ``benchmarks/repulsion.py`` (section "crossover", recorded in benchmarks/results/repulsion.md) for
+measured by ``benchmarks/repulsion.py`` (section "crossover"; docs/design/repulsion.md) for
 the embedding's total dimension ds + dt (1-D layouts use the 2-D crossover); below it, it is ``exact``.
 From there on the executors decide per evaluation (``AutoRepulsion``) by predicted cost: the exact kernel
 costs ``~N²`` pair evaluations; the interpolation costs its per-point weights, its FFTs over the grid's nodes
@@ -19,12 +19,9 @@ import numpy as np
 from .fft import FFTParams, block_extent, check_supported, fft_spec, grid_for, near_cells
 
 REPULSION_METHODS = ("auto", "exact", "fft")
-# N from which fft is used, per total dimension ds + dt, from benchmarks/repulsion.py section (b) on the 2-core
-# AMD EPYC machine (benchmarks/results/repulsion.md): on clustered layouts t-SNE R^2's fft evaluation is faster
-# from N = 5000 (6 nodes per unit), but GrQc (N = 5241), whose layouts fly apart to ~7e4 units, ran ~4x slower
-# with fft (capped grid, near field), so t-SNE stays exact below 10000.  SNEST R^{2,1} (time kernel through 12
-# SVD components) is faster from N = 20000; SNEST R^{3,1} was never faster up to N = 40000 (its capped 3-D grid's
-# near field dominates), so auto keeps it exact (None).
+# N from which fft is used, per total dimension ds + dt (None: never), from benchmarks/repulsion.py section (b):
+# below it the exact kernel was faster, counting layouts that fly apart (a capped grid's near field); SNEST
+# R^{3,1}'s capped 3-D grid never paid (docs/design/repulsion.md).
 AUTO_FFT_MIN_POINTS = {2: 10_000, 3: 20_000, 4: None}
 
 
@@ -50,11 +47,10 @@ def resolve_repulsion(method: str, model, space_dims: int, time_dims: int, n_poi
     return "fft" if threshold is not None and n_points >= threshold else "exact"
 
 
-# Predicted cost of one evaluation in seconds per unit, on the 2-core machine of benchmarks/results/repulsion.md
-# (section (b), uncapped clustered layouts): exact kernel per ordered pair (N²) by total dimension; fft per
-# point and interpolation weight (p^ds r), per grid node and log2(nodes) (FFTs), and per near-field pair
-# visited (cells within the cutoff: ~11 exact pairs each, measured on GrQc's capped t-SNE layouts,
-# benchmarks/results/scale.md).  Only ratios matter.
+# Predicted cost of one evaluation in seconds per unit (fitted with benchmarks/repulsion.py section (b):
+# docs/design/repulsion.md): exact kernel per ordered pair (N²) by total dimension; fft per point and
+# interpolation weight (p^ds r), per grid node and log2(nodes) (FFTs), and per near-field pair visited (cells
+# within the cutoff, ~11 exact pairs each).  Only ratios matter.
 EXACT_PAIR_SECONDS = {2: 4.7e-10, 3: 1.1e-9, 4: 1.3e-9}
 FFT_WEIGHT_SECONDS = 3.0e-8
 FFT_NODE_SECONDS = 2.0e-9

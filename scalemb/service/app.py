@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from .._version import __version__
 from ..datasets import DATASETS
 from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
-from ..models import model_names
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
 from .jobs import ENDED, InUse, JobRunner, JobStore, QueueFull, disk_full
@@ -87,33 +86,38 @@ class _JobBase(BaseModel):
                                    "edge list, a feature matrix (.npy, .csv, .tsv: kNN affinities), an affinity "
                                    "store, or an upload (uploads/NAME)")
 
-    @field_validator("model", check_fields=False)
+    @field_validator("*", mode="before")
     @classmethod
-    def _known_model(cls, name: str) -> str:
-        if name not in model_names():
-            raise ValueError(f"unknown model {name[:64]!r}; choose one of {', '.join(model_names())}")
-        return name
+    def _table_row(cls, value, info):
+        """A setting's one check (``scalemb.params.Param.check``): the message every front gives, after the
+        field's name."""
+        from ..params import PARAMS
+
+        row = next((p for p in PARAMS if p.service == info.field_name), None)
+        if row is None:
+            return value
+        try:
+            return row.check(value, row.service)
+        except ValueError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
 
     def constructor_params(self) -> dict:
         """The model's constructor parameters (checked by its ``make_model`` when the job is submitted)."""
         return dict(self.model_params or {})
 
-    def knn_fields_given(self) -> list:
-        """The kNN settings the request names (they apply to feature input only)."""
-        return [name for name in KNN_FIELDS if name in self.model_fields_set]
+    def spec(self):
+        """The job's ``scalemb.run.RunSpec`` (the table's fields of the request)."""
+        from ..run import RunSpec
+
+        return RunSpec.from_front(self.model_dump(), "service")
 
     @model_validator(mode="after")
-    def _embedder_accepts(self):
-        """The Embedder's own checks (dimensions per model, fft support) at submission, not when the job runs."""
-        from ..embedding import Embedder
+    def _runner_accepts(self):
+        """The runner's own checks (dimensions per model, fft support) at submission, not when the job runs."""
+        from ..run import Runner
 
-        Embedder(model=self.model, space_dims=self.space, time_dims=self.time, iterations=self.iterations,
-                 seed=self.seed, restarts=self.restarts, repulsion=self.repulsion,
-                 model_params=self.constructor_params())._check()
+        Runner(self.spec())._check()
         return self
-
-
-KNN_FIELDS = ("perplexity", "n_neighbors", "metric")
 
 
 def _job_request():
@@ -129,6 +133,8 @@ def _job_request():
             annotation = Literal[p.choices]
         else:
             annotation = p.type if p.type is not None else type(p.default)
+        if p.words:
+            annotation = annotation | Literal[p.words]
         fields[p.service] = (annotation, Field(p.outer_default, description=p.help, **p.bounds))
     request = create_model("JobRequest", __base__=_JobBase, **fields)
     request.__doc__ = "An embedding job; the settings are ``scalemb.params.PARAMS`` rows (the CLI's names)."
@@ -249,30 +255,17 @@ def _affinity_kind(job, input_path: str) -> str:
     """The job's affinity once its input is known ('auto' resolved: ``scalemb.service.features``); a feature file
     is read and checked here, so bad input is refused (422, naming the field or the file and line) before
     anything is queued or written."""
-    from ..affinity.store import is_affinity_store
-    from .features import FEATURE_SUFFIXES, check_features, looks_like_features
+    from ..run.inputs import check_knn_settings, input_kind
+    from .features import check_features
 
-    path = Path(input_path)
-    store, dataset = is_affinity_store(path), not path.is_absolute()
-    kind = job.affinity
-    if kind == "auto":
-        kind = "precomputed" if store else "knn" if not dataset and looks_like_features(path) else "graph"
-    what = "an affinity store" if store else "a built-in dataset" if dataset else "a file"
-    if kind == "precomputed" and not store:
-        raise HTTPException(422, f"affinity: 'precomputed' needs an affinity store (P itself); input {job.input!r} "
-                                 f"is {what}")
-    if kind == "knn":
-        if store or dataset:
-            raise HTTPException(422, f"affinity: 'knn' needs a feature matrix ({', '.join(FEATURE_SUFFIXES)}); "
-                                     f"input {job.input!r} is {what}")
-        try:
+    path = input_path if not Path(input_path).is_absolute() else Path(input_path)  # a dataset stays a name
+    try:
+        kind = input_kind(path, job.affinity, "service", shown=job.input)
+        check_knn_settings(kind, job.spec(), "service", shown=job.input)
+        if kind == "knn":
             check_features(path, job.input)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc).splitlines()[0][:500]) from None
-    elif job.knn_fields_given():
-        given = ", ".join(job.knn_fields_given())
-        raise HTTPException(422, f"{given}: kNN settings apply to a feature matrix (affinity 'knn'); input "
-                                 f"{job.input!r} is read as {'P' if kind == 'precomputed' else 'a graph'}")
+    except ValueError as exc:
+        raise HTTPException(422, str(exc).splitlines()[0][:500]) from None
     return kind
 
 
@@ -291,7 +284,7 @@ def _input_snapshot(root: Path, relative: str) -> dict:
 
 def _public(record: dict, history: bool = True) -> dict:
     """A job record as ``schemas.JobSummary`` (``history``: ``schemas.Job``, without its metrics)."""
-    hidden = ("input_path", "store_path", "snapshot", "cancel_requested")
+    hidden = ("input_path", "store_path", "snapshot", "cancel_requested", "spec")
     params = {k: v for k, v in record["params"].items() if k not in hidden}
     started, finished = record["started"], record["finished"]
     end = finished if finished is not None else time.time()
@@ -381,6 +374,26 @@ class _Multipart:
         if self.error is None and self.files != 1:
             self.error = (f"a multipart upload holds one file part (a part with a filename, or named 'file'); "
                           f"got {self.files}")
+
+
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+
+
+def prometheus_text(store: JobStore, runner) -> str:
+    """The service's metrics in Prometheus' text format 0.0.4 (``# HELP``/``# TYPE`` then samples)."""
+    counts = store.counts()
+    lines = ["# HELP scalemb_jobs Jobs in the database by state (all replicas).", "# TYPE scalemb_jobs gauge"]
+    lines += [f'scalemb_jobs{{state="{name}"}} {counts.get(name, 0)}' for name in JOB_STATES]
+    lines += ["# HELP scalemb_queue_length Jobs waiting to run (all replicas).", "# TYPE scalemb_queue_length gauge",
+              f"scalemb_queue_length {counts.get('queued', 0)}",
+              "# HELP scalemb_jobs_running_here Jobs this replica is running.",
+              "# TYPE scalemb_jobs_running_here gauge", f"scalemb_jobs_running_here {runner.running_here()}",
+              "# HELP scalemb_iterations_total Optimiser iterations run by this replica's jobs.",
+              "# TYPE scalemb_iterations_total counter", f"scalemb_iterations_total {store.iterations_total}",
+              "# HELP scalemb_info The service's version.", "# TYPE scalemb_info gauge",
+              f'scalemb_info{{version="{__version__}"}} 1']
+    return "\n".join(lines) + "\n"
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -477,6 +490,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
     def health():
         return {"status": "ok", "version": __version__}
 
+    @api.get("/metrics", response_class=Response,
+             responses={200: {"content": {PROMETHEUS: {"schema": {"type": "string"}}}}})
+    def metrics():
+        """Prometheus text exposition: jobs by state and the queue length over the whole database (every
+        replica), this replica's running jobs, and a counter of the optimiser iterations its jobs ran (the
+        iteration rate is ``rate(scalemb_iterations_total[1m])``)."""
+        return Response(prometheus_text(state["store"], state["runner"]), media_type=PROMETHEUS)
+
     @api.post("/jobs", status_code=201, response_model=schemas.JobCreated,
               responses=schemas.error_responses(400, 403, 404, 413, 429, 507))
     def submit(job: JobRequest):
@@ -488,6 +509,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             else:
                 params.update(_input_snapshot(root, job.input))
             params["affinity"] = _affinity_kind(job, params["input_path"])
+            params["spec"] = job.spec().replace(affinity=params["affinity"]).to_json()  # what the job runs
             return _queue(params)
 
     @api.post("/jobs/{job_id}/transform", status_code=201, response_model=schemas.JobCreated,

@@ -40,7 +40,7 @@ def knn_settings(params: dict) -> dict | None:
 def knn_affinity_of(path, settings: dict, n_jobs=None):
     """The kNN ``Affinity`` of feature file ``path`` (``scalemb.estimator.knn_features_affinity``)."""
     from ..affinity.knn import read_features
-    from ..estimator import knn_features_affinity
+    from ..run.inputs import knn_features_affinity
 
     return knn_features_affinity(read_features(path), settings["perplexity"], settings["n_neighbors"],
                                  settings["metric"], settings["seed"], n_jobs, source=path)

@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..affinity.store import is_affinity_store
-from ..embedding import Embedder
+from ..run import Runner, RunSpec
+from ..run.inputs import plan_of
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
 from .database import Database, database_error_types
@@ -137,6 +138,7 @@ class JobStore:
         self._pending = {}  # id -> changes the database refused, written by the next write that succeeds
         self.lost = set()  # ids whose claim another service took over
         self._errors = database_error_types()
+        self.iterations_total = 0  # optimiser iterations this service's jobs have run (the /metrics counter)
 
     # -- reading -------------------------------------------------------------------------------------------
     def get(self, job_id: str) -> dict | None:
@@ -169,6 +171,11 @@ class JobStore:
 
     def count(self, state: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = ?", (state,))[0]["n"])
+
+    def counts(self) -> dict:
+        """``{state: number of jobs}`` over the whole database (every replica's jobs), one query."""
+        return {row["state"]: int(row["n"])
+                for row in self.db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")}
 
     def referenced(self, key: str) -> set:
         """The values of ``params[key]`` over every record (the snapshots and stores jobs read)."""
@@ -241,6 +248,7 @@ class JobStore:
     def progress(self, job_id: str, iteration: int, kl: float) -> None:
         """Record an iteration (in memory; ``flush`` persists)."""
         with self._lock:
+            self.iterations_total += 1
             record = self._live[job_id]
             record["iteration"], record["kl"] = iteration, float(kl)
             history = record["kl_history"]
@@ -382,6 +390,11 @@ class _JobLogHandler(logging.Handler):
             self.current.writing = False
 
 
+def job_spec(params: dict) -> RunSpec:
+    """The ``RunSpec`` a job record stores (a record written before the spec: from its fields)."""
+    return RunSpec.from_json(params["spec"]) if "spec" in params else RunSpec.from_front(params, "service")
+
+
 class JobRunner:
     """``max_running`` threads claiming jobs from the database and running them; a heartbeat thread renewing
     their leases; with ``retention_hours``, finished jobs purged that long after they ended."""
@@ -420,6 +433,11 @@ class JobRunner:
         self._threads.append(threading.Thread(target=self._heartbeat, name="scalemb-heartbeat", daemon=True))
         for thread in self._threads:
             thread.start()
+
+    def running_here(self) -> int:
+        """The number of jobs this service is running now."""
+        with self._lock:
+            return len(self._active)
 
     def clean_stores(self) -> None:
         """Apply the stores' cleaning rule (``scalemb.service.stores``)."""
@@ -658,12 +676,7 @@ class JobRunner:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
             self.store.log(job_id, f"resuming from the checkpoint at iteration {resumed_from}")
-        constructor = dict(params.get("model_params") or {})
-        embedder = Embedder(model=params["model"], model_params=constructor, space_dims=params["space"],
-                            time_dims=params["time"],
-                            iterations=params["iterations"], seed=params["seed"], restarts=params["restarts"],
-                            optimizer=params["optimizer"], repulsion=params["repulsion"], quiet=True,
-                            n_threads=self.n_threads, scheduler=self.scheduler)
+        embedder = Runner(job_spec(params).replace(n_jobs=self.n_threads, scheduler=self.scheduler))
         last_flush = [0.0]
 
         def on_iteration(restart, iteration, kl):
@@ -682,7 +695,7 @@ class JobRunner:
             self._active[job_id] = checkpointer
         try:
             with checkpointer:
-                embedder.fit(self._source(job_id, params), params["graph_affinity"], checkpoint=checkpointer)
+                embedder.fit(plan_of(self._source(job_id, params), params["graph_affinity"]), checkpoint=checkpointer)
         except RunInterrupted:
             if job_id in self.store.lost:  # another service runs it now: leave everything to it
                 return

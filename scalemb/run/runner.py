@@ -1,0 +1,259 @@
+"""The runner: one ``RunSpec`` in, one ``EmbeddingResult`` out.
+
+Pipeline: input (``scalemb.run.inputs``) -> affinity P -> executor evaluating KL(P||Q) and its gradient by row
+blocks (in-process threads, or Dask workers reading an affinity store) -> optimiser -> best of ``restarts`` runs.
+Initialisation follows the SNEST paper's code: ``s ~ 1e-4 N(0, 1)``, ``t ~ 1e-5 N(0, 1)``; restart k uses the
+random stream ``(seed, k)``.  The row-block layout depends on the data only (``layout_partitions``), so any
+thread count, any number of workers, an edge list or a store written with the default partitions give the
+bit-identical embedding.
+"""
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+
+from ..engine import LocalExecutor
+from ..engine.cluster import dask_client
+from ..engine.distributed import DaskExecutor
+from ..init import Initializer
+from ..io.results import EmbeddingResult
+from ..models import get_model
+from ..optim import make_optimizer, resolve_optimizer
+from ..progress import Progress
+from .inputs import input_hash, input_reference, plan_of
+from .spec import RunSpec
+
+
+def _with_source_hash(provenance: dict) -> dict:
+    """``provenance`` with ``source_sha256``, the SHA-256 of the file the affinity was read from (an edge list or
+    a feature file; an affinity store carries its own ``content_hash``): what reads the run's input again
+    (metrics, report, transform: ``scalemb.metrics.evaluate.check_source``) refuses a file changed since."""
+    from pathlib import Path
+
+    from ..io.atomic import file_sha256
+
+    source = provenance.get("source")
+    if source and "store" not in provenance and "source_sha256" not in provenance and \
+            not str(source).startswith(("bundled:", "builtin:")) and Path(source).is_file():
+        provenance["source_sha256"] = file_sha256(source)
+    return provenance
+
+
+@contextmanager
+def executor_for(spec: RunSpec, plan, model, time_dims: int):
+    """``(executor, node_ids, provenance)`` for the input ``plan`` (an ``InputPlan``) where ``spec`` says the run
+    executes: Dask workers (``scheduler`` or ``workers``) reading an affinity store, or in-process threads.
+    ``model`` None: an executor of the row-block maps and Laplacian products only (the eigenmaps)."""
+    options = {"repulsion": spec.repulsion, "fft_params": spec.fft_params()}
+    if spec.scheduler is None and spec.workers is None:
+        affinity, partitions = plan.load()
+        with LocalExecutor(affinity, model, spec.space_dims, time_dims, n_threads=spec.threads,
+                           partitions=partitions, **options) as executor:
+            yield executor, affinity.node_ids, _with_source_hash(dict(affinity.provenance))
+        return
+    with dask_client(spec.scheduler, spec.workers) as client, plan.store() as path, \
+            DaskExecutor(path, model, spec.space_dims, time_dims, client, **options) as executor:
+        store = executor.store  # the metadata the executor opened; P stays on the workers
+        provenance = dict(store.provenance, content_hash=store.content_hash,
+                          executor="dask", scheduler=client.scheduler.address)
+        if plan.store_path is not None:
+            provenance["store"] = str(path)
+        yield executor, store.node_ids, _with_source_hash(provenance)
+
+
+class Runner:
+    """Runs ``spec`` on an input (``fit``), continues the best run (``continue_run``), places new points into the
+    map (``transform``).  Beside the spec, the Python-only values JSON cannot hold: ``init`` (an array; else the
+    spec's ``init``), ``optimizer`` (an optimiser instance; else built from the spec's optimiser settings),
+    ``quiet``; and the hooks ``on_iteration(restart, iteration, kl)`` and ``stop(restart, iteration, kl,
+    coords) -> bool`` (set on the instance).  After ``fit``: ``result_``, ``embedding_``, ``kl_``, ``run_`` and
+    ``optimizer_`` (the best restart's run and the resolved optimiser)."""
+
+    on_iteration = None
+    stop = None
+
+    def __init__(self, spec: RunSpec, init=None, optimizer=None, quiet: bool = True):
+        self.spec = spec
+        self.init = init if init is not None else (spec.init if spec.init is not None else "random")
+        self.optimizer = optimizer
+        self.quiet = quiet
+
+    # the spec's settings as the engine names them
+    model = property(lambda self: self.spec.model)
+    model_params = property(lambda self: self.spec.model_params)
+    space_dims = property(lambda self: self.spec.space_dims)
+    time_dims = property(lambda self: self.spec.time_dims)
+    iterations = property(lambda self: self.spec.iterations)
+    seed = property(lambda self: self.spec.seed)
+    restarts = property(lambda self: self.spec.restarts)
+    n_threads = property(lambda self: self.spec.threads)
+    repulsion = property(lambda self: self.spec.repulsion)
+    scheduler = property(lambda self: self.spec.scheduler)
+    workers = property(lambda self: self.spec.workers)
+
+    def _check(self):
+        """``(model, time_dims)``: the model built from the spec, its dimensions and FFT support checked."""
+        spec = self.spec
+        try:
+            model = get_model(spec.model, **(spec.model_params or {}))
+        except TypeError as exc:  # a parameter name the model's make_model does not take
+            raise ValueError(f"model {spec.model!r} does not take the parameters {spec.model_params!r} ({exc})") \
+                from None
+        time_dims = spec.time_dims if spec.time_dims is not None else model.default_time_dims()
+        model.check_dims(spec.space_dims, time_dims)
+        if spec.repulsion == "fft":
+            model.check_fft(spec.space_dims, time_dims)
+        return model, time_dims
+
+    def _make_optimizer(self, model):
+        if self.optimizer is not None and not isinstance(self.optimizer, str):
+            return self.optimizer
+        name = self.optimizer if isinstance(self.optimizer, str) else self.spec.optimizer
+        return make_optimizer(name, model, **self.spec.optimizer_options())
+
+    def _executor(self, data, graph_affinity: str, model, time_dims: int):
+        return executor_for(self.spec, plan_of(data, graph_affinity), model, time_dims)
+
+    def fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
+        """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).
+        ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints into the output store (or
+        continues the run stored there) and saves the result there at the end."""
+        spec = self.spec
+        data = plan_of(data, graph_affinity or spec.graph_affinity)
+        if data.graph_affinity != spec.graph_affinity:  # the run records the graph affinity it read the input with
+            spec = self.spec = spec.replace(graph_affinity=data.graph_affinity)
+        model, time_dims = self._check()
+        optimizer = self._make_optimizer(model)
+        if checkpoint is not None and isinstance(self.init, np.ndarray):
+            raise ValueError("a checkpointed run records its init: pass the init array as a .npy path")
+        start = time.perf_counter()
+        best = None
+        restart_kls = []
+        with self._executor(data, data.graph_affinity, model, time_dims) as (executor, node_ids, provenance):
+            optimizer = resolve_optimizer(optimizer, len(node_ids))  # 'auto' depends on the input's size
+            repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
+                         if executor.repulsion in ("fft", "auto") else {"method": "exact"})
+            initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed)
+            initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
+            resumed = None if checkpoint is None else checkpoint.start(
+                spec=spec.to_json(), source=data.source, input_ref=input_reference(data.source),
+                input_hash=input_hash(provenance, executor, node_ids), time_dims=time_dims, executor=executor,
+                node_ids=node_ids, provenance=provenance, optimizer=optimizer, repulsion=repulsion)
+            if resumed is not None:
+                restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
+            for k in range(0 if resumed is None else resumed.restart, spec.restarts):
+                rng = np.random.default_rng([spec.seed, k])
+                coords = initializer.coords(rng)
+                label = f"restart {k + 1}/{spec.restarts}" if spec.restarts > 1 else model.name
+                budget = optimizer.budget(spec.iterations) if hasattr(optimizer, "budget") else spec.iterations
+                progress = Progress(budget, label, quiet=self.quiet, value=model.objective.name.upper(),
+                                    listener=None if self.on_iteration is None else partial(self.on_iteration, k))
+                extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
+                try:
+                    if checkpoint is None:
+                        run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, **extra)
+                    else:
+                        state = resumed.state if resumed is not None and k == resumed.restart else None
+                        run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, state=state,
+                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start), **extra)
+                finally:
+                    progress.close()
+                restart_kls.append(run.kl)
+                if best is None or run.kl < best.kl:
+                    best = run
+        self.result_ = EmbeddingResult(
+            embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
+            kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
+            iterations=best.iterations, seed=spec.seed, restart_kls=restart_kls,
+            wall_time=time.perf_counter() - start, provenance=provenance,
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params))
+        self.embedding_ = self.result_.embedding
+        self.kl_ = self.result_.kl
+        self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
+        self._fit_data = data  # what transform places new points against
+        if checkpoint is not None:
+            checkpoint.finish(self.result_, best)
+        return self
+
+    def continue_run(self, data, optimizer, n_iter: int, graph_affinity: str | None = None,
+                     verify=None) -> "Runner":
+        """Continue the fitted best run on ``data`` (the input ``fit`` had) for ``n_iter`` more iterations from
+        its final optimiser state, with ``optimizer`` (the fitted one, or a copy with changed settings);
+        ``verify(executor, node_ids, provenance)``, if given, checks the input before any iteration."""
+        model, time_dims = self._check()
+        if getattr(optimizer, "max_iterations", None) is not None:  # asked for n_iter more: past the budget
+            optimizer = replace(optimizer, max_iterations=None)
+        previous = self.result_
+        state = self.run_.state
+        total = int(state.iteration) + int(n_iter)
+        start = time.perf_counter()
+        with self._executor(data, graph_affinity or self.spec.graph_affinity, model, time_dims) as \
+                (executor, node_ids, provenance):
+            if verify is not None:
+                verify(executor, node_ids, provenance)
+            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper())
+            extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
+            try:
+                run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)
+            finally:
+                progress.close()
+        restart_kls = [run.kl if kl == previous.kl else kl for kl in previous.restart_kls]
+        self.result_ = EmbeddingResult(
+            embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
+            model=model.name, space_dims=self.spec.space_dims, time_dims=time_dims, iterations=run.iterations,
+            seed=self.spec.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
+            provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
+            model_params=dict(model.params))
+        self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
+        self.run_, self.optimizer_ = run, optimizer
+        return self
+
+    def fit_transform(self, data=None, graph_affinity: str | None = None) -> np.ndarray:
+        return self.fit(data, graph_affinity).embedding_
+
+    def transform(self, new, reference=None, iterations: int = 300, free_hops: int = 0,
+                  free_iterations: int = 30) -> np.ndarray:
+        """Place new nodes or points into the fitted map, which stays fixed (``scalemb.placement``; with
+        ``free_hops > 0`` the stored points within that many edges of a new one move in a second phase of at
+        most ``free_iterations`` iterations: ``transform_result_`` holds the moved rows); returns
+        their coordinates, ``M x (ds + dt)``.  ``new``: an edge-list path (``NEW_ID OTHER_ID [weight]``) for
+        graph inputs, feature rows (array or path) for kNN inputs.  ``reference``: the reference feature rows
+        when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
+        map, old rows first: ``transform_result_``."""
+        from ..affinity import Affinity
+        from ..placement import PlacementOptimizer, Reference, place_into
+
+        if not hasattr(self, "result_"):
+            raise ValueError("fit the Embedder before transform")
+        placement = None
+        if reference is not None:
+            data = getattr(self, "_fit_data", None)
+            affinity = data if isinstance(data, Affinity) else plan_of(data).load()[0]
+            placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
+                                  knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
+                                                                                   "perplexity", "lvq")})
+        self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
+                                            seed=self.spec.seed, n_threads=self.spec.threads, free_hops=free_hops,
+                                            free_iterations=free_iterations)
+        return self.transform_result_.embedding[self.result_.node_ids.size:]
+
+
+def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = None, overwrite: bool = False,
+        front: str = "python", **extra) -> EmbeddingResult:
+    """Run ``spec`` on ``source`` (resolved by ``scalemb.run.resolve``) and return the result; with ``out`` the
+    run keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
+    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
+    ``extra``: the ``Runner``'s Python-only values (``init``, ``optimizer``, ``quiet``)."""
+    from ..io.checkpoint import DEFAULT_EVERY, Checkpointer
+    from .inputs import resolve
+
+    runner = Runner(spec, **extra)
+    runner._check()
+    plan = resolve(source, spec, front)
+    if out is None:
+        return runner.fit(plan).result_
+    every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
+    with Checkpointer(out, every=every, overwrite=overwrite) as checkpoint:
+        return runner.fit(plan, checkpoint=checkpoint).result_

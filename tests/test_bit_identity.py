@@ -1,0 +1,199 @@
+"""Results stay bit-identical across the front-half refactor (issue 31): fixed-seed runs through the CLI, the
+estimator, resume / continue and the service, each hashed (embedding, node ids, KL history and the recorded
+settings) and compared with hashes recorded before the change.  ``SCALEMB_PRINT_HASHES=1`` prints the hashes a
+run gives (to record them after an intended change of results, never to paper over an unintended one)."""
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import scalemb
+from scalemb.embedding import Embedder as Runner, EmbeddingResult
+from scalemb.io.checkpoint import Checkpointer, RunInterrupted
+
+from .cli_runner import run_cli
+
+# Recorded before the issue-31 refactor; re-recorded once after merging the optimiser's two new settings
+# (``spectral_iterations``, ``polish_momentum``: every recorded optimiser config gains them, the arrays of every
+# SCHOOL-sized run stay bit-identical) and the new ``auto`` schedule from 1024 points (GrQc's arrays change).
+RECORDED = {
+    "cli-school-snest": "93ad6b62511e49a6a98cd847fbf2da9b1f4bfaf9154b8f27a0aca9f849771138",
+    "cli-school-sne-dbd": "336f80f12b2288f0f3038945958eb38a722768b1cee3777d9da9a2df83a6858d",
+    "cli-school-tsne-fft-gd": "cc2b0fd2da85c71bab9131a1bd70af85ca368bc029223d43b2277361ca2fad36",
+    "cli-school-tsne-sd-cg": "ea3dc5a97cded203c55d9382344818df0938c7e616d78a16800bb734d86edc03",
+    "cli-school-tsne-restarts": "b589d3f7f8c8ccccf7b055223413c1aeb42c74066d956da6c41d772f8607b4e1",
+    "cli-school-ee-param": "4cf94d7fec8ba1b30282093f0028d99d63ca68a062dd61a12f1290cd9172cc2b",
+    "cli-features-knn": "63c014f9589ddfdb71e4913bc0b118b89ad1289ab9cc6cb909ebb2439d7118d3",
+    "cli-grqc-tsne": "fec17a37805e0774180081c337bcc93d1e14d35ae8ce26a8bc95f85bc6446aa7",
+    "cli-continue": "4637608807ee4bc1913484ba18e48136e68c5cb800109b0e2784ec0992adf66e",
+    "resume": "93ad6b62511e49a6a98cd847fbf2da9b1f4bfaf9154b8f27a0aca9f849771138",
+    "estimator-features": "1d47eb5e140cf5996274f7fa683cbc6630132f56e4bae6c73e04366ff7756b52",
+    "estimator-optimize": "def20eaeb99a343f1e72dffe54c092507d0d0a7ad32ee270f82399f01f65acea",
+    "estimator-school": "93ad6b62511e49a6a98cd847fbf2da9b1f4bfaf9154b8f27a0aca9f849771138",
+}
+
+CLI_RUNS = {
+    "cli-school-snest": ["school", "--model", "snest", "--iterations", "60", "--seed", "3"],
+    "cli-school-sne-dbd": ["school", "--model", "sne", "--optimizer", "dbd", "--iterations", "80", "--seed", "2",
+                           "--max-step-norm", "5", "--exaggeration", "2", "--exaggeration-iterations", "20",
+                           "--learning-rate", "10", "--kl-every", "3"],
+    "cli-school-tsne-fft-gd": ["school", "--model", "tsne", "--repulsion", "fft", "--fft-points", "3",
+                               "--optimizer", "gd", "--iterations", "40", "--seed", "4"],
+    "cli-school-tsne-sd-cg": ["school", "--model", "tsne", "--optimizer", "sd", "--solver", "cg",
+                              "--preconditioner", "jacobi", "--curvature", "fixed", "--tol", "0", "--iterations",
+                              "25", "--seed", "6"],
+    "cli-school-tsne-restarts": ["school", "--model", "tsne", "--space", "3", "--restarts", "2", "--iterations", "30",
+                                 "--seed", "5", "--threads", "2"],
+    "cli-school-ee-param": ["school", "--model", "ee", "--model-param", "lam=0.5", "--iterations", "30"],
+    "cli-features-knn": ["FEATURES", "--model", "tsne", "--perplexity", "5", "--iterations", "40", "--seed", "7"],
+}
+
+
+def result_hash(result: EmbeddingResult) -> str:
+    """SHA-256 over the embedding, node ids, KL history and the settings the result records."""
+    digest = hashlib.sha256()
+    for array in (result.embedding, np.asarray(result.node_ids), result.kl_history):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    record = {"model": result.model, "space_dims": result.space_dims, "time_dims": result.time_dims,
+              "iterations": result.iterations, "seed": result.seed, "restart_kls": result.restart_kls,
+              "optimizer": result.optimizer, "repulsion": result.repulsion, "model_params": result.model_params}
+    digest.update(json.dumps(record, sort_keys=True, default=repr).encode())
+    return digest.hexdigest()
+
+
+def check(name: str, result: EmbeddingResult) -> None:
+    value = result_hash(result)
+    if os.environ.get("SCALEMB_PRINT_HASHES"):
+        print(f'HASH "{name}": "{value}",')
+        return
+    assert value == RECORDED[name], f"{name}: results changed"
+
+
+def features(tmp_path):
+    path = tmp_path / "features.npy"
+    np.save(path, np.random.default_rng(0).normal(size=(60, 5)))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(CLI_RUNS))
+def test_cli_runs_are_unchanged(name, tmp_path):
+    argv = [str(features(tmp_path)) if a == "FEATURES" else a for a in CLI_RUNS[name]]
+    out = tmp_path / "run.zarr"
+    done = run_cli("embed", *argv, "--out", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    check(name, EmbeddingResult.load(out))
+
+
+@pytest.mark.slow
+def test_cli_grqc_and_continue_are_unchanged(tmp_path):
+    out = tmp_path / "grqc.zarr"
+    done = run_cli("embed", "grqc", "--model", "tsne", "--iterations", "20", "--seed", "1", "--out", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    check("cli-grqc-tsne", EmbeddingResult.load(out))
+    done = run_cli("continue", out, "--iterations", "10", "--quiet")
+    assert done.returncode == 0, done.stderr
+    check("cli-continue", EmbeddingResult.load(out))
+
+
+def test_resume_is_unchanged(tmp_path):
+    """An interrupted checkpointed run resumed to its end: the uninterrupted run's result (cli-school-snest)."""
+    out = tmp_path / "run.zarr"
+
+    def stop(checkpointer, restart, iteration):
+        if iteration == 20:
+            checkpointer.request_stop()
+
+    with pytest.raises(RunInterrupted):
+        with Checkpointer(out, every=10, on_checkpoint=stop, handle_signals=False) as checkpointer:
+            Runner(model="snest", iterations=60, seed=3).fit("school", checkpoint=checkpointer)
+    done = run_cli("resume", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    check("resume", EmbeddingResult.load(out))
+    assert os.environ.get("SCALEMB_PRINT_HASHES") or result_hash(EmbeddingResult.load(out)) == \
+        RECORDED["cli-school-snest"]
+
+
+def test_estimator_runs_are_unchanged(tmp_path):
+    X = np.load(features(tmp_path))
+    estimator = scalemb.TSNE(iterations=40, random_state=0, perplexity=10).fit(X)
+    check("estimator-features", estimator.result_)
+    check("estimator-optimize", estimator.optimize(20, exaggeration=1.0).result_)
+    check("estimator-school", scalemb.Embedder(model="snest", iterations=60, random_state=3).fit("school").result_)
+
+
+@pytest.mark.slow
+def test_service_jobs_are_unchanged(service, tmp_path):
+    """The service's job path gives the CLI's results: a dataset job and a feature-file job."""
+    status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 60,
+                                                     "seed": 3})
+    assert status == 201, created
+    assert service.wait(created["id"])["state"] == "done"
+    result = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    assert result_hash(result) == RECORDED["cli-school-snest"]
+    status, up = service.json("PUT", "/uploads/features.npy", raw=_features_bytes())
+    assert status == 201, up
+    status, created = service.json("POST", "/jobs", {"input": up["input"], "model": "tsne", "perplexity": 5,
+                                                     "iterations": 40, "seed": 7})
+    assert status == 201, created
+    assert service.wait(created["id"])["state"] == "done"
+    result = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    assert np.array_equal(result.embedding, _cli_features_embedding(tmp_path))
+
+
+def _features_bytes() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.random.default_rng(0).normal(size=(60, 5)))
+    return buffer.getvalue()
+
+
+def _cli_features_embedding(tmp_path):
+    folder = tmp_path / "cli"
+    folder.mkdir()
+    argv = [str(features(folder)) if a == "FEATURES" else a for a in CLI_RUNS["cli-features-knn"]]
+    done = run_cli("embed", *argv, "--out", folder / "run.zarr", "--quiet")
+    assert done.returncode == 0, done.stderr
+    return EmbeddingResult.load(folder / "run.zarr").embedding
+
+
+def test_a_checkpoint_written_before_the_spec_resumes_identically(tmp_path):
+    """A checkpoint in the layout before ``RunSpec`` (the settings as keys of the configuration, the runner's
+    arguments under ``embedder``) still resumes, to the uninterrupted run's result."""
+    import zarr
+
+    from scalemb.io.checkpoint import _config_hash
+
+    out = tmp_path / "run.zarr"
+
+    def stop(checkpointer, restart, iteration):
+        if iteration == 20:
+            checkpointer.request_stop()
+
+    with pytest.raises(RunInterrupted):
+        with Checkpointer(out, every=10, on_checkpoint=stop, handle_signals=False) as checkpointer:
+            Runner(model="snest", iterations=60, seed=3).fit("school", checkpoint=checkpointer)
+    group = zarr.open_group(str(out), mode="r+")
+    meta = dict(group.attrs["scalemb_checkpoint"])
+    config = dict(meta["config"])
+    spec = config.pop("spec")
+    fft = {k[4:]: spec[k] for k in spec if k.startswith("fft_")}
+    config.update(graph_affinity=spec["graph_affinity"], model=spec["model"], model_params=spec["model_params"],
+                  space_dims=spec["space_dims"], iterations=spec["iterations"], seed=spec["random_state"],
+                  restarts=spec["restarts"], n_threads=spec["n_jobs"], scheduler=None, workers=None,
+                  embedder={"model": spec["model"], "space_dims": spec["space_dims"], "time_dims": spec["time_dims"],
+                            "iterations": spec["iterations"], "seed": spec["random_state"],
+                            "restarts": spec["restarts"], "n_threads": spec["n_jobs"], "repulsion": spec["repulsion"],
+                            "fft_params": fft, "scheduler": None, "workers": None, "init": "random",
+                            "model_params": spec["model_params"]})
+    meta["config"] = config
+    meta["config_hash"] = _config_hash(config)
+    group.attrs["scalemb_checkpoint"] = meta
+    done = run_cli("resume", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert os.environ.get("SCALEMB_PRINT_HASHES") or result_hash(EmbeddingResult.load(out)) == \
+        RECORDED["cli-school-snest"]
