@@ -224,3 +224,45 @@ def test_unreachable_scheduler_is_a_clear_error(tmp_path):
                           env=env)
     assert proc.returncode == 2 and "cannot connect to the Dask scheduler at tcp://127.0.0.1:9" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.zarr").exists()
+
+
+def test_factorisation_moved_to_another_worker_still_solves(store, dask_cluster):
+    """The curvature factorisation may be moved between workers (work stealing, a dependent placed elsewhere):
+    it pickles as its inputs and factorises again there, the same numbers -- scipy's ``SuperLU`` itself cannot be
+    pickled, and each failed transfer was retried for ever (a hang).  The executor's own solves stay on the
+    factor's worker."""
+    from scalemb.engine.distributed import solve_factorized
+
+    rng = np.random.default_rng(1)
+    n = AffinityStore(store).n_points
+    Y, V = rng.normal(size=(3, n)), rng.normal(size=(2, n))
+    client = dask_cluster.client
+    with local_executor(store) as local, DaskExecutor(store, get_model("snest"), 2, 1, client) as dask:
+        local.set_curvature(Y)
+        dask.set_curvature(Y)
+        remote = dask.factorize_curvature(1e-6)
+        here = FactorizedSolver(local.curvature_matrix(), 1e-6).solve(V)
+        holder = remote._holder
+        assert client.who_has([remote._future])[remote._future.key] == (holder,)
+        other = next(w for w in client.scheduler_info()["workers"] if w != holder)
+        moved = client.submit(solve_factorized, remote._future, V, workers=[other], allow_other_workers=False,
+                              pure=False)
+        assert np.array_equal(moved.result(timeout=60), here)
+        assert np.array_equal(remote.solve(V), here)
+
+
+@pytest.mark.slow
+def test_a_task_that_can_never_run_is_an_error_not_a_hang(store, dask_cluster):
+    """A task restricted to a worker that is not in the cluster stays ``no-worker`` for ever: the wait for it
+    gives up after ``recovery_timeout`` seconds with ``WorkersLostError`` naming the task."""
+    from scalemb.engine.distributed import WorkersLostError
+
+    client = dask_cluster.client
+    with DaskExecutor(store, get_model("snest"), 2, 1, client, recovery_timeout=2.0) as dask:
+        stuck = client.submit(operator.add, 1, 2, workers=["tcp://127.0.0.1:9"], allow_other_workers=False,
+                              pure=False)
+        start = time.monotonic()
+        with pytest.raises(WorkersLostError, match=stuck.key):
+            dask._gather([stuck])
+        assert time.monotonic() - start < 30
+        stuck.cancel()

@@ -23,7 +23,9 @@ them apart.
   for any number of workers and equals ``LocalExecutor(..., blocks=store partitions)`` bit for bit.
 * **Spectral direction.**  The curvature weights C of each partition stay on its worker
   (``set_curvature``); ``laplacian_matvec`` is a row-block product there; the sparse factorisation of
-  ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P.
+  ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P; its
+  solves are pinned to that worker, and it pickles as its inputs (``WorkerFactor``: scipy's SuperLU cannot be
+  pickled), so a move by the scheduler costs a refactorisation, never a transfer retried for ever.
 * **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
   (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
   so the call is repeated after planning the halos for the new placement and recomputing the curvature at the
@@ -111,19 +113,68 @@ def entropy_partition(block: RowBlock) -> float:
     return block.entropy_term()
 
 
-def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights):
-    """``solvers.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
-    worker)."""
-    import scipy.sparse as sp
+class WorkerFactor:
+    """A factorisation of ``L(C) + mu I`` (``solvers.factorize(kind, laplacian, mu, ordering)``) that can be
+    pickled: it pickles as its inputs (the sparse matrix, ``mu``, the ordering it was given, ``kind``) and
+    factorises again where it is unpickled.
 
-    from ..optim.solvers import factorize
+    Why: scipy's ``SuperLU`` (and pyamg's hierarchy, whose coarsest level is one) cannot be pickled, and Dask may
+    move any task result between workers -- work stealing, a dependent task placed on another worker, the Active
+    Memory Manager, a retiring worker.  An unpicklable result then fails every transfer and the dependent task is
+    retried for ever (seen: several jobs on one 2-worker cluster, ``cannot pickle 'SuperLU'`` logged thousands of
+    times, the jobs stuck).  The executor keeps the factor's dependents on its worker (``RemoteFactorization``),
+    so a move should not happen; if one does, it costs one factorisation and gives the same numbers (the same
+    inputs to the same deterministic factorisation), never a hang.  ``__sizeof__`` counts the arrays, so the
+    scheduler's cost of moving it is not a few bytes (which would invite work stealing)."""
+
+    def __init__(self, kind: str, laplacian, mu: float, ordering):
+        self.kind, self.laplacian, self.mu, self.given_ordering = kind, laplacian, float(mu), ordering
+        self._solver = None
+
+    @property
+    def solver(self):
+        if self._solver is None:
+            from ..optim.solvers import factorize
+
+            self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
+        return self._solver
+
+    @property
+    def ordering(self):
+        return self.solver.ordering
+
+    def solve(self, G: np.ndarray) -> np.ndarray:
+        return self.solver.solve(G)
+
+    def __getstate__(self):
+        return {"kind": self.kind, "laplacian": self.laplacian, "mu": self.mu, "given_ordering": self.given_ordering}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._solver = None
+
+    def __sizeof__(self) -> int:
+        A = self.laplacian
+        size = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
+        lu = getattr(self._solver, "_lu", None)
+        if lu is not None:  # the factors' fill, which a move would rebuild
+            size += 12 * (lu.L.nnz + lu.U.nnz)
+        return size + 1024
+
+
+def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights) -> WorkerFactor:
+    """``solvers.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
+    worker), as a picklable ``WorkerFactor``."""
+    import scipy.sparse as sp
 
     blocks, weights = blocks_and_weights[0::2], blocks_and_weights[1::2]
     indptr = np.concatenate([[0], np.cumsum([b.indptr[-1] for b in blocks])])
     row_ptr = np.concatenate([b.indptr[:-1] + indptr[k] for k, b in enumerate(blocks)] + [[indptr[-1]]])
     C = sp.csr_matrix((np.concatenate(weights), np.concatenate([b.indices for b in blocks]), row_ptr),
                       shape=(n_points, n_points))
-    return factorize(kind, laplacian_matrix(C), mu, ordering)
+    factor = WorkerFactor(kind, laplacian_matrix(C), mu, ordering)
+    factor.solver  # noqa: B018 - factorise here, in this task, not in the first solve
+    return factor
 
 
 def solve_factorized(factor, G: np.ndarray) -> np.ndarray:
@@ -142,7 +193,12 @@ def _is_scheduler_loss(client, exc: BaseException | None = None) -> bool:
 
 
 class RemoteFactorization:
-    """A ``FactorizedSolver`` living on a worker: ``solve(G)`` ships G there and the direction back."""
+    """A ``FactorizedSolver`` living on a worker: ``solve(G)`` ships G there and the direction back.
+
+    Its dependents (``solve_factorized``, ``factor_ordering``) are pinned to the worker holding the factor
+    (``workers=[holder]``, no other worker allowed, so neither work stealing nor the scheduler's placement
+    moves the factor); a wait for them also fails as soon as that worker has left (``DaskExecutor._wait_for``'s
+    ``pinned``), and ``solve`` then recovers and factorises again on a live worker."""
 
     def __init__(self, executor: "DaskExecutor", mu: float, ordering, kind: str = "lu"):
         self._executor = executor
@@ -150,25 +206,40 @@ class RemoteFactorization:
         self._ordering = ordering
         self._kind = kind
         self._future = None
+        self._holder = None
         self.ordering = None
         self._build()
 
     def _build(self):
         ex = self._executor
         parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
-        self._future = ex._run(lambda: ex.client.submit(factorize_partitions, ex.n_points, self._mu,
-                                                        self._ordering, self._kind, *parts,
-                                                        key=task_key(factorize_partitions)))
+
+        def build():
+            future = ex.client.submit(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind,
+                                      *parts, key=task_key(factorize_partitions))
+            ex._settle([future])
+            holders = ex.client.who_has([future]).get(future.key)
+            if not holders:
+                raise _WorkerLeft(f"the worker holding {future.key} left")
+            return future, min(holders)
+
+        self._future, self._holder = ex._run(build)
         if self.ordering is None:
-            self.ordering = ex._run(lambda: ex._gather([ex.client.submit(factor_ordering, self._future,
-                                                                              key=task_key(factor_ordering))])[0])
+            self.ordering = ex._run(lambda: self._on_holder(factor_ordering))
+
+    def _on_holder(self, fn, *args):
+        """``fn(factor, *args)`` on the factor's worker and nowhere else, gathered."""
+        ex = self._executor
+        future = ex.client.submit(fn, self._future, *args, workers=[self._holder], allow_other_workers=False,
+                                  key=task_key(fn))
+        return ex._gather([future], pinned=[self._holder])[0]
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         ex = self._executor
         G = np.ascontiguousarray(G, dtype=np.float64)
 
         def attempt():
-            return ex._gather([ex.client.submit(solve_factorized, self._future, G, key=task_key(solve_factorized))])[0]
+            return self._on_holder(solve_factorized, G)
 
         try:
             return ex._run(attempt, retries=0)
@@ -300,15 +371,18 @@ class DaskExecutor(Executor):
     def _alive(self) -> list:
         return sorted(self.client.scheduler_info()["workers"])
 
-    def _wait_for(self, futures, timeout: float | None = None) -> None:
+    def _wait_for(self, futures, timeout: float | None = None, pinned=()) -> None:
         """Block until ``futures`` have finished (done or failed), checking every ``_POLL`` seconds that no
-        partition holder has left: a task waiting for a worker that will never come back (every worker lost at
-        once leaves tasks ``no-worker``) must not wait for ever.  Raises ``WorkersLostError`` when a holder has
-        left (``_run`` then recovers) or when ``timeout`` seconds pass."""
+        partition holder (nor a worker in ``pinned``, which the tasks are restricted to) has left: a task waiting
+        for a worker that will never come back (every worker lost at once leaves tasks ``no-worker``) must not
+        wait for ever.  Raises ``WorkersLostError`` when a holder has left (``_run`` then recovers), when
+        ``timeout`` seconds pass, or when one of the tasks has been ``no-worker`` (its allowed workers are all
+        gone: it can never run) for ``recovery_timeout`` seconds."""
         from distributed import wait  # not at module level: benchmarks/distributed.py would shadow it
 
         end = None if timeout is None else time.monotonic() + timeout
         no_workers_since = None
+        stuck_since = None
         while True:
             step = _POLL if end is None else max(0.0, min(_POLL, end - time.monotonic()))
             try:
@@ -324,7 +398,7 @@ class DaskExecutor(Executor):
                 if _is_scheduler_loss(self.client):
                     raise SchedulerLostError("lost the Dask scheduler while waiting for the workers; the last "
                                              "checkpoint, if any, is intact") from None
-                if self._holder_left():
+                if self._holder_left() or (pinned and not set(pinned) <= set(self._alive())):
                     raise _WorkerLeft("a Dask worker holding partitions left during the call") from None
                 if self._alive():
                     no_workers_since = None
@@ -333,10 +407,33 @@ class DaskExecutor(Executor):
                 elif now - no_workers_since > self.recovery_timeout:
                     raise WorkersLostError(f"the Dask cluster has had no workers for {self.recovery_timeout:.0f} "
                                            "s") from None
+                stuck = self._unrunnable(futures)
+                if not stuck:
+                    stuck_since = None
+                elif stuck_since is None:
+                    stuck_since = now
+                elif now - stuck_since > self.recovery_timeout:
+                    raise WorkersLostError(f"Dask task {stuck[0]} has waited {now - stuck_since:.0f} s for a worker "
+                                           "it may run on (its allowed workers are gone); the last checkpoint, if "
+                                           "any, is intact") from None
 
-    def _gather(self, futures) -> list:
+    def _unrunnable(self, futures) -> list:
+        """Keys of ``futures`` the scheduler holds as ``no-worker`` (no worker they may run on is alive)."""
+        keys = [f.key for f in futures if f.status == "pending"]
+        if not keys:
+            return []
+
+        def no_worker(dask_scheduler, keys):
+            return [k for k in keys if k in dask_scheduler.tasks and dask_scheduler.tasks[k].state == "no-worker"]
+
+        try:
+            return self.client.run_on_scheduler(no_worker, keys=keys)
+        except Exception:  # noqa: BLE001 - a check only: the scheduler's loss is noticed by the caller
+            return []
+
+    def _gather(self, futures, pinned=()) -> list:
         """``client.gather(futures)`` once they have finished (``_wait_for``: never waits for ever)."""
-        self._wait_for(futures)
+        self._wait_for(futures, pinned=pinned)
         return self.client.gather(futures)
 
     def _wait_for_partitions(self, timeout: float | None = None) -> list:
