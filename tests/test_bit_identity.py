@@ -99,8 +99,8 @@ def test_cli_grqc_and_continue_are_unchanged(tmp_path):
     check("cli-continue", EmbeddingResult.load(out))
 
 
-def test_resume_is_unchanged(tmp_path):
-    """An interrupted checkpointed run resumed to its end: the uninterrupted run's result (cli-school-snest)."""
+def _interrupted_school_run(tmp_path):
+    """cli-school-snest's run stopped at its checkpoint of iteration 20: the store's path."""
     out = tmp_path / "run.zarr"
 
     def stop(checkpointer, restart, iteration):
@@ -110,6 +110,12 @@ def test_resume_is_unchanged(tmp_path):
     with pytest.raises(RunInterrupted):
         with Checkpointer(out, every=10, on_checkpoint=stop, handle_signals=False) as checkpointer:
             Runner(model="snest", iterations=60, seed=3).fit("school", checkpoint=checkpointer)
+    return out
+
+
+def test_resume_is_unchanged(tmp_path):
+    """An interrupted checkpointed run resumed to its end: the uninterrupted run's result (cli-school-snest)."""
+    out = _interrupted_school_run(tmp_path)
     done = run_cli("resume", out, "--quiet")
     assert done.returncode == 0, done.stderr
     check("resume", EmbeddingResult.load(out))
@@ -168,15 +174,7 @@ def test_a_checkpoint_written_before_the_spec_resumes_identically(tmp_path):
 
     from scalemb.io.checkpoint import _config_hash
 
-    out = tmp_path / "run.zarr"
-
-    def stop(checkpointer, restart, iteration):
-        if iteration == 20:
-            checkpointer.request_stop()
-
-    with pytest.raises(RunInterrupted):
-        with Checkpointer(out, every=10, on_checkpoint=stop, handle_signals=False) as checkpointer:
-            Runner(model="snest", iterations=60, seed=3).fit("school", checkpoint=checkpointer)
+    out = _interrupted_school_run(tmp_path)
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["scalemb_checkpoint"])
     config = dict(meta["config"])
