@@ -308,6 +308,18 @@ def _until(browser, condition, timeout=30):
                      f" setTimeout(f, 20); f(); }})")
 
 
+def _exported_selection(browser, tmp_path) -> str | None:
+    """Click the page's export button and return the downloaded ``selection.csv`` (None if none came in 30 s)."""
+    downloads = tmp_path / "downloads"
+    downloads.mkdir(exist_ok=True)
+    browser.call("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
+    browser.evaluate("document.getElementById('export').click(); 0")
+    deadline = time.monotonic() + 30
+    while not (downloads / "selection.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return (downloads / "selection.csv").read_text() if (downloads / "selection.csv").exists() else None
+
+
 def _drag(browser, path, left=0, top=0):
     """Press at the first point, move through the others with the button down, release at the last."""
     (x, y), *rest = path
@@ -338,14 +350,7 @@ def test_lasso_selects_exactly_the_nodes_inside_and_exports_their_ids(tmp_path, 
     assert browser.evaluate("document.getElementById('selection').textContent") == "3000 selected"
     expected = "id\n" + "".join(f"{100_000 + k}\n" for k in range(3000))
     assert browser.evaluate("scalembMap.selectionCsv()") == expected
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
-    browser.call("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
-    browser.evaluate("document.getElementById('export').click(); 0")
-    deadline = time.monotonic() + 30
-    while not (downloads / "selection.csv").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert (downloads / "selection.csv").read_text() == expected
+    assert _exported_selection(browser, tmp_path) == expected
     # a box in box mode: the same cluster
     browser.evaluate("document.getElementById('mode').value = 'box';"
                      "document.getElementById('mode').dispatchEvent(new Event('change'));"
@@ -594,14 +599,7 @@ def test_service_serves_metrics_report_and_map(tmp_path, browser):
         ids = EmbeddingResult.load(tmp_path / "jobs" / job / "run.zarr").node_ids
         expected = "id\n" + "".join(f"{v}\n" for v in ids.tolist())
         assert browser.evaluate("scalembMap.selectionCsv()") == expected  # every node, in row order
-        downloads = tmp_path / "downloads"
-        downloads.mkdir()
-        browser.call("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
-        browser.evaluate("document.getElementById('export').click(); 0")
-        deadline = time.monotonic() + 30
-        while not (downloads / "selection.csv").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (downloads / "selection.csv").read_text() == expected
+        assert _exported_selection(browser, tmp_path) == expected
         assert browser.errors() == []
     finally:
         browser.call("Browser.setDownloadBehavior", behavior="default")
