@@ -43,7 +43,7 @@ from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
 from .models import DEFAULT_MODEL
 from .affinity.knn import default_neighbours
-from .params import BY_NAME, DEFAULTS, PARAM_NAMES, PARAMS
+from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
@@ -105,11 +105,11 @@ class Embedder(TransformerMixin, BaseEstimator):
     _model_default = DEFAULT_MODEL
 
     def __init__(self, **params):  # the signature is generated from scalemb.params (see below)
-        unknown = sorted(set(params) - set(PARAM_NAMES))
+        unknown = sorted(set(params) - set(ESTIMATOR_NAMES))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected parameter(s) {', '.join(unknown)}")
-        defaults = dict(DEFAULTS, model=self._model_default)
-        for name in PARAM_NAMES:
+        defaults = dict(ESTIMATOR_DEFAULTS, model=self._model_default)
+        for name in ESTIMATOR_NAMES:
             setattr(self, name, params.get(name, defaults[name]))
 
     def __sklearn_tags__(self):
@@ -135,6 +135,26 @@ class Embedder(TransformerMixin, BaseEstimator):
         value = BY_NAME["n_jobs"].check(value)  # the table's one check: None, -1 (every CPU) or a positive int
         return None if value in (None, -1) else value
 
+    def _verbose(self) -> bool:
+        """``verbose``, or the inverse of the deprecated ``quiet`` where that is given."""
+        if self.quiet is not None:
+            return not BY_NAME["quiet"].check(self.quiet)
+        return BY_NAME["verbose"].check(self.verbose)
+
+    def _value(self, p):
+        """``(value, the name it was given by)`` of run row ``p``: its estimator name (``n_components``,
+        ``max_iter``, ``early_exaggeration``), or the row's own name, a deprecated alias (FutureWarning)."""
+        import warnings
+
+        name = estimator_name(p)
+        value = getattr(self, name)
+        if p.name in ESTIMATOR_ALIASES and getattr(self, p.name) is not None:
+            if value != p.default:
+                raise ValueError(f"{p.name} and {name} are one setting; give {name} only")
+            warnings.warn(f"{p.name} is a deprecated alias of {name}; use {name}", FutureWarning, stacklevel=4)
+            return getattr(self, p.name), p.name
+        return value, name
+
     def _callbacks(self) -> list:
         if self.callbacks is None:
             return []
@@ -149,7 +169,8 @@ class Embedder(TransformerMixin, BaseEstimator):
     def _spec(self):
         """``(RunSpec, init array or None, optimiser instance or None)`` of the estimator's parameters: the
         aliases (``seed``, ``n_threads``, deprecated), a NumPy random generator, ``n_jobs=-1``, an ``FFTParams`` and
-        an optimiser instance translated here, at the edge; every value checked by its table row."""
+        an optimiser instance translated here, at the edge; every value checked by its table row (a row the
+        estimator spells as scikit-learn does, e.g. ``n_components`` for ``space_dims``, named so in messages)."""
         import warnings
 
         from .run.spec import RUN_PARAMS, RunSpec, fft_settings
@@ -157,7 +178,10 @@ class Embedder(TransformerMixin, BaseEstimator):
         for alias in (p for p in PARAMS if p.alias_of and getattr(self, p.name) is not None):
             warnings.warn(f"{alias.name} is a deprecated alias of {alias.alias_of}; use {alias.alias_of}",
                           FutureWarning, stacklevel=3)
-        values = {p.name: getattr(self, p.name) for p in RUN_PARAMS}
+        values = {}
+        for p in RUN_PARAMS:
+            value, name = self._value(p)
+            values[p.name] = p.check(value, name) if p.name in ESTIMATOR_ALIASES else value
         values.update(random_state=self._seed(), n_jobs=self._threads())
         if self.fft_params is not None:
             given = [p.name for p in RUN_PARAMS if p.name.startswith("fft_") and values[p.name] != DEFAULTS[p.name]]
@@ -183,7 +207,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         from .run.runner import Runner
 
         spec, init, optimizer = self._spec()
-        runner = Runner(spec, init=init, optimizer=optimizer, quiet=bool(self.quiet))
+        runner = Runner(spec, init=init, optimizer=optimizer, quiet=not self._verbose())
         callbacks, every = self._callbacks(), self.callbacks_every_iters
         if callbacks:
             def stop(restart, iteration, kl, coords):
@@ -364,7 +388,8 @@ def _generated_init(cls, model: str):
 
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
-                                     default=model if name == "model" else DEFAULTS[name]) for name in PARAM_NAMES]
+                                     default=model if name == "model" else ESTIMATOR_DEFAULTS[name])
+                   for name in ESTIMATOR_NAMES]
     __init__.__signature__ = inspect.Signature(parameters)
     __init__.__qualname__ = f"{cls.__name__}.__init__"
     __init__.__doc__ = "Store the settings (see ``scalemb.params.PARAMS``); nothing is checked until ``fit``."
