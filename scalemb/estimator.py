@@ -25,9 +25,11 @@ Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
 metric learned from ``y`` (``scalemb.lvq.supervised_affinity``; ``metric_params`` are the ``LiRaMLVQ`` settings,
 its seed defaults to ``random_state``); the fitted LVQ model is ``lvq_`` and sits in ``result_.provenance['lvq']``.
 
-``transform`` (placing new points into a fitted map) is not part of this estimator yet: the engine-level
-``scalemb.embedding.Embedder.transform`` is where it lives; until it is wired here the estimator has no
-``transform`` method (``fit_transform`` embeds the training input).
+``transform(X_new)`` places new feature rows into a map fitted to a feature array (``scalemb.placement``: the
+fitted rows stay fixed), so the estimator is a Pipeline step; the new rows of one call are placed jointly (the
+whole map's KL couples them through the normalisation and their mutual repulsion), so a row's place depends a
+little on the rows placed with it.  New graph nodes are placed by the engine-level
+``scalemb.embedding.Embedder.transform`` (an edge list).  ``get_feature_names_out``: ``tsne0, tsne1, ...``.
 """
 import inspect
 import numbers
@@ -47,6 +49,7 @@ from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ES
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
+TRANSFORM_ITERATIONS = 300  # placement iterations of transform (the engine's Embedder.transform default)
 
 
 def _is_anndata(X) -> bool:
@@ -97,7 +100,7 @@ def _knn_pair(pair, perplexity, n_jobs):
 class Embedder(TransformerMixin, BaseEstimator):
     """SNE-family embedding as a scikit-learn estimator (parameters: ``scalemb.params.PARAMS``).
 
-    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``,
+    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``, ``n_iter_``,
     ``result_`` (a ``scalemb.EmbeddingResult``), ``node_ids_`` (the input's node of each row),
     ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
     """
@@ -274,7 +277,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         return self._knn(X), None, None
 
     def _knn(self, X):
-
+        self._features = X  # the reference rows transform places new rows against
         return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
 
     def _from_anndata(self, adata):
@@ -337,6 +340,7 @@ class Embedder(TransformerMixin, BaseEstimator):
             check_array(X, dtype=None, ensure_min_samples=2, ensure_all_finite=False, ensure_2d=False)
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
+        self._features = None
         if self.metric_params is not None and self.metric != "liram":
             raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
         if self.metric == "liram":
@@ -349,15 +353,52 @@ class Embedder(TransformerMixin, BaseEstimator):
             adata.obsm[OBSM_KEY] = self.embedding_
         return self
 
+    def transform(self, X):
+        """Place the new feature rows ``X`` (M x d, the fitted features' width) into the fitted map, which stays
+        fixed: each new row starts at the weighted median of its kNN among the fitted rows and is optimised on
+        the whole map's KL with the fitted rows fixed (``scalemb.placement``, the engine's placement).  Returns
+        ``M x (ds + dt)``; deterministic for a fixed ``random_state``.  Maps fitted to a graph, P or an AnnData
+        graph are refused here (the engine's ``scalemb.embedding.Embedder.transform`` places nodes from an edge
+        list).  Raises ``NotFittedError`` before ``fit`` and a ``ValueError`` for rows of another width; the
+        fitted state is not changed."""
+        from sklearn.utils.validation import check_is_fitted, validate_data
+
+        from .placement import PlacementOptimizer, Reference, place_into
+
+        check_is_fitted(self, "result_")
+        features = getattr(self, "_fitted_features", None)
+        if features is None:
+            raise ValueError(f"{type(self).__name__}.transform places new feature rows into a map fitted to a "
+                             "feature array with kNN affinities; this one was fitted to a graph, an affinity, "
+                             "a kNN pair or with metric='liram'")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        provenance = self.result_.provenance
+        reference = Reference("knn", affinity=self._fitted_data, features=features,
+                              knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")})
+        placed = place_into(self.result_, X, reference, PlacementOptimizer(iterations=TRANSFORM_ITERATIONS),
+                            seed=self._seed(), n_threads=self._threads())
+        return np.ascontiguousarray(placed.embedding[self.result_.node_ids.size:])
+
+    def get_feature_names_out(self, input_features=None):
+        """``["tsne0", "tsne1", ...]``: the class name, lower case, and the column (as scikit-learn's
+        ``ClassNamePrefixFeaturesOutMixin``), one per embedding column."""
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "result_")
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
+
     def fit_transform(self, X=None, y=None, **fit_params):
         return self.fit(X, y, **fit_params).embedding_
 
     def _set_fitted(self, runner, data, node_ids):
         self._fitted_runner, self._fitted_data = runner, data
+        self._fitted_features = getattr(self, "_features", None)
         self.result_ = runner.result_
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.kl_history_ = self.result_.kl_history
+        self.n_iter_ = int(self.result_.iterations)
         self.node_ids_ = self.result_.node_ids if node_ids is None else node_ids
 
     def optimize(self, n_iter: int, **overrides) -> "Embedder":
