@@ -202,8 +202,8 @@ class Embedder(TransformerMixin, BaseEstimator):
         init = values["init"]
         array = init if hasattr(init, "shape") else None
         values["init"] = None if array is not None else (None if init is None else str(init))
-        if values["metric"] == "liram":  # learned from the labels (fit(X, y)), not a kNN metric of the table
-            values["metric"] = DEFAULTS["metric"]
+        if values["metric"] in ("liram", "precomputed"):  # learned from the labels (fit(X, y)) / the input is the
+            values["metric"] = DEFAULTS["metric"]  # distance matrix: not kNN metrics of the table
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
     def _runner(self):
@@ -274,7 +274,27 @@ class Embedder(TransformerMixin, BaseEstimator):
             return Affinity(sp.csr_matrix(X), np.arange(X.shape[0]), {"source": "precomputed"}), None, None
         if self.affinity == "graph":
             return _graph_affinity(X, self.graph_affinity, "adjacency array"), None, None
+        if self.metric == "precomputed":
+            return self._from_distances(X), None, None
         return self._knn(X), None, None
+
+    def _from_distances(self, D):
+        """kNN affinities of a square distance matrix ``D`` (``metric='precomputed'``, as scikit-learn's TSNE
+        takes it): each row's ``n_neighbors`` nearest other points (default ``min(N - 1, 3 perplexity)``) and their
+        distances, calibrated to the perplexity as for features (the ``(indices, distances)`` pair's path)."""
+        n = D.shape[0]
+        if D.shape[1] != n:
+            raise ValueError(f"metric='precomputed' needs a square distance matrix, got shape {D.shape}")
+        if D.min() < 0:
+            raise ValueError("metric='precomputed': distances must be non-negative")
+        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
+            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
+        k = default_neighbours(n, float(self.perplexity), self.n_neighbors)
+        ranked = D.copy()
+        np.fill_diagonal(ranked, -1.0)  # each row's own point first, then its k nearest others (stable order)
+        indices = np.argsort(ranked, axis=1, kind="stable")[:, :k + 1]
+        distances = np.take_along_axis(D, indices, axis=1)
+        return _knn_pair((indices, distances), self.perplexity, self._threads())
 
     def _knn(self, X):
         self._features = X  # the reference rows transform places new rows against
@@ -347,6 +367,7 @@ class Embedder(TransformerMixin, BaseEstimator):
             data, node_ids, adata = self._liram(X, y), None, None
         else:
             data, node_ids, adata = self._as_input(X, runner.spec)
+        runner.features = self._features  # init 'pca' of a feature array (None for other inputs)
         runner.fit(data, graph_affinity, checkpoint=checkpoint)
         self._set_fitted(runner, data, node_ids)
         if adata is not None:
@@ -370,7 +391,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         if features is None:
             raise ValueError(f"{type(self).__name__}.transform places new feature rows into a map fitted to a "
                              "feature array with kNN affinities; this one was fitted to a graph, an affinity, "
-                             "a kNN pair or with metric='liram'")
+                             "a kNN pair, distances or with metric='liram'")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         provenance = self.result_.provenance
         reference = Reference("knn", affinity=self._fitted_data, features=features,

@@ -182,12 +182,14 @@ PARAMS = (
     Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
           "--n-neighbors", "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
     Param("metric", "euclidean", "kNN affinities: distance (in Python also 'liram': learned from the labels of "
-          "fit(X, y), scalemb.lvq)", tuple(KNN_METRICS), "--metric", "metric"),
+          "fit(X, y), scalemb.lvq; and 'precomputed': fit(D) on a square distance matrix)", tuple(KNN_METRICS),
+          "--metric", "metric"),
     Param("metric_params", None, "metric='liram': the scalemb.lvq.LiRaMLVQ settings, a dict (prototypes_per_class, "
           "rank, epochs, ...; default: LiRaMLVQ's)", type=dict | None),
     Param("init", None, "the start: random (1e-4 N(0,1), the SNEST paper's; None: random), spectral (graph "
-          "eigenmap of P), pca (kNN inputs from a feature file), or an (N, space [+ time]) .npy file in node order "
-          "(in Python also an array)", None, "--init", None, str | None, validate=_check_init_value),
+          "eigenmap of P), pca (kNN inputs from features: a feature file, in Python also an array), or an "
+          "(N, space [+ time]) .npy file in node order (in Python also an array)", None, "--init", None, str | None,
+          validate=_check_init_value),
     Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
           {"ge": 1, "le": 1_000_000}, estimator="max_iter"),
     Param("random_state", None, "seed of the random start (None: 0); restart k uses the stream (seed, k)",

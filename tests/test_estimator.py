@@ -276,3 +276,35 @@ def test_transform_refuses_unfitted_wrong_width_and_graph_maps():
                                          "array with kNN affinities; this one was fitted to a graph"):
         graph.transform(X)
     assert list(scalemb.SNEST(max_iter=5).fit(X).get_feature_names_out()) == ["snest0", "snest1", "snest2"]
+
+
+def test_init_pca_of_a_feature_array_starts_along_the_principal_components():
+    """init='pca' of an in-memory feature array: the PCA scores, first column std 1e-4 (openTSNE's scaling), as
+    for a feature file; after one iteration the map still lies along them."""
+    from sklearn.decomposition import PCA
+
+    X, _ = _digits(300)
+    est = scalemb.TSNE(init="pca", max_iter=1, optimizer="dbd", learning_rate=1.0, exaggeration_iterations=0)
+    Y = est.fit_transform(X)
+    scores = PCA(2).fit_transform(X)
+    for k in range(2):
+        assert abs(np.corrcoef(Y[:, k], scores[:, k])[0, 1]) > 0.99
+    assert 0.5e-4 < Y[:, 0].std() < 2e-4
+    with pytest.raises(Exception, match="init 'pca' needs feature input"):
+        scalemb.TSNE(init="pca", max_iter=5).fit(_school_adjacency())
+
+
+def test_metric_precomputed_takes_a_square_distance_matrix():
+    from sklearn.manifold import trustworthiness
+    from sklearn.metrics import pairwise_distances
+
+    X, _ = _digits(300)
+    D = pairwise_distances(X)
+    est = scalemb.TSNE(metric="precomputed", max_iter=200).fit(D)
+    assert est.embedding_.shape == (300, 2) and trustworthiness(X, est.embedding_, n_neighbors=10) > 0.95
+    with pytest.raises(ValueError, match=r"^metric='precomputed' needs a square distance matrix, got shape"):
+        scalemb.TSNE(metric="precomputed").fit(D[:, :10])
+    with pytest.raises(ValueError, match="^metric='precomputed': distances must be non-negative$"):
+        scalemb.TSNE(metric="precomputed").fit(D - 1.0)
+    with pytest.raises(ValueError, match="distances or with metric='liram'$"):
+        est.transform(D[:5])
