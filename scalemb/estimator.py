@@ -154,7 +154,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         if p.name in ESTIMATOR_ALIASES and getattr(self, p.name) is not None:
             if value != p.default:
                 raise ValueError(f"{p.name} and {name} are one setting; give {name} only")
-            warnings.warn(f"{p.name} is a deprecated alias of {name}; use {name}", FutureWarning, stacklevel=4)
+            warnings.warn(f"{p.name} is a deprecated alias of {name}; use {name}", FutureWarning, stacklevel=5)
             return getattr(self, p.name), p.name
         return value, name
 
@@ -180,7 +180,7 @@ class Embedder(TransformerMixin, BaseEstimator):
 
         for alias in (p for p in PARAMS if p.alias_of and getattr(self, p.name) is not None):
             warnings.warn(f"{alias.name} is a deprecated alias of {alias.alias_of}; use {alias.alias_of}",
-                          FutureWarning, stacklevel=3)
+                          FutureWarning, stacklevel=4)
         values = {}
         for p in RUN_PARAMS:
             value, name = self._value(p)
