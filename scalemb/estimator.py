@@ -25,9 +25,11 @@ Inputs ``fit`` takes (``affinity='auto'`` picks the kind from the type):
 metric learned from ``y`` (``scalemb.lvq.supervised_affinity``; ``metric_params`` are the ``LiRaMLVQ`` settings,
 its seed defaults to ``random_state``); the fitted LVQ model is ``lvq_`` and sits in ``result_.provenance['lvq']``.
 
-``transform`` (placing new points into a fitted map) is not part of this estimator yet: the engine-level
-``scalemb.embedding.Embedder.transform`` is where it lives; until it is wired here the estimator has no
-``transform`` method (``fit_transform`` embeds the training input).
+``transform(X_new)`` places new feature rows into a map fitted to a feature array (``scalemb.placement``: the
+fitted rows stay fixed), so the estimator is a Pipeline step; the new rows of one call are placed jointly (the
+whole map's KL couples them through the normalisation and their mutual repulsion), so a row's place depends a
+little on the rows placed with it.  New graph nodes are placed by the engine-level
+``scalemb.embedding.Embedder.transform`` (an edge list).  ``get_feature_names_out``: ``tsne0, tsne1, ...``.
 """
 import inspect
 import numbers
@@ -43,10 +45,11 @@ from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
 from .models import DEFAULT_MODEL
 from .affinity.knn import default_neighbours
-from .params import BY_NAME, DEFAULTS, PARAM_NAMES, PARAMS
+from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
+TRANSFORM_ITERATIONS = 300  # placement iterations of transform (the engine's Embedder.transform default)
 
 
 def _is_anndata(X) -> bool:
@@ -97,7 +100,7 @@ def _knn_pair(pair, perplexity, n_jobs):
 class Embedder(TransformerMixin, BaseEstimator):
     """SNE-family embedding as a scikit-learn estimator (parameters: ``scalemb.params.PARAMS``).
 
-    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``,
+    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``, ``n_iter_``,
     ``result_`` (a ``scalemb.EmbeddingResult``), ``node_ids_`` (the input's node of each row),
     ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
     """
@@ -105,11 +108,11 @@ class Embedder(TransformerMixin, BaseEstimator):
     _model_default = DEFAULT_MODEL
 
     def __init__(self, **params):  # the signature is generated from scalemb.params (see below)
-        unknown = sorted(set(params) - set(PARAM_NAMES))
+        unknown = sorted(set(params) - set(ESTIMATOR_NAMES))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected parameter(s) {', '.join(unknown)}")
-        defaults = dict(DEFAULTS, model=self._model_default)
-        for name in PARAM_NAMES:
+        defaults = dict(ESTIMATOR_DEFAULTS, model=self._model_default)
+        for name in ESTIMATOR_NAMES:
             setattr(self, name, params.get(name, defaults[name]))
 
     def __sklearn_tags__(self):
@@ -135,6 +138,26 @@ class Embedder(TransformerMixin, BaseEstimator):
         value = BY_NAME["n_jobs"].check(value)  # the table's one check: None, -1 (every CPU) or a positive int
         return None if value in (None, -1) else value
 
+    def _verbose(self) -> bool:
+        """``verbose``, or the inverse of the deprecated ``quiet`` where that is given."""
+        if self.quiet is not None:
+            return not BY_NAME["quiet"].check(self.quiet)
+        return BY_NAME["verbose"].check(self.verbose)
+
+    def _value(self, p):
+        """``(value, the name it was given by)`` of run row ``p``: its estimator name (``n_components``,
+        ``max_iter``, ``early_exaggeration``), or the row's own name, a deprecated alias (FutureWarning)."""
+        import warnings
+
+        name = estimator_name(p)
+        value = getattr(self, name)
+        if p.name in ESTIMATOR_ALIASES and getattr(self, p.name) is not None:
+            if value != p.default:
+                raise ValueError(f"{p.name} and {name} are one setting; give {name} only")
+            warnings.warn(f"{p.name} is a deprecated alias of {name}; use {name}", FutureWarning, stacklevel=5)
+            return getattr(self, p.name), p.name
+        return value, name
+
     def _callbacks(self) -> list:
         if self.callbacks is None:
             return []
@@ -149,15 +172,19 @@ class Embedder(TransformerMixin, BaseEstimator):
     def _spec(self):
         """``(RunSpec, init array or None, optimiser instance or None)`` of the estimator's parameters: the
         aliases (``seed``, ``n_threads``, deprecated), a NumPy random generator, ``n_jobs=-1``, an ``FFTParams`` and
-        an optimiser instance translated here, at the edge; every value checked by its table row."""
+        an optimiser instance translated here, at the edge; every value checked by its table row (a row the
+        estimator spells as scikit-learn does, e.g. ``n_components`` for ``space_dims``, named so in messages)."""
         import warnings
 
         from .run.spec import RUN_PARAMS, RunSpec, fft_settings
 
         for alias in (p for p in PARAMS if p.alias_of and getattr(self, p.name) is not None):
             warnings.warn(f"{alias.name} is a deprecated alias of {alias.alias_of}; use {alias.alias_of}",
-                          FutureWarning, stacklevel=3)
-        values = {p.name: getattr(self, p.name) for p in RUN_PARAMS}
+                          FutureWarning, stacklevel=4)
+        values = {}
+        for p in RUN_PARAMS:
+            value, name = self._value(p)
+            values[p.name] = p.check(value, name) if p.name in ESTIMATOR_ALIASES else value
         values.update(random_state=self._seed(), n_jobs=self._threads())
         if self.fft_params is not None:
             given = [p.name for p in RUN_PARAMS if p.name.startswith("fft_") and values[p.name] != DEFAULTS[p.name]]
@@ -175,15 +202,15 @@ class Embedder(TransformerMixin, BaseEstimator):
         init = values["init"]
         array = init if hasattr(init, "shape") else None
         values["init"] = None if array is not None else (None if init is None else str(init))
-        if values["metric"] == "liram":  # learned from the labels (fit(X, y)), not a kNN metric of the table
-            values["metric"] = DEFAULTS["metric"]
+        if values["metric"] in ("liram", "precomputed"):  # learned from the labels (fit(X, y)) / the input is the
+            values["metric"] = DEFAULTS["metric"]  # distance matrix: not kNN metrics of the table
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
     def _runner(self):
         from .run.runner import Runner
 
         spec, init, optimizer = self._spec()
-        runner = Runner(spec, init=init, optimizer=optimizer, quiet=bool(self.quiet))
+        runner = Runner(spec, init=init, optimizer=optimizer, quiet=not self._verbose())
         callbacks, every = self._callbacks(), self.callbacks_every_iters
         if callbacks:
             def stop(restart, iteration, kl, coords):
@@ -247,10 +274,30 @@ class Embedder(TransformerMixin, BaseEstimator):
             return Affinity(sp.csr_matrix(X), np.arange(X.shape[0]), {"source": "precomputed"}), None, None
         if self.affinity == "graph":
             return _graph_affinity(X, self.graph_affinity, "adjacency array"), None, None
+        if self.metric == "precomputed":
+            return self._from_distances(X), None, None
         return self._knn(X), None, None
 
-    def _knn(self, X):
+    def _from_distances(self, D):
+        """kNN affinities of a square distance matrix ``D`` (``metric='precomputed'``, as scikit-learn's TSNE
+        takes it): each row's ``n_neighbors`` nearest other points (default ``min(N - 1, 3 perplexity)``) and their
+        distances, calibrated to the perplexity as for features (the ``(indices, distances)`` pair's path)."""
+        n = D.shape[0]
+        if D.shape[1] != n:
+            raise ValueError(f"metric='precomputed' needs a square distance matrix, got shape {D.shape}")
+        if D.min() < 0:
+            raise ValueError("metric='precomputed': distances must be non-negative")
+        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
+            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
+        k = default_neighbours(n, float(self.perplexity), self.n_neighbors)
+        ranked = D.copy()
+        np.fill_diagonal(ranked, -1.0)  # each row's own point first, then its k nearest others (stable order)
+        indices = np.argsort(ranked, axis=1, kind="stable")[:, :k + 1]
+        distances = np.take_along_axis(D, indices, axis=1)
+        return _knn_pair((indices, distances), self.perplexity, self._threads())
 
+    def _knn(self, X):
+        self._features = X  # the reference rows transform places new rows against
         return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
 
     def _from_anndata(self, adata):
@@ -313,27 +360,66 @@ class Embedder(TransformerMixin, BaseEstimator):
             check_array(X, dtype=None, ensure_min_samples=2, ensure_all_finite=False, ensure_2d=False)
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
+        self._features = None
         if self.metric_params is not None and self.metric != "liram":
             raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
         if self.metric == "liram":
             data, node_ids, adata = self._liram(X, y), None, None
         else:
             data, node_ids, adata = self._as_input(X, runner.spec)
+        runner.features = self._features  # init 'pca' of a feature array (None for other inputs)
         runner.fit(data, graph_affinity, checkpoint=checkpoint)
         self._set_fitted(runner, data, node_ids)
         if adata is not None:
             adata.obsm[OBSM_KEY] = self.embedding_
         return self
 
+    def transform(self, X):
+        """Place the new feature rows ``X`` (M x d, the fitted features' width) into the fitted map, which stays
+        fixed: each new row starts at the weighted median of its kNN among the fitted rows and is optimised on
+        the whole map's KL with the fitted rows fixed (``scalemb.placement``, the engine's placement).  Returns
+        ``M x (ds + dt)``; deterministic for a fixed ``random_state``.  Maps fitted to a graph, P or an AnnData
+        graph are refused here (the engine's ``scalemb.embedding.Embedder.transform`` places nodes from an edge
+        list).  Raises ``NotFittedError`` before ``fit`` and a ``ValueError`` for rows of another width; the
+        fitted state is not changed."""
+        from sklearn.utils.validation import check_is_fitted, validate_data
+
+        from .placement import PlacementOptimizer, Reference, place_into
+
+        check_is_fitted(self, "result_")
+        features = getattr(self, "_fitted_features", None)
+        if features is None:
+            raise ValueError(f"{type(self).__name__}.transform places new feature rows into a map fitted to a "
+                             "feature array with kNN affinities; this one was fitted to a graph, an affinity, "
+                             "a kNN pair, distances or with metric='liram'")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        provenance = self.result_.provenance
+        reference = Reference("knn", affinity=self._fitted_data, features=features,
+                              knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")})
+        placed = place_into(self.result_, X, reference, PlacementOptimizer(iterations=TRANSFORM_ITERATIONS),
+                            seed=self._seed(), n_threads=self._threads())
+        return np.ascontiguousarray(placed.embedding[self.result_.node_ids.size:])
+
+    def get_feature_names_out(self, input_features=None):
+        """``["tsne0", "tsne1", ...]``: the class name, lower case, and the column (as scikit-learn's
+        ``ClassNamePrefixFeaturesOutMixin``), one per embedding column."""
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "result_")
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
+
     def fit_transform(self, X=None, y=None, **fit_params):
         return self.fit(X, y, **fit_params).embedding_
 
     def _set_fitted(self, runner, data, node_ids):
         self._fitted_runner, self._fitted_data = runner, data
+        self._fitted_features = getattr(self, "_features", None)
         self.result_ = runner.result_
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.kl_history_ = self.result_.kl_history
+        self.n_iter_ = int(self.result_.iterations)
         self.node_ids_ = self.result_.node_ids if node_ids is None else node_ids
 
     def optimize(self, n_iter: int, **overrides) -> "Embedder":
@@ -364,7 +450,8 @@ def _generated_init(cls, model: str):
 
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
-                                     default=model if name == "model" else DEFAULTS[name]) for name in PARAM_NAMES]
+                                     default=model if name == "model" else ESTIMATOR_DEFAULTS[name])
+                   for name in ESTIMATOR_NAMES]
     __init__.__signature__ = inspect.Signature(parameters)
     __init__.__qualname__ = f"{cls.__name__}.__init__"
     __init__.__doc__ = "Store the settings (see ``scalemb.params.PARAMS``); nothing is checked until ``fit``."

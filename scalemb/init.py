@@ -9,7 +9,8 @@
   coordinates instead, and every point gets a jitter of 1e-6 N(0, 1): nodes with the same neighbours (authors
   of one paper only) have equal eigenvector entries, and SNE gradients never separate coincident points.
 - ``pca``: the first principal components of the input features (kNN affinities built from a feature file
-  recorded in the affinity's provenance), scaled like ``spectral``.
+  recorded in the affinity's provenance, or the feature array the estimator was fitted to), scaled like
+  ``spectral`` (openTSNE's PCA start: first column standard deviation 1e-4).
 - a ``.npy`` file or an array of shape ``(N, ds)`` or ``(N, ds + dt)``, rows in the run's node order, used as
   given (a previous map, say): no rescaling.
 
@@ -129,8 +130,10 @@ class Initializer:
     parts of each restart."""
 
     def __init__(self, init, executor, space_dims: int, time_dims: int, provenance: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, features: np.ndarray | None = None):
+        """``features``: the feature rows of an in-memory kNN input (``pca``; else read from ``provenance``)."""
         check_init(init)
+        self.features = features
         self.init = init
         self.executor = executor
         self.space_dims = space_dims
@@ -150,7 +153,8 @@ class Initializer:
             if str(init) == "spectral":
                 self._layout = spectral_layout(self.executor, self.space_dims, seed=self.seed)
             elif str(init) == "pca":
-                features = features_from_provenance(self.provenance)
+                features = self.features if self.features is not None else \
+                    features_from_provenance(self.provenance)
                 if features.shape[0] != n:
                     raise ScalembError(f"pca init: {features.shape[0]} feature rows for {n} points")
                 self._layout = pca_layout(features, self.space_dims)

@@ -44,6 +44,8 @@ class Param:
     effective: object = _SAME  # what the default means, spelt out by the CLI and the service (e.g. seed None -> 0)
     run: bool = True  # a field of the run's value (scalemb.run.RunSpec); False: how a Python caller is served
     alias_of: str | None = None  # a deprecated second name of row ``alias_of`` (the estimator's edge only)
+    estimator: str | None = None  # the estimator's (scikit-learn's) name of a run field named otherwise; the
+    # row's own name then stays the run's field, the CLI's and the service's, and is a deprecated estimator alias
     words: tuple = ()  # texts that stand for themselves beside numbers (learning_rate 'auto')
     validate: object = None  # the row's own check(value) -> None, raising ValueError (instead of type and bounds)
 
@@ -166,7 +168,8 @@ PARAMS = (
           "--model", "model"),
     Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)",
           None, "--model-param", "model_params", dict[str, float | int | str] | None),
-    Param("space_dims", 2, "space dimensions", None, "--space", "space", int, {"ge": 1, "le": 16}),
+    Param("space_dims", 2, "space dimensions", None, "--space", "space", int, {"ge": 1, "le": 16},
+          estimator="n_components"),
     Param("time_dims", None, "time dimensions (default 1 for a model with time, e.g. snest, else 0)", None,
           "--time", "time", int | None, {"ge": 0, "le": 16}),
     Param("affinity", "auto", "how P is made from the input: 'graph' (an edge list, adjacency or graph), 'knn' "
@@ -179,14 +182,16 @@ PARAMS = (
     Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
           "--n-neighbors", "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
     Param("metric", "euclidean", "kNN affinities: distance (in Python also 'liram': learned from the labels of "
-          "fit(X, y), scalemb.lvq)", tuple(KNN_METRICS), "--metric", "metric"),
+          "fit(X, y), scalemb.lvq; and 'precomputed': fit(D) on a square distance matrix)", tuple(KNN_METRICS),
+          "--metric", "metric"),
     Param("metric_params", None, "metric='liram': the scalemb.lvq.LiRaMLVQ settings, a dict (prototypes_per_class, "
           "rank, epochs, ...; default: LiRaMLVQ's)", type=dict | None),
     Param("init", None, "the start: random (1e-4 N(0,1), the SNEST paper's; None: random), spectral (graph "
-          "eigenmap of P), pca (kNN inputs from a feature file), or an (N, space [+ time]) .npy file in node order "
-          "(in Python also an array)", None, "--init", None, str | None, validate=_check_init_value),
+          "eigenmap of P), pca (kNN inputs from features: a feature file, in Python also an array), or an "
+          "(N, space [+ time]) .npy file in node order (in Python also an array)", None, "--init", None, str | None,
+          validate=_check_init_value),
     Param("iterations", 5000, "maximum iterations per restart", None, "--iterations", "iterations", int,
-          {"ge": 1, "le": 1_000_000}),
+          {"ge": 1, "le": 1_000_000}, estimator="max_iter"),
     Param("random_state", None, "seed of the random start (None: 0); restart k uses the stream (seed, k)",
           None, "--seed", "seed", int | None, {"ge": 0, "lt": 2 ** 32}, effective=0),
     Param("seed", None, "deprecated alias of random_state", run=False, alias_of="random_state"),
@@ -211,7 +216,7 @@ PARAMS = (
     Param("kl_every", None, "dbd: compute the KL only every K-th iteration (the other history entries are NaN; "
           "default 1)", None, "--kl-every", "kl_every", int | None, {"ge": 1, "le": _HUGE}),
     Param("exaggeration", None, "early exaggeration factor (default: dbd 4, sd/gd 1 = off)", None,
-          "--exaggeration", "exaggeration", float | None, {"gt": 0.0}),
+          "--exaggeration", "exaggeration", float | None, {"gt": 0.0}, estimator="early_exaggeration"),
     Param("exaggeration_iterations", None, "iterations with exaggeration (default: dbd 100, sd/gd 0)", None,
           "--exaggeration-iterations", "exaggeration_iterations", int | None, {"ge": 0, "le": _HUGE}),
     Param("tol", None, "stop when the mean relative KL decrease per iteration falls below this (0: never; default: "
@@ -246,7 +251,9 @@ PARAMS = (
           run=False),
     Param("callbacks_every_iters", 1, "call the callbacks every this many iterations", run=False, type=int,
           bounds={"ge": 1}),
-    Param("quiet", True, "no progress output", None, "--quiet", effective=False, run=False, type=bool),
+    Param("verbose", False, "progress output (the CLI shows it unless --quiet)", run=False, type=bool),
+    Param("quiet", None, "no progress output", None, "--quiet", effective=False, run=False, type=bool,
+          alias_of="verbose"),  # the CLI's flag; in Python a deprecated alias, inverted: quiet=True is verbose=False
 )
 
 PARAM_NAMES = tuple(p.name for p in PARAMS)
@@ -258,3 +265,15 @@ FFT_PARAMS = {"fft_points": "points", "fft_box_width": "box_width", "fft_max_nod
               "fft_accuracy": "accuracy", "fft_time_points": "time_points", "fft_min_boxes": "min_boxes",
               "fft_time_band": "time_band"}  # row -> scalemb.repulsion.FFTParams field
 DEFAULTS = {p.name: p.default for p in PARAMS}
+
+
+def estimator_name(p: Param) -> str:
+    """The estimator's name of row ``p`` (scikit-learn's spelling where the row has one)."""
+    return p.estimator or p.name
+
+
+# the estimator's parameters: every row by its estimator name, then the run fields' own names that the estimator
+# spells otherwise, as deprecated aliases (default None: not given)
+ESTIMATOR_ALIASES = {p.name: p for p in PARAMS if p.estimator}
+ESTIMATOR_NAMES = tuple(estimator_name(p) for p in PARAMS) + tuple(ESTIMATOR_ALIASES)
+ESTIMATOR_DEFAULTS = {**{estimator_name(p): p.default for p in PARAMS}, **dict.fromkeys(ESTIMATOR_ALIASES)}

@@ -5,7 +5,7 @@ front names the setting its own way (``--space``, ``space``, ``space_dims``) and
 import pytest
 
 import scalemb
-from scalemb.params import PARAMS
+from scalemb.params import PARAMS, estimator_name
 
 from .cli_runner import run_cli
 
@@ -51,10 +51,10 @@ def _cli_message(p, value, tmp_path) -> str:
 
 def _estimator_message(p, value) -> str:
     with pytest.raises(ValueError) as refused:
-        scalemb.Embedder(**{"iterations": 2, p.name: value}).fit("school")
+        scalemb.Embedder(**{"max_iter": 2, estimator_name(p): value}).fit("school")
     message = str(refused.value)
     assert "\n" not in message
-    return _body(message, p.name)
+    return _body(message, estimator_name(p))
 
 
 def test_every_table_row_has_bad_values():

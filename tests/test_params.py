@@ -9,7 +9,7 @@ import pytest
 import scalemb
 from scalemb.cli.eigenmap import EIGENMAP_MODELS
 from scalemb.cli.main import build_parser
-from scalemb.params import DEFAULTS, PARAMS
+from scalemb.params import ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS
 
 # defaults that differ on purpose, with the reason; the table spells them out (Param.effective)
 EFFECTIVE = {
@@ -32,8 +32,11 @@ def test_estimators_are_generated_from_the_table():
     for cls, model in ((scalemb.Embedder, "snest"), (scalemb.SNE, "sne"), (scalemb.TSNE, "tsne"),
                        (scalemb.SNEST, "snest")):
         params = inspect.signature(cls.__init__).parameters
-        assert [n for n in params if n != "self"] == [p.name for p in PARAMS]
-        assert cls().get_params() == dict(DEFAULTS, model=model)
+        assert [n for n in params if n != "self"] == list(ESTIMATOR_NAMES)
+        assert cls().get_params() == dict(ESTIMATOR_DEFAULTS, model=model)
+        # scikit-learn's names are the estimator's; the run fields' names are deprecated aliases (default None)
+        assert {"n_components", "max_iter", "early_exaggeration", "verbose", "random_state", "n_jobs"} <= set(params)
+        assert all(cls().get_params()[old] is None for old in ("space_dims", "iterations", "exaggeration", "quiet"))
 
 
 def test_cli_flags_agree_with_the_table():

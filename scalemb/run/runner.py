@@ -79,6 +79,7 @@ class Runner:
         self.init = init if init is not None else (spec.init if spec.init is not None else "random")
         self.optimizer = optimizer
         self.quiet = quiet
+        self.features = None  # the in-memory feature rows of a kNN input, for init 'pca' (a file: its provenance)
 
     # the spec's settings as the engine names them
     model = property(lambda self: self.spec.model)
@@ -135,7 +136,8 @@ class Runner:
             optimizer = resolve_optimizer(optimizer, len(node_ids))  # 'auto' depends on the input's size
             repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
                          if executor.repulsion in ("fft", "auto") else {"method": "exact"})
-            initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed)
+            initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed,
+                                      features=self.features)
             initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
             resumed = None if checkpoint is None else checkpoint.start(
                 spec=spec.to_json(), source=data.source, input_ref=input_reference(data.source),
