@@ -109,7 +109,7 @@ def _make(estimator_class, name):
     tool.__doc__ = (f"{estimator_class.__name__} of an AnnData's cells into ``adata.obsm[key_added or {key!r}]``, "
                     f"settings in ``adata.uns[{name!r}]['params']`` (the module docstring says which data is read). "
                     f"Other keyword arguments are ``scalemb.{estimator_class.__name__}``'s (``random_state``, "
-                    "``n_jobs``, ``iterations`` ...).  ``copy``: return a new AnnData instead of writing into this "
+                    "``n_jobs``, ``max_iter`` ...).  ``copy``: return a new AnnData instead of writing into this "
                     "one (which then returns None).")
     return tool
 

@@ -25,18 +25,18 @@ def _label_agreement(Y, labels, k=10):
 
 @pytest.mark.slow
 def test_tsne_on_scanpys_neighbours_and_on_its_pca(adata):
-    tl.tsne(adata, neighbors_key="neighbors", random_state=0, iterations=300)
+    tl.tsne(adata, neighbors_key="neighbors", random_state=0, max_iter=300)
     Y = adata.obsm["X_tsne"]
     assert Y.shape == (700, 2) and np.all(np.isfinite(Y))
     params = adata.uns["tsne"]["params"]
     assert params["neighbors_key"] == "neighbors" and params["perplexity"] == 30 and params["random_state"] == 0
     assert _label_agreement(Y, adata.obs["louvain"]) > 0.8  # the clusters scanpy found stay together
     other = sc.datasets.pbmc68k_reduced()
-    tl.tsne(other, random_state=0, iterations=300, key_added="X_mine")  # 765 genes > 50: X_pca by default
+    tl.tsne(other, random_state=0, max_iter=300, key_added="X_mine")  # 765 genes > 50: X_pca by default
     assert other.uns["tsne"]["params"]["use_rep"] == "X_pca" and "X_tsne" not in other.obsm
     assert _label_agreement(other.obsm["X_mine"], other.obs["louvain"]) > 0.8
     again = sc.datasets.pbmc68k_reduced()
-    tl.tsne(again, random_state=0, iterations=300, key_added="X_mine")
+    tl.tsne(again, random_state=0, max_iter=300, key_added="X_mine")
     np.testing.assert_array_equal(again.obsm["X_mine"], other.obsm["X_mine"])  # reproducible
 
 
@@ -44,7 +44,7 @@ def test_tsne_on_scanpys_neighbours_and_on_its_pca(adata):
 def test_sparse_x_stays_sparse_and_copy_leaves_the_input(adata):
     adata.X = sp.csr_matrix(np.maximum(adata.X, 0))
     before = adata.X.copy()
-    out = tl.snest(adata, use_rep="X", perplexity=10, random_state=1, iterations=100, copy=True)
+    out = tl.snest(adata, use_rep="X", perplexity=10, random_state=1, max_iter=100, copy=True)
     assert out is not adata and out.obsm["X_snest"].shape == (700, 3)  # SNEST: R^{2,1}
     assert "X_snest" not in adata.obsm and sp.issparse(adata.X) and (adata.X != before).nnz == 0
     assert out.uns["snest"]["params"]["use_rep"] == "X"
