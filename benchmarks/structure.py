@@ -26,7 +26,7 @@ FLOORS = {  # room -> floor (1 = ground)
     "lvq": 7,
     "placement": 8,
     "embedding.py": 9, "run": 9,
-    "eigenmaps": 10, "estimator.py": 10, "resume.py": 10, "metrics": 10,
+    "eigenmaps": 10, "estimator.py": 10, "resume.py": 10, "metrics": 10, "tl.py": 10,
     "plot": 11,
     "report": 12,
     "service": 13,

@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--retention-hours", type=_bounded(float, 0, _FINITE, low_open=True), default=None, metavar="H",
                      help="delete finished jobs (records, files, unshared snapshots) H hours after they end "
                           "(default: kept until DELETE /jobs/ID)")
-    srv.add_argument("--lease-seconds", type=_bounded(float, 1, 3600), default=30.0, metavar="S",
+    srv.add_argument("--lease-seconds", type=_bounded(float, 1, 3600), default=None, metavar="S",
                      help="a running job is leased to its service for S seconds, renewed every S/10; a replica "
                           "takes over a job whose lease ran out (its service died or lost the database; default 30)")
     srv.add_argument("--quiet", action="store_true")
@@ -365,7 +365,8 @@ def _serve(args) -> int:
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
                            max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours,
                            database=args.database or os.environ.get("SCALEMB_DATABASE") or None,
-                           retention_hours=args.retention_hours, lease_seconds=args.lease_seconds)
+                           retention_hours=args.retention_hours,
+                           **({} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}))
     serve(config, host=args.host, port=args.port)
     return 0
 

@@ -37,7 +37,7 @@ from ..datasets import DATASETS
 from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
-from .jobs import ENDED, InUse, JobRunner, JobStore, QueueFull, disk_full
+from .jobs import ENDED, LEASE_SECONDS, InUse, JobRunner, JobStore, QueueFull, disk_full
 from .jsonsafe import JSONResponse
 from .snapshots import snapshot
 
@@ -66,7 +66,7 @@ class ServiceConfig:
     store_ttl_hours: float = 24.0  # DATA_ROOT/stores cleaning rule (scalemb.service.stores)
     database: str | None = None  # scalemb.service.database URL; None: sqlite DATA_ROOT/jobs.sqlite3
     retention_hours: float | None = None  # finished jobs purged this long after they end; None: kept
-    lease_seconds: float = 30.0  # a job whose service stopped renewing its lease this long is taken over
+    lease_seconds: float = LEASE_SECONDS  # a job whose service stopped renewing its lease this long is taken over
 
     def __post_init__(self):
         if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
