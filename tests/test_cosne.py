@@ -302,10 +302,11 @@ def test_cosne_end_to_end_local_and_dask(paper_affinity, dask_cluster, tmp_path)
     assert dask.kl_ == runs["dbd"].kl_
 
 
-def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
+def cli_cosne_run(tmp_path):
+    """A small CO-SNE run through the CLI (Poincaré kNN affinities of wrapped-normal clusters, 30 iterations):
+    ``(affinity store, run)``."""
     from scalemb.affinity.hyperbolic import wrapped_normal_clusters
     from scalemb.cli.main import main
-    from scalemb.plot.figure import map_data
 
     X, _ = wrapped_normal_clusters(seed=2)
     np.save(tmp_path / "x.npy", X)
@@ -314,6 +315,15 @@ def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
                  "--out", str(store), "--quiet"]) == 0
     assert main(["embed", str(store), "--model", "cosne", "--iterations", "30", "--out", str(out), "--quiet",
                  "--model-param", "warmup=10", "--model-param", "gamma=0.2"]) == 0
+    return store, out
+
+
+def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
+    from scalemb.cli.main import main
+    from scalemb.plot.figure import map_data
+
+    store, out = cli_cosne_run(tmp_path)
+    X = np.load(tmp_path / "x.npy")
     assert map_data(out).ball
     assert main(["plot", str(out), "--out", str(tmp_path / "map.png"), "--quiet"]) == 0
     bad = tmp_path / "bad.npy"

@@ -174,17 +174,11 @@ def test_poincare_grid_is_geodesics_at_unit_hyperbolic_steps():
 def test_cosne_run_is_drawn_in_the_disk_with_its_grid_in_the_plot_and_the_page(tmp_path):
     """The model's geometry decides: a CO-SNE run is drawn in the Poincaré disk with the geodesic grid, in
     ``scalemb plot`` and in the map page's data; a Euclidean run has neither."""
-    from scalemb.affinity.hyperbolic import wrapped_normal_clusters
-    from scalemb.cli.main import main
     from scalemb.report.mappage import map_payload
 
-    X, _ = wrapped_normal_clusters(seed=2)
-    np.save(tmp_path / "x.npy", X)
-    store, out = tmp_path / "p.zarr", tmp_path / "run.zarr"
-    assert main(["affinity", str(tmp_path / "x.npy"), "--knn", "30", "--perplexity", "8", "--metric", "poincare",
-                 "--out", str(store), "--quiet"]) == 0
-    assert main(["embed", str(store), "--model", "cosne", "--iterations", "30", "--out", str(out), "--quiet",
-                 "--model-param", "warmup=10", "--model-param", "gamma=0.2"]) == 0
+    from .test_cosne import cli_cosne_run
+
+    store, out = cli_cosne_run(tmp_path)
     fig = plot_embedding(out, affinity=None)
     ax = fig.axes[0]
     grids = [c for c in ax.collections if c.get_label() == "geodesic grid"]
