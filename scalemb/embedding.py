@@ -49,25 +49,27 @@ class Embedder(Runner):
                  iterations: int = 5000, seed: int = 0, restarts: int = 1, optimizer="auto",
                  n_threads: int | None = None, quiet: bool = True, repulsion: str = "auto", fft_params=None,
                  scheduler: str | None = None, workers: int | None = None, init="random",
-                 model_params: dict | None = None):
+                 model_params: dict | None = None, client=None):
         spec, array, instance = runner_spec(model, space_dims, time_dims, iterations, seed, restarts, optimizer,
                                             n_threads, repulsion, fft_params, scheduler, workers, init,
                                             model_params)
-        super().__init__(spec, init=array, optimizer=instance, quiet=quiet)
+        super().__init__(spec, init=array, optimizer=instance, quiet=quiet, client=client)
 
 
 def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,
           **kwargs) -> EmbeddingResult:
     """Embed ``data`` (see ``load_affinity``) and return an ``EmbeddingResult`` (``.embedding``, ``.kl``).
 
-    Keyword arguments are ``Embedder``'s, plus ``graph_affinity`` for edge-list inputs.  With ``out`` the run
+    Keyword arguments are ``Embedder``'s (``client``: a running ``distributed.Client`` to run on, or True for
+    the active one), plus ``graph_affinity`` for edge-list inputs.  With ``out`` the run
     keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
     raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
     """
     graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
     quiet = kwargs.pop("quiet", True)
+    client = kwargs.pop("client", None)
     spec, array, instance = runner_spec(**kwargs, graph_affinity=graph_affinity)
-    runner = Runner(spec, init=array, optimizer=instance, quiet=quiet)
+    runner = Runner(spec, init=array, optimizer=instance, quiet=quiet, client=client)
     if out is None:
         return runner.fit(plan_of(data, graph_affinity)).result_
     with Checkpointer(out, every=checkpoint_every, overwrite=overwrite) as checkpoint:

@@ -210,7 +210,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         from .run.runner import Runner
 
         spec, init, optimizer = self._spec()
-        runner = Runner(spec, init=init, optimizer=optimizer, quiet=not self._verbose())
+        runner = Runner(spec, init=init, optimizer=optimizer, quiet=not self._verbose(), client=self.client)
         callbacks, every = self._callbacks(), self.callbacks_every_iters
         if callbacks:
             def stop(restart, iteration, kl, coords):

@@ -247,6 +247,9 @@ PARAMS = (
           "an affinity store the workers can read)", None, "--scheduler", type=str | None),
     Param("workers", None, "start a local Dask cluster of this many worker processes x 1 thread for the run",
           None, "--workers", type=int | None, bounds={"ge": 1, "le": 1024}),
+    Param("client", None, "a running distributed.Client to run on (the user's cluster: used, never closed), or "
+          "True for the one active in this process (distributed.get_client()); INPUT is written as an affinity "
+          "store the workers read", run=False),
     Param("callbacks", None, "callable or list of callables (iteration, kl, embedding) -> bool; True stops",
           run=False),
     Param("callbacks_every_iters", 1, "call the callbacks every this many iterations", run=False, type=int,

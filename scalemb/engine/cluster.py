@@ -29,6 +29,24 @@ def quiet_dask_logs(level: int | None = None) -> None:
                 logger.setLevel(level)
 
 
+def resolve_client(client):
+    """The ``distributed.Client`` a caller's ``client=`` names: a running client itself, or, for True, the one
+    active in this process (``distributed.get_client()``); ``ValueError`` naming ``client`` otherwise."""
+    try:
+        from distributed import Client, get_client
+    except ImportError:
+        raise ValueError("client: Dask's distributed package is not installed (pip install 'scalemb[dask]')") from None
+    if client is True:
+        try:
+            return get_client()
+        except ValueError:
+            raise ValueError("client=True: no Dask client is active in this process (create one with "
+                             "distributed.Client(...))") from None
+    if not isinstance(client, Client):
+        raise ValueError(f"client: must be a distributed.Client or True (the active one), got {client!r}")
+    return client
+
+
 @contextmanager
 def dask_client(scheduler=None, workers: int | None = None):
     """A ``distributed.Client``: ``scheduler`` itself if it is one (the user's own client: used as it is, never

@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 
 from ..engine import LocalExecutor
-from ..engine.cluster import dask_client
+from ..engine.cluster import dask_client, resolve_client
 from ..engine.distributed import DaskExecutor
 from ..init import Initializer
 from ..io.results import EmbeddingResult
@@ -42,18 +42,24 @@ def _with_source_hash(provenance: dict) -> dict:
 
 
 @contextmanager
-def executor_for(spec: RunSpec, plan, model, time_dims: int):
+def executor_for(spec: RunSpec, plan, model, time_dims: int, client=None):
     """``(executor, node_ids, provenance)`` for the input ``plan`` (an ``InputPlan``) where ``spec`` says the run
-    executes: Dask workers (``scheduler`` or ``workers``) reading an affinity store, or in-process threads.
+    executes: Dask workers (``client``, the user's ``distributed.Client`` or True for the active one; else
+    ``scheduler`` or ``workers``) reading an affinity store, or in-process threads.
     ``model`` None: an executor of the row-block maps and Laplacian products only (the eigenmaps)."""
     options = {"repulsion": spec.repulsion, "fft_params": spec.fft_params()}
-    if spec.scheduler is None and spec.workers is None:
+    scheduler = spec.scheduler
+    if client is not None:
+        if scheduler is not None or spec.workers is not None:
+            raise ValueError("client: give a Dask client, a scheduler address or a number of workers, not several")
+        scheduler = resolve_client(client)
+    if scheduler is None and spec.workers is None:
         affinity, partitions = plan.load()
         with LocalExecutor(affinity, model, spec.space_dims, time_dims, n_threads=spec.threads,
                            partitions=partitions, **options) as executor:
             yield executor, affinity.node_ids, _with_source_hash(dict(affinity.provenance))
         return
-    with dask_client(spec.scheduler, spec.workers) as client, plan.store() as path, \
+    with dask_client(scheduler, spec.workers) as client, plan.store() as path, \
             DaskExecutor(path, model, spec.space_dims, time_dims, client, **options) as executor:
         store = executor.store  # the metadata the executor opened; P stays on the workers
         provenance = dict(store.provenance, content_hash=store.content_hash,
@@ -74,8 +80,9 @@ class Runner:
     on_iteration = None
     stop = None
 
-    def __init__(self, spec: RunSpec, init=None, optimizer=None, quiet: bool = True):
+    def __init__(self, spec: RunSpec, init=None, optimizer=None, quiet: bool = True, client=None):
         self.spec = spec
+        self.client = client
         self.init = init if init is not None else (spec.init if spec.init is not None else "random")
         self.optimizer = optimizer
         self.quiet = quiet
@@ -115,7 +122,7 @@ class Runner:
         return make_optimizer(name, model, **self.spec.optimizer_options())
 
     def _executor(self, data, graph_affinity: str, model, time_dims: int):
-        return executor_for(self.spec, plan_of(data, graph_affinity), model, time_dims)
+        return executor_for(self.spec, plan_of(data, graph_affinity), model, time_dims, self.client)
 
     def fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
         """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).
