@@ -54,8 +54,9 @@ class Evaluation:
 
     kl: float
     objective: float
-    gradient: np.ndarray
+    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``engine.held``)
     z: float
+    finite: bool | None = None  # set by ``engine.held``: whether every entry of the gradient is finite
 
 
 def point_major(coords: np.ndarray) -> np.ndarray:
@@ -115,18 +116,41 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True, outlier_reaction=reaction)
 
 
+def sum_partials(results, z_outside_blocks: float = 0.0) -> tuple:
+    """``(z, plogw, reaction)``: the blocks' Z and ``sum p log w`` summed in block order after ``z_outside_blocks``,
+    and their ``outlier_reaction`` partials summed in block order (None without a time band).  What the client
+    reduces when the rows stay where they were computed (``scalemb.engine.held``)."""
+    z, plogw, reaction = z_outside_blocks, 0.0, None
+    for res in results:
+        z += res.z
+        plogw += res.plogw
+        if res.outlier_reaction is not None:
+            reaction = res.outlier_reaction.copy() if reaction is None else reaction + res.outlier_reaction
+    return z, plogw, reaction
+
+
+def add_reaction(R: np.ndarray, r0: int, r1: int, outliers: np.ndarray | None, reaction: np.ndarray | None) -> None:
+    """Add, in place, the summed outlier reaction (``sum_partials``) to the columns of R's rows ``[r0, r1)``
+    (``R``: ``(d, r1 - r0)``) that are outliers of a time-banded grid."""
+    if reaction is None or outliers is None or outliers.size == 0:
+        return
+    lo, hi = np.searchsorted(outliers, [r0, r1])
+    if hi > lo:
+        R[:, outliers[lo:hi] - r0] += reaction[:, lo:hi]
+
+
 def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: float = 1.0,
                   z_outside_blocks: float = 0.0, with_kl: bool = True, objective: Objective = KL(),
                   outliers: np.ndarray | None = None) -> Evaluation:
     """Sum block partials (in block order) and reduce them by the model's ``objective``
     (``scalemb.models.objective``: for ``KL``, the exact KL(P||Q) and its gradient, exaggerated attraction if
     ``exaggeration`` > 1); ``z_outside_blocks``: a part of Z computed once, not per block (the FFT convolution's,
-    for t-SNE); ``outliers``: the columns of R that blocks' ``outlier_reaction`` partials add to.  Without
-    ``with_kl`` (blocks evaluated without it) value and objective are NaN: not computed."""
+    for t-SNE); ``outliers``: the columns of R that blocks' ``outlier_reaction`` partials add to, summed over the
+    blocks first (``sum_partials``), then added (``add_reaction``), so rows reduced where they were computed
+    give the same numbers.  Without ``with_kl`` (blocks evaluated without it) value and objective are NaN: not
+    computed."""
     attraction = np.zeros(coords_shape)
     repulsion = np.zeros(coords_shape)
-    z = z_outside_blocks
-    plogw = 0.0
     for res in results:
         attraction[:, res.r0:res.r1] = res.attraction.T
         if res.repulsion_rows:
@@ -136,11 +160,12 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
             for part in _window(repulsion, res.repulsion_start, res.repulsion.shape[1]):
                 part += res.repulsion[:, offset:offset + part.shape[1]]
                 offset += part.shape[1]
-        if res.outlier_reaction is not None:
-            repulsion[:, outliers] += res.outlier_reaction
-        z += res.z
-        plogw += res.plogw
-    value, total, gradient = objective.reduce(plogw, attraction, repulsion, z, entropy_term, exaggeration, with_kl)
+    z, plogw, reaction = sum_partials(results, z_outside_blocks)
+    if reaction is not None:
+        repulsion[:, outliers] += reaction
+    n = coords_shape[1]
+    value, total = objective.values(plogw, z, entropy_term, exaggeration, with_kl, n)
+    gradient = objective.gradient(attraction, repulsion, z, exaggeration, n)
     return Evaluation(float(value), float(total), gradient, float(z))
 
 

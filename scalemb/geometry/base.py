@@ -37,6 +37,10 @@ class Geometry:
         """``coords`` moved by an isometry that leaves the objective unchanged and keeps the map from drifting."""
         raise NotImplementedError
 
+    # whether ``recentre`` subtracts the coordinates' mean (a translation): an optimiser holding the coordinates
+    # by row blocks then subtracts the mean of the blocks' column sums instead (``scalemb.engine.held``)
+    translates = False
+
     def __repr__(self):
         return f"{type(self).__name__}()"
 
@@ -45,6 +49,7 @@ class Euclidean(Geometry):
     """R^d with the identity metric: the identity, ``coords + step`` and mean-subtraction (today's arithmetic)."""
 
     name = "euclidean"
+    translates = True
 
     def riemannian_gradient(self, coords: np.ndarray, grad: np.ndarray) -> np.ndarray:
         """``grad`` itself (the same array: no copy, no arithmetic, so Euclidean runs stay bit-identical)."""

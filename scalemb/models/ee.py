@@ -79,13 +79,17 @@ class EE(Objective):
     name = "E"  # what the value is called in outputs
     label = "E (elastic embedding)"
 
-    def reduce(self, plogw, A, R, z, entropy, exaggeration, with_kl):
-        scale = self.lam / R.shape[1]
+    def values(self, plogw, z, entropy, exaggeration, with_kl, n_points):
+        scale = self.lam / n_points
         with np.errstate(invalid="ignore", over="ignore"):
             value = -plogw + scale * z if with_kl else np.nan
             objective = -exaggeration * plogw + scale * z if with_kl else np.nan
-            gradient = 2.0 * (scale * R - exaggeration * A)
-        return float(value), float(objective), gradient
+        return float(value), float(objective)
+
+    def gradient(self, A, R, z, exaggeration, n_points):
+        scale = self.lam / n_points
+        with np.errstate(invalid="ignore", over="ignore"):
+            return 2.0 * (scale * R - exaggeration * A)
 
 
 def make_model(lam: float = DEFAULT_LAMBDA) -> Model:

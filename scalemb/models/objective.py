@@ -28,6 +28,17 @@ class Objective:
     def reduce(self, plogw: float, A: np.ndarray, R: np.ndarray, z: float, entropy: float, exaggeration: float,
                with_kl: bool) -> tuple:
         """``plogw``, ``z``: the sums over blocks; ``A``, ``R``: ``(d, N)``; ``entropy = sum p log p``."""
+        value, objective = self.values(plogw, z, entropy, exaggeration, with_kl, R.shape[1])
+        return value, objective, self.gradient(A, R, z, exaggeration, R.shape[1])
+
+    def values(self, plogw: float, z: float, entropy: float, exaggeration: float, with_kl: bool,
+               n_points: int) -> tuple:
+        """``(value, objective)`` from the sums alone (NaN, NaN without ``with_kl``)."""
+        raise NotImplementedError
+
+    def gradient(self, A: np.ndarray, R: np.ndarray, z: float, exaggeration: float, n_points: int) -> np.ndarray:
+        """The gradient's columns from the same columns of ``A`` and ``R`` (``(d, m)``, any ``m`` of the N points):
+        elementwise, so a row block's rows, reduced where they were computed, equal those columns of the whole."""
         raise NotImplementedError
 
 
@@ -41,12 +52,15 @@ class KL(Objective):
     name = "kl"
     label = "KL(P‖Q)"
 
-    def reduce(self, plogw, A, R, z, entropy, exaggeration, with_kl):
+    def values(self, plogw, z, entropy, exaggeration, with_kl, n_points):
         with np.errstate(divide="ignore", invalid="ignore"):
             value = entropy - plogw + np.log(z) if with_kl else np.nan
             objective = entropy - exaggeration * plogw + np.log(z) if with_kl else np.nan
-            gradient = 2.0 * (R / z - exaggeration * A)
-        return value, objective, gradient
+        return value, objective
+
+    def gradient(self, A, R, z, exaggeration, n_points):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return 2.0 * (R / z - exaggeration * A)
 
 
 __all__ = ["KL", "Objective"]

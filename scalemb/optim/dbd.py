@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.held import hold
 from .base import OptimizeResult, OptimizerState, last_computed
 from .loop import MOVED, StepRun, run_loop
 
@@ -140,7 +141,8 @@ class DeltaBarDelta:
         the normaliser or the gradient is not finite (or Z is 0: every pair's weight underflowed)."""
         if with_kl:
             return not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl
-        return not (np.isfinite(ev.z) and ev.z > 0 and np.isfinite(ev.gradient).all())
+        finite = ev.finite if ev.gradient is None else bool(np.isfinite(ev.gradient).all())
+        return not (np.isfinite(ev.z) and ev.z > 0 and finite)
 
     @staticmethod
     def _jump(ev, with_kl: bool) -> str:
@@ -152,7 +154,14 @@ class DeltaBarDelta:
 
 class _DBDRun(StepRun):
     """Delta-bar-delta as a step rule of ``run_loop`` (Riemannian: gains and momentum act on the geometry's
-    Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update)."""
+    Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update).
+
+    The per-point arrays (coordinates, gradient, increments, gains, best iterate) are held where the executor's
+    row blocks are (``scalemb.engine.held``): on Dask workers, per iteration only scalars and small vectors
+    cross the client (the objective's parts, the time gain's dot product, the column sums that re-centre).
+    ``state`` holds them again at ``export``."""
+
+    recentres = False  # re-centred here, from the blocks' column sums (``_step``)
 
     def __init__(self, rule: DeltaBarDelta, executor, state: DBDState):
         super().__init__(executor, state)
@@ -160,6 +169,16 @@ class _DBDRun(StepRun):
         self.stall_start, self.window, self.tol = rule._stall_start(), rule.window, rule.tol
         self.with_kl = True
         self.ev = None
+        self.save_best = False
+        self.held = hold(executor, {"coords": state.coords, "update": state.update, "gains": state.gains,
+                                    "best": state.best_coords})
+
+    def coords(self) -> np.ndarray:
+        return self.held.gather("coords")["coords"]
+
+    def _evaluate_held(self, alpha: float, it: int, with_kl: bool):
+        self.state.evaluations += 1
+        return self.held.evaluate(alpha, with_kl, it)
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         """Evaluate at the iterate (the KL every ``kl_every``-th iteration); a blow-up returns to the best
@@ -168,12 +187,11 @@ class _DBDRun(StepRun):
         r, s = self.rule, self.state
         alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
         self.with_kl = with_kl = it % r.kl_every == 0
-        ev = self.evaluate(s.coords, alpha, it, with_kl)
-        s.evaluations += 1
+        ev = self._evaluate_held(alpha, it, with_kl)
         if self.iteration_dependent and with_kl and r._blew_up(ev, with_kl, s.best_kl):
             # the objective may have changed since the best iterate (a point term switched on): re-base the best
             # KL on this iteration's objective at the best iterate before calling the jump a blow-up
-            s.best_kl = self.evaluate(s.best_coords, alpha, it).kl
+            s.best_kl = self.evaluate(self.held.gather("best")["best"], alpha, it).kl
             s.evaluations += 1
         if r._blew_up(ev, with_kl, s.best_kl):
             s.backoffs += 1
@@ -184,52 +202,105 @@ class _DBDRun(StepRun):
             logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
                            "to %.4g", r._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
             s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
-            s.coords[:] = s.best_coords
-            s.update[:] = 0.0
-            s.gains[:] = 1.0
+            self.held.map(_back_to_best)
             s.time_gain = 1.0
-            ev = self.evaluate(s.coords, alpha, it, with_kl)
-            s.evaluations += 1
+            ev = self._evaluate_held(alpha, it, with_kl)
         if ev.kl < s.best_kl:
             s.best_kl = ev.kl
-            s.best_coords[:] = s.coords
+            self.save_best = True  # the iterate's coordinates become the best, where they are held (``_step``)
         self.ev = ev
         # iterations that skip the KL report the last computed one (entry ``it`` is NaN: not computed)
         return ev.kl, ev.kl if with_kl else last_computed(history, it - 1)
 
     def advance(self, it: int) -> str:
         r, s, ds = self.rule, self.state, self.space_dims
-        grad = self.geometry.riemannian_gradient(s.coords, self.ev.gradient)
         mom = r.momentum_at(it)
-        space_grad, space_update = grad[:ds], s.update[:ds]
-        same = np.sign(space_grad) == np.sign(space_update)
-        s.gains = np.where(same, s.gains * r.gain_decrease, s.gains + r.gain_increase)
-        np.maximum(s.gains, r.min_gain, out=s.gains)
-        s.update[:ds] = mom * space_update - s.lr * s.gains * space_grad
-        if r.max_step_norm is not None:
-            clip_step_norms(s.update[:ds], r.max_step_norm)
-        if s.coords.shape[0] > ds:
-            time_grad, time_update = grad[ds:], s.update[ds:]
-            if np.sum(time_grad * time_update) < 0:
+        if s.coords.shape[0] > ds:  # the time gain: sign of sum grad . update over the time rows of all points
+            dot = 0.0
+            for part in self.held.map(_time_dot, ds, self.geometry):
+                dot += part
+            if dot < 0:
                 s.time_gain += r.gain_increase
             else:
                 s.time_gain = max(s.time_gain * r.gain_decrease, r.min_gain)
-            s.update[ds:] = mom * time_update - s.lr_time * s.time_gain * time_grad
-        s.coords = self.geometry.retract(s.coords, s.update)
+        sums = self.held.map(_step, ds, self.geometry, mom, s.lr, s.lr_time, s.time_gain, r.gain_increase,
+                             r.gain_decrease, r.min_gain, r.max_step_norm, self.save_best)
+        self.save_best = False
+        if self.geometry.translates:
+            total = np.zeros(s.coords.shape[0])
+            for part in sums:
+                total += part
+            self.held.shift(total / self.held.n_points)
         return MOVED
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float | None:
         """The KL at the last iterate, unless the last iteration computed it there already."""
         if converged or (stopped and self.with_kl):
             return None
-        self.state.evaluations += 1
-        return self.evaluate(self.state.coords, 1.0, it).kl
+        return self._evaluate_held(1.0, it, True).kl
+
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> "DBDState":
+        s = self.state
+        if self.save_best:  # observed as the best, not yet stepped from: copy it where it is held
+            self.held.map(_save_best)
+            self.save_best = False
+        arrays = self.held.gather("coords", "update", "gains", "best")
+        s.coords, s.update, s.gains, s.best_coords = arrays["coords"], arrays["update"], arrays["gains"], \
+            arrays["best"]
+        return s.snapshot(it, history, seconds, elapsed)
+
+    def close(self) -> None:
+        self.held.close()
+
+
+# --------------------------------------------------------------------------- row-block steps (held state)
+
+def _back_to_best(rows: dict) -> None:
+    """A backoff: the best iterate's coordinates, zero increments, unit gains."""
+    rows["coords"][...] = rows["best"]
+    rows["update"][...] = 0.0
+    rows["gains"][...] = 1.0
+
+
+def _save_best(rows: dict) -> None:
+    rows["best"][...] = rows["coords"]
+
+
+def _time_dot(rows: dict, ds: int, geometry) -> float:
+    """The block's ``sum grad . update`` over the time rows (the time gain's test)."""
+    grad = geometry.riemannian_gradient(rows["coords"], rows["gradient"])
+    return float(np.sum(grad[ds:] * rows["update"][ds:]))
+
+
+def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, time_gain: float,
+          gain_increase: float, gain_decrease: float, min_gain: float, max_step_norm, save_best: bool) -> np.ndarray:
+    """One delta-bar-delta step of a block's points (module docstring), in place; returns the column sums of the
+    new coordinates (the re-centring's partial)."""
+    coords, update, gains = rows["coords"], rows["update"], rows["gains"]
+    if save_best:
+        rows["best"][...] = coords
+    grad = geometry.riemannian_gradient(coords, rows["gradient"])
+    space_grad, space_update = grad[:ds], update[:ds]
+    same = np.sign(space_grad) == np.sign(space_update)
+    gains[...] = np.where(same, gains * gain_decrease, gains + gain_increase)
+    np.maximum(gains, min_gain, out=gains)
+    update[:ds] = mom * space_update - lr * gains * space_grad
+    if max_step_norm is not None:
+        clip_step_norms(update[:ds], max_step_norm)
+    if coords.shape[0] > ds:
+        update[ds:] = mom * update[ds:] - lr_time * time_gain * grad[ds:]
+    coords[...] = geometry.retract(coords, update)
+    return coords.sum(axis=1)
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:
     """Scale, in place, every column of ``steps`` (``(ds, N)``, one point's space step per column) whose
-    Euclidean norm exceeds ``max_norm`` down to that norm."""
-    norms = np.sqrt(np.einsum("kn,kn->n", steps, steps))
+    Euclidean norm exceeds ``max_norm`` down to that norm (each column's sum in row order: the same numbers
+    for a block's columns as for the whole array's)."""
+    squares = steps[0] * steps[0]
+    for k in range(1, steps.shape[0]):
+        squares += steps[k] * steps[k]
+    norms = np.sqrt(squares)
     over = norms > max_norm
     if over.any():
         steps[:, over] *= max_norm / norms[over]

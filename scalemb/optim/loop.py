@@ -56,6 +56,13 @@ class StepRun:
         ``point_term`` may switch on after a warm-up: the executor passes it the iteration)."""
         return self.executor.evaluate(coords, exaggeration, with_kl=with_kl, iteration=iteration)
 
+    def coords(self) -> np.ndarray:
+        """The coordinates now (what ``stop`` sees; a rule holding them elsewhere gathers them)."""
+        return self.state.coords
+
+    def close(self) -> None:
+        """Release what the run holds (called once the loop has exported its final state)."""
+
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         raise NotImplementedError
 
@@ -72,7 +79,15 @@ class StepRun:
 def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, callback=None, checkpoint=None,
              stop=None) -> OptimizeResult:
     """Iterations ``resumed.iteration`` (0 for a fresh run) to at most ``n_iter`` of ``run`` (module
-    docstring); ``resumed`` is the state the run was built from, whose history entries are copied in."""
+    docstring); ``resumed`` is the state the run was built from, whose history entries are copied in.
+    ``run.close()`` is called at the end, however the loop ends."""
+    try:
+        return _run_loop(run, n_iter, resumed, callback, checkpoint, stop)
+    finally:
+        run.close()
+
+
+def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) -> OptimizeResult:
     s = run.state
     if resumed is None:
         run.geometry.validate(s.coords, "the optimiser's start coordinates")
@@ -92,7 +107,7 @@ def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, c
         seconds[it] = time.perf_counter() - start
         if callback is not None:
             callback(it, kl)
-        if stop is not None and stop(it, kl, s.coords):
+        if stop is not None and stop(it, kl, run.coords()):
             stopped = True
             break
         if not np.isfinite(kl):

@@ -638,16 +638,37 @@ def grid_for(model, space_dims: int, Y: np.ndarray, params: FFTParams = FFTParam
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     n = Y.shape[1]
     lo, hi = block_extent(Y, 0, n)
+    return grid_from_summaries(model, space_dims, lo, hi, n, params,
+                               lambda lo_t, h: band_counts(Y[space_dims], lo_t, h),
+                               lambda band: band_outliers(Y, space_dims, band, 0))
+
+
+def band_counts(t: np.ndarray, lo_t: float, h: float) -> np.ndarray:
+    """Points per time bin (``BAND_BINS`` bins of width ``h`` from ``lo_t``) of the time coordinates ``t``:
+    integer counts, so any split of the points sums to the same."""
+    bins = np.minimum(((t - lo_t) / h).astype(np.int64), BAND_BINS - 1)
+    return np.bincount(bins, minlength=BAND_BINS)
+
+
+def band_outliers(Y: np.ndarray, space_dims: int, band: tuple, r0: int) -> tuple:
+    """``(indices + r0, coordinates)`` of the columns of ``Y`` whose time lies outside ``band``."""
+    t = Y[space_dims]
+    local = np.flatnonzero((t < band[0]) | (t > band[1]))
+    return local + r0, np.ascontiguousarray(Y[:, local])
+
+
+def grid_from_summaries(model, space_dims: int, lo, hi, n: int, params: FFTParams, counts_of, outliers_of) -> Grid:
+    """``grid_for`` from what it needs of the points, however they are held: their extent ``lo, hi``, ``n``,
+    ``counts_of(lo_t, h)`` (``band_counts`` of all points) and ``outliers_of(band)`` (``band_outliers`` of all
+    points, in point order), called only for a time-banded candidate."""
     full = make_grid(model, space_dims, lo, hi, params, n)
     ds = space_dims
     extent = float(hi[ds] - lo[ds]) if full.time_in is not None else 0.0
     if full.time_in is None or not params.time_band or n == 0 or extent <= 2 * MIN_BAND_WIDTH:
         return full
-    t = Y[ds]
     best, best_cost = None, grid_cost(full, n, 0, n)
     h = extent / BAND_BINS
-    bins = np.minimum(((t - lo[ds]) / h).astype(np.int64), BAND_BINS - 1)
-    cumulative = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=BAND_BINS))])
+    cumulative = np.concatenate([[0], np.cumsum(counts_of(float(lo[ds]), h))])
     width = extent * BAND_STEP
     while width >= MIN_BAND_WIDTH:
         w = int(np.ceil(width / h))
@@ -664,8 +685,8 @@ def grid_for(model, space_dims: int, Y: np.ndarray, params: FFTParams = FFTParam
         return full
     grid = make_grid(model, ds, np.concatenate([lo[:ds], [best[0]]]), np.concatenate([hi[:ds], [best[1]]]),
                      params, n)
-    outliers = np.flatnonzero((t < best[0]) | (t > best[1]))
-    return replace(grid, time_band=best, outliers=outliers, outlier_coords=np.ascontiguousarray(Y[:, outliers]))
+    outliers, outlier_coords = outliers_of(best)
+    return replace(grid, time_band=best, outliers=outliers, outlier_coords=outlier_coords)
 
 
 def charge_scale(n_points: int | None) -> float:

@@ -112,21 +112,35 @@ class AutoRepulsion:
     def predict(self, coords: np.ndarray) -> Choice:
         """Both predicted costs at ``coords`` (``(ds + dt, N)``), without deciding."""
         n = coords.shape[1]
-        dims = max(2, self.space_dims + self.time_dims)
-        exact = EXACT_PAIR_SECONDS[min(dims, 4)] * float(n) * n
         lo, hi = block_extent(coords, 0, n)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):  # fft reports the blow-up at once
-            return Choice("fft", exact, 0.0)
+            return self.unbuildable(n)
         try:
             grid = grid_for(self.spec, self.space_dims, coords, self.params)
         except FloatingPointError:  # a time extent past the kernels' range: fft reports the blow-up too
-            return Choice("fft", exact, 0.0)
+            return self.unbuildable(n)
+        return self.predict_on(grid, n, coords)
+
+    def _exact_seconds(self, n: int) -> float:
+        return EXACT_PAIR_SECONDS[min(max(2, self.space_dims + self.time_dims), 4)] * float(n) * n
+
+    def unbuildable(self, n: int) -> Choice:
+        """The prediction for a layout without a grid (not finite, or a time extent past the kernels' range)."""
+        return Choice("fft", self._exact_seconds(n), 0.0)
+
+    def predict_on(self, grid, n: int, coords: np.ndarray | None = None) -> Choice:
+        """Both predicted costs on ``grid`` for ``n`` points; ``coords`` (all of them) only for a capped grid,
+        whose near field is counted from them (None: the caller holds no coordinates; ValueError if capped)."""
+        dims = max(2, self.space_dims + self.time_dims)
+        exact = self._exact_seconds(n)
         weights = grid.n_nodes / max(1, math.prod(int(b) for b in grid.n_boxes))  # nodes per box: p^ds r
         nodes = grid.n_nodes
         fft = FFT_WEIGHT_SECONDS * n * weights + FFT_NODE_SECONDS * nodes * math.log2(max(2, nodes))
         fft += EXACT_PAIR_SECONDS[min(dims, 4)] * float(n) * grid.n_outliers  # a time band's direct sums
         cells, pairs = None, 0
         if grid.capped:
+            if coords is None:
+                raise ValueError("a capped grid's near field is counted from the coordinates")
             cells = near_cells(grid, coords)
             pairs = near_pairs(cells, self.space_dims)
             fft += NEAR_PAIR_SECONDS * pairs
@@ -134,7 +148,10 @@ class AutoRepulsion:
 
     def choose(self, coords: np.ndarray) -> Choice:
         """The method for the evaluation at ``coords`` (see the class docstring)."""
-        choice = self.predict(coords)
+        return self.decide(self.predict(coords))
+
+    def decide(self, choice: Choice) -> Choice:
+        """``choice`` (a prediction) with its ``method`` decided (see the class docstring), recorded."""
         cheaper = "fft" if choice.fft_seconds < choice.exact_seconds else "exact"
         if self.current is None:
             method = cheaper
