@@ -106,7 +106,7 @@ class Executor:
     # --- evaluation
 
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True,
-                 iteration: int | None = None) -> Evaluation:
+                 iteration: int | None = None, choice=None) -> Evaluation:
         """The model's objective (``Evaluation.kl``, without exaggeration; NaN without ``with_kl``: not computed),
         the optimised ``objective`` and its gradient at ``coords`` (``(ds + dt, N)``, input point order).
 
@@ -116,11 +116,13 @@ class Executor:
         order, if it renumbered the points; the input order otherwise) and ``affinity`` in that same order (the
         local executor's internal ``Affinity``, the Dask executor's ``AffinityStore``), so per-point arrays it
         reads (``affinity.radii``) line up with the columns of ``coords``.  ``iteration``: the optimiser's
-        iteration (None outside an optimisation), for terms switched on after a warm-up."""
+        iteration (None outside an optimisation), for terms switched on after a warm-up.  ``choice``: with
+        ``repulsion='auto'``, the decision already made for ``coords`` (``AutoRepulsion.decide``)."""
         if self.model is None:
             raise RuntimeError("this executor has no model (a Laplacian-only executor): it cannot evaluate")
         coords = self._to_internal(coords)
-        choice = self.auto_repulsion.choose(coords) if self.auto_repulsion is not None else None
+        if choice is None and self.auto_repulsion is not None:
+            choice = self.auto_repulsion.choose(coords)
         use_fft = self.repulsion == "fft" or (choice is not None and choice.method == "fft")
         evaluation = self._call(lambda: self._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice))
         if self.model.point_term is not None:

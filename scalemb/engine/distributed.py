@@ -585,6 +585,19 @@ class DaskExecutor(Executor):
         """The affinity store (the points in its order, which is the blocks'), for a model's ``point_term``."""
         return self.store
 
+    def hold(self, arrays: dict):
+        """An optimiser's per-point arrays held on the workers, each partition's rows beside it
+        (``engine.held_dask.DaskHeld``), where the evaluations can run there: the halo exchange on, FFT or auto
+        repulsion, a model without a ``point_term`` (which needs every point on the client); else on the client
+        (``engine.held.LocalHeld``)."""
+        from .held import LocalHeld
+        from .held_dask import DaskHeld
+
+        if self.halo and self.repulsion in ("fft", "auto") and self.model is not None and \
+                self.model.point_term is None:
+            return DaskHeld(self, arrays)
+        return LocalHeld(self, arrays)
+
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu") -> RemoteFactorization:
         """The sparse factorisation (``kind='lu'``) or multigrid preconditioner (``'amg'``) of ``L(C) + mu I``,
         built and kept on a worker."""
@@ -628,22 +641,26 @@ class DaskExecutor(Executor):
         self._halo = (plan, views, needs)
         return self._halo
 
-    def _exchange(self, X: np.ndarray) -> tuple:
-        """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client, and the pieces of
-        each worker's halo, cut by the workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
+    def _exchange(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> tuple:
+        """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client -- or ``own``, futures
+        of those rows already on the workers (``d = dims``) -- and the pieces of each worker's halo, cut by the
+        workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
         plan, views, needs = self._halo_state()
-        own = {w: self.client.scatter(np.ascontiguousarray(X[:, plan.own[w]]), workers=[w], hash=False)
-               for w in plan.workers}
-        self.stats["bytes_sent"] += X.nbytes
+        if own is None:
+            own = {w: self.client.scatter(np.ascontiguousarray(X[:, plan.own[w]]), workers=[w], hash=False)
+                   for w in plan.workers}
+            self.stats["bytes_sent"] += X.nbytes
+            dims = X.shape[0]
         pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
                   for key in needs}
-        self.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * X.shape[0] * 8
+        self.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * dims * 8
         return own, pieces
 
-    def _assemble(self, X: np.ndarray) -> dict:
-        """Each worker's compact columns of ``X`` (futures, one per worker: ``halo.assemble``)."""
+    def _assemble(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> dict:
+        """Each worker's compact columns of ``X`` (or of the own rows ``own``, see ``_exchange``): futures, one
+        per worker (``halo.assemble``)."""
         plan, views, _ = self._halo_state()
-        own, pieces = self._exchange(X)
+        own, pieces = self._exchange(X, own, dims)
         return {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
                                 worker=w) for w in plan.workers}
 
@@ -658,10 +675,18 @@ class DaskExecutor(Executor):
         return super()._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice)
 
     def _evaluate_halo(self, coords, grid, exaggeration, with_kl):
+        results, grid_z = self._halo_partials(grid, with_kl, self._assemble(coords))
+        self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
+        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
+                             with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
+
+    def _halo_partials(self, grid, with_kl: bool, X: dict, keep=None) -> tuple:
+        """``(per-partition results, grid Z)`` of one FFT evaluation on the workers' compact coordinates ``X``
+        (futures per worker, ``_assemble``); ``keep(w)``: instead of ``halo.evaluate_view``, the arguments
+        ``(fn, *args)`` of the worker function that evaluates and keeps the rows there (``engine.held_dask``)."""
         plan, views, _ = self._halo_state()
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
-        X = self._assemble(coords)
         workers = plan.workers
         grids = [self._submit(halo_fns.spread_view, views[w], X[w], grid, worker=w) for w in workers]
         for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
@@ -669,8 +694,11 @@ class DaskExecutor(Executor):
                 grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
         convolution = self._submit(halo_fns.convolve_total, grid, grids[0], self._fft_workers, worker=workers[0])
         copies = self._broadcast(convolution, workers)
-        futures = [self._submit(halo_fns.evaluate_view, views[w], X[w], self._model_arg, self.space_dims, grid,
-                                copies[i], with_kl, worker=w) for i, w in enumerate(workers)]
+        futures = []
+        for i, w in enumerate(workers):
+            fn, *extra = (halo_fns.evaluate_view,) if keep is None else keep(w)
+            futures.append(self._submit(fn, views[w], X[w], self._model_arg, self.space_dims, grid, copies[i],
+                                        with_kl, *extra, worker=w))
         z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
         batches = self._gather(futures)
         grid_z = self._gather([z_future])[0]
@@ -680,9 +708,7 @@ class DaskExecutor(Executor):
                 results[k] = res
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
-        self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
-        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
-                             with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
+        return results, grid_z
 
     def _broadcast(self, future, workers: list) -> list:
         """``future``'s value on every worker, by a tree of copies (round r: workers ``0 .. 2^r - 1`` send to

@@ -1,0 +1,314 @@
+"""An optimiser's per-point state on the Dask workers (``scalemb.engine.held``'s contract, for ``DaskExecutor``).
+
+Each worker keeps the rows of its partitions of every held array (coordinates, gradient, increments, gains,
+best iterate) in its own memory, under the run's token (``_STORE``), beside the partitions of P.  Per
+evaluation:
+
+1. each worker reports its partitions' coordinate extent (min, max: exact in any order); with a time axis,
+   their time-bin counts and the points outside the chosen band (integers and a few points) -- the client builds
+   the grid from these summaries alone (``repulsion.fft.grid_from_summaries``), as ``grid_for`` does from all
+   points;
+2. the halo exchange and FFT pass run as for client-held coordinates (``DaskExecutor._halo_partials``), the
+   workers' own rows now coming from their held coordinates; each worker evaluates its partitions and keeps the
+   rows of attraction and repulsion, returning Z and ``sum p log w`` per partition (and a time band's outlier
+   reactions, ``(d, outliers)``);
+3. the client sums them in partition order (``blocks.sum_partials``, as ``reduce_blocks`` does) and sends back Z
+   (and the summed reactions); each worker forms its rows of the gradient (``Objective.gradient``, elementwise)
+   and reports whether they are finite.
+
+The optimiser's steps are row-block functions (``HeldState.map``) run where the rows are.  So per delta-bar-delta
+iteration the client sends and receives scalars and vectors of ``d`` numbers, never O(N), and the numbers are
+the in-process executor's bit for bit (the same block functions on the same rows, reduced in the same order).
+
+A layout the workers cannot evaluate on their halos -- a capped grid, whose near field reads every point, or
+``auto`` choosing the exact kernel -- is evaluated the client-held way for that evaluation: the coordinates are
+gathered, evaluated, and the gradient's rows sent back (O(N), counted in the executor's stats).
+
+Faults: the held rows live only in the workers' memory.  A worker lost mid-run loses them; the run stops with
+``WorkersLostError`` (the CLI exits 4) and continues from its last checkpoint (``scalemb resume``).
+"""
+import pickle
+import uuid
+
+import numpy as np
+
+from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
+from .blocks import Evaluation, add_reaction, sum_partials
+from .held import shift_rows
+
+_STORE: dict = {}  # on each worker: token -> {partition: {name: (d, rows)}}
+
+
+class HeldStateLost(RuntimeError):
+    """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
+
+
+# --------------------------------------------------------------------------- functions run on the workers
+
+def _rows(token: str, k: int) -> dict:
+    try:
+        return _STORE[token][k]
+    except KeyError:
+        raise HeldStateLost(f"this worker holds no rows of partition {k} of run {token}") from None
+
+
+def held_put(token: str, parts: list, ks: list, starts: list) -> int:
+    """Keep ``parts`` (per partition ``k`` of ``ks``, whose first row is ``starts[i]``: ``{name: (d, rows)}``)
+    under ``token``."""
+    store = _STORE.setdefault(token, {})
+    for k, r0, rows in zip(ks, starts, parts):
+        store[k] = {name: np.array(a, dtype=np.float64, order="C") for name, a in rows.items()}
+        store[k]["_r0"] = int(r0)
+    return len(parts)
+
+
+def held_apply(token: str, ks: list, shift, fn, args: tuple) -> list:
+    """``[fn(rows_k, *args) for k in ks]`` on the held rows, after the pending ``shift``."""
+    out = []
+    for k in ks:
+        rows = _rows(token, k)
+        shift_rows(rows, shift)
+        out.append(fn(rows, *args))
+    return out
+
+
+def held_own(token: str, ks: list, shift) -> np.ndarray:
+    """The worker's own rows of the held coordinates (its partitions in order), after the pending ``shift``."""
+    parts = []
+    for k in ks:
+        rows = _rows(token, k)
+        shift_rows(rows, shift)
+        parts.append(rows["coords"])
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, token, ks) -> list:
+    """``halo.evaluate_view``, keeping each partition's rows of attraction and repulsion here; returns the
+    partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
+    from .halo import evaluate_view
+
+    results = evaluate_view(view, X, model, space_dims, grid, convolution, with_kl)
+    for k, res in zip(ks, results):
+        rows = _rows(token, k)
+        rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
+        res.attraction = res.repulsion = None
+    return results
+
+
+def held_gradient(token: str, ks: list, bounds: list, z: float, exaggeration: float, objective, n_points: int,
+                  outliers, reaction) -> list:
+    """Each partition's rows of the gradient from its kept rows (``reduce_blocks``' arithmetic, by rows):
+    whether they are all finite, per partition."""
+    flags = []
+    for k, (r0, r1) in zip(ks, bounds):
+        rows = _rows(token, k)
+        A, R = rows.pop("_attraction").T, rows.pop("_repulsion") + 0.0  # + 0.0: reduce_blocks' 0 + R (no -0.0)
+        add_reaction(R, r0, r1, outliers, reaction)
+        rows["gradient"] = np.ascontiguousarray(objective.gradient(A, R, z, exaggeration, n_points))
+        flags.append(bool(np.isfinite(rows["gradient"]).all()))
+    return flags
+
+
+def held_put_rows(token: str, ks: list, name: str, arrays: list) -> int:
+    for k, a in zip(ks, arrays):
+        _rows(token, k)[name] = np.ascontiguousarray(a, dtype=np.float64)
+    return len(ks)
+
+
+def held_drop(token: str) -> int:
+    return len(_STORE.pop(token, {}))
+
+
+def _extent(rows: dict) -> tuple:
+    c = rows["coords"]
+    return block_extent(c, 0, c.shape[1])
+
+
+def _band_counts(rows: dict, space_dims: int, lo_t: float, h: float) -> np.ndarray:
+    return band_counts(rows["coords"][space_dims], lo_t, h)
+
+
+def _copy(rows: dict, names: tuple) -> list:
+    return [rows[name].copy() for name in names]
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+def _size(value) -> int:
+    """Bytes ``value`` takes on the wire (pickled), for the executor's client-traffic counters."""
+    return len(pickle.dumps(value, protocol=5))
+
+
+class DaskHeld:
+    """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``engine.held``'s interface."""
+
+    def __init__(self, executor, arrays: dict):
+        self.ex = executor
+        self.token = f"held-{uuid.uuid4().hex}"
+        self.n_points = executor.n_points
+        self.dims = {name: a.shape[0] for name, a in arrays.items()}
+        self._shift = None
+        plan = self._plan()
+        futures = []
+        for w in plan.workers:
+            ks = plan.parts[w]
+            parts = [{name: np.ascontiguousarray(a[:, slice(*executor.partitions[k])]) for name, a in arrays.items()}
+                     for k in ks]
+            data = executor.client.scatter(parts, workers=[w], hash=False)
+            futures.append(executor._submit(held_put, self.token, data, ks,
+                                            [executor.partitions[k][0] for k in ks], worker=w))
+            executor.stats["bytes_sent"] += sum(a.nbytes for p in parts for a in p.values())
+        self._gather(futures)
+
+    # --- plumbing
+
+    def _plan(self):
+        plan = self.ex._halo_state()[0]
+        self._holders = {w: list(plan.parts[w]) for w in plan.workers}
+        return plan
+
+    def _gather(self, futures) -> list:
+        """Gather ``futures``; a worker lost meanwhile took held rows with it: ``WorkersLostError``."""
+        from .distributed import SchedulerLostError, WorkersLostError
+
+        try:
+            return self.ex._gather(futures)
+        except SchedulerLostError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a lost worker raised
+            if self.ex._holder_left() or isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc):
+                raise WorkersLostError("a Dask worker holding the optimiser's rows left; the run stops and "
+                                       "continues from its last checkpoint (scalemb resume)") from None
+            raise
+
+    def _per_worker(self, fn, *args, shift=None) -> list:
+        """``fn(token, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
+        list of per-partition results, concatenated)."""
+        plan = self.ex._halo_state()[0]
+        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
+            from .distributed import WorkersLostError
+
+            raise WorkersLostError("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                   "rows stayed with the old ones: the run continues from its last checkpoint")
+        futures = [self.ex._submit(fn, self.token, plan.parts[w], shift, *args, worker=w) for w in plan.workers]
+        self.ex.stats["bytes_sent"] += len(futures) * _size((shift, args))
+        batches = self._gather(futures)
+        self.ex.stats["bytes_received"] += _size(batches)
+        results = [None] * len(self.ex.partitions)
+        for w, batch in zip(plan.workers, batches):
+            for k, value in zip(plan.parts[w], batch if isinstance(batch, list) else [batch]):
+                results[k] = value
+        return results
+
+    def _take_shift(self):
+        shift, self._shift = self._shift, None
+        return shift
+
+    # --- the HeldState interface
+
+    def map(self, fn, *args) -> list:
+        return self._per_worker(held_apply, fn, args, shift=self._take_shift())
+
+    def shift(self, vector: np.ndarray) -> None:
+        if self._shift is not None:
+            self.map(_noop)
+        self._shift = np.asarray(vector, dtype=np.float64)
+
+    def gather(self, *names) -> dict:
+        parts = self.map(_copy, names)
+        return {name: np.concatenate([p[i] for p in parts], axis=1) for i, name in enumerate(names)}
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        self._put_rows(name, [array[:, r0:r1] for r0, r1 in self.ex.partitions])
+
+    def _put_rows(self, name: str, rows: list) -> None:
+        plan = self.ex._halo_state()[0]
+        futures = [self.ex._submit(held_put_rows, self.token, plan.parts[w], name, [rows[k] for k in plan.parts[w]],
+                                   worker=w) for w in plan.workers]
+        self.ex.stats["bytes_sent"] += sum(r.nbytes for r in rows)
+        self._gather(futures)
+
+    def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None) -> Evaluation:
+        ex = self.ex
+        n, ds = self.n_points, ex.space_dims
+        extents = self.map(_extent)
+        lo = np.minimum.reduce([e[0] for e in extents])
+        hi = np.maximum.reduce([e[1] for e in extents])
+        auto = ex.auto_repulsion
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            if auto is not None:
+                auto.decide(auto.unbuildable(n))
+            return self._not_finite()
+        try:
+            grid = grid_from_summaries(
+                ex.model, ds, lo, hi, n, ex.fft_params,
+                lambda lo_t, h: np.sum(self.map(_band_counts, ds, lo_t, h), axis=0),
+                lambda band: self._outliers(band))
+        except FloatingPointError:
+            if auto is not None:
+                auto.decide(auto.unbuildable(n))
+            return self._not_finite()
+        if grid.capped:  # its near field reads every point: evaluated with the coordinates on the client
+            return self._on_client(exaggeration, with_kl, iteration, None)
+        if auto is not None:
+            choice = auto.decide(auto.predict_on(grid, n))
+            if choice.method != "fft":
+                return self._on_client(exaggeration, with_kl, iteration, choice)
+        plan = ex._halo_state()[0]
+        shift = self._take_shift()
+        own = {w: ex._submit(held_own, self.token, plan.parts[w], shift, worker=w) for w in plan.workers}
+        ex.stats["bytes_sent"] += len(own) * _size(shift)
+        X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
+        results, grid_z = ex._halo_partials(grid, with_kl, X,
+                                            keep=lambda w: (held_evaluate_view, self.token, plan.parts[w]))
+        ex.stats["bytes_received"] += _size(results)
+        z, plogw, reaction = sum_partials(results, grid_z)
+        value, total = ex.model.objective.values(plogw, z, ex._entropy, exaggeration, with_kl, n)
+        flags = self._gradient(z, exaggeration, grid.outliers, reaction)
+        return Evaluation(float(value), float(total), None, float(z), all(flags))
+
+    def _gradient(self, z, exaggeration, outliers, reaction) -> list:
+        ex = self.ex
+        plan = ex._halo_state()[0]
+        futures = [ex._submit(held_gradient, self.token, plan.parts[w], [ex.partitions[k] for k in plan.parts[w]],
+                              z, exaggeration, ex.model.objective, self.n_points, outliers, reaction, worker=w)
+                   for w in plan.workers]
+        ex.stats["bytes_sent"] += len(futures) * _size((z, exaggeration, outliers, reaction))
+        flags = [f for batch in self._gather(futures) for f in batch]
+        ex.stats["bytes_received"] += _size(flags)
+        return flags
+
+    def _outliers(self, band) -> tuple:
+        parts = self.map(_band_outliers_at, self.ex.space_dims, band)
+        return (np.concatenate([p[0] for p in parts]).astype(np.int64),
+                np.ascontiguousarray(np.concatenate([p[1] for p in parts], axis=1)))
+
+    def _not_finite(self) -> Evaluation:
+        nan = float("nan")
+        return Evaluation(nan, nan, None, nan, False)
+
+    def _on_client(self, exaggeration, with_kl, iteration, choice) -> Evaluation:
+        """The client-held way, for one evaluation (module docstring)."""
+        coords = self.gather("coords")["coords"]
+        ev = self.ex.evaluate(coords, exaggeration, with_kl=with_kl, iteration=iteration, choice=choice)
+        self.put("gradient", ev.gradient)
+        ev.finite = bool(np.isfinite(ev.gradient).all())
+        ev.gradient = None
+        return ev
+
+    def close(self) -> None:
+        try:
+            plan = self.ex._halo_state()[0]
+            futures = [self.ex._submit(held_drop, self.token, worker=w) for w in plan.workers]
+            self.ex._gather(futures)
+        except Exception:  # noqa: BLE001 - releasing after a lost cluster: nothing left to release
+            pass
+
+
+def _noop(rows: dict) -> None:
+    return None
+
+
+def _band_outliers_at(rows: dict, space_dims: int, band: tuple) -> tuple:
+    """``band_outliers`` of a partition's rows with their global row numbers (``rows['_r0']``: its first)."""
+    return band_outliers(rows["coords"], space_dims, band, rows["_r0"])

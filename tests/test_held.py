@@ -1,0 +1,123 @@
+"""Worker-resident optimiser state (issue 30, part 1): delta-bar-delta's per-point arrays stay on the Dask
+workers beside their partitions of P; the client sends and receives scalars and d-vectors per iteration; the run
+is the in-process run bit for bit at W = 1, 2, 3, for t-SNE and SNEST (a time-banded grid with outliers)."""
+import numpy as np
+import pytest
+
+from scalemb.affinity import AffinityStore
+from scalemb.engine import LocalExecutor
+from scalemb.engine.distributed import DaskExecutor
+from scalemb.engine.held import LocalHeld, hold
+from scalemb.engine.held_dask import DaskHeld
+from scalemb.models import get_model
+from scalemb.optim import make_optimizer
+from scalemb.repulsion import FFTParams
+
+from .test_distributed import coauthor_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return coauthor_store(tmp_path_factory.mktemp("held"), 2000, seed=7, n_partitions=6)
+
+
+def _start(n, dims, seed):
+    return np.random.default_rng(seed).normal(size=(dims, n)) * 1e-4
+
+
+def _local_run(store, model, space, time_dims, start, iterations, **options):
+    st = AffinityStore(store)
+    with LocalExecutor(st.to_affinity(), get_model(model), space, time_dims, partitions=st.partitions,
+                       repulsion=options.pop("repulsion", "fft"), **options) as local:
+        return make_optimizer("dbd", model).optimize(local, start, iterations)
+
+
+def _same(a, b):
+    assert np.array_equal(a.coords, b.coords)
+    assert np.array_equal(a.kl_history, b.kl_history, equal_nan=True)
+    for name in ("update", "gains", "best_coords"):
+        assert np.array_equal(getattr(a.state, name), getattr(b.state, name)), name
+    assert a.state.time_gain == b.state.time_gain and a.state.lr == b.state.lr
+
+
+@pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0),
+                                                   pytest.param("snest", 2, 1, marks=pytest.mark.slow)])
+def test_held_run_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_the_client(
+        store, dask_cluster, model, space, time_dims):
+    n = AffinityStore(store).n_points
+    start = _start(n, space + time_dims, 3)
+    expected = _local_run(store, model, space, time_dims, start, 30)
+    with DaskExecutor(store, get_model(model), space, time_dims, dask_cluster.client, repulsion="fft") as dask:
+        assert isinstance(hold(dask, {"coords": start}), DaskHeld)
+        optimizer = make_optimizer("dbd", model)
+        before = dict(dask.stats)
+        got = optimizer.optimize(dask, start, 30)
+        sent = dask.stats["bytes_sent"] - before["bytes_sent"]
+        received = dask.stats["bytes_received"] - before["bytes_received"]
+    _same(expected, got)
+    rows = n * (space + time_dims) * 8
+    # the start (4 arrays) goes out once and the final state (4 arrays) comes back once; per iteration: small
+    assert sent < 4 * rows + 30 * 20_000, sent
+    assert received < 4 * rows + 30 * 20_000, received
+
+
+@pytest.mark.slow
+def test_snest_time_band_outliers_and_auto_repulsion_on_workers(store, dask_cluster):
+    """A layout with a narrow time bulk and outliers: the time-banded grid is built from the workers' bin counts
+    and outliers, the outliers' reactions are summed in partition order; ``auto`` (forced on below its size
+    floor) decides from the grid the workers' summaries built."""
+    from scalemb.repulsion import grid_for
+    from scalemb.repulsion.method import AutoRepulsion
+
+    st = AffinityStore(store)
+    n = st.n_points
+    rng = np.random.default_rng(4)
+    start = rng.normal(size=(3, n)) * np.array([[1.0], [1.0], [0.1]])
+    start[2, rng.choice(n, 25, replace=False)] = rng.uniform(-1.5, 1.5, 25)
+    assert grid_for("snest", 2, start, FFTParams().resolved(get_model("snest").fft, 2)).n_outliers > 0
+    model = get_model("snest")
+    for auto in (False, True):
+        with LocalExecutor(st.to_affinity(), model, 2, 1, partitions=st.partitions, repulsion="fft") as local, \
+                DaskExecutor(store, model, 2, 1, dask_cluster.client, repulsion="fft") as dask:
+            if auto:
+                for ex in (local, dask):
+                    ex.repulsion, ex.auto_repulsion = "auto", AutoRepulsion(model, 2, 1, ex.fft_params)
+            expected = make_optimizer("dbd", "snest").optimize(local, start, 15)
+            got = make_optimizer("dbd", "snest").optimize(dask, start, 15)
+            if auto:
+                assert dask.auto_repulsion.history == local.auto_repulsion.history
+                assert dask.stats["halo_evaluations"] == dask.auto_repulsion.history.count("fft")
+            else:
+                assert dask.stats["halo_evaluations"] >= 15
+        _same(expected, got)
+
+
+@pytest.mark.slow
+def test_capped_grid_falls_back_to_the_client_and_stays_identical(store, dask_cluster):
+    n = AffinityStore(store).n_points
+    start = np.random.default_rng(1).normal(size=(2, n)) * 30.0  # spread: the grid hits its cap
+    params = FFTParams(max_nodes=4_000)
+    expected = _local_run(store, "tsne", 2, 0, start, 6, fft_params=params)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft",
+                      fft_params=params) as dask:
+        got = make_optimizer("dbd", "tsne").optimize(dask, start, 6)
+        assert dask.stats["halo_evaluations"] == 0
+    _same(expected, got)
+
+
+def test_models_with_a_point_term_hold_their_state_on_the_client(store, dask_cluster):
+    with DaskExecutor(store, get_model("cosne"), 2, 0, dask_cluster.client, repulsion="exact") as dask:
+        assert isinstance(hold(dask, {"coords": np.zeros((2, dask.n_points))}), LocalHeld)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_workers", [1, 3])
+def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, start_dask, n_workers):
+    n = AffinityStore(store).n_points
+    start = _start(n, 3, 8)
+    expected = _local_run(store, "snest", 2, 1, start, 20)
+    processes = start_dask(n_workers)
+    with DaskExecutor(store, get_model("snest"), 2, 1, processes.client, repulsion="fft") as dask:
+        got = make_optimizer("dbd", "snest").optimize(dask, start, 20)
+        assert len(dask._halo[0].workers) == n_workers
+    _same(expected, got)
