@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import logging
 import operator
+import pickle
 import time
 import uuid
 
@@ -700,14 +701,15 @@ class DaskExecutor(Executor):
             futures.append(self._submit(fn, views[w], X[w], self._model_arg, self.space_dims, grid, copies[i],
                                         with_kl, *extra, worker=w))
         z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
-        batches = self._gather(futures)
-        grid_z = self._gather([z_future])[0]
+        *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
         results = [None] * len(self.partitions)
         for w, batch in zip(workers, batches):
             for k, res in zip(plan.parts[w], batch):
                 results[k] = res
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
+        # the grid travels with the tasks that use it (spread, convolve, evaluate): part of the client's bytes
+        self.stats["bytes_sent"] += (2 * len(workers) + 1) * len(pickle.dumps(grid, protocol=5))
         return results, grid_z
 
     def _broadcast(self, future, workers: list) -> list:

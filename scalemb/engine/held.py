@@ -11,7 +11,9 @@ through
   held as ``gradient`` (``Evaluation.gradient`` is None) and ``Evaluation.finite`` says whether all are finite;
 * ``shift(vector)``: subtract ``vector`` (one number per coordinate) from every point's coordinates, applied to
   each block before its next use;
-* ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only).
+* ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only);
+* ``extent_hint(lo, hi)``: the coordinates' extent as the optimiser knows it after its last step (per coordinate,
+  min and max over all points, after the pending shift), which saves a round of the workers reporting it.
 
 ``LocalHeld`` keeps whole arrays in this process (blocks are column views: the executor's row blocks, or one
 block); ``scalemb.engine.held_dask.DaskHeld`` keeps each partition's rows on the Dask worker that holds the
@@ -19,6 +21,11 @@ partition, so per iteration the client sends and receives scalars and small vect
 block functions on the same rows and reduce in block order, so they agree bit for bit.
 """
 import numpy as np
+
+
+class HeldRowsLost(Exception):
+    """Held rows were lost with a worker (a marker mixed into the executor's own worker-loss error): an optimiser
+    can rewind to a state it exported (``StepRun.rewind``) and ``HeldState.recover`` from it."""
 
 
 def hold(executor, arrays: dict):
@@ -62,6 +69,9 @@ class LocalHeld:
         self._flush()
         self._shift = np.asarray(vector, dtype=np.float64)
 
+    def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Not needed here: the executor reads the extent from the coordinates it is given."""
+
     def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None):
         self._flush()
         ev = self.executor.evaluate(self.arrays["coords"], exaggeration, with_kl=with_kl, iteration=iteration)
@@ -77,6 +87,11 @@ class LocalHeld:
     def put(self, name: str, array: np.ndarray) -> None:
         self._flush()
         self.arrays[name] = np.array(array, dtype=np.float64, order="C")
+
+    def recover(self, arrays: dict) -> None:
+        """Hold ``arrays`` again (nothing is lost in this process: kept for the interface)."""
+        self.arrays = {name: np.array(a, dtype=np.float64, order="C") for name, a in arrays.items()}
+        self._shift = None
 
     def close(self) -> None:
         self.arrays = {}

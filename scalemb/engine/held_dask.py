@@ -34,13 +34,20 @@ import numpy as np
 
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, sum_partials
-from .held import shift_rows
+from .distributed import SchedulerLostError, WorkersLostError
+from .held import HeldRowsLost, shift_rows
 
 _STORE: dict = {}  # on each worker: token -> {partition: {name: (d, rows)}}
 
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
+
+
+class HeldWorkersLost(WorkersLostError, HeldRowsLost):
+    """A worker holding the optimiser's rows was lost: the optimiser rewinds to its last exported state and holds
+    it again (``DaskHeld.recover``); where it cannot, the run stops like any lost cluster (exit 4, the last
+    checkpoint intact)."""
 
 
 # --------------------------------------------------------------------------- functions run on the workers
@@ -144,10 +151,15 @@ class DaskHeld:
 
     def __init__(self, executor, arrays: dict):
         self.ex = executor
-        self.token = f"held-{uuid.uuid4().hex}"
         self.n_points = executor.n_points
-        self.dims = {name: a.shape[0] for name, a in arrays.items()}
+        self._put_all(arrays)
+
+    def _put_all(self, arrays: dict) -> None:
+        """Send each worker its partitions' rows of ``arrays`` under a new token."""
+        executor = self.ex
+        self.token = f"held-{uuid.uuid4().hex}"
         self._shift = None
+        self._extent = None
         plan = self._plan()
         futures = []
         for w in plan.workers:
@@ -160,6 +172,14 @@ class DaskHeld:
             executor.stats["bytes_sent"] += sum(a.nbytes for p in parts for a in p.values())
         self._gather(futures)
 
+    def recover(self, arrays: dict) -> None:
+        """After ``HeldWorkersLost``: wait until every partition of P is held again (``DaskExecutor._recover``,
+        within its recovery deadline, else ``WorkersLostError``), then hold ``arrays`` (a state the optimiser
+        exported) on the workers holding them now."""
+        self.close()
+        self.ex._recover()
+        self._put_all(arrays)
+
     # --- plumbing
 
     def _plan(self):
@@ -168,28 +188,39 @@ class DaskHeld:
         return plan
 
     def _gather(self, futures) -> list:
-        """Gather ``futures``; a worker lost meanwhile took held rows with it: ``WorkersLostError``."""
-        from .distributed import SchedulerLostError, WorkersLostError
+        return self._guard(lambda: self.ex._gather(futures))
 
+    def _guard(self, fn):
+        """``fn()``; a worker lost meanwhile took held rows with it: ``HeldWorkersLost``.  A failure with every
+        holder alive (after a few seconds for the scheduler to notice a death) is the task's own: raised."""
         try:
-            return self.ex._gather(futures)
-        except SchedulerLostError:
+            return fn()
+        except (SchedulerLostError, HeldWorkersLost):
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a lost worker raised
-            if self.ex._holder_left() or isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc):
-                raise WorkersLostError("a Dask worker holding the optimiser's rows left; the run stops and "
-                                       "continues from its last checkpoint (scalemb resume)") from None
+            if isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc) or self._lost_a_holder():
+                raise HeldWorkersLost(f"a Dask worker holding the optimiser's rows was lost ({exc.__class__.__name__}"
+                                      f": {exc})") from None
             raise
+
+    def _lost_a_holder(self, wait: float = 5.0) -> bool:
+        import time
+
+        end = time.monotonic() + wait
+        while True:
+            if self.ex._holder_left():
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.25)
 
     def _per_worker(self, fn, *args, shift=None) -> list:
         """``fn(token, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
         list of per-partition results, concatenated)."""
         plan = self.ex._halo_state()[0]
         if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
-            from .distributed import WorkersLostError
-
-            raise WorkersLostError("the partitions moved to other Dask workers (a worker left); the optimiser's "
-                                   "rows stayed with the old ones: the run continues from its last checkpoint")
+            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                  "rows stayed with the old ones")
         futures = [self.ex._submit(fn, self.token, plan.parts[w], shift, *args, worker=w) for w in plan.workers]
         self.ex.stats["bytes_sent"] += len(futures) * _size((shift, args))
         batches = self._gather(futures)
@@ -207,12 +238,17 @@ class DaskHeld:
     # --- the HeldState interface
 
     def map(self, fn, *args) -> list:
+        self._extent = None  # ``fn`` may move the points
         return self._per_worker(held_apply, fn, args, shift=self._take_shift())
+
+    def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._extent = (np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
 
     def shift(self, vector: np.ndarray) -> None:
         if self._shift is not None:
             self.map(_noop)
         self._shift = np.asarray(vector, dtype=np.float64)
+        self._extent = None
 
     def gather(self, *names) -> dict:
         parts = self.map(_copy, names)
@@ -229,11 +265,18 @@ class DaskHeld:
         self._gather(futures)
 
     def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None) -> Evaluation:
+        return self._guard(lambda: self._evaluate(exaggeration, with_kl, iteration))
+
+    def _evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None) -> Evaluation:
         ex = self.ex
         n, ds = self.n_points, ex.space_dims
-        extents = self.map(_extent)
-        lo = np.minimum.reduce([e[0] for e in extents])
-        hi = np.maximum.reduce([e[1] for e in extents])
+        if self._extent is not None:
+            lo, hi = self._extent
+        else:
+            extents = self.map(_extent)
+            lo = np.minimum.reduce([e[0] for e in extents])
+            hi = np.maximum.reduce([e[1] for e in extents])
+        self._extent = None
         auto = ex.auto_repulsion
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             if auto is not None:
@@ -298,7 +341,9 @@ class DaskHeld:
 
     def close(self) -> None:
         try:
-            plan = self.ex._halo_state()[0]
+            plan = self.ex._halo_state()[0] if self.ex._halo is not None else None
+            if plan is None:
+                return
             futures = [self.ex._submit(held_drop, self.token, worker=w) for w in plan.workers]
             self.ex._gather(futures)
         except Exception:  # noqa: BLE001 - releasing after a lost cluster: nothing left to release

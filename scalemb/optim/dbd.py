@@ -170,8 +170,34 @@ class _DBDRun(StepRun):
         self.with_kl = True
         self.ev = None
         self.save_best = False
-        self.held = hold(executor, {"coords": state.coords, "update": state.update, "gains": state.gains,
-                                    "best": state.best_coords})
+        self.held = hold(executor, self._arrays(state))
+        self._keep_rescue(state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed))
+
+    @staticmethod
+    def _arrays(state: DBDState) -> dict:
+        return {"coords": state.coords, "update": state.update, "gains": state.gains, "best": state.best_coords}
+
+    def _keep_rescue(self, state: DBDState) -> None:
+        """The last exported state (the start, then each checkpoint's): what ``rewind`` returns to after a lost
+        worker, with the executor's ``auto`` repulsion decisions as they were then."""
+        auto = getattr(self.executor, "auto_repulsion", None)
+        self.rescue = (state, None if auto is None else (auto.current, len(auto.history)))
+
+    def rescue_iteration(self) -> int:
+        return int(self.rescue[0].iteration)
+
+    def rewind(self) -> int:
+        """Back to the last exported state, held again on the workers alive now (``HeldState.recover``): the
+        replay is the uninterrupted run's, bit for bit."""
+        saved, decisions = self.rescue
+        self.state = saved.snapshot(saved.iteration, saved.kl_history, saved.seconds, saved.elapsed)
+        if decisions is not None:
+            auto = self.executor.auto_repulsion
+            auto.current = decisions[0]
+            del auto.history[decisions[1]:]
+        self.save_best, self.ev = False, None
+        self.held.recover(self._arrays(self.state))
+        return int(saved.iteration)
 
     def coords(self) -> np.ndarray:
         return self.held.gather("coords")["coords"]
@@ -223,14 +249,19 @@ class _DBDRun(StepRun):
                 s.time_gain += r.gain_increase
             else:
                 s.time_gain = max(s.time_gain * r.gain_decrease, r.min_gain)
-        sums = self.held.map(_step, ds, self.geometry, mom, s.lr, s.lr_time, s.time_gain, r.gain_increase,
-                             r.gain_decrease, r.min_gain, r.max_step_norm, self.save_best)
+        parts = self.held.map(_step, ds, self.geometry, mom, s.lr, s.lr_time, s.time_gain, r.gain_increase,
+                              r.gain_decrease, r.min_gain, r.max_step_norm, self.save_best)
         self.save_best = False
         if self.geometry.translates:
             total = np.zeros(s.coords.shape[0])
-            for part in sums:
-                total += part
-            self.held.shift(total / self.held.n_points)
+            for part in parts:
+                total += part[0]
+            mean = total / self.held.n_points
+            self.held.shift(mean)
+            # min(y - m) = fl(min y - m): rounding is monotone, so the re-centred extent needs no second pass
+            lo = np.minimum.reduce([part[1] for part in parts])
+            hi = np.maximum.reduce([part[2] for part in parts])
+            self.held.extent_hint(lo - mean, hi - mean)
         return MOVED
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float | None:
@@ -247,7 +278,9 @@ class _DBDRun(StepRun):
         arrays = self.held.gather("coords", "update", "gains", "best")
         s.coords, s.update, s.gains, s.best_coords = arrays["coords"], arrays["update"], arrays["gains"], \
             arrays["best"]
-        return s.snapshot(it, history, seconds, elapsed)
+        exported = s.snapshot(it, history, seconds, elapsed)
+        self._keep_rescue(exported)
+        return exported
 
     def close(self) -> None:
         self.held.close()
@@ -275,7 +308,7 @@ def _time_dot(rows: dict, ds: int, geometry) -> float:
 def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, time_gain: float,
           gain_increase: float, gain_decrease: float, min_gain: float, max_step_norm, save_best: bool) -> np.ndarray:
     """One delta-bar-delta step of a block's points (module docstring), in place; returns the column sums of the
-    new coordinates (the re-centring's partial)."""
+    new coordinates (the re-centring's partial) and their minima and maxima (the grid's extent)."""
     coords, update, gains = rows["coords"], rows["update"], rows["gains"]
     if save_best:
         rows["best"][...] = coords
@@ -290,7 +323,7 @@ def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, 
     if coords.shape[0] > ds:
         update[ds:] = mom * update[ds:] - lr_time * time_gain * grad[ds:]
     coords[...] = geometry.retract(coords, update)
-    return coords.sum(axis=1)
+    return coords.sum(axis=1), coords.min(axis=1), coords.max(axis=1)
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:

@@ -20,14 +20,19 @@ the final state is exported.  The geometry comes from ``executor.model.geometry`
 model without one): the rules call only ``riemannian_gradient``, ``retract`` and the loop ``recentre``, so
 nothing here assumes R^d, and for Euclidean models the arithmetic is exactly what it was before.
 """
+import logging
 import time
 
 import numpy as np
 
+from ..engine.held import HeldRowsLost
 from ..geometry import geometry_of
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
 MOVED, KEPT, HALT, CONVERGED = "moved", "kept", "halt", "converged"
+MAX_REWINDS = 3  # rewinds after lost held rows (a worker lost) before the run gives up (the error propagates)
+
+logger = logging.getLogger("scalemb")
 
 
 class StepRun:
@@ -62,6 +67,16 @@ class StepRun:
 
     def close(self) -> None:
         """Release what the run holds (called once the loop has exported its final state)."""
+
+    def rewind(self) -> int:
+        """After its held rows were lost (``engine.held.HeldRowsLost``): return to the last state it exported
+        and hold it again; the iteration to continue from.  A rule that holds nothing elsewhere never loses
+        rows: it is never asked."""
+        raise NotImplementedError
+
+    def rescue_iteration(self) -> int:
+        """The iteration ``rewind`` returns to."""
+        return 0
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         raise NotImplementedError
@@ -100,29 +115,40 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
         return run.export(it, history, seconds, time.perf_counter() - start)
 
     run.checkpoint, run.export_now = checkpoint, export
-    for it in range(first, n_iter):
-        if checkpoint is not None and it > first:
-            checkpoint(it, export)
-        history[it], kl = run.observe(it, history)
-        seconds[it] = time.perf_counter() - start
-        if callback is not None:
-            callback(it, kl)
-        if stop is not None and stop(it, kl, run.coords()):
-            stopped = True
+    rewinds, begin = 0, first
+    while True:
+        try:
+            for it in range(begin, n_iter):
+                if checkpoint is not None and it > begin:
+                    checkpoint(it, export)
+                history[it], kl = run.observe(it, history)
+                seconds[it] = time.perf_counter() - start
+                if callback is not None:
+                    callback(it, kl)
+                if stop is not None and stop(it, kl, run.coords()):
+                    stopped = True
+                    break
+                if not np.isfinite(kl):
+                    raise FloatingPointError(f"KL became {kl} at iteration {it}")
+                if stalled(history, it, run.stall_start, run.window, run.tol):
+                    converged = True
+                    break
+                outcome = run.advance(it)
+                if outcome in (HALT, CONVERGED):
+                    converged = outcome == CONVERGED
+                    break
+                if outcome == MOVED and run.recentres:
+                    s.coords = run.geometry.recentre(s.coords, run.space_dims)
+            else:
+                it = n_iter
             break
-        if not np.isfinite(kl):
-            raise FloatingPointError(f"KL became {kl} at iteration {it}")
-        if stalled(history, it, run.stall_start, run.window, run.tol):
-            converged = True
-            break
-        outcome = run.advance(it)
-        if outcome in (HALT, CONVERGED):
-            converged = outcome == CONVERGED
-            break
-        if outcome == MOVED and run.recentres:
-            s.coords = run.geometry.recentre(s.coords, run.space_dims)
-    else:
-        it = n_iter
+        except HeldRowsLost as lost:
+            rewinds += 1
+            if rewinds > MAX_REWINDS:
+                raise
+            logger.warning("%s; replaying from iteration %d", lost, run.rescue_iteration())
+            begin = run.rewind()
+            s = run.state
     kl = run.final_kl(it, converged, stopped)
     if kl is not None:
         history[it] = kl

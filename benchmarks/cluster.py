@@ -1,0 +1,137 @@
+"""Per-iteration time and client traffic of delta-bar-delta on Dask workers, against the in-process executor.
+
+For each affinity store (``--stores``) and model (``--models``: ``tsne`` R^2, ``snest`` R^{2,1}), from one start
+layout (a Gaussian cloud with the extent of a converged map, as ``halo_traffic.py`` uses; SNEST's time row 0.1
+of that), ``--iterations`` iterations of delta-bar-delta (learning rate 1, no exaggeration: the layout, hence the
+grid and the cost of an evaluation, stays the start's) with FFT repulsion run
+
+* ``local``: ``LocalExecutor`` with 2 threads on the store's partitions;
+* ``dask held``: ``DaskExecutor`` on a ``LocalCluster`` of 2 worker processes x 1 thread, the optimiser's
+  per-point state held on the workers (``scalemb.engine.held_dask``, the default);
+* ``dask client``: the same executor with the state held on the client (``engine.held.LocalHeld``: what every
+  Dask run did before; all of Y out and the gradient back per iteration);
+
+in rotated order for ``--rounds`` rounds.  Per iteration: the median over rounds of (time from the end of
+iteration 1 to the end of the last) / (iterations - 2), so the start (holding the state) and the end (gathering
+it) are outside; the client's bytes per iteration from the executor's counters over the same span (payloads
+sent and gathered; pickled sizes of the small ones).  Every Dask run's final coordinates are checked equal to
+the local run's, bit for bit.
+
+Usage: ``python benchmarks/cluster.py --stores P2e5.zarr,P1e6.zarr --iterations 12 --rounds 3 --out FILE.md``
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
+from common import Report, markdown_table  # noqa: E402
+
+MODES = ("local", "dask held", "dask client")
+
+
+def _start(n: int, dims: int, seed: int = 0) -> np.ndarray:
+    Y = np.random.default_rng(seed).normal(size=(dims, n)) * min(30.0, 0.1 * np.sqrt(n))
+    if dims > 2:
+        Y[2:] *= 0.1
+    return np.ascontiguousarray(Y)
+
+
+def _run(executor, model, start, iterations):
+    """``(seconds per iteration, client bytes per iteration, final coords)`` of one run."""
+    from scalemb.optim import make_optimizer
+
+    # the at-scale delta-bar-delta with a small learning rate: the layout (so the grid, so the cost of an
+    # evaluation) stays that of the start, a converged map's extent, in every round and executor
+    optimizer = make_optimizer("dbd", model, learning_rate=1.0, exaggeration_iterations=0)
+    marks = {}
+    stats = getattr(executor, "stats", None)
+
+    def callback(it, kl):
+        if it in (1, iterations - 1):
+            marks[it] = (time.perf_counter(), 0 if stats is None else stats["bytes_sent"] + stats["bytes_received"])
+
+    result = optimizer.optimize(executor, start, iterations, callback=callback)
+    (t1, b1), (t2, b2) = marks[1], marks[iterations - 1]
+    span = iterations - 2
+    return (t2 - t1) / span, (b2 - b1) / span, result.coords
+
+
+def measure(store, model_name, iterations, rounds, report):
+    from distributed import Client, LocalCluster
+
+    from scalemb.affinity import AffinityStore
+    from scalemb.engine import LocalExecutor
+    from scalemb.engine.distributed import DaskExecutor
+    from scalemb.engine.held import LocalHeld
+    from scalemb.models import get_model
+
+    st = AffinityStore(store)
+    n = st.n_points
+    model = get_model(model_name)
+    time_dims = model.default_time_dims()
+    start = _start(n, 2 + time_dims)
+    affinity = st.to_affinity()
+    times = {m: [] for m in MODES}
+    traffic = {m: [] for m in MODES}
+    reference = None
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        for r in range(rounds):
+            order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+            for mode in order:
+                if mode == "local":
+                    executor = LocalExecutor(affinity, model, 2, time_dims, n_threads=2, partitions=st.partitions,
+                                             repulsion="fft")
+                else:
+                    executor = DaskExecutor(store, model, 2, time_dims, client, repulsion="fft")
+                    if mode == "dask client":
+                        executor.hold = lambda arrays, ex=executor: LocalHeld(ex, arrays)
+                with executor:
+                    seconds, nbytes, coords = _run(executor, model, start, iterations)
+                if reference is None:
+                    reference = coords
+                identical = np.array_equal(reference, coords)
+                if not identical:
+                    raise SystemExit(f"{mode} run differs from the first run ({store}, {model_name})")
+                times[mode].append(seconds)
+                traffic[mode].append(nbytes)
+                report(f"  round {r + 1} {mode}: {seconds:.3f} s per iteration, {nbytes / 1e3:.1f} KB client bytes "
+                       "per iteration, final coordinates identical")
+    local = statistics.median(times["local"])
+    rows = []
+    for mode in MODES:
+        med = statistics.median(times[mode])
+        rows.append([f"{n:,}", model_name, mode, f"{med:.3f}", f"{med / local:.2f}",
+                     f"{statistics.median(traffic[mode]) / 1e3:,.1f}"])
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--stores", required=True, help="comma-separated affinity stores")
+    parser.add_argument("--models", default="tsne,snest")
+    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    report = Report.start("Delta-bar-delta on two Dask workers: state held on the workers vs the client",
+                          "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "
+                          "round set; client KB = bytes the client sent and gathered per iteration.")
+    rows = []
+    for store in args.stores.split(","):
+        for model in args.models.split(","):
+            report(f"{store}, {model}:")
+            rows += measure(store, model, args.iterations, args.rounds, report)
+    report()
+    report(markdown_table(["points", "model", "executor", "s / iteration", "vs local", "client KB / iteration"],
+                          rows))
+    report.save(args.out)
+
+
+if __name__ == "__main__":
+    main()
