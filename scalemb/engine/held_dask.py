@@ -1,8 +1,11 @@
 """An optimiser's per-point state on the Dask workers (``scalemb.engine.held``'s contract, for ``DaskExecutor``).
 
 Each worker keeps the rows of its partitions of every held array (coordinates, gradient, increments, gains,
-best iterate) in its own memory, under the run's token (``_STORE``), beside the partitions of P.  Per
-evaluation:
+best iterate) in its own memory, beside the partitions of P: one dict per worker (``{partition: {name: rows}}``),
+the result of a task pinned there (``held_put``) whose future the client holds.  Later tasks pinned to the same
+worker get that very object (Dask hands a task its in-memory inputs as they are) and change its rows in place.
+So the rows live exactly as long as the future: released by ``close``, and by the scheduler when the client
+disconnects.  Per evaluation:
 
 1. each worker reports its partitions' coordinate extent (min, max: exact in any order); with a time axis,
    their time-bin counts and the points outside the chosen band (integers and a few points) -- the client builds
@@ -28,7 +31,6 @@ Faults: the held rows live only in the workers' memory.  A worker lost mid-run l
 ``WorkersLostError`` (the CLI exits 4) and continues from its last checkpoint (``scalemb resume``).
 """
 import pickle
-import uuid
 
 import numpy as np
 
@@ -36,9 +38,6 @@ from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_
 from .blocks import Evaluation, add_reaction, sum_partials
 from .distributed import SchedulerLostError, WorkersLostError
 from .held import HeldRowsLost, shift_rows
-
-_STORE: dict = {}  # on each worker: token -> {partition: {name: (d, rows)}}
-
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -52,63 +51,63 @@ class HeldWorkersLost(WorkersLostError, HeldRowsLost):
 
 # --------------------------------------------------------------------------- functions run on the workers
 
-def _rows(token: str, k: int) -> dict:
+def _rows(box: dict, k: int) -> dict:
     try:
-        return _STORE[token][k]
+        return box[k]
     except KeyError:
-        raise HeldStateLost(f"this worker holds no rows of partition {k} of run {token}") from None
+        raise HeldStateLost(f"this worker holds no rows of partition {k}") from None
 
 
-def held_put(token: str, parts: list, ks: list, starts: list) -> int:
-    """Keep ``parts`` (per partition ``k`` of ``ks``, whose first row is ``starts[i]``: ``{name: (d, rows)}``)
-    under ``token``."""
-    store = _STORE.setdefault(token, {})
+def held_put(parts: list, ks: list, starts: list) -> dict:
+    """The worker's box of held rows: per partition ``k`` of ``ks`` (whose first row is ``starts[i]``) its
+    ``{name: (d, rows)}`` of ``parts``."""
+    box = {}
     for k, r0, rows in zip(ks, starts, parts):
-        store[k] = {name: np.array(a, dtype=np.float64, order="C") for name, a in rows.items()}
-        store[k]["_r0"] = int(r0)
-    return len(parts)
+        box[k] = {name: np.array(a, dtype=np.float64, order="C") for name, a in rows.items()}
+        box[k]["_r0"] = int(r0)
+    return box
 
 
-def held_apply(token: str, ks: list, shift, fn, args: tuple) -> list:
+def held_apply(box: dict, ks: list, shift, fn, args: tuple) -> list:
     """``[fn(rows_k, *args) for k in ks]`` on the held rows, after the pending ``shift``."""
     out = []
     for k in ks:
-        rows = _rows(token, k)
+        rows = _rows(box, k)
         shift_rows(rows, shift)
         out.append(fn(rows, *args))
     return out
 
 
-def held_own(token: str, ks: list, shift) -> np.ndarray:
+def held_own(box: dict, ks: list, shift) -> np.ndarray:
     """The worker's own rows of the held coordinates (its partitions in order), after the pending ``shift``."""
     parts = []
     for k in ks:
-        rows = _rows(token, k)
+        rows = _rows(box, k)
         shift_rows(rows, shift)
         parts.append(rows["coords"])
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
-def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, token, ks) -> list:
+def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, box, ks) -> list:
     """``halo.evaluate_view``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
     from .halo import evaluate_view
 
     results = evaluate_view(view, X, model, space_dims, grid, convolution, with_kl)
     for k, res in zip(ks, results):
-        rows = _rows(token, k)
+        rows = _rows(box, k)
         rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
         res.attraction = res.repulsion = None
     return results
 
 
-def held_gradient(token: str, ks: list, bounds: list, z: float, exaggeration: float, objective, n_points: int,
+def held_gradient(box: dict, ks: list, bounds: list, z: float, exaggeration: float, objective, n_points: int,
                   outliers, reaction) -> list:
     """Each partition's rows of the gradient from its kept rows (``reduce_blocks``' arithmetic, by rows):
     whether they are all finite, per partition."""
     flags = []
     for k, (r0, r1) in zip(ks, bounds):
-        rows = _rows(token, k)
+        rows = _rows(box, k)
         A, R = rows.pop("_attraction").T, rows.pop("_repulsion") + 0.0  # + 0.0: reduce_blocks' 0 + R (no -0.0)
         add_reaction(R, r0, r1, outliers, reaction)
         rows["gradient"] = np.ascontiguousarray(objective.gradient(A, R, z, exaggeration, n_points))
@@ -116,14 +115,10 @@ def held_gradient(token: str, ks: list, bounds: list, z: float, exaggeration: fl
     return flags
 
 
-def held_put_rows(token: str, ks: list, name: str, arrays: list) -> int:
+def held_put_rows(box: dict, ks: list, name: str, arrays: list) -> int:
     for k, a in zip(ks, arrays):
-        _rows(token, k)[name] = np.ascontiguousarray(a, dtype=np.float64)
+        _rows(box, k)[name] = np.ascontiguousarray(a, dtype=np.float64)
     return len(ks)
-
-
-def held_drop(token: str) -> int:
-    return len(_STORE.pop(token, {}))
 
 
 def _extent(rows: dict) -> tuple:
@@ -155,22 +150,20 @@ class DaskHeld:
         self._put_all(arrays)
 
     def _put_all(self, arrays: dict) -> None:
-        """Send each worker its partitions' rows of ``arrays`` under a new token."""
+        """Send each worker its partitions' rows of ``arrays`` (its box: ``held_put``)."""
         executor = self.ex
-        self.token = f"held-{uuid.uuid4().hex}"
+        self._boxes = {}
         self._shift = None
         self._extent = None
         plan = self._plan()
-        futures = []
         for w in plan.workers:
             ks = plan.parts[w]
             parts = [{name: np.ascontiguousarray(a[:, slice(*executor.partitions[k])]) for name, a in arrays.items()}
                      for k in ks]
             data = executor.client.scatter(parts, workers=[w], hash=False)
-            futures.append(executor._submit(held_put, self.token, data, ks,
-                                            [executor.partitions[k][0] for k in ks], worker=w))
+            self._boxes[w] = executor._submit(held_put, data, ks, [executor.partitions[k][0] for k in ks], worker=w)
             executor.stats["bytes_sent"] += sum(a.nbytes for p in parts for a in p.values())
-        self._gather(futures)
+        self._guard(lambda: executor._settle(list(self._boxes.values())))
 
     def recover(self, arrays: dict) -> None:
         """After ``HeldWorkersLost``: wait until every partition of P is held again (``DaskExecutor._recover``,
@@ -215,13 +208,13 @@ class DaskHeld:
             time.sleep(0.25)
 
     def _per_worker(self, fn, *args, shift=None) -> list:
-        """``fn(token, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
+        """``fn(box, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
         list of per-partition results, concatenated)."""
         plan = self.ex._halo_state()[0]
         if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
             raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
                                   "rows stayed with the old ones")
-        futures = [self.ex._submit(fn, self.token, plan.parts[w], shift, *args, worker=w) for w in plan.workers]
+        futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args, worker=w) for w in plan.workers]
         self.ex.stats["bytes_sent"] += len(futures) * _size((shift, args))
         batches = self._gather(futures)
         self.ex.stats["bytes_received"] += _size(batches)
@@ -259,7 +252,7 @@ class DaskHeld:
 
     def _put_rows(self, name: str, rows: list) -> None:
         plan = self.ex._halo_state()[0]
-        futures = [self.ex._submit(held_put_rows, self.token, plan.parts[w], name, [rows[k] for k in plan.parts[w]],
+        futures = [self.ex._submit(held_put_rows, self._boxes[w], plan.parts[w], name, [rows[k] for k in plan.parts[w]],
                                    worker=w) for w in plan.workers]
         self.ex.stats["bytes_sent"] += sum(r.nbytes for r in rows)
         self._gather(futures)
@@ -299,11 +292,11 @@ class DaskHeld:
                 return self._on_client(exaggeration, with_kl, iteration, choice)
         plan = ex._halo_state()[0]
         shift = self._take_shift()
-        own = {w: ex._submit(held_own, self.token, plan.parts[w], shift, worker=w) for w in plan.workers}
+        own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
         ex.stats["bytes_sent"] += len(own) * _size(shift)
         X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
         results, grid_z = ex._halo_partials(grid, with_kl, X,
-                                            keep=lambda w: (held_evaluate_view, self.token, plan.parts[w]))
+                                            keep=lambda w: (held_evaluate_view, self._boxes[w], plan.parts[w]))
         ex.stats["bytes_received"] += _size(results)
         z, plogw, reaction = sum_partials(results, grid_z)
         value, total = ex.model.objective.values(plogw, z, ex._entropy, exaggeration, with_kl, n)
@@ -313,7 +306,7 @@ class DaskHeld:
     def _gradient(self, z, exaggeration, outliers, reaction) -> list:
         ex = self.ex
         plan = ex._halo_state()[0]
-        futures = [ex._submit(held_gradient, self.token, plan.parts[w], [ex.partitions[k] for k in plan.parts[w]],
+        futures = [ex._submit(held_gradient, self._boxes[w], plan.parts[w], [ex.partitions[k] for k in plan.parts[w]],
                               z, exaggeration, ex.model.objective, self.n_points, outliers, reaction, worker=w)
                    for w in plan.workers]
         ex.stats["bytes_sent"] += len(futures) * _size((z, exaggeration, outliers, reaction))
@@ -340,14 +333,10 @@ class DaskHeld:
         return ev
 
     def close(self) -> None:
-        try:
-            plan = self.ex._halo_state()[0] if self.ex._halo is not None else None
-            if plan is None:
-                return
-            futures = [self.ex._submit(held_drop, self.token, worker=w) for w in plan.workers]
-            self.ex._gather(futures)
-        except Exception:  # noqa: BLE001 - releasing after a lost cluster: nothing left to release
-            pass
+        """Release the workers' boxes (the scheduler drops them; it does too when the client disconnects)."""
+        for future in getattr(self, "_boxes", {}).values():
+            future.release()
+        self._boxes = {}
 
 
 def _noop(rows: dict) -> None:
