@@ -121,3 +121,25 @@ def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, start_da
         got = make_optimizer("dbd", "snest").optimize(dask, start, 20)
         assert len(dask._halo[0].workers) == n_workers
     _same(expected, got)
+
+
+def _held_keys(client) -> int:
+    return sum(sum(1 for key in keys if str(key).startswith("held-put"))
+               for keys in client.run(lambda dask_worker: list(dask_worker.data.keys())).values())
+
+
+@pytest.mark.slow
+def test_a_client_that_disconnects_leaves_no_held_rows_on_the_workers(store, dask_cluster):
+    import time
+
+    from distributed import Client
+
+    other = Client(dask_cluster.address, set_as_default=False)
+    dask = DaskExecutor(store, get_model("tsne"), 2, 0, other, repulsion="fft")
+    held = dask.hold({"coords": _start(dask.n_points, 2, 0)})
+    assert isinstance(held, DaskHeld) and _held_keys(dask_cluster.client) == 2  # one box per worker
+    other.close()  # no close() of the executor or the held state: the scheduler releases the client's futures
+    deadline = time.monotonic() + 30
+    while _held_keys(dask_cluster.client) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _held_keys(dask_cluster.client) == 0
