@@ -143,3 +143,19 @@ def test_a_client_that_disconnects_leaves_no_held_rows_on_the_workers(store, das
     while _held_keys(dask_cluster.client) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _held_keys(dask_cluster.client) == 0
+
+
+@pytest.mark.slow
+def test_a_run_continued_on_the_cluster_equals_one_longer_in_process_run(tmp_path, dask_cluster):
+    """Checkpointed state is the same value whichever executor exported it: a run finished in-process and
+    continued on the Dask workers (its state held there) ends where one longer in-process run ends."""
+    import scalemb
+    from scalemb.cli.main import main
+
+    args = ["--model", "snest", "--optimizer", "dbd", "--repulsion", "fft", "--quiet", "--tol", "0"]
+    out, longer = tmp_path / "run.zarr", tmp_path / "longer.zarr"
+    assert main(["embed", "school", "--iterations", "20", "--out", str(out), *args]) == 0
+    assert main(["continue", str(out), "--iterations", "15", "--quiet", "--scheduler", dask_cluster.address]) == 0
+    assert main(["embed", "school", "--iterations", "35", "--out", str(longer), *args]) == 0
+    a, b = scalemb.EmbeddingResult.load(out), scalemb.EmbeddingResult.load(longer)
+    assert np.array_equal(a.embedding, b.embedding) and np.array_equal(a.kl_history, b.kl_history)
