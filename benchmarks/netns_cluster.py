@@ -1,0 +1,204 @@
+"""Many hosts on one machine: Dask workers in their own network namespaces behind rate-limited links.
+
+Each of W workers runs in a network namespace ``smb-wI`` joined to the root namespace (scheduler and client) by a
+veth pair; both ends of every link are shaped with ``tc qdisc ... tbf`` to ``--rates`` (e.g. ``10gbit,1gbit``), so
+every byte between a worker and the client, or between two workers (routed through the root namespace: two
+shaped links), crosses a link of that rate.  This kernel has ``tbf`` but not ``netem``: no latency is added
+(loopback latency, ~50 us per hop, is what remains).  Needs root; every namespace, link and process it creates
+is removed at the end, also on errors and Ctrl-C.
+
+For each rate it runs ``--iterations`` of delta-bar-delta (t-SNE R^2, FFT, learning rate 1 so the layout and the
+grid stay the start's, as ``benchmarks/cluster.py``) with the optimiser's state held on the workers and with it
+held on the client, and reports per iteration: wall time, the bytes the model of ``docs/scaling.md`` predicts
+(client payload from the executor's counters; worker to worker: halo rows and grid tree from the plan), the
+communication time those bytes take at the link rate (the model), and the measured excess over the same run on
+unshaped links (the measurement).
+
+Usage (root): ``python benchmarks/netns_cluster.py --store P2e5.zarr --workers 2 --rates 10gbit,1gbit``
+"""
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
+from common import Report, markdown_table  # noqa: E402
+
+PREFIX = "smb-w"
+
+
+def _sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+class Namespaces:
+    """W namespaces with veth links to the root namespace (10.77.I.1 root side, 10.77.I.2 worker side)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.made = []
+        _sh("sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        for i in range(1, n + 1):
+            ns, host, peer = f"{PREFIX}{i}", f"smbh{i}", f"smbp{i}"
+            _sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            _sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer)
+            _sh("ip", "link", "set", peer, "netns", ns)
+            _sh("ip", "addr", "add", f"10.77.{i}.1/24", "dev", host)
+            _sh("ip", "link", "set", host, "up")
+            _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.77.{i}.2/24", "dev", peer)
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            _sh("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", f"10.77.{i}.1")
+
+    def shape(self, rate: str | None) -> None:
+        """Both ends of every link at ``rate`` (None: unshaped)."""
+        for i in range(1, self.n + 1):
+            ns = f"{PREFIX}{i}"
+            for prefix, dev in (((), f"smbh{i}"), (("ip", "netns", "exec", ns), f"smbp{i}")):
+                _sh(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                if rate:
+                    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
+                        "latency", "100ms")
+
+    def close(self) -> None:
+        for i, ns in enumerate(self.made, start=1):
+            _sh("ip", "link", "del", f"smbh{i}", check=False)
+            _sh("ip", "netns", "del", ns, check=False)
+        self.made = []
+
+
+class Cluster:
+    """A scheduler in the root namespace and one ``dask worker`` per namespace."""
+
+    def __init__(self, namespaces: Namespaces, scratch: Path):
+        self.file = scratch / "scheduler.json"
+        self.file.unlink(missing_ok=True)
+        self.procs = [subprocess.Popen(["dask", "scheduler", "--host", "0.0.0.0", "--port", "0", "--no-dashboard",
+                                        "--scheduler-file", str(self.file)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+        deadline = time.monotonic() + 60
+        while not self.file.exists() or not self.file.read_text().strip():
+            if time.monotonic() > deadline:
+                raise SystemExit("dask scheduler did not start")
+            time.sleep(0.1)
+        port = json.loads(self.file.read_text())["address"].rsplit(":", 1)[1]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent),
+                                                                      os.environ.get("PYTHONPATH")])))
+        for i in range(1, namespaces.n + 1):
+            self.procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{PREFIX}{i}", "dask", "worker", f"tcp://10.77.{i}.1:{port}", "--host",
+                 f"10.77.{i}.2", "--nthreads", "1", "--no-nanny", "--no-dashboard"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        from distributed import Client
+
+        self.client = Client(f"tcp://127.0.0.1:{port}")
+        self.client.wait_for_workers(namespaces.n, timeout=120)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _run(executor, model, start, iterations):
+    from cluster import _run as run
+
+    return run(executor, model, start, iterations)
+
+
+def _critical_bytes(executor, grid_nodes: int, potentials: int) -> float:
+    """Worker-to-worker bytes on an evaluation's critical path, the model of docs/scaling.md: the largest halo
+    piece (pieces travel in parallel on different links; d = 2, 8 B) + log2(W) rounds of the grid tree up (int64
+    charges) and down (float32 potentials), each round one grid through one link."""
+    plan = executor._halo[0]
+    piece = max((p.size for p in plan.needs.values()), default=0) * 2 * 8
+    rounds = int(np.ceil(np.log2(max(2, len(plan.workers)))))
+    return piece + rounds * grid_nodes * (8 + 4 * potentials)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rates", default="10gbit,1gbit")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--scratch", default="/tmp/scalemb-netns")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (network namespaces and tc)")
+    from cluster import _start
+
+    from scalemb.affinity import AffinityStore
+    from scalemb.engine.distributed import DaskExecutor
+    from scalemb.engine.held import LocalHeld
+    from scalemb.models import get_model
+    from scalemb.repulsion import FFTParams, grid_for
+
+    scratch = Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    report = Report.start(f"Dask workers in {args.workers} network namespaces behind tbf-shaped links",
+                          "Per iteration of delta-bar-delta (t-SNE R^2, FFT), median of rounds; comm. model = "
+                          "(client bytes + worker-to-worker bytes on the critical path) / link rate; measured "
+                          "comm. = time at the rate - time unshaped (same run).  No latency added (no netem).")
+    st = AffinityStore(args.store)
+    model = get_model("tsne")
+    start = _start(st.n_points, 2)
+    grid = grid_for(model, 2, start, FFTParams().resolved(model.fft, 2))
+    namespaces = Namespaces(args.workers)
+    rows = []
+    try:
+        cluster = Cluster(namespaces, scratch)
+        try:
+            results = {}
+            for rate in [None] + args.rates.split(","):
+                namespaces.shape(rate)
+                for held in ("workers", "client"):
+                    times, traffic = [], []
+                    for _ in range(args.rounds):
+                        with DaskExecutor(args.store, model, 2, 0, cluster.client, repulsion="fft") as ex:
+                            if held == "client":
+                                ex.hold = lambda arrays, ex=ex: LocalHeld(ex, arrays)
+                            seconds, nbytes, _ = _run(ex, model, start, args.iterations)
+                            between = _critical_bytes(ex, grid.n_nodes, grid.n_potentials)
+                        times.append(seconds)
+                        traffic.append(nbytes)
+                    results[rate, held] = (statistics.median(times), statistics.median(traffic), between)
+                    report(f"  {rate or 'unshaped'}, state on the {held}: {results[rate, held][0]:.3f} s per "
+                           f"iteration, client {results[rate, held][1] / 1e6:.3f} MB, workers {between / 1e6:.2f} MB")
+            for rate in args.rates.split(","):
+                bits = float(rate.replace("gbit", "e9").replace("mbit", "e6"))
+                for held in ("workers", "client"):
+                    t, client_bytes, between = results[rate, held]
+                    base = results[None, held][0]
+                    # the client's bytes cross its W links in parallel (~1/W each); the workers' critical path
+                    model_seconds = (client_bytes / args.workers + between) * 8 / bits
+                    rows.append([rate, held, f"{t:.3f}", f"{base:.3f}", f"{t - base:.3f}", f"{model_seconds:.3f}",
+                                 f"{client_bytes / 1e3:,.1f}", f"{between / 1e6:.2f}"])
+        finally:
+            cluster.close()
+    finally:
+        namespaces.shape(None)
+        namespaces.close()
+    report()
+    report(markdown_table(["link rate", "state held on", "s / iteration", "unshaped", "measured comm.",
+                           "model comm.", "client KB / it.", "worker-worker critical MB / it."], rows))
+    report.save(args.out)
+
+
+if __name__ == "__main__":
+    main()
