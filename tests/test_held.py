@@ -159,3 +159,21 @@ def test_a_run_continued_on_the_cluster_equals_one_longer_in_process_run(tmp_pat
     assert main(["embed", "school", "--iterations", "35", "--out", str(longer), *args]) == 0
     a, b = scalemb.EmbeddingResult.load(out), scalemb.EmbeddingResult.load(longer)
     assert np.array_equal(a.embedding, b.embedding) and np.array_equal(a.kl_history, b.kl_history)
+
+
+@pytest.mark.slow
+def test_backoffs_on_the_workers_are_the_in_process_backoffs(store, dask_cluster):
+    """A learning rate that blows the layout up, with the KL every third iteration: the backoffs (to the best
+    iterate held on the workers, halving the learning rate) happen where they happen in-process, bit for bit."""
+    n = AffinityStore(store).n_points
+    start = _start(n, 2, 9)
+    options = {"learning_rate": 1e5, "kl_every": 3, "exaggeration_iterations": 0, "divergence_factor": 1.0001}
+    st = AffinityStore(store)
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local:
+        expected = make_optimizer("dbd", "tsne", **options).optimize(local, start, 25)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        got = make_optimizer("dbd", "tsne", **options).optimize(dask, start, 25)
+    assert expected.backoffs > 0
+    assert got.backoffs == expected.backoffs
+    _same(expected, got)

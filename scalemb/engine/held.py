@@ -7,8 +7,10 @@ through
 * ``map(fn, *args) -> [fn(rows_k, *args) for every block k]`` in block order: ``rows_k`` maps each array's name
   to its ``(d, r1 - r0)`` rows of block k, which ``fn`` changes in place; ``fn`` returns something small (partial
   sums), reduced by the caller in block order;
-* ``evaluate(exaggeration, with_kl, iteration) -> Evaluation`` at the held ``coords``: the gradient's rows are
-  held as ``gradient`` (``Evaluation.gradient`` is None) and ``Evaluation.finite`` says whether all are finite;
+* ``evaluate(exaggeration, with_kl, iteration, defer) -> Evaluation`` at the held ``coords``: the gradient's rows
+  are held as ``gradient`` (``Evaluation.gradient`` is None) and ``Evaluation.finite`` says whether all are finite;
+  with ``defer`` the rows may be formed by the next ``map``, in its tasks (one round trip fewer on Dask):
+  ``finite`` is then None and ``gradient_finite`` tells after that ``map``;
 * ``shift(vector)``: subtract ``vector`` (one number per coordinate) from every point's coordinates, applied to
   each block before its next use;
 * ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only);
@@ -54,6 +56,7 @@ class LocalHeld:
         self.bounds = [(int(a), int(b)) for a, b in bounds]
         self.n_points = n
         self._shift = None
+        self.gradient_finite = None
 
     def _flush(self) -> None:
         if self._shift is not None:
@@ -72,11 +75,12 @@ class LocalHeld:
     def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Not needed here: the executor reads the extent from the coordinates it is given."""
 
-    def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None):
+    def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None, defer: bool = False):
+        """(``defer`` changes nothing here: the executor returns the whole gradient.)"""
         self._flush()
         ev = self.executor.evaluate(self.arrays["coords"], exaggeration, with_kl=with_kl, iteration=iteration)
         self.arrays["gradient"] = np.ascontiguousarray(ev.gradient, dtype=np.float64)
-        ev.finite = bool(np.isfinite(self.arrays["gradient"]).all())
+        ev.finite = self.gradient_finite = bool(np.isfinite(self.arrays["gradient"]).all())
         ev.gradient = None
         return ev
 

@@ -78,6 +78,12 @@ def held_apply(box: dict, ks: list, shift, fn, args: tuple) -> list:
     return out
 
 
+def held_apply_formed(box: dict, ks: list, shift, pending: tuple, fn, args: tuple) -> tuple:
+    """``held_gradient(*pending)`` (the deferred gradient's rows), then ``held_apply``: ``(flags, results)``."""
+    flags = held_gradient(box, ks, *pending)
+    return flags, held_apply(box, ks, shift, fn, args)
+
+
 def held_own(box: dict, ks: list, shift) -> np.ndarray:
     """The worker's own rows of the held coordinates (its partitions in order), after the pending ``shift``."""
     parts = []
@@ -155,6 +161,8 @@ class DaskHeld:
         self._boxes = {}
         self._shift = None
         self._extent = None
+        self._pending = None  # a deferred gradient's (z, exaggeration, outliers, reaction): formed by the next map
+        self.gradient_finite = None
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -211,16 +219,10 @@ class DaskHeld:
         """``fn(box, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
         list of per-partition results, concatenated)."""
         plan = self.ex._halo_state()[0]
-        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
-            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
-                                  "rows stayed with the old ones")
-        futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args, worker=w) for w in plan.workers]
-        self.ex.stats["bytes_sent"] += len(futures) * _size((shift, args))
-        batches = self._gather(futures)
-        self.ex.stats["bytes_received"] += _size(batches)
+        batches = self._per_worker_args(fn, lambda w: args, shift=shift)
         results = [None] * len(self.ex.partitions)
         for w, batch in zip(plan.workers, batches):
-            for k, value in zip(plan.parts[w], batch if isinstance(batch, list) else [batch]):
+            for k, value in zip(plan.parts[w], batch):
                 results[k] = value
         return results
 
@@ -232,7 +234,36 @@ class DaskHeld:
 
     def map(self, fn, *args) -> list:
         self._extent = None  # ``fn`` may move the points
-        return self._per_worker(held_apply, fn, args, shift=self._take_shift())
+        if self._pending is None:
+            return self._per_worker(held_apply, fn, args, shift=self._take_shift())
+        pending, self._pending = self._pending, None
+        plan = self.ex._halo_state()[0]
+        batches = self._per_worker_args(held_apply_formed, lambda w: (self._pending_args(pending, plan.parts[w]),
+                                                                      fn, args), shift=self._take_shift())
+        self.gradient_finite = all(f for flags, _ in batches for f in flags)
+        results = [None] * len(self.ex.partitions)
+        for w, (_, batch) in zip(plan.workers, batches):
+            for k, value in zip(plan.parts[w], batch):
+                results[k] = value
+        return results
+
+    def _pending_args(self, pending: tuple, ks: list) -> tuple:
+        z, exaggeration, outliers, reaction = pending
+        return ([self.ex.partitions[k] for k in ks], z, exaggeration, self.ex.model.objective, self.n_points,
+                outliers, reaction)
+
+    def _per_worker_args(self, fn, args_of, shift=None) -> list:
+        """``fn(box, ks, shift, *args_of(w))`` on every worker holding rows: the per-worker results."""
+        plan = self.ex._halo_state()[0]
+        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
+            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                  "rows stayed with the old ones")
+        futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args_of(w), worker=w)
+                   for w in plan.workers]
+        self.ex.stats["bytes_sent"] += sum(_size((shift, args_of(w))) for w in plan.workers)
+        batches = self._gather(futures)
+        self.ex.stats["bytes_received"] += _size(batches)
+        return batches
 
     def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self._extent = (np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
@@ -257,10 +288,12 @@ class DaskHeld:
         self.ex.stats["bytes_sent"] += sum(r.nbytes for r in rows)
         self._gather(futures)
 
-    def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None) -> Evaluation:
-        return self._guard(lambda: self._evaluate(exaggeration, with_kl, iteration))
+    def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None,
+                 defer: bool = False) -> Evaluation:
+        self._pending, self.gradient_finite = None, None
+        return self._guard(lambda: self._evaluate(exaggeration, with_kl, iteration, defer))
 
-    def _evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None) -> Evaluation:
+    def _evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None, defer: bool) -> Evaluation:
         ex = self.ex
         n, ds = self.n_points, ex.space_dims
         if self._extent is not None:
@@ -300,8 +333,12 @@ class DaskHeld:
         ex.stats["bytes_received"] += _size(results)
         z, plogw, reaction = sum_partials(results, grid_z)
         value, total = ex.model.objective.values(plogw, z, ex._entropy, exaggeration, with_kl, n)
+        if defer:  # formed by the next ``map``, in the same task (one round trip fewer)
+            self._pending = (z, exaggeration, grid.outliers, reaction)
+            return Evaluation(float(value), float(total), None, float(z), None)
         flags = self._gradient(z, exaggeration, grid.outliers, reaction)
-        return Evaluation(float(value), float(total), None, float(z), all(flags))
+        self.gradient_finite = all(flags)
+        return Evaluation(float(value), float(total), None, float(z), self.gradient_finite)
 
     def _gradient(self, z, exaggeration, outliers, reaction) -> list:
         ex = self.ex
@@ -321,6 +358,7 @@ class DaskHeld:
 
     def _not_finite(self) -> Evaluation:
         nan = float("nan")
+        self.gradient_finite = False
         return Evaluation(nan, nan, None, nan, False)
 
     def _on_client(self, exaggeration, with_kl, iteration, choice) -> Evaluation:
@@ -328,7 +366,7 @@ class DaskHeld:
         coords = self.gather("coords")["coords"]
         ev = self.ex.evaluate(coords, exaggeration, with_kl=with_kl, iteration=iteration, choice=choice)
         self.put("gradient", ev.gradient)
-        ev.finite = bool(np.isfinite(ev.gradient).all())
+        ev.finite = self.gradient_finite = bool(np.isfinite(ev.gradient).all())
         ev.gradient = None
         return ev
 

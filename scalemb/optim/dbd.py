@@ -141,7 +141,8 @@ class DeltaBarDelta:
         the normaliser or the gradient is not finite (or Z is 0: every pair's weight underflowed)."""
         if with_kl:
             return not np.isfinite(ev.kl) or ev.kl > self.divergence_factor * best_kl
-        finite = ev.finite if ev.gradient is None else bool(np.isfinite(ev.gradient).all())
+        # ``finite`` None: the gradient's rows are formed later (deferred: ``_DBDRun._deferred_blow_up``)
+        finite = ev.finite is not False if ev.gradient is None else bool(np.isfinite(ev.gradient).all())
         return not (np.isfinite(ev.z) and ev.z > 0 and finite)
 
     @staticmethod
@@ -202,35 +203,44 @@ class _DBDRun(StepRun):
     def coords(self) -> np.ndarray:
         return self.held.gather("coords")["coords"]
 
-    def _evaluate_held(self, alpha: float, it: int, with_kl: bool):
+    def _evaluate_held(self, alpha: float, it: int, with_kl: bool, defer: bool = False):
         self.state.evaluations += 1
-        return self.held.evaluate(alpha, with_kl, it)
+        return self.held.evaluate(alpha, with_kl, it, defer)
+
+    def _back_off(self, it: int, ev, alpha: float, with_kl: bool):
+        """Back to the best iterate with halved learning rates, reset gains and momentum, evaluated there
+        (``FloatingPointError`` after ``max_backoffs``)."""
+        r, s = self.rule, self.state
+        s.backoffs += 1
+        if s.backoffs > r.max_backoffs:
+            raise FloatingPointError(
+                f"{r._jump(ev, with_kl)} at iteration {it} (best KL {s.best_kl:.4g}) after "
+                f"{r.max_backoffs} learning-rate halvings; lower the learning rate or the time ratio")
+        logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
+                       "to %.4g", r._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
+        s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
+        self.held.map(_back_to_best)
+        s.time_gain = 1.0
+        return self._evaluate_held(alpha, it, with_kl)
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         """Evaluate at the iterate (the KL every ``kl_every``-th iteration); a blow-up returns to the best
         iterate with halved learning rates and reset gains/momentum (``FloatingPointError`` after
         ``max_backoffs``)."""
         r, s = self.rule, self.state
-        alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
+        self.alpha = alpha = r.exaggeration if it < r.exaggeration_iterations else 1.0
         self.with_kl = with_kl = it % r.kl_every == 0
-        ev = self._evaluate_held(alpha, it, with_kl)
+        # the gradient's rows may be formed by the step's own tasks: whether they are finite is then known after
+        # it (``advance``), where a blow-up backs off exactly as here (the step taken from a non-finite gradient
+        # is overwritten by the best iterate)
+        ev = self._evaluate_held(alpha, it, with_kl, defer=True)
         if self.iteration_dependent and with_kl and r._blew_up(ev, with_kl, s.best_kl):
             # the objective may have changed since the best iterate (a point term switched on): re-base the best
             # KL on this iteration's objective at the best iterate before calling the jump a blow-up
             s.best_kl = self.evaluate(self.held.gather("best")["best"], alpha, it).kl
             s.evaluations += 1
         if r._blew_up(ev, with_kl, s.best_kl):
-            s.backoffs += 1
-            if s.backoffs > r.max_backoffs:
-                raise FloatingPointError(
-                    f"{r._jump(ev, with_kl)} at iteration {it} (best KL {s.best_kl:.4g}) after "
-                    f"{r.max_backoffs} learning-rate halvings; lower the learning rate or the time ratio")
-            logger.warning("%s at iteration %d (best KL %.4g): back to the best iterate, learning rate halved "
-                           "to %.4g", r._jump(ev, with_kl), it, s.best_kl, s.lr / 2)
-            s.lr, s.lr_time = s.lr / 2, s.lr_time / 2
-            self.held.map(_back_to_best)
-            s.time_gain = 1.0
-            ev = self._evaluate_held(alpha, it, with_kl)
+            ev = self._back_off(it, ev, alpha, with_kl)
         if ev.kl < s.best_kl:
             s.best_kl = ev.kl
             self.save_best = True  # the iterate's coordinates become the best, where they are held (``_step``)
@@ -238,19 +248,34 @@ class _DBDRun(StepRun):
         # iterations that skip the KL report the last computed one (entry ``it`` is NaN: not computed)
         return ev.kl, ev.kl if with_kl else last_computed(history, it - 1)
 
-    def advance(self, it: int) -> str:
+    def _deferred_blow_up(self) -> bool:
+        """After a ``map`` that formed a deferred gradient: it was not finite on an iteration without the KL
+        (with the KL, the blow-up test reads the KL only)."""
+        ev = self.ev
+        if ev.finite is not None or self.with_kl or self.held.gradient_finite is not False:
+            return False
+        ev.finite = False
+        return self.rule._blew_up(ev, False, self.state.best_kl)
+
+    def advance(self, it: int, check: bool = True) -> str:
         r, s, ds = self.rule, self.state, self.space_dims
         mom = r.momentum_at(it)
+        time_gain = s.time_gain
         if s.coords.shape[0] > ds:  # the time gain: sign of sum grad . update over the time rows of all points
             dot = 0.0
             for part in self.held.map(_time_dot, ds, self.geometry):
                 dot += part
+            if check and self._deferred_blow_up():
+                return self._retry(it)
             if dot < 0:
-                s.time_gain += r.gain_increase
+                time_gain = s.time_gain + r.gain_increase
             else:
-                s.time_gain = max(s.time_gain * r.gain_decrease, r.min_gain)
-        parts = self.held.map(_step, ds, self.geometry, mom, s.lr, s.lr_time, s.time_gain, r.gain_increase,
+                time_gain = max(s.time_gain * r.gain_decrease, r.min_gain)
+        parts = self.held.map(_step, ds, self.geometry, mom, s.lr, s.lr_time, time_gain, r.gain_increase,
                               r.gain_decrease, r.min_gain, r.max_step_norm, self.save_best)
+        if check and self._deferred_blow_up():
+            return self._retry(it)
+        s.time_gain = time_gain
         self.save_best = False
         if self.geometry.translates:
             total = np.zeros(s.coords.shape[0])
@@ -263,6 +288,12 @@ class _DBDRun(StepRun):
             hi = np.maximum.reduce([part[2] for part in parts])
             self.held.extent_hint(lo - mean, hi - mean)
         return MOVED
+
+    def _retry(self, it: int) -> str:
+        """The blow-up ``observe`` would have seen had the gradient been formed there: back off (the speculative
+        step is overwritten by the best iterate) and take the step from there, unchecked, as ``observe`` does."""
+        self.ev = self._back_off(it, self.ev, self.alpha, False)
+        return self.advance(it, check=False)
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float | None:
         """The KL at the last iterate, unless the last iteration computed it there already."""
