@@ -137,6 +137,9 @@ def _model_param(text: str) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalemb", description="SNE-family embeddings of large graphs.")
     parser.add_argument("--version", action="version", version=f"scalemb {__version__}")
+    parser.add_argument("--s3-endpoint", metavar="URL", default=None,
+                        help="endpoint of the S3-compatible object store that s3:// inputs and outputs name "
+                             "(default: $AWS_ENDPOINT_URL, else AWS); credentials from the standard AWS variables")
     commands = parser.add_subparsers(dest="command", required=True)
 
     emb = commands.add_parser("embed", help="embed a graph and write a Zarr result group",
@@ -280,9 +283,20 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
 
 
 def _affinity(args) -> int:
-    from ..affinity.ordering import check_point_order
+    """``scalemb affinity``; an object-storage INPUT is read from its local copy, an object-storage --out is
+    written locally and published once complete (``scalemb.io.storage``)."""
+    from ..io.storage import local_input, output_target
 
     _refuse_existing(args.out, args.overwrite, (args.input,))
+    shown_out = args.out
+    args.input = local_input(args.input)
+    with output_target(args.out, args.overwrite) as args.out:
+        return _write_affinity(args, shown_out)
+
+
+def _write_affinity(args, shown_out) -> int:
+    from ..affinity.ordering import check_point_order
+
     check_point_order(args.point_order)  # a missing partitioner fails here, before any work
     if args.metric == "liram" or args.labels:
         liram_affinity(args)
@@ -313,7 +327,7 @@ def _affinity(args) -> int:
 
     store = AffinityStore(args.out)
     halo = store.halo
-    print(f"wrote {args.out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
+    print(f"wrote {shown_out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
           f"order {args.point_order}, halos {halo.sum() / store.n_points:.3f} N in all, largest "
           f"{halo.max() / store.n_points:.3f} N")
     return 0
@@ -418,6 +432,10 @@ def main(argv=None) -> int:
     if args.command in ("affinity", "generate", "plot", "export", "report", "metrics", "transform", "continue"):
         # SIGTERM unwinds like Ctrl-C: temporaries removed (embed/resume checkpoint instead; serve has its own)
         signal.signal(signal.SIGTERM, _raise_interrupt)
+    if args.s3_endpoint:
+        from ..io import storage
+
+        storage.configure(args.s3_endpoint)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
@@ -427,7 +445,11 @@ def main(argv=None) -> int:
                 "communities": report_command.run_communities,
                 "transform": transform_cli.run_transform}[args.command](args)
     except RunInterrupted as exc:
-        print(f"scalemb: {exc}", file=sys.stderr)
+        from ..io.storage import is_url
+
+        out = getattr(args, "out", None)
+        print(f"scalemb: interrupted; nothing published at {out}" if is_url(out) else f"scalemb: {exc}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except SchedulerLostError as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
@@ -445,7 +467,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if args.command in ("embed", "resume"):
             out = args.out if args.command == "embed" else args.run
-            print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})", file=sys.stderr)
+            from ..io.storage import is_url
+
+            if is_url(out):
+                print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
+            else:
+                print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})",
+                      file=sys.stderr)
         else:
             print("scalemb: interrupted; nothing written", file=sys.stderr)
         return 130

@@ -150,7 +150,14 @@ def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory")
     ``file``, or a ``scalemb-file``: a file replaced only if scalemb wrote it, ``is_scalemb_file``).
     Refuses an existing target without ``overwrite``, a target that is (or holds) one of ``inputs``,
     an existing directory output scalemb did not write, a file where a directory is written (and the reverse),
-    and a missing parent directory."""
+    and a missing parent directory.  An object-storage URL (``scalemb.io.storage``) is checked there: a group
+    only, as ``scalemb.io.storage.check_output`` says."""
+    from .storage import check_output, is_url
+
+    if is_url(path):
+        if kind != "directory":
+            raise ScalembError(f"{path}: only Zarr groups are written to object storage; write the file locally")
+        return check_output(path, overwrite)
     path = Path(path)
     recover_directory(path)
     for source in inputs:
