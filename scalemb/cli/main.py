@@ -266,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--lease-seconds", type=_bounded(float, 1, 3600), default=None, metavar="S",
                      help="a running job is leased to its service for S seconds, renewed every S/10; a replica "
                           "takes over a job whose lease ran out (its service died or lost the database; default 30)")
+    srv.add_argument("--storage", metavar="URL", default=None,
+                     help="object-storage prefix (s3://BUCKET/PREFIX; needs 'scalemb[s3]'): jobs may read inputs "
+                          "under it (\"input\": \"s3://BUCKET/PREFIX/...\") and done jobs' results are published "
+                          "at URL/jobs/ID/run.zarr; also $SCALEMB_STORAGE.  Endpoint: --s3-endpoint")
     srv.add_argument("--quiet", action="store_true")
     export_cli.add_parser(commands)
     continue_cli.add_parser(commands)
@@ -374,12 +378,17 @@ def _serve(args) -> int:
     root = Path(args.data_root)
     if not root.is_dir():
         raise ScalembError(f"{root}: data root is not a directory")
+    storage = args.storage or os.environ.get("SCALEMB_STORAGE") or None
+    if storage is not None:
+        from ..io.storage import check_prefix
+
+        storage = check_prefix(storage)  # a bad URL, a missing bucket, no credentials: refused before serving
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
                            max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours,
                            database=args.database or os.environ.get("SCALEMB_DATABASE") or None,
-                           retention_hours=args.retention_hours,
+                           retention_hours=args.retention_hours, storage=storage,
                            **({} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}))
     serve(config, host=args.host, port=args.port)
     return 0

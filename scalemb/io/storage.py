@@ -78,7 +78,7 @@ def split(url: str) -> tuple[str, str]:
     match = _URL.match(url) if isinstance(url, str) else None
     if match is None:
         raise ScalembError(f"{url}: not an object-storage URL (s3://BUCKET/KEY)")
-    protocol, rest = match.group(1).lower(), match.group(2).strip("/")
+    protocol, rest = match.group(1).lower(), match.group(2).rstrip("/")
     bucket = rest.split("/", 1)[0]
     if protocol in ("s3", "s3a") and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
         raise ScalembError(f"{url}: not a valid S3 URL (s3://BUCKET/KEY; bucket names are 3-63 lower-case letters, "
@@ -111,36 +111,61 @@ def filesystem(url: str):
         raise ScalembError(f"{url}: {exc}") from None
 
 
-def describe(url: str, exc: BaseException) -> str:
-    """The one-line reason ``exc`` (raised by a call about ``url``) failed."""
+def describe(url: str, exc: BaseException) -> tuple[str, str]:
+    """``(kind, reason)``: why ``exc`` (raised by a call about ``url``) failed, in one line, and the kind of
+    failure (``missing``, ``denied``, ``credentials``, ``unreachable`` or ``other``: what the service answers)."""
     name = type(exc).__name__
     text = str(exc).splitlines()[0] if str(exc) else name
     bucket = split(url)[1].split("/", 1)[0]
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
-        return ("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
-                "environment")
+        return "credentials", ("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) "
+                               "in the environment")
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionError") or \
             isinstance(exc, ConnectionError):
-        return f"cannot reach the object store at {endpoint() or 'the AWS endpoint'} ({text})"
+        return "unreachable", f"cannot reach the object store at {endpoint() or 'the AWS endpoint'} ({text})"
     if isinstance(exc, FileNotFoundError):
         if "specified bucket does not exist" in text.lower() or "nosuchbucket" in text.lower():
-            return f"no such bucket {bucket!r}"
-        return "no such object"
+            return "missing", f"no such bucket {bucket!r}"
+        return "missing", "no such object"
     if isinstance(exc, PermissionError):
-        return f"access denied ({text})"
-    return f"object storage error: {name}: {text}"
+        return "denied", f"access denied ({text})"
+    return "other", f"object storage error: {name}: {text}"
 
 
 @contextmanager
 def errors(url: str, error=ScalembError):
-    """Turn what the object store raises about ``url`` into one ``error`` line naming it."""
+    """Turn what the object store raises about ``url`` into one ``error`` line naming it (its ``kind``
+    attribute: ``describe``'s kind)."""
     try:
         yield
     except (ScalembError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and fsspec errors all become one line
-        reason = describe(url, exc)
-        raise (InputError(url, reason) if error is InputError else error(f"{url}: {reason}")) from None
+        kind, reason = describe(url, exc)
+        raised = InputError(url, reason) if error is InputError else error(f"{url}: {reason}")
+        raised.kind = kind
+        raise raised from None
+
+
+def within(url: str, prefix: str) -> bool:
+    """Whether object URL ``url`` lies under the URL ``prefix`` (same protocol, key below the prefix)."""
+    (protocol, path), (base_protocol, base) = split(url), split(prefix)
+    return protocol == base_protocol and (path == base or path.startswith(base + "/"))
+
+
+def join(prefix: str, *keys: str) -> str:
+    """``prefix/key/...`` (the keys checked as ``split`` checks a URL)."""
+    url = "/".join([prefix.rstrip("/"), *keys])
+    split(url)
+    return url
+
+
+def check_prefix(url: str) -> str:
+    """``url`` as a storage prefix once its bucket answers (``ScalembError`` naming it otherwise)."""
+    fs, path = filesystem(url)
+    with errors(url):
+        _check_bucket(url, fs, path, bucket_only=True)
+    return url.rstrip("/")
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -254,7 +279,7 @@ def _exists(fs, path: str) -> bool:
     return bool(fs.exists(path)) or bool(fs.find(path, maxdepth=1))
 
 
-def _check_bucket(url: str, fs, path: str) -> None:
+def _check_bucket(url: str, fs, path: str, bucket_only: bool = False) -> None:
     bucket = path.split("/", 1)[0]
     try:
         if hasattr(fs, "call_s3"):
@@ -263,7 +288,7 @@ def _check_bucket(url: str, fs, path: str) -> None:
             raise FileNotFoundError(bucket)
     except FileNotFoundError:
         raise FileNotFoundError(f"The specified bucket does not exist: {bucket}") from None
-    if path == bucket:
+    if path == bucket and not bucket_only:
         raise ScalembError(f"{url}: names a bucket; give a key for the output (s3://BUCKET/NAME.zarr)")
 
 

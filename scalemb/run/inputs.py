@@ -112,9 +112,11 @@ class InputPlan:
 
 def plan_of(data, graph_affinity: str = "coauthorship") -> InputPlan:
     """An ``InputPlan`` for what the engine-level runner is handed: a plan as is; anything else read as given
-    (a feature file here is read as an edge list: ``resolve`` is where features become P)."""
+    (a feature file here is read as an edge list: ``resolve`` is where features become P; an object-storage URL
+    as its local copy, as in ``resolve``)."""
     if isinstance(data, InputPlan):
         return data
+    data = local_input(data)
     store = isinstance(data, Affinity) or (isinstance(data, (str, Path)) and is_affinity_store(data))
     return InputPlan("precomputed" if store else "graph", data, data, graph_affinity)
 
