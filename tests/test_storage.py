@@ -261,3 +261,62 @@ def test_an_interrupted_run_publishes_nothing(s3, edges, tmp_path):
     assert f"nothing published at {url}" in err
     assert fs.find(f"{s3.bucket[5:]}/stopped.zarr") == []
     assert [p for p in fs.ls(s3.bucket[5:]) if "stopped" in p] == []
+
+
+@pytest.mark.slow
+def test_service_reads_inputs_from_and_publishes_results_to_its_storage(s3, edges, tmp_path):
+    """``scalemb serve --storage s3://BUCKET/svc``: an input URL under the prefix is snapshot and embedded; the
+    result is published at ``svc/jobs/<id>/run.zarr`` (the local group removed) and downloads, metrics and a
+    transform job read it from there; an input outside the prefix, a missing object: one line naming the URL;
+    deleting the job deletes its published result."""
+    from .test_service import Service
+
+    fs = s3.filesystem()
+    bucket = s3.bucket[5:]
+    fs.put_file(str(edges), f"{bucket}/svc/data/authors.txt")
+    fs.put_file(str(edges), f"{bucket}/elsewhere/authors.txt")
+    root = tmp_path / "root"
+    root.mkdir()
+    svc = Service(root, "--storage", f"{s3.bucket}/svc", env=s3.env())
+    try:
+        url = f"{s3.bucket}/svc/data/authors.txt"
+        status, created = svc.json("POST", "/jobs", {"input": url, "model": "tsne", "iterations": 25, "seed": 3})
+        assert status == 201, created
+        record = svc.wait(created["id"], timeout=180)
+        assert record["state"] == "done", record
+        assert record["params"]["input"] == url
+        job = created["id"]
+        published = f"{bucket}/svc/jobs/{job}/run.zarr"
+        assert fs.exists(f"{published}/zarr.json")
+        deadline = time.monotonic() + 30  # the local group is removed just after the job is marked done
+        while (root / "jobs" / job / "run.zarr").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (root / "jobs" / job / "run.zarr").exists()
+        status, body, _ = svc.request("GET", f"/jobs/{job}/embedding?format=npy")
+        assert status == 200
+        import io
+
+        direct = scalemb.embed(str(edges), model="tsne", iterations=25, seed=3, n_threads=2)
+        assert np.array_equal(np.load(io.BytesIO(body)), direct.embedding)
+        assert np.array_equal(read_result(f"s3://{published}")[0]["embedding"], direct.embedding)
+        metrics = svc.wait(job, predicate=lambda r: r.get("metrics_state") in ("done", "failed"), timeout=120)
+        assert metrics["metrics_state"] == "done", metrics
+        # refusals: one line naming the URL
+        for body, code, words in (({"input": f"{s3.bucket}/elsewhere/authors.txt"}, 403, "outside the service's "
+                                   f"storage {s3.bucket}/svc"),
+                                  ({"input": f"{s3.bucket}/svc/data/missing.txt"}, 404,
+                                   f"{s3.bucket}/svc/data/missing.txt: no such object")):
+            status, answer = svc.json("POST", "/jobs", {**body, "iterations": 5})
+            assert status == code and words in answer["detail"], answer
+        # a job deleted: its published result too; nothing else under the prefix touched
+        assert svc.request("DELETE", f"/jobs/{job}")[0] == 200
+        assert fs.find(published) == []
+        assert fs.exists(f"{bucket}/svc/data/authors.txt")
+    finally:
+        svc.stop()
+    # a service whose storage cannot be used does not start: one line naming it
+    done = subprocess.run([sys.executable, "-m", "scalemb", "serve", "--data-root", str(root), "--storage",
+                           "s3://no-such-bucket-scalemb/svc", "--insecure-no-auth"], env=dict(os.environ, **s3.env()),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == ("scalemb: error: s3://no-such-bucket-scalemb/svc: no such "
+                                                            "bucket 'no-such-bucket-scalemb'")
