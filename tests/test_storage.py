@@ -51,6 +51,9 @@ def test_embed_from_s3_edge_list_to_s3_result_is_the_local_run(s3, edges, tmp_pa
     assert f"wrote {url}" in done.stdout
     assert fs.exists(f"{url[5:]}/zarr.json") and not fs.exists(f"{url[5:]}/.scalemb.lock")
     assert _same(url, local)
+    exported = run_cli("export", url, "--format", "npy", "--out", tmp_path / "map.npy")
+    assert exported.returncode == 0, exported.stderr
+    assert np.array_equal(np.load(tmp_path / "map.npy"), read_result(local)[0]["embedding"])
     # no temporary prefix left beside it, nothing but the group under it
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3.bucket[5:]}/runs")) == ["authors.zarr"]
     # an affinity store written to S3, embedded from S3: the same map

@@ -416,7 +416,14 @@ def replace_directory(new: Path, path: Path) -> None:
 def atomic_directory(path, overwrite: bool = False, inputs=()):
     """Yield a directory path (inside a fresh temporary, ``make_temporary``) to write a group into; on normal
     exit it replaces ``path`` (an existing one only when ``overwrite`` and scalemb wrote it:
-    ``check_output_path``); the temporary is removed in any case."""
+    ``check_output_path``); the temporary is removed in any case.  An object-storage URL ``path``: the group is
+    built in a local staging directory and published there (``scalemb.io.storage.output_target``)."""
+    from .storage import is_url, output_target
+
+    if is_url(path):
+        with output_target(path, overwrite) as staged, atomic_directory(staged) as group:
+            yield group
+        return
     path = check_output_path(path, overwrite, inputs)
     tmp = make_temporary(path, "tmp")
     try:
