@@ -41,6 +41,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,9 +89,28 @@ def split(url: str) -> tuple[str, str]:
     return protocol, rest
 
 
+_filesystems = {}  # (protocol, endpoint, credentials' identity, pid) -> filesystem: a client costs ~0.1 s of CPU
+_filesystems_lock = threading.Lock()
+
+
+def _credentials_key() -> str:
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+             "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+    return hashlib.sha256("\0".join(os.environ.get(n, "") for n in names).encode()).hexdigest()
+
+
 def filesystem(url: str):
-    """``(fsspec filesystem, bucket/key)`` for ``url`` (listings never cached: other writers change them)."""
+    """``(fsspec filesystem, bucket/key)`` for ``url`` (listings never cached: other writers change them).  One
+    filesystem per protocol, endpoint and credentials in a process, shared by its threads."""
     protocol, path = split(url)
+    key = (protocol, endpoint(), _credentials_key(), os.getpid())
+    with _filesystems_lock:
+        if key not in _filesystems:
+            _filesystems[key] = _new_filesystem(url, protocol)
+        return _filesystems[key], path
+
+
+def _new_filesystem(url: str, protocol: str):
     try:
         import fsspec
 
@@ -104,7 +124,7 @@ def filesystem(url: str):
             options = {"use_listings_cache": False, "skip_instance_cache": True}
             if endpoint():
                 options["client_kwargs"] = {"endpoint_url": endpoint()}
-        return fsspec.filesystem(protocol, **options), path
+        return fsspec.filesystem(protocol, **options)
     except ImportError:
         raise ScalembError(f"{url}: object storage needs s3fs: pip install 'scalemb[s3]'") from None
     except ValueError as exc:  # an unknown protocol
