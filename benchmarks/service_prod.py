@@ -280,6 +280,7 @@ def main():
         if fs is not None:
             soaked["published"] = published(fs, prefix) - load["published"]
             soaked["leftovers"] = [k for k in fs.find(prefix[5:]) if ".tmp-" in k or ".scalemb-publishing" in k]
+            print("left in the bucket:", soaked["leftovers"][:20], file=sys.stderr, flush=True)
         print(soaked, file=sys.stderr, flush=True)
     for replica in replicas:
         replica.stop()

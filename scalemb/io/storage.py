@@ -384,15 +384,19 @@ def _publish_from(fs, tmp: str, path: str, overwrite: bool) -> None:
 
 
 def _remove_prefix(fs, prefix: str) -> None:
+    """Delete every object under ``prefix``, scalemb's markers (``.scalemb-*``) last: cut off half way, what is
+    left still carries the marker that lets the recovery rule delete it."""
     try:
         keys = fs.find(prefix)
     except Exception:  # noqa: BLE001 - cleaning up after a failure: the recovery rule removes it later
         return
-    for key in keys:
-        try:
-            fs.rm_file(key)
-        except Exception:  # noqa: BLE001
-            pass
+    markers = [k for k in keys if k.rsplit("/", 1)[-1].startswith(".scalemb-")]
+    for batch in ([k for k in keys if k not in markers], markers):
+        if batch:
+            try:
+                fs.rm(batch)
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def _alive(pid: str) -> bool:
