@@ -40,6 +40,7 @@ def _same(a, b):
     return all(np.array_equal(x[k], y[k]) for k in x) and xa["content_hash"] == ya["content_hash"]
 
 
+@pytest.mark.slow
 def test_embed_from_s3_edge_list_to_s3_result_is_the_local_run(s3, edges, tmp_path):
     fs = s3.filesystem()
     fs.put_file(str(edges), f"{s3.bucket[5:]}/data/authors.txt")
@@ -254,6 +255,7 @@ def test_recovery_finishes_a_complete_publish_and_removes_an_incomplete_one(s3, 
     assert fs.find(live)
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_publishes_nothing(s3, edges, tmp_path):
     """SIGINT during an embed to an S3 output: exit 130 (the CLI's interrupted status), nothing under the URL."""
     fs = s3.filesystem()

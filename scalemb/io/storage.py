@@ -231,10 +231,10 @@ def download(url: str, target: Path, error=InputError) -> dict:
             fs.get_file(path, str(target))
         else:
             target.mkdir()
-            for key in sorted(objects):
-                local = target / key
-                local.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f"{path}/{key}", str(local))
+            keys = sorted(objects)
+            for key in keys:
+                (target / key).parent.mkdir(parents=True, exist_ok=True)
+            fs.get([f"{path}/{key}" for key in keys], [str(target / key) for key in keys])  # concurrent
         if listing(fs, path) != objects:
             raise InputError(url, "changed while it was being read; try again")
     return objects
@@ -352,9 +352,9 @@ def publish(local: Path, url: str, overwrite: bool = False) -> str:
     with errors(url):
         try:
             fs.pipe_file(f"{tmp}/{TEMP_MARKER}", _marker_text())
-            for key in files:  # the root zarr.json last: the temporary is complete once it is there
-                if key != ROOT_META:
-                    fs.put_file(str(local / key), f"{tmp}/{key}")
+            rest = [key for key in files if key != ROOT_META]
+            if rest:  # concurrent uploads; the root zarr.json last: the temporary is complete once it is there
+                fs.put([str(local / key) for key in rest], [f"{tmp}/{key}" for key in rest])
             fs.put_file(str(local / ROOT_META), f"{tmp}/{ROOT_META}")
             _publish_from(fs, tmp, path, overwrite)
         finally:
@@ -373,12 +373,12 @@ def _publish_from(fs, tmp: str, path: str, overwrite: bool) -> None:
     fs.pipe_file(f"{path}/{PUBLISHING}", json.dumps({"from": tmp}).encode())
     if fs.exists(f"{path}/{ROOT_META}"):
         fs.rm_file(f"{path}/{ROOT_META}")  # unpublished: no group is visible until the new root is copied
-    for key in fs.find(path):
-        if not key.endswith(f"/{PUBLISHING}"):
-            fs.rm_file(key)
-    for key in keys:
-        if key != ROOT_META:
-            fs.copy(f"{tmp}/{key}", f"{path}/{key}")
+    old = [key for key in fs.find(path) if not key.endswith(f"/{PUBLISHING}")]
+    if old:
+        fs.rm(old)
+    rest = [key for key in keys if key != ROOT_META]
+    if rest:  # concurrent server-side copies, the root last
+        fs.copy([f"{tmp}/{key}" for key in rest], [f"{path}/{key}" for key in rest])
     fs.copy(f"{tmp}/{ROOT_META}", f"{path}/{ROOT_META}")
     fs.rm_file(f"{path}/{PUBLISHING}")
 
