@@ -9,7 +9,11 @@ run), lost (accepted, then gone or never ended); status-call latency (``GET /job
 terminate every database connection (``pg_terminate_backend``); a job taken over from a killed replica resumes
 from its checkpoint (``--lease-seconds`` after the kill), which counts as a takeover, and a second claim while
 the previous owner was still alive (and not fenced off) as a double run.  The PostgreSQL server is a cluster of
-its own (``tests/postgres_server.py``: Debian's package).  Every process it starts is ended on exit.
+its own (``tests/postgres_server.py``: Debian's package).  With ``--s3``: data and results in a local
+S3-compatible server (moto's server mode, ``tests/s3_server.py``, a process of its own): the 3 edge lists are
+objects ``s3://BUCKET/svc/data/co<k>.txt`` the jobs name as their input (instead of uploads), the replicas run with
+``--storage s3://BUCKET/svc`` (results published at ``svc/jobs/<id>/run.zarr``, and the embeddings compared are
+downloaded from there), and the published results are counted.  Every process it starts is ended on exit.
 
     python benchmarks/service_prod.py --jobs 100 --out benchmarks/results/service_prod.md
     python benchmarks/service_prod.py --jobs 500 --soak-seconds 600 --out benchmarks/results/service_prod.md
@@ -35,6 +39,7 @@ from service_load import (Client, ClusterService, Dask, Inputs, compare, end_chi
                           request_body)
 
 from tests.postgres_server import PostgresServer  # noqa: E402
+from tests.s3_server import S3Server  # noqa: E402
 
 ENDED = ("done", "failed", "cancelled")
 
@@ -80,8 +85,29 @@ class Poller(threading.Thread):
             time.sleep(0.05)
 
 
-def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_seeds=5, max_wait=7200):
-    names = ["school"] + [inputs.upload(replicas[0].port, k) for k in range(n_uploads)]
+def s3_inputs(inputs, fs, prefix, n_inputs=3) -> list:
+    """The edge lists ``co<k>.txt`` (as ``Inputs.upload`` makes them) put at ``PREFIX/data/co<k>.txt``: their URLs."""
+    from scalemb.io.coauthor_generator import write_coauthor_edge_list
+
+    names = []
+    for k in range(n_inputs):
+        local = os.path.join(inputs.directory, f"co{k}.txt")
+        if not os.path.exists(local):
+            write_coauthor_edge_list(local, inputs.authors, seed=k)
+        fs.put_file(local, f"{prefix[5:]}/data/co{k}.txt")
+        inputs.local[f"{prefix}/data/co{k}.txt"] = local
+        names.append(f"{prefix}/data/co{k}.txt")
+    return names
+
+
+def published(fs, prefix) -> int:
+    """Results published under ``PREFIX/jobs`` (a root ``zarr.json`` at ``jobs/<id>/run.zarr``)."""
+    return sum(key.endswith("/run.zarr/zarr.json") for key in fs.find(f"{prefix[5:]}/jobs"))
+
+
+def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_seeds=5, max_wait=7200,
+              sources=None):
+    names = ["school"] + (sources or [inputs.upload(replicas[0].port, k) for k in range(n_uploads)])
     assert None not in names, "an upload failed"
     plan = [(names[i % len(names)], (i // len(names)) % n_seeds) for i in range(n_jobs)]
     load_before = load_average()
@@ -132,7 +158,7 @@ def load_test(replicas, inputs, server, url, n_jobs, iterations, n_uploads=3, n_
 
 def soak(replicas, dask, server, url, inputs, seconds, iterations, outstanding, kill_every, drain, seed=0):
     rng = random.Random(seed)
-    names = ["school"] + [n for n in inputs.local if n.startswith("uploads/")]
+    names = ["school"] + [n for n in inputs.local if n.startswith(("uploads/", "s3://"))]
     accepted, records, pending = {}, {}, {}
     kills = {"replica": 0, "worker": 0, "database connections": 0} if dask is not None else \
         {"replica": 0, "database connections": 0}
@@ -214,6 +240,7 @@ def main():
     parser.add_argument("--drain-seconds", type=float, default=600)
     parser.add_argument("--local", action="store_true", help="jobs run in the replicas (no Dask cluster)")
     parser.add_argument("--max-wait", type=float, default=7200, help="seconds to wait for the jobs to end")
+    parser.add_argument("--s3", action="store_true", help="data and results in a local S3 server (moto_server)")
     parser.add_argument("--work-dir", default=tempfile.gettempdir())
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -229,15 +256,31 @@ def main():
     inputs = Inputs(directory)
     dask = None if args.local else Dask(directory, 2)
     extra = ("--database", url, "--lease-seconds", str(args.lease_seconds), "--checkpoint-every", "50")
+    sources = fs = prefix = None
+    if args.s3:
+        s3 = S3Server()
+        atexit.register(s3.stop)
+        os.environ.update(s3.env())  # the replicas inherit the endpoint and credentials
+        prefix = s3.make_bucket("scalemb-bench") + "/svc"
+        fs = s3.filesystem()
+        sources = s3_inputs(inputs, fs, prefix)
+        extra += ("--storage", prefix)
     replicas = [ClusterService(root, None if dask is None else dask.address, *extra, max_queue=args.jobs + 64,
                                log=os.path.join(directory, f"replica{k}.log")) for k in range(2)]
     header = [machine_description() + "  ", run_description(), ""]
-    load = load_test(replicas, inputs, server, url, args.jobs, args.iterations, max_wait=args.max_wait)
+    load = load_test(replicas, inputs, server, url, args.jobs, args.iterations, max_wait=args.max_wait,
+                     sources=sources)
+    if fs is not None:
+        load["published"] = published(fs, prefix)
     print(load, file=sys.stderr, flush=True)
     soaked = None
     if args.soak_seconds:
         soaked = soak(replicas, dask, server, url, inputs, args.soak_seconds, args.soak_iterations,
                       args.soak_outstanding, (args.kill_min, args.kill_max), args.drain_seconds)
+        if fs is not None:
+            soaked["published"] = published(fs, prefix) - load["published"]
+            soaked["leftovers"] = [k for k in fs.find(prefix[5:]) if ".tmp-" in k or ".scalemb-publishing" in k]
+            print("left in the bucket:", soaked["leftovers"][:20], file=sys.stderr, flush=True)
         print(soaked, file=sys.stderr, flush=True)
     for replica in replicas:
         replica.stop()
@@ -245,13 +288,16 @@ def main():
                                                               "a 2-worker Dask cluster") + " (loopback)", "",
              f"`python benchmarks/service_prod.py --jobs {args.jobs} --iterations {args.iterations} --lease-seconds "
              f"{args.lease_seconds:g}" + (" --local" if args.local else "")
-             + (f" --soak-seconds {args.soak_seconds:g}" if args.soak_seconds else "")
+             + (f" --soak-seconds {args.soak_seconds:g}" if args.soak_seconds else "") + (" --s3" if args.s3 else "")
              + "`: two `scalemb serve --database postgresql://...` replicas (`--max-running 2` each) on one data "
              "root, PostgreSQL 15 in a cluster of the benchmark's own, "
              + ("jobs run in the replicas (local executor, no Dask)" if args.local else
                 "jobs on a `dask scheduler` and 2 single-threaded `dask worker` processes")
-             + "; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 "
-             "seeds; submitted by 32 client threads alternating replicas; status polled through both.", "",
+             + ("; `--storage s3://scalemb-bench/svc` on a local moto_server: SCHOOL and 3 150-author edge lists "
+                "read from `s3://scalemb-bench/svc/data/`, results published at `svc/jobs/<id>/run.zarr` and "
+                "downloaded from there for the comparison, t-SNE, 5 " if args.s3 else
+                "; SCHOOL and 3 uploaded 150-author edge lists, t-SNE, 5 ")
+             + "seeds; submitted by 32 client threads alternating replicas; status polled through both.", "",
              "| submitted | accepted | done | failed | lost | unfinished at --max-wait "
              "| identical embedding | identical KL history | run twice "
              "| jobs per replica | wall, submit to last end | submit phase | status calls | p50 | p99 | max | load "
@@ -263,13 +309,18 @@ def main():
              f"{load['wall_s']:.0f} s | {load['submit_s']:.1f} s | {load['calls']} ({load['codes']}) | "
              f"{load['p50_ms']:.1f} ms | {load['p99_ms']:.1f} ms | {load['max_ms']:.0f} ms | {load['load_before']} "
              f"/ {load['load_after']} / {load['peak_load1']:.1f} |", ""]
+    if "published" in load:
+        lines += [f"Results published in the S3 server by the load phase: {load['published']}.", ""]
     if soaked:
         lines += [f"Soak of {soaked['seconds']:g} s with kills {soaked['kills']}: accepted {soaked['accepted']}, "
                   f"done {soaked['done']}, failed {soaked['failed']}, lost {soaked['lost']}, identical "
                   f"{soaked['identical']} (KL history {soaked['identical_kl']}), resumed {soaked['resumed']}, "
                   f"takeovers {soaked['takeovers']}, run twice {soaked['run_twice']}, POST refusals "
                   f"{soaked['post_errors']}, status codes {soaked['codes']}, status p99 {soaked['p99_ms']} ms, "
-                  f"errors {soaked['errors']}.", ""]
+                  f"errors {soaked['errors']}."
+                  + (f"  Results published in the S3 server by the soak: {soaked['published']}; temporary "
+                     f"prefixes or publishing markers left: {len(soaked['leftovers'])}." if "published" in soaked
+                     else ""), ""]
     text = "\n".join(lines)
     print(text)
     if args.out:

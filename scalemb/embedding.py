@@ -63,7 +63,8 @@ def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     Keyword arguments are ``Embedder``'s (``client``: a running ``distributed.Client`` to run on, or True for
     the active one), plus ``graph_affinity`` for edge-list inputs.  With ``out`` the run
     keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
-    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
+    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end
+    (``data`` and ``out`` may be object-storage URLs: ``scalemb.io.storage``).
     """
     graph_affinity = kwargs.pop("graph_affinity", "coauthorship")
     quiet = kwargs.pop("quiet", True)
@@ -72,5 +73,8 @@ def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     runner = Runner(spec, init=array, optimizer=instance, quiet=quiet, client=client)
     if out is None:
         return runner.fit(plan_of(data, graph_affinity)).result_
-    with Checkpointer(out, every=checkpoint_every, overwrite=overwrite) as checkpoint:
+    from .io.storage import output_target
+
+    with output_target(out, overwrite) as target, \
+            Checkpointer(target, every=checkpoint_every, overwrite=overwrite) as checkpoint:
         return runner.fit(plan_of(data, graph_affinity), checkpoint=checkpoint).result_

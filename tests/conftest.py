@@ -114,3 +114,30 @@ def postgres():
     server = PostgresServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto's server mode, ``tests/s3_server.py``) for the session; the tests using it
+    skip, naming the package, where moto's server is not installed."""
+    from .s3_server import S3Server
+
+    if not S3Server.available():
+        pytest.skip(S3Server.MISSING)
+    pytest.importorskip("s3fs", reason="s3fs is not installed: pip install 'scalemb[s3]'")
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path):
+    """``s3_server`` with its AWS variables set for this test, a fresh bucket (``s3.bucket``: its URL) and a
+    cache directory of the test's own."""
+    import uuid
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SCALEMB_CACHE_DIR", str(tmp_path / "object-cache"))
+    s3_server.bucket = s3_server.make_bucket(f"scalemb-{uuid.uuid4().hex[:12]}")
+    return s3_server

@@ -169,6 +169,34 @@ def test_replicated_overlays_share_a_postgresql_database_and_single_ones_stay_on
     assert parser.parse_args(["serve", "--data-root", "/d"]).database is None
 
 
+OBJECT_STORAGE = {"prod"}  # overlays keeping data and results in S3-compatible storage (components/object-storage)
+
+
+def test_object_storage_overlays_take_the_prefix_and_credentials_from_a_secret():
+    """Where the service keeps data and results in object storage, the prefix, the credentials and the endpoint
+    come from the Secret scalemb-s3 as the variables the service (``SCALEMB_STORAGE``) and botocore
+    (``AWS_*``) read -- never in the arguments -- and the object cache is on the writable /tmp."""
+    for overlay in ("dev", "prod"):
+        deployment = next(doc for doc in _docs(overlay) if doc["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container.get("env", [])}
+        if overlay not in OBJECT_STORAGE:
+            assert not {"SCALEMB_STORAGE", "AWS_ACCESS_KEY_ID"} & set(env)
+            continue
+        keys = {"SCALEMB_STORAGE": "storage", "AWS_ACCESS_KEY_ID": "access-key-id",
+                "AWS_SECRET_ACCESS_KEY": "secret-access-key", "AWS_ENDPOINT_URL": "endpoint"}
+        for name, key in keys.items():
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "scalemb-s3"
+            assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key
+        assert env["AWS_ENDPOINT_URL"]["valueFrom"]["secretKeyRef"]["optional"] is True  # AWS itself: none
+        assert env["SCALEMB_CACHE_DIR"]["value"].startswith("/tmp/")
+        assert "SCALEMB_DATABASE" in env  # the replicas component's variable is kept
+        assert "--storage" not in container["args"]
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--data-root", "/d"]).storage is None  # the variable is read instead
+    assert parser.parse_args(["serve", "--data-root", "/d", "--storage", "s3://b/p"]).storage == "s3://b/p"
+
+
 def test_kustomize_errors_are_reported(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
     result = subprocess.run(_kustomize_command() + [str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -725,9 +753,9 @@ def test_dockerfile_is_slim_non_root_and_installs_the_recommended_extras():
     assert users and users[-1] not in ("root", "0")
     (extras,) = re.findall(r'pip install "\.\[([^\]]+)\]" -c constraints\.txt', text)
     # the service, and what the README recommends for Dask stores, the dashboards and replicas (PostgreSQL)
-    assert set(extras.split(",")) == {"service", "arrow", "partition", "anndata", "dashboard", "postgres"}
+    assert set(extras.split(",")) == {"service", "arrow", "partition", "anndata", "dashboard", "postgres", "s3"}
     readme = (ROOT / "README.md").read_text()
-    for extra in ("arrow", "partition", "postgres"):
+    for extra in ("arrow", "partition", "postgres", "s3"):
         assert f"scalemb[{extra}]" in readme, extra
     assert not any(line.startswith("ENTRYPOINT") for line in lines)  # Kubernetes args replace CMD
     cmd = next(line for line in lines if line.startswith("CMD "))

@@ -205,7 +205,9 @@ class AffinityStore:
     """Read access to an affinity store; ``read_rows`` is what a worker calls for its partition."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        from ..io.storage import local_input
+
+        self.path = Path(local_input(path))  # an object-storage URL: its local copy
         if not is_affinity_store(self.path):
             raise InputError(self.path, "not a scalemb affinity store (Zarr group with encoding-type csr_matrix)")
         self._group = zarr.open_group(store=str(self.path), mode="r")

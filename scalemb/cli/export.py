@@ -27,7 +27,11 @@ def export(run, fmt: str, out=None, overwrite: bool = False) -> Path:
     from ..io.results import read_result
 
     check_format(fmt)
-    run = Path(run)
+    from ..io.storage import is_url, local_input
+
+    if is_url(run) and not out:  # a run in object storage: the file is written here, named after it
+        out = Path(run.rstrip("/").rsplit("/", 1)[-1]).with_suffix(SUFFIXES[fmt])
+    run = Path(local_input(run))
     try:
         read_result(run)
     except (KeyError, FileNotFoundError, ValueError) as exc:

@@ -137,6 +137,9 @@ def _model_param(text: str) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalemb", description="SNE-family embeddings of large graphs.")
     parser.add_argument("--version", action="version", version=f"scalemb {__version__}")
+    parser.add_argument("--s3-endpoint", metavar="URL", default=None,
+                        help="endpoint of the S3-compatible object store that s3:// inputs and outputs name "
+                             "(default: $AWS_ENDPOINT_URL, else AWS); credentials from the standard AWS variables")
     commands = parser.add_subparsers(dest="command", required=True)
 
     emb = commands.add_parser("embed", help="embed a graph and write a Zarr result group",
@@ -263,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--lease-seconds", type=_bounded(float, 1, 3600), default=None, metavar="S",
                      help="a running job is leased to its service for S seconds, renewed every S/10; a replica "
                           "takes over a job whose lease ran out (its service died or lost the database; default 30)")
+    srv.add_argument("--storage", metavar="URL", default=None,
+                     help="object-storage prefix (s3://BUCKET/PREFIX; needs 'scalemb[s3]'): jobs may read inputs "
+                          "under it (\"input\": \"s3://BUCKET/PREFIX/...\") and done jobs' results are published "
+                          "at URL/jobs/ID/run.zarr; also $SCALEMB_STORAGE.  Endpoint: --s3-endpoint")
     srv.add_argument("--quiet", action="store_true")
     export_cli.add_parser(commands)
     continue_cli.add_parser(commands)
@@ -280,9 +287,20 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
 
 
 def _affinity(args) -> int:
-    from ..affinity.ordering import check_point_order
+    """``scalemb affinity``; an object-storage INPUT is read from its local copy, an object-storage --out is
+    written locally and published once complete (``scalemb.io.storage``)."""
+    from ..io.storage import local_input, output_target
 
     _refuse_existing(args.out, args.overwrite, (args.input,))
+    shown_out = args.out
+    args.input = local_input(args.input)
+    with output_target(args.out, args.overwrite) as args.out:
+        return _write_affinity(args, shown_out)
+
+
+def _write_affinity(args, shown_out) -> int:
+    from ..affinity.ordering import check_point_order
+
     check_point_order(args.point_order)  # a missing partitioner fails here, before any work
     if args.metric == "liram" or args.labels:
         liram_affinity(args)
@@ -313,7 +331,7 @@ def _affinity(args) -> int:
 
     store = AffinityStore(args.out)
     halo = store.halo
-    print(f"wrote {args.out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
+    print(f"wrote {shown_out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
           f"order {args.point_order}, halos {halo.sum() / store.n_points:.3f} N in all, largest "
           f"{halo.max() / store.n_points:.3f} N")
     return 0
@@ -360,12 +378,17 @@ def _serve(args) -> int:
     root = Path(args.data_root)
     if not root.is_dir():
         raise ScalembError(f"{root}: data root is not a directory")
+    storage = args.storage or os.environ.get("SCALEMB_STORAGE") or None
+    if storage is not None:
+        from ..io.storage import check_prefix
+
+        storage = check_prefix(storage)  # a bad URL, a missing bucket, no credentials: refused before serving
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
                            checkpoint_every=args.checkpoint_every, n_threads=args.threads,
                            max_upload_bytes=args.max_upload_mb * 1024 * 1024, store_ttl_hours=args.store_ttl_hours,
                            database=args.database or os.environ.get("SCALEMB_DATABASE") or None,
-                           retention_hours=args.retention_hours,
+                           retention_hours=args.retention_hours, storage=storage,
                            **({} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}))
     serve(config, host=args.host, port=args.port)
     return 0
@@ -418,6 +441,10 @@ def main(argv=None) -> int:
     if args.command in ("affinity", "generate", "plot", "export", "report", "metrics", "transform", "continue"):
         # SIGTERM unwinds like Ctrl-C: temporaries removed (embed/resume checkpoint instead; serve has its own)
         signal.signal(signal.SIGTERM, _raise_interrupt)
+    if args.s3_endpoint:
+        from ..io import storage
+
+        storage.configure(args.s3_endpoint)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
@@ -427,7 +454,11 @@ def main(argv=None) -> int:
                 "communities": report_command.run_communities,
                 "transform": transform_cli.run_transform}[args.command](args)
     except RunInterrupted as exc:
-        print(f"scalemb: {exc}", file=sys.stderr)
+        from ..io.storage import is_url
+
+        out = getattr(args, "out", None)
+        print(f"scalemb: interrupted; nothing published at {out}" if is_url(out) else f"scalemb: {exc}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except SchedulerLostError as exc:
         print(f"scalemb: error: {exc}", file=sys.stderr)
@@ -445,7 +476,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if args.command in ("embed", "resume"):
             out = args.out if args.command == "embed" else args.run
-            print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})", file=sys.stderr)
+            from ..io.storage import is_url
+
+            if is_url(out):
+                print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
+            else:
+                print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})",
+                      file=sys.stderr)
         else:
             print("scalemb: interrupted; nothing written", file=sys.stderr)
         return 130

@@ -150,7 +150,14 @@ def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory")
     ``file``, or a ``scalemb-file``: a file replaced only if scalemb wrote it, ``is_scalemb_file``).
     Refuses an existing target without ``overwrite``, a target that is (or holds) one of ``inputs``,
     an existing directory output scalemb did not write, a file where a directory is written (and the reverse),
-    and a missing parent directory."""
+    and a missing parent directory.  An object-storage URL (``scalemb.io.storage``) is checked there: a group
+    only, as ``scalemb.io.storage.check_output`` says."""
+    from .storage import check_output, is_url
+
+    if is_url(path):
+        if kind != "directory":
+            raise ScalembError(f"{path}: only Zarr groups are written to object storage; write the file locally")
+        return check_output(path, overwrite)
     path = Path(path)
     recover_directory(path)
     for source in inputs:
@@ -409,7 +416,14 @@ def replace_directory(new: Path, path: Path) -> None:
 def atomic_directory(path, overwrite: bool = False, inputs=()):
     """Yield a directory path (inside a fresh temporary, ``make_temporary``) to write a group into; on normal
     exit it replaces ``path`` (an existing one only when ``overwrite`` and scalemb wrote it:
-    ``check_output_path``); the temporary is removed in any case."""
+    ``check_output_path``); the temporary is removed in any case.  An object-storage URL ``path``: the group is
+    built in a local staging directory and published there (``scalemb.io.storage.output_target``)."""
+    from .storage import is_url, output_target
+
+    if is_url(path):
+        with output_target(path, overwrite) as staged, atomic_directory(staged) as group:
+            yield group
+        return
     path = check_output_path(path, overwrite, inputs)
     tmp = make_temporary(path, "tmp")
     try:

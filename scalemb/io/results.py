@@ -74,8 +74,10 @@ def write_group(group, arrays: dict, attrs: dict) -> None:
 
 
 def read_result(path) -> tuple[dict, dict]:
-    """Read a result group: ``(arrays, attrs)`` with NumPy arrays."""
-    path = Path(path)
+    """Read a result group: ``(arrays, attrs)`` with NumPy arrays; an object-storage URL from its local copy."""
+    from .storage import local_input
+
+    path = Path(local_input(path))
     recover_directory(path)
     if not path.exists():
         raise ScalembError(f"{path}: no such result")

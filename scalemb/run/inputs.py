@@ -2,7 +2,9 @@
 ``InputPlan`` loads it (in-process P, or the affinity store Dask workers read).
 
 Inputs: ``None`` (the bundled GrQc), a built-in dataset name, an affinity store (a Zarr group: P itself), an
-edge-list file, a feature file (``.npy``, ``.csv``, ``.tsv``: kNN affinities), or an in-memory ``Affinity``.
+edge-list file, a feature file (``.npy``, ``.csv``, ``.tsv``: kNN affinities), or an in-memory ``Affinity``; any
+of the files or stores as an object-storage URL (``s3://bucket/key``), read from its local copy
+(``scalemb.io.storage.local_input``).
 ``affinity='auto'`` (the only place it is decided): a store or an ``Affinity`` is P itself ('precomputed'), a
 file that ``scalemb.affinity.knn.looks_like_features`` is features ('knn'), anything else a graph ('graph').  The
 kNN settings (``perplexity``, ``n_neighbors``, ``metric``) apply to features only: given for another input they
@@ -22,6 +24,7 @@ from ..affinity.store import content_hash
 from ..affinity.knn import FEATURE_SUFFIXES, default_neighbours, looks_like_features
 from ..datasets import DATASETS, load_dataset
 from ..io.edgelist import read_edge_list
+from ..io.storage import is_url, local_input
 from ..params import BY_NAME, DEFAULTS, GRAPH_AFFINITIES, KNN_PARAMS
 from .spec import front_name
 
@@ -109,9 +112,11 @@ class InputPlan:
 
 def plan_of(data, graph_affinity: str = "coauthorship") -> InputPlan:
     """An ``InputPlan`` for what the engine-level runner is handed: a plan as is; anything else read as given
-    (a feature file here is read as an edge list: ``resolve`` is where features become P)."""
+    (a feature file here is read as an edge list: ``resolve`` is where features become P; an object-storage URL
+    as its local copy, as in ``resolve``)."""
     if isinstance(data, InputPlan):
         return data
+    data = local_input(data)
     store = isinstance(data, Affinity) or (isinstance(data, (str, Path)) and is_affinity_store(data))
     return InputPlan("precomputed" if store else "graph", data, data, graph_affinity)
 
@@ -121,6 +126,8 @@ def resolve(source, spec, front: str = "python", shown=None) -> InputPlan:
     (``input_kind``), kNN settings given for a non-feature input refused, a feature file's kNN P built."""
     if spec.graph_affinity not in GRAPH_AFFINITIES:  # a spec is checked; a plain caller's value is not
         BY_NAME["graph_affinity"].check(spec.graph_affinity, front_name(BY_NAME["graph_affinity"], front))
+    if is_url(source):  # an object-storage URL: its local copy (scalemb.io.storage), shown as the URL
+        shown, source = shown or source, local_input(source)
     kind = input_kind(source, spec.affinity, front, shown)
     check_knn_settings(kind, spec, front, shown or source)
     if kind != "knn":

@@ -253,9 +253,12 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
         front: str = "python", **extra) -> EmbeddingResult:
     """Run ``spec`` on ``source`` (resolved by ``scalemb.run.resolve``) and return the result; with ``out`` the
     run keeps checkpoints there (every ``checkpoint_every`` iterations, 0: only on SIGINT/SIGTERM, which then
-    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.
+    raise ``RunInterrupted``; ``scalemb.resume(out)`` continues) and the result is saved there at the end.  An
+    object-storage URL ``out`` is written on local disk (checkpoints included) and published there once the run
+    is done (``scalemb.io.storage.output_target``): an interrupted run publishes nothing.
     ``extra``: the ``Runner``'s Python-only values (``init``, ``optimizer``, ``quiet``)."""
     from ..io.checkpoint import DEFAULT_EVERY, Checkpointer
+    from ..io.storage import output_target
     from .inputs import resolve
 
     runner = Runner(spec, **extra)
@@ -264,5 +267,5 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
     if out is None:
         return runner.fit(plan).result_
     every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
-    with Checkpointer(out, every=every, overwrite=overwrite) as checkpoint:
+    with output_target(out, overwrite) as target, Checkpointer(target, every=every, overwrite=overwrite) as checkpoint:
         return runner.fit(plan, checkpoint=checkpoint).result_

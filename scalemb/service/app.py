@@ -38,6 +38,7 @@ from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
 from .jobs import ENDED, LEASE_SECONDS, InUse, JobRunner, JobStore, QueueFull, disk_full
+from ..io.storage import is_url
 from .jsonsafe import JSONResponse
 from .snapshots import snapshot
 
@@ -67,6 +68,7 @@ class ServiceConfig:
     database: str | None = None  # scalemb.service.database URL; None: sqlite DATA_ROOT/jobs.sqlite3
     retention_hours: float | None = None  # finished jobs purged this long after they end; None: kept
     lease_seconds: float = LEASE_SECONDS  # a job whose service stopped renewing its lease this long is taken over
+    storage: str | None = None  # object-storage URL prefix: s3:// inputs under it, results published there
 
     def __post_init__(self):
         if not 0 <= self.store_ttl_hours < float("inf"):  # NaN or < 0 would delete every unused store
@@ -84,7 +86,8 @@ class _JobBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input: str = Field(description="built-in dataset (grqc, school), or a path relative to the data root: an "
                                    "edge list, a feature matrix (.npy, .csv, .tsv: kNN affinities), an affinity "
-                                   "store, or an upload (uploads/NAME)")
+                                   "store, or an upload (uploads/NAME); or an object URL (s3://...) under the "
+                                   "service's --storage")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -282,6 +285,39 @@ def _input_snapshot(root: Path, relative: str) -> dict:
     return {"input_path": str(copy), "snapshot": str(copy), "input_sha256": key}
 
 
+STORAGE_STATUS = {"missing": 404, "denied": 403, "credentials": 502, "unreachable": 502}
+
+
+def _remote_snapshot(root: Path, url: str, storage: str | None) -> dict:
+    """``_input_snapshot`` of an object-storage input: ``url`` must lie under the service's ``--storage`` prefix
+    (as a path must lie under the data root; 400 without one, 403 outside it); its objects are downloaded into a
+    temporary directory of ``DATA_ROOT/snapshots`` and snapshot from there.  An unusable URL, a missing object
+    or bucket, refused or missing credentials: one line naming the URL (400, 404, 403, 502)."""
+    import shutil
+
+    from ..errors import ScalembError
+    from ..io.storage import download, within
+
+    try:
+        if storage is None:
+            raise HTTPException(400, f"input {url!r}: object-storage inputs need the service's --storage")
+        if not within(url, storage):
+            raise HTTPException(403, f"input {url!r} is outside the service's storage {storage}; refused")
+        folder = root / "snapshots"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".tmp-{os.getpid()}-{time.monotonic_ns()}-download"
+        tmp.mkdir()
+        try:
+            copy = tmp / url.rstrip("/").rsplit("/", 1)[-1]
+            download(url, copy)
+            key, path = snapshot(root, copy)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except ScalembError as exc:
+        raise HTTPException(STORAGE_STATUS.get(getattr(exc, "kind", None), 400), str(exc).splitlines()[0]) from None
+    return {"input_path": str(path), "snapshot": str(path), "input_sha256": key}
+
+
 def _public(record: dict, history: bool = True) -> dict:
     """A job record as ``schemas.JobSummary`` (``history``: ``schemas.Job``, without its metrics)."""
     hidden = ("input_path", "store_path", "snapshot", "cancel_requested", "spec")
@@ -417,7 +453,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         state["store"] = store
         state["runner"] = JobRunner(store, root, config.max_running, config.max_queue, config.scheduler,
                                     config.checkpoint_every, config.n_threads, config.store_ttl_hours,
-                                    config.retention_hours)
+                                    config.retention_hours, config.storage)
         yield
         state["runner"].stop()
         store.close()
@@ -444,6 +480,17 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if isinstance(exc, DatabaseUnavailable):
             return _error(503, f"{exc.args[0]}; retry shortly", {"Retry-After": "2"})
         raise exc
+
+    from ..errors import ScalembError
+
+    @app.exception_handler(ScalembError)
+    async def object_storage(request: Request, exc: ScalembError):
+        """The object store failed while a result was read (``scalemb.io.storage``): one line naming the URL,
+        404/403/502 as for inputs (``STORAGE_STATUS``); any other ``ScalembError`` stays what it was."""
+        kind = getattr(exc, "kind", None)
+        if kind is None:
+            raise exc
+        return _error(STORAGE_STATUS.get(kind, 502), str(exc).splitlines()[0])
 
     for error_type in database_error_types():
         if error_type is not DatabaseUnavailable:
@@ -506,6 +553,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
         with state["runner"].submit_lock.shared():
             if job.input in DATASETS and not (root / job.input).exists():
                 params.update(input_path=job.input, input_sha256=None)  # package data: immutable
+            elif is_url(job.input):
+                params.update(_remote_snapshot(root, job.input, config.storage))
             else:
                 params.update(_input_snapshot(root, job.input))
             params["affinity"] = _affinity_kind(job, params["input_path"])
@@ -588,7 +637,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if not cached.exists():
             tmp = run_dir / f".embedding.{os.getpid()}.{time.monotonic_ns()}{SUFFIXES[format]}"
             try:
-                write_embedding(run_dir / "run.zarr", format, tmp)
+                write_embedding(state["runner"].result_path(job_id), format, tmp)
                 os.replace(tmp, cached)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -605,7 +654,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
             tmp = cached.with_name(f".plot.{os.getpid()}.{time.monotonic_ns()}.png")
             try:
-                tmp.write_bytes(plot_png(state["runner"].run_dir(job_id) / "run.zarr"))
+                tmp.write_bytes(plot_png(state["runner"].result_path(job_id)))
                 os.replace(tmp, cached)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -620,7 +669,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         cached = state["runner"].run_dir(job_id) / name
         if not cached.exists():
             try:
-                write_text_atomic(cached, build(state["runner"].run_dir(job_id) / "run.zarr"))
+                write_text_atomic(cached, build(state["runner"].result_path(job_id)))
             except ScalembError as exc:
                 raise HTTPException(422, str(exc).splitlines()[0]) from None
         return HTMLResponse(cached.read_text(encoding="utf-8"))

@@ -1,7 +1,10 @@
 """Job records (a database: ``scalemb.service.database``) and the runner threads that execute them.
 
 A job's output store is ``DATA_ROOT/jobs/<id>/run.zarr``: a checkpointed run while it runs, the result once
-done.  A job runs on the service (replica) that claimed it: ``JobStore.claim`` takes the oldest queued job, or a
+done; with ``--storage URL`` the result is published at ``URL/jobs/<id>/run.zarr`` before the job is marked done
+(``scalemb.io.storage.publish``: atomic), the local group is removed, and readers (downloads, metrics, transform
+jobs) read the published copy (``result_path``).
+A job runs on the service (replica) that claimed it: ``JobStore.claim`` takes the oldest queued job, or a
 running one whose lease has expired (its service was killed or lost the database), in one transaction with
 ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite: ``BEGIN IMMEDIATE``), sets ``owner``, a lease
 (``--lease-seconds``, on the database's clock) and increments ``claim``.  The owner renews the leases of its
@@ -401,8 +404,8 @@ class JobRunner:
 
     def __init__(self, store: JobStore, data_root: Path, max_running: int, max_queue: int,
                  scheduler: str | None = None, checkpoint_every: int = 100, n_threads: int | None = None,
-                 store_ttl_hours: float = 24.0, retention_hours: float | None = None):
-        self.store, self.data_root = store, data_root
+                 store_ttl_hours: float = 24.0, retention_hours: float | None = None, storage: str | None = None):
+        self.store, self.data_root, self.storage = store, data_root, storage
         self.store_ttl_hours, self.retention_hours = store_ttl_hours, retention_hours
         self.max_queue, self.scheduler = max_queue, scheduler
         self.checkpoint_every, self.n_threads = checkpoint_every, n_threads
@@ -503,6 +506,22 @@ class JobRunner:
     def run_dir(self, job_id: str) -> Path:
         return self.data_root / "jobs" / job_id
 
+    def result_url(self, job_id: str) -> str | None:
+        """Where a done job's result is published with ``--storage`` (``STORAGE/jobs/<id>/run.zarr``), else None."""
+        from ..io.storage import join
+
+        return None if self.storage is None else join(self.storage, "jobs", job_id, "run.zarr")
+
+    def result_path(self, job_id: str) -> Path:
+        """The done job ``job_id``'s result group to read: ``run.zarr`` in its directory, or with ``--storage``
+        the local copy of its published result (``scalemb.io.storage.local_input``, cached in the job's
+        directory, so it goes with the job)."""
+        if self.storage is None:
+            return self.run_dir(job_id) / "run.zarr"
+        from ..io.storage import local_input
+
+        return Path(local_input(self.result_url(job_id), cache=self.run_dir(job_id) / ".objects"))
+
     def submit(self, params: dict) -> dict:
         record = self.store.add(params, self.max_queue)
         self.store.log(record["id"], f"queued ({params.get('kind', 'embed')} job)")
@@ -539,6 +558,13 @@ class JobRunner:
             if not self.store.delete(job_id):
                 return False
             shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+            if self.storage is not None and record["state"] == "done":
+                from ..io.storage import remove_output
+
+                try:
+                    remove_output(self.result_url(job_id))
+                except ScalembError as exc:  # the record is gone: the object store's copy is left, said so
+                    logger.warning("job %s: its published result was not deleted: %s", job_id, exc)
             snap = record["params"].get("snapshot")
             if snap and snap not in self.store.referenced("snapshot"):
                 remove_snapshot(self.data_root, snap, self.snapshot_grace)
@@ -750,7 +776,7 @@ class JobRunner:
         self._current.job = job_id
         self.store.log(job_id, "metrics: computing")
         try:
-            metrics = to_json(evaluate_run(self.run_dir(job_id) / "run.zarr", n_threads=self.n_threads))
+            metrics = to_json(evaluate_run(self.result_path(job_id), n_threads=self.n_threads))
             write_text_atomic(self.run_dir(job_id) / "metrics.json", dumps(metrics))
             self.store.set_metrics(job_id, "done")
             self.store.log(job_id, "metrics: done")
@@ -776,7 +802,7 @@ class JobRunner:
         if not run.exists():
             self.run_dir(job_id).mkdir(parents=True, exist_ok=True)
             try:
-                transform_run(self.run_dir(params["source_job"]) / "run.zarr", params["input_path"], run,
+                transform_run(self.result_path(params["source_job"]), params["input_path"], run,
                               optimizer=PlacementOptimizer(iterations=params["iterations"]),
                               n_threads=self.n_threads, free_hops=params.get("free_hops", 0),
                               free_iterations=params.get("free_iterations", 30))
@@ -797,7 +823,19 @@ class JobRunner:
             self._fail(job_id, FloatingPointError(f"the result is not finite (KL {float(result.kl)})"),
                        self.store.get(job_id)["params"])
             return
+        if self.storage is not None:  # published before the job is done: a done job's result is there
+            if job_id in self.store.lost:
+                return
+            from ..io.storage import publish
+
+            try:
+                publish(run, self.result_url(job_id), overwrite=True)
+            except ScalembError as exc:
+                self._fail(job_id, exc, self.store.get(job_id)["params"])
+                return
         self.store.update(job_id, state="done", finished=time.time(), iteration=int(result.iterations),
                           kl=float(result.kl), kl_history=[float(v) for v in result.kl_history],
                           n_points=int(result.embedding.shape[0]))
+        if self.storage is not None and job_id not in self.store.lost:
+            shutil.rmtree(run, ignore_errors=True)  # the published copy is the result now
         self._start_evaluation(job_id)
