@@ -444,8 +444,10 @@ def main(argv=None) -> int:
         return EXIT_DIVERGED
     except KeyboardInterrupt:
         if args.command in ("embed", "resume"):
+            from ..io.checkpoint import interruption_note
+
             out = args.out if args.command == "embed" else args.run
-            print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})", file=sys.stderr)
+            print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}", file=sys.stderr)
         else:
             print("scalemb: interrupted; nothing written", file=sys.stderr)
         return 130
