@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 logger = logging.getLogger("scalemb")
 
-LOG_SECONDS = 5.0  # without a bar: a log line every tenth of the expected iterations, at least this often
+LOG_SECONDS = 30.0  # without a bar: a log line every tenth of the expected iterations, at least this often
 _REPORTING = contextvars.ContextVar("scalemb_reporting", default=False)
 
 
