@@ -11,12 +11,16 @@ estimator, built with its defaults (``random_state=0`` only), runs
 and is scored by trustworthiness@10 of ``Y_fit`` against ``X_fit`` (exact, ``scalemb.metrics.trustworthiness``)
 and the 10-NN accuracy of the transformed rows (``KNeighborsClassifier(10)`` trained on ``(Y_fit, y_fit)``, scored
 on ``(Y_new, y_new)``), i.e. ``make_pipeline(est, KNeighborsClassifier(10)).fit(X_fit, y_fit).score(X_new, y_new)``.
-The estimators: ``scalemb.TSNE``, ``openTSNE.sklearn.TSNE`` (openTSNE's scikit-learn wrapper) and ``umap.UMAP``.
-Every estimator is warmed up first on 300 digits (numba compilation is not timed).  CPU seconds count every
+The estimators: ``scalemb.TSNE``, ``openTSNE.sklearn.TSNE`` (openTSNE's scikit-learn wrapper) and ``umap.UMAP``;
+beside scalemb's default a second scalemb row: ``optimizer=`` what 'auto' picks from ``AUTO_SCALE_MIN_POINTS``
+(2e4) points on, openTSNE's schedule (delta-bar-delta, 250 exaggerated + 500 iterations), at every size.
+Every estimator is warmed up first on 300 digits, and pynndescent (scalemb's and umap's kNN above 4096 points) on
+5000 mixture rows: numba's compilation is not timed.  CPU seconds count every
 thread of the process (openTSNE's default is one thread, umap and scalemb use every core); with ``--rounds R``
 each data set is run R times, the estimators in rotated order, and the medians are reported.
 
-    python benchmarks/users.py --out benchmarks/results/users.md [--sets digits,mixture,pbmc] [--rounds 3]
+    python benchmarks/users.py --out benchmarks/results/users.md [--sets digits,pbmc,mixture] [--rounds 3]
+        [--large-rounds 1]
 """
 import argparse
 import statistics
@@ -62,7 +66,12 @@ def estimators():
 
     import scalemb
 
+    from scalemb.optim import AUTO_SCALE_MIN_POINTS, make_optimizer
+
     return {"scalemb.TSNE": lambda: scalemb.TSNE(random_state=0),
+            # what optimizer='auto' runs from AUTO_SCALE_MIN_POINTS points on: openTSNE's schedule (dbd, 750 it.)
+            "scalemb.TSNE, at-scale schedule": lambda: scalemb.TSNE(
+                random_state=0, optimizer=make_optimizer("auto", "tsne", n_points=AUTO_SCALE_MIN_POINTS)),
             "openTSNE.sklearn.TSNE": lambda: OpenTSNE(random_state=0),
             "umap.UMAP": lambda: umap.UMAP(random_state=0)}
 
@@ -92,6 +101,7 @@ def main(argv=None):
     parser.add_argument("--out", help="write the Markdown report here")
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--large-rounds", type=int, default=1, help="rounds for data sets of more than 1e4 rows")
     args = parser.parse_args(argv)
     from sklearn.model_selection import train_test_split
 
@@ -99,20 +109,24 @@ def main(argv=None):
     warnings.filterwarnings("ignore", message=".*n_jobs value.*")
     report = Report.start(
         "Users' estimators side by side: scalemb, openTSNE, umap with their defaults (issue 35)",
-        f"`{' '.join(['python'] + sys.argv)}`; rounds per data set: {args.rounds} (medians; estimators in rotated "
-        "order).  Fit on 80 % of the rows, `transform` of the other 20 %; trustworthiness@10 of the fitted rows, "
-        "10-NN accuracy of the transformed rows against the fitted ones' labels.  CPU: process seconds (all "
-        "threads).")
+        f"`{' '.join(['python'] + sys.argv)}`; rounds per data set: {args.rounds}, above 1e4 rows {args.large_rounds} "
+        "(medians; estimators in rotated order).  Fit on 80 % of the rows, `transform` of the other 20 %; "
+        "trustworthiness@10 of the fitted rows, 10-NN accuracy of the transformed rows against the fitted ones' "
+        "labels.  CPU: process seconds (all threads).")
     factories = estimators()
     Xw, yw = load("digits")
     for name, factory in factories.items():  # numba compilation and caches, untimed
         one(factory, Xw[:240], yw[:240], Xw[240:300], yw[240:300])
+    from scalemb.affinity.knn import knn_graph
+
+    knn_graph(gaussian_mixture(5000)[0], 15, algorithm="nndescent")  # pynndescent's compilation (scalemb, umap)
     names = list(factories)
     for set_name in args.sets.split(","):
         X, y = load(set_name)
         X_fit, X_new, y_fit, y_new = train_test_split(X, y, test_size=0.2, random_state=0, stratify=y)
         runs = {name: [] for name in names}
-        for r in range(args.rounds):
+        rounds = args.rounds if X.shape[0] <= 10_000 else args.large_rounds
+        for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 runs[name].append(one(factories[name], X_fit, y_fit, X_new, y_new))
@@ -123,7 +137,7 @@ def main(argv=None):
             rows.append([name, f"{med['fit_cpu']:.1f}", f"{med['fit_wall']:.1f}", f"{med['tr_cpu']:.2f}",
                          f"{med['tr_wall']:.2f}", f"{med['trust']:.4f}", f"{med['acc']:.4f}"])
         report(f"\n## {set_name}: {X.shape[0]} x {X.shape[1]}, {len(np.unique(y))} classes; fit {X_fit.shape[0]}, "
-               f"transform {X_new.shape[0]}\n")
+               f"transform {X_new.shape[0]}; {rounds} round{'s' if rounds > 1 else ''}\n")
         report(markdown_table(["estimator", "fit CPU s", "fit wall s", "transform CPU s", "transform wall s",
                                "trustworthiness@10", "10-NN accuracy (transformed)"], rows))
     report()
