@@ -213,3 +213,13 @@ def test_graph_transform_bad_input_one_clear_error_nothing_changed(tmp_path, spl
     with pytest.raises(InputError, match="strings but the stored map's are integers"):
         est.transform(strings)
     assert np.array_equal(est.embedding_, before)
+
+
+def test_kernel_eigenmap_takes_random_state_and_seed_warns():
+    X = np.random.default_rng(0).standard_normal((200, 4))
+    Y = scalemb.KernelEigenmap(2, n_centres=16, random_state=5).fit_transform(X)
+    with pytest.warns(FutureWarning, match="seed is a deprecated alias of random_state"):
+        old = scalemb.KernelEigenmap(2, n_centres=16, seed=5).fit_transform(X)
+    assert np.array_equal(Y, old)
+    with pytest.raises(ValueError, match="^random_state: must be an integer >= 0"):
+        scalemb.KernelEigenmap(2, n_centres=16, random_state=-1).fit(X)

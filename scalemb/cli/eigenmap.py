@@ -49,7 +49,7 @@ def run_eigenmap(args) -> int:
 
         X = read_features(args.input)
         result = KernelEigenmap(args.space_dims, n_centres=args.centres, n_neighbors=args.neighbors,
-                                bandwidth=args.bandwidth, correction=args.correction, seed=args.random_state,
+                                bandwidth=args.bandwidth, correction=args.correction, random_state=args.random_state,
                                 n_jobs=args.n_jobs).fit(X).to_result(source=args.input)
         detail = ", ".join(f"{v:.4f}" for v in result.optimizer["eigenvalues"])
     result.save(args.out, overwrite=args.overwrite)
