@@ -216,7 +216,8 @@ class Runner:
                 (executor, node_ids, provenance):
             if verify is not None:
                 verify(executor, node_ids, provenance)
-            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper())
+            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper(),
+                                stop_rule=stop_rule(optimizer))
             extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
             try:
                 run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)
