@@ -166,6 +166,7 @@ class Progress:
         self._every = max(1, self.total // 10)
         self._next_log = 0
         self._logged = self.start
+        self._first = None  # when iteration 1 was reported
         if not quiet:
             logger.info("%s optimisation ... (at most %d iterations)", label or "embed", self.total)
             if _in_notebook() or getattr(self.stream, "isatty", lambda: False)():
@@ -179,6 +180,8 @@ class Progress:
             self.listener(iteration, kl)
         if self.quiet:
             return
+        if iteration == 1 or (self._first is None and iteration > 1):
+            self._first = time.perf_counter()
         del self.history[iteration:]  # a line search or restart reports an iteration again: keep the last
         self.history.extend([math.nan] * (iteration - len(self.history)))
         self.history.append(float(kl))
@@ -196,7 +199,9 @@ class Progress:
             self._logged = time.perf_counter()
             elapsed = self._logged - self.start
             expected = f"~{self.expected}" if self.expected < self.total else f"<={self.total}"
-            eta = f"  ETA {elapsed / iteration * (self.expected - iteration):.0f}s" if iteration > 0 else ""
+            # the rate from iteration 1 on: the first holds one-off costs (compilation, the grid's set-up)
+            eta = f"  ETA {(self._logged - self._first) / (iteration - 1) * (self.expected - iteration):.0f}s" \
+                if iteration > 1 and self._first is not None else ""
             logger.info("%s iteration %d/%s  %s %.4f  %.1fs%s", self.label, iteration, expected, self.value, kl,
                         elapsed, eta)
 
