@@ -119,13 +119,13 @@ def swiss_roll_rows(n, held_out, seeds):
         centres = X[train][np.sort(rng.choice(train.size, 64, replace=False))]
         for correction in CORRECTIONS:
             start = time.perf_counter()
-            model = KernelEigenmap(2, centres=centres, correction=correction, seed=seed).fit(X[train])
+            model = KernelEigenmap(2, centres=centres, correction=correction, random_state=seed).fit(X[train])
             fit_s = time.perf_counter() - start
             start = time.perf_counter()
             y_test = model.transform(X[test])
             map_s = time.perf_counter() - start
             start = time.perf_counter()
-            full = KernelEigenmap(2, centres=centres, correction=correction, seed=seed).fit(X[order])
+            full = KernelEigenmap(2, centres=centres, correction=correction, random_state=seed).fit(X[order])
             refit_s = time.perf_counter() - start
             err = aligned_error(model.embedding_, y_test, full.embedding_[:train.size], full.embedding_[train.size:])
             corr = abs(np.corrcoef(y_test[:, 0], t[test])[0, 1])

@@ -43,7 +43,7 @@ from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
-from .models import DEFAULT_MODEL
+from .models import ESTIMATOR_MODEL
 from .affinity.knn import default_neighbours
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
@@ -74,7 +74,8 @@ def _graph_affinity(A, kind: str, source: str, node_names=None):
         where = node_names[missing[0]] if node_names is not None else int(missing[0])
         raise InputError(source, f"{missing.size} of {A.shape[0]} nodes have no edge (e.g. node {where!r}); "
                                  "every node needs a neighbour to be embedded")
-    return coauthorship_affinity(graph) if kind == "coauthorship" else normalized_affinity(graph)
+    affinity = coauthorship_affinity(graph) if kind == "coauthorship" else normalized_affinity(graph)
+    return affinity, graph
 
 
 def _knn_pair(pair, perplexity, n_jobs):
@@ -105,7 +106,7 @@ class Embedder(TransformerMixin, BaseEstimator):
     ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
     """
 
-    _model_default = DEFAULT_MODEL
+    _model_default = ESTIMATOR_MODEL
 
     def __init__(self, **params):  # the signature is generated from scalemb.params (see below)
         unknown = sorted(set(params) - set(ESTIMATOR_NAMES))
@@ -202,8 +203,9 @@ class Embedder(TransformerMixin, BaseEstimator):
         init = values["init"]
         array = init if hasattr(init, "shape") else None
         values["init"] = None if array is not None else (None if init is None else str(init))
-        if values["metric"] in ("liram", "precomputed"):  # learned from the labels (fit(X, y)) / the input is the
-            values["metric"] = DEFAULTS["metric"]  # distance matrix: not kNN metrics of the table
+        if callable(values["metric"]) or values["metric"] in ("liram", "precomputed"):  # a Python function /
+            # learned from the labels (fit(X, y)) / the input is the distance matrix: not kNN metrics of the table
+            values["metric"] = DEFAULTS["metric"]
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
     def _runner(self):
@@ -232,6 +234,10 @@ class Embedder(TransformerMixin, BaseEstimator):
         from .run.inputs import resolve
 
         kind = self.affinity
+        if callable(self.metric) and (X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X)
+                                      or _is_networkx(X)):
+            raise ValueError("metric: a callable metric needs a dense feature array (points x features); "
+                             f"got {type(X).__name__}")
         if isinstance(X, Affinity):
             return X, None, None
         if X is None or isinstance(X, (str, Path)):
@@ -250,7 +256,7 @@ class Embedder(TransformerMixin, BaseEstimator):
             except ValueError as exc:  # mixed or other node types
                 raise InputError("networkx graph", str(exc)) from None
             A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
-            return _graph_affinity(A, self.graph_affinity, "networkx graph", names), names, None
+            return self._graph(A, "networkx graph", names), names, None
         if isinstance(X, tuple) and len(X) == 2:
             return _knn_pair(X, self.perplexity, self._threads()), None, None
         if sp.issparse(X):
@@ -261,8 +267,18 @@ class Embedder(TransformerMixin, BaseEstimator):
                 raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
             if kind == "precomputed":
                 return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
-            return _graph_affinity(X, self.graph_affinity, "sparse adjacency"), None, None
+            return self._graph(X, "sparse adjacency"), None, None
         return self._from_array(X)
+
+    def _graph(self, A, source: str, names=None):
+        """P of the adjacency ``A`` (``_graph_affinity``); the graph is kept, its nodes named as the user named
+        them (``names``: a networkx graph's), for ``transform`` to grow it by new nodes."""
+        affinity, graph = _graph_affinity(A, self.graph_affinity, source, names)
+        if names is not None:
+            graph = graph_from_edges(names[graph.node_ids[graph.src]], names[graph.node_ids[graph.dst]],
+                                     graph.weight, source)
+        self._graph_input = graph
+        return affinity
 
     def _from_array(self, X):
         from sklearn.utils.validation import validate_data
@@ -273,7 +289,7 @@ class Embedder(TransformerMixin, BaseEstimator):
                 raise ValueError(f"affinity='precomputed' needs a square P, got shape {X.shape}")
             return Affinity(sp.csr_matrix(X), np.arange(X.shape[0]), {"source": "precomputed"}), None, None
         if self.affinity == "graph":
-            return _graph_affinity(X, self.graph_affinity, "adjacency array"), None, None
+            return self._graph(X, "adjacency array"), None, None
         if self.metric == "precomputed":
             return self._from_distances(X), None, None
         return self._knn(X), None, None
@@ -298,14 +314,57 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     def _knn(self, X):
         self._features = X  # the reference rows transform places new rows against
+        if callable(self.metric):
+            return self._callable_knn(X)
         return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
+
+    def _callable_knn(self, X):
+        """kNN affinities under ``metric=f``, a callable ``f(u, v) -> distance`` of two feature rows (as
+        scikit-learn's ``NearestNeighbors(metric=f)`` takes it): the exact ``n_neighbors`` nearest rows (``N^2``
+        calls of ``f``, in row blocks; ties to the lower index), calibrated to the perplexity as for a named
+        metric.  ``f`` is tried on the first two rows first, so a bad callable fails in one line naming
+        ``metric``; a non-finite or negative distance anywhere is refused."""
+        from scipy.spatial.distance import cdist
+
+        from .affinity.knn import exact_knn
+        from .progress import phase
+
+        f = self.metric
+        name = getattr(f, "__name__", type(f).__name__)
+        try:
+            first = f(X[0], X[1])
+            first = float(first)
+        except Exception as exc:  # noqa: BLE001 - the user's function: any failure is reported in one line
+            raise ValueError(f"metric: the callable {name} fails on two feature rows ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); it must take two 1-D rows and "
+                             "return their distance") from None
+        if not np.isfinite(first) or first < 0:
+            raise ValueError(f"metric: the callable {name} must return a finite distance >= 0, got {first!r}")
+        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
+            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
+        n = X.shape[0]
+        k = default_neighbours(n, float(self.perplexity), self.n_neighbors)
+        with phase("kNN", f"{n} points x {X.shape[1]} features, {k} neighbours, exact, metric {name}"):
+            try:
+                indices, distances = exact_knn(X, k, lambda rows, ref: cdist(rows, ref, metric=f))
+            except Exception as exc:  # noqa: BLE001
+                raise ValueError(f"metric: the callable {name} fails ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        bad = ~np.isfinite(distances) | (distances < 0)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise ValueError(f"metric: the callable {name} returned {float(distances[i, j])!r} for rows {i} and "
+                             f"{indices[i, j]}; distances must be finite and >= 0")
+        affinity = _knn_pair((indices, distances), self.perplexity, self._threads())
+        affinity.provenance.update(method="knn", metric=f"callable:{name}", n_neighbors=int(k), knn="exact")
+        return affinity
 
     def _from_anndata(self, adata):
         if "connectivities" in adata.obsp and self.affinity in ("auto", "graph", "precomputed"):
             C = adata.obsp["connectivities"]
             if self.affinity == "precomputed":
                 return Affinity(C, np.arange(adata.n_obs), {"source": "anndata.obsp"}), None, adata
-            return _graph_affinity(C, self.graph_affinity, "AnnData .obsp['connectivities']"), None, adata
+            return self._graph(C, "AnnData .obsp['connectivities']"), None, adata
         if self.affinity == "graph":
             raise ValueError("affinity='graph' needs an AnnData with .obsp['connectivities']")
         if adata.X is None:
@@ -358,9 +417,15 @@ class Embedder(TransformerMixin, BaseEstimator):
             from sklearn.utils import check_array
 
             check_array(X, dtype=None, ensure_min_samples=2, ensure_all_finite=False, ensure_2d=False)
+        from .progress import reporting
+
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
-        self._features = None
+        with reporting(not runner.quiet):  # verbose: each phase with its time (scalemb.progress)
+            return self._fit(runner, X, y, checkpoint, graph_affinity)
+
+    def _fit(self, runner, X, y, checkpoint, graph_affinity):
+        self._features = self._graph_input = None
         if self.metric_params is not None and self.metric != "liram":
             raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
         if self.metric == "liram":
@@ -375,30 +440,102 @@ class Embedder(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X):
-        """Place the new feature rows ``X`` (M x d, the fitted features' width) into the fitted map, which stays
-        fixed: each new row starts at the weighted median of its kNN among the fitted rows and is optimised on
-        the whole map's KL with the fitted rows fixed (``scalemb.placement``, the engine's placement).  Returns
-        ``M x (ds + dt)``; deterministic for a fixed ``random_state``.  Maps fitted to a graph, P or an AnnData
-        graph are refused here (the engine's ``scalemb.embedding.Embedder.transform`` places nodes from an edge
-        list).  Raises ``NotFittedError`` before ``fit`` and a ``ValueError`` for rows of another width; the
-        fitted state is not changed."""
+        """Place new points into the fitted map, which stays fixed (``scalemb.placement``, the engine's
+        placement); deterministic for a fixed ``random_state``.  Returns ``M x (ds + dt)``, one row per new
+        point; the fitted state is not changed.
+
+        * A map fitted to a feature array: ``X`` are new feature rows (M x d, the fitted width).  Each starts at
+          the weighted median of its kNN among the fitted rows and is optimised on the whole map's KL with the
+          fitted rows fixed.
+        * A map fitted to a graph (an edge list, a networkx graph, a sparse adjacency, an AnnData graph): ``X`` is
+          the new nodes' edges, an edge-list path or a networkx graph.  Each edge is undirected and may list its
+          ends in either order; the end that is not a fitted node is the new one.  A networkx graph may be the
+          grown graph itself: its edges between two fitted nodes are the fitted graph's and are skipped.  The
+          rows follow ``transform_node_ids_`` (the new nodes, sorted).
+
+        Raises ``NotFittedError`` before ``fit`` and ``ValueError`` for rows of another width, an edge between
+        two fitted nodes in a file, or a map fitted to P, a kNN pair, distances or with metric='liram'."""
         from sklearn.utils.validation import check_is_fitted, validate_data
 
         from .placement import PlacementOptimizer, Reference, place_into
 
         check_is_fitted(self, "result_")
+        if self._graph_reference() is not None:
+            return self._transform_nodes(X)
         features = getattr(self, "_fitted_features", None)
         if features is None:
             raise ValueError(f"{type(self).__name__}.transform places new feature rows into a map fitted to a "
-                             "feature array with kNN affinities; this one was fitted to a graph, an affinity, "
-                             "a kNN pair, distances or with metric='liram'")
+                             "feature array, or new nodes into a map fitted to a graph; this one was fitted to "
+                             "an affinity, a kNN pair, distances or with metric='liram'")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         provenance = self.result_.provenance
-        reference = Reference("knn", affinity=self._fitted_data, features=features,
-                              knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")})
+        knn = {k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")}
+        if callable(getattr(self, "_fitted_metric", None)):  # the fit's callable (its provenance holds its name)
+            knn["metric"] = self._fitted_metric
+        reference = Reference("knn", affinity=self._fitted_data, features=features, knn=knn)
         placed = place_into(self.result_, X, reference, PlacementOptimizer(iterations=TRANSFORM_ITERATIONS),
                             seed=self._seed(), n_threads=self._threads())
         return np.ascontiguousarray(placed.embedding[self.result_.node_ids.size:])
+
+    def _graph_reference(self):
+        """``(Reference, EmbeddingResult with the node ids as the user names them)`` of a map fitted to a graph,
+        else None."""
+        import dataclasses
+
+        from .placement import Reference, reference_of
+
+        graph = getattr(self, "_fitted_graph", None)
+        provenance = self.result_.provenance
+        if graph is not None:
+            rule = provenance.get("affinity") or self.graph_affinity
+            return Reference("graph", graph=graph, rule=rule), dataclasses.replace(self.result_,
+                                                                                   node_ids=np.asarray(graph.node_ids))
+        from .datasets import DATASETS
+
+        source = provenance.get("source")
+        if provenance.get("method") is None and not provenance.get("store") and \
+                (provenance.get("dataset") in DATASETS or (isinstance(source, str) and Path(source).is_file())):
+            return reference_of(f"{type(self).__name__} fit", provenance, self.result_.node_ids), self.result_
+        return None
+
+    def _transform_nodes(self, X):
+        from .io.nodeids import as_node_ids
+        from .placement import PlacementOptimizer, place
+        from .placement.affinity import extended_graph_affinity, new_edges, read_new_edges
+
+        reference, result = self._graph_reference()
+        old_ids = np.asarray(result.node_ids)
+        if isinstance(X, (str, Path)):
+            new_ids, src, dst, weight = read_new_edges(X, old_ids)
+        elif _is_networkx(X):
+            edges = list(X.edges(data="weight", default=1.0))
+            names = np.empty(2 * len(edges), dtype=object)
+            names[:] = [end for u, v, _ in edges for end in (u, v)]
+            try:
+                ends = as_node_ids(names, "node names") if len(edges) else np.zeros(0, dtype=np.int64)
+            except ValueError as exc:
+                raise InputError("networkx graph", str(exc)) from None
+            first, second = ends[0::2], ends[1::2]
+            weight = np.asarray([w for _, _, w in edges], dtype=np.float64)
+            fitted = np.isin(first, old_ids) & np.isin(second, old_ids)  # the fitted graph's own edges
+            if (~fitted).sum() == 0:
+                raise InputError("networkx graph", "no edge with a new node (every node is in the fitted map)")
+            if not np.all(np.isfinite(weight)) or (weight <= 0).any():
+                raise InputError("networkx graph", "edge weights must be finite and positive")
+            new_ids, src, dst, weight = new_edges(first[~fitted], second[~fitted], weight[~fitted], old_ids,
+                                                  "networkx graph")
+            isolated = [n for n in X.nodes() if X.degree(n) == 0]
+            if isolated:
+                raise InputError("networkx graph", f"{len(isolated)} new nodes have no edge (e.g. node "
+                                                   f"{isolated[0]!r}); every new node needs a neighbour")
+        else:
+            raise ValueError(f"{type(self).__name__} was fitted to a graph: transform takes the new nodes' edges, "
+                             f"an edge-list path or a networkx graph, got {type(X).__name__}")
+        P = extended_graph_affinity(reference.graph, reference.rule, old_ids, new_ids, src, dst, weight)
+        placed, _ = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
+                          PlacementOptimizer(iterations=TRANSFORM_ITERATIONS), self._seed(), self._threads())
+        self.transform_node_ids_ = new_ids
+        return np.ascontiguousarray(placed.coords.T)
 
     def get_feature_names_out(self, input_features=None):
         """``["tsne0", "tsne1", ...]``: the class name, lower case, and the column (as scikit-learn's
@@ -415,6 +552,8 @@ class Embedder(TransformerMixin, BaseEstimator):
     def _set_fitted(self, runner, data, node_ids):
         self._fitted_runner, self._fitted_data = runner, data
         self._fitted_features = getattr(self, "_features", None)
+        self._fitted_graph = getattr(self, "_graph_input", None)
+        self._fitted_metric = self.metric
         self.result_ = runner.result_
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
@@ -460,7 +599,7 @@ def _generated_init(cls, model: str):
     return cls
 
 
-_generated_init(Embedder, DEFAULT_MODEL)
+_generated_init(Embedder, ESTIMATOR_MODEL)
 
 
 @lambda cls: _generated_init(cls, "sne")
@@ -476,3 +615,15 @@ class TSNE(Embedder):
 @lambda cls: _generated_init(cls, "snest")
 class SNEST(Embedder):
     """``Embedder`` with ``model='snest'`` (space-time SNE, one time dimension) by default."""
+
+
+@lambda cls: _generated_init(cls, "cosne")
+class CoSNE(Embedder):
+    """``Embedder`` with ``model='cosne'`` (CO-SNE: the Poincaré ball, hyperbolic Cauchy kernel) by default; its
+    own parameters (``gamma``, ``lam1``, ``lam2``...) go in ``model_params``."""
+
+
+@lambda cls: _generated_init(cls, "ee")
+class ElasticEmbedding(Embedder):
+    """``Embedder`` with ``model='ee'`` (the elastic embedding) by default; its ``lam`` goes in
+    ``model_params``."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .affinity.knn import METRICS as KNN_METRICS, PERPLEXITY
 from .init import check_init
-from .models import DEFAULT_MODEL, ModelChoices
+from .models import DEFAULT_MODEL, ESTIMATOR_MODEL, ModelChoices
 from .optim import OPTIMIZER_NAMES
 from .optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from .repulsion import REPULSION_METHODS
@@ -46,6 +46,8 @@ class Param:
     alias_of: str | None = None  # a deprecated second name of row ``alias_of`` (the estimator's edge only)
     estimator: str | None = None  # the estimator's (scikit-learn's) name of a run field named otherwise; the
     # row's own name then stays the run's field, the CLI's and the service's, and is a deprecated estimator alias
+    estimator_default: object = _SAME  # the estimator's default where it differs from the run's (the CLI's and
+    # the service's): scalemb.Embedder() is 2-D t-SNE, the user's expectation, while `scalemb embed` keeps SNEST
     words: tuple = ()  # texts that stand for themselves beside numbers (learning_rate 'auto')
     validate: object = None  # the row's own check(value) -> None, raising ValueError (instead of type and bounds)
 
@@ -164,8 +166,9 @@ GRAPH_AFFINITIES = ("coauthorship", "normalized")
 _HUGE = 10 ** 9
 
 PARAMS = (
-    Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE)", MODELS,
-          "--model", "model"),
+    Param("model", DEFAULT_MODEL, "the model (scalemb.models), e.g. sne, tsne or snest (space-time SNE); the "
+          "estimator scalemb.Embedder defaults to tsne", MODELS, "--model", "model",
+          estimator_default=ESTIMATOR_MODEL),
     Param("model_params", None, "the model's parameters, a dict: the model is get_model(model, **model_params)",
           None, "--model-param", "model_params", dict[str, float | int | str] | None),
     Param("space_dims", 2, "space dimensions", None, "--space", "space", int, {"ge": 1, "le": 16},
@@ -182,7 +185,8 @@ PARAMS = (
     Param("n_neighbors", None, "kNN affinities: neighbours per point (default min(N - 1, 3 perplexity))", None,
           "--n-neighbors", "n_neighbors", int | None, {"ge": 1, "le": 10_000}),
     Param("metric", "euclidean", "kNN affinities: distance (in Python also 'liram': learned from the labels of "
-          "fit(X, y), scalemb.lvq; and 'precomputed': fit(D) on a square distance matrix)", tuple(KNN_METRICS),
+          "fit(X, y), scalemb.lvq; 'precomputed': fit(D) on a square distance matrix; and a callable f(u, v) -> "
+          "distance of two feature rows, exact kNN)", tuple(KNN_METRICS),
           "--metric", "metric"),
     Param("metric_params", None, "metric='liram': the scalemb.lvq.LiRaMLVQ settings, a dict (prototypes_per_class, "
           "rank, epochs, ...; default: LiRaMLVQ's)", type=dict | None),
@@ -279,4 +283,5 @@ def estimator_name(p: Param) -> str:
 # spells otherwise, as deprecated aliases (default None: not given)
 ESTIMATOR_ALIASES = {p.name: p for p in PARAMS if p.estimator}
 ESTIMATOR_NAMES = tuple(estimator_name(p) for p in PARAMS) + tuple(ESTIMATOR_ALIASES)
-ESTIMATOR_DEFAULTS = {**{estimator_name(p): p.default for p in PARAMS}, **dict.fromkeys(ESTIMATOR_ALIASES)}
+ESTIMATOR_DEFAULTS = {**{estimator_name(p): p.default if p.estimator_default is _SAME else p.estimator_default
+                         for p in PARAMS}, **dict.fromkeys(ESTIMATOR_ALIASES)}

@@ -16,6 +16,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,3 +68,12 @@ def run_cli_process(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess
     """``python -m scalemb *args`` as a subprocess (``kwargs``: ``cwd``, ``env`` ... of ``subprocess.run``)."""
     return subprocess.run([sys.executable, "-m", "scalemb", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+PROGRESS_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} scalemb ")  # the CLI's log records (progress)
+
+
+def message_lines(stderr: str) -> list:
+    """The lines of ``stderr`` that are not the CLI's progress log records (``main``'s ``logging`` format): its
+    messages, e.g. the one-line error."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]

@@ -20,7 +20,7 @@ from scalemb.io.checkpoint import (Checkpoint, Checkpointer, create_store, read_
 from scalemb.models import get_model
 from scalemb.optim import DBDState, DescentState, make_optimizer
 
-from .cli_runner import run_cli
+from .cli_runner import message_lines, run_cli
 
 
 def pointer(path):
@@ -267,7 +267,7 @@ def test_refuses_changed_input_and_stores_that_are_not_runs(tmp_path):
     edges.write_text("1 2\n2 3\n3 1\n3 4\n4 5\n5 6\n6 4\n6 7\n")
     proc = run_cli("resume", str(out))
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = message_lines(proc.stderr)  # beside the progress ("reading ..."), one line
     assert len(lines) == 1 and "input changed" in lines[0] and str(out) in lines[0]
     assert read_checkpoint(out).iteration == 50  # untouched
 

@@ -8,7 +8,7 @@ import zarr
 import scalemb
 from scalemb.embedding import EmbeddingResult
 
-from .cli_runner import run_cli, run_cli_process
+from .cli_runner import message_lines, run_cli, run_cli_process
 
 
 def test_embed_writes_zarr_v3_group(tmp_path):
@@ -62,7 +62,7 @@ def test_bad_input_one_line_error_nothing_written(tmp_path, content, fragment):
     out = tmp_path / "bad.zarr"
     proc = run_cli("embed", str(edges), "--out", str(out))
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = message_lines(proc.stderr)  # beside the progress ("reading ..."), one line
     assert len(lines) == 1 and lines[0].startswith("scalemb: error: ") and str(edges) in lines[0]
     assert fragment in lines[0]
     assert list(tmp_path.iterdir()) == [edges]

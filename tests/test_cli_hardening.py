@@ -16,11 +16,11 @@ import zarr
 import scalemb
 from scalemb.io.checkpoint import Checkpointer
 
-from .cli_runner import run_cli
+from .cli_runner import message_lines, run_cli
 
 
 def one_line_error(proc, fragment=""):
-    lines = proc.stderr.strip().splitlines()
+    lines = message_lines(proc.stderr)  # beside the progress ("reading ..."), one line
     return proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr and \
         (len(lines) == 1 or lines[0].startswith("usage:"))
 

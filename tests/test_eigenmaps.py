@@ -145,7 +145,7 @@ def swiss_roll(n, seed):
 def test_kernel_eigenmap_unrolls_and_maps_new_points(correction):
     X, t = swiss_roll(700, 0)
     train, test = slice(0, 600), slice(600, 700)
-    model = KernelEigenmap(2, n_centres=32, correction=correction, seed=1).fit(X[train])
+    model = KernelEigenmap(2, n_centres=32, correction=correction, random_state=1).fit(X[train])
     assert model.embedding_.shape == (600, 2)
     # the map is the same function on and off the training points
     np.testing.assert_allclose(model.transform(X[train]), model.embedding_, atol=1e-10)

@@ -272,9 +272,15 @@ def test_transform_refuses_unfitted_wrong_width_and_graph_maps():
     assert str(refused.value) == "X has 3 features, but TSNE is expecting 4 features as input."
     assert np.array_equal(est.embedding_, before[0]) and est.result_ is before[1]
     graph = scalemb.TSNE(max_iter=5).fit(_school_adjacency())
-    with pytest.raises(ValueError, match="^TSNE.transform places new feature rows into a map fitted to a feature "
-                                         "array with kNN affinities; this one was fitted to a graph"):
+    with pytest.raises(ValueError, match="^TSNE was fitted to a graph: transform takes the new nodes' edges, an "
+                                         "edge-list path or a networkx graph, got ndarray"):
         graph.transform(X)
+    P = _school_adjacency()
+    affinity = scalemb.TSNE(max_iter=5, affinity="precomputed").fit(P / P.sum())
+    with pytest.raises(ValueError, match="^TSNE.transform places new feature rows into a map fitted to a feature "
+                                         "array, or new nodes into a map fitted to a graph; this one was fitted to "
+                                         "an affinity"):
+        affinity.transform(X)
     assert list(scalemb.SNEST(max_iter=5).fit(X).get_feature_names_out()) == ["snest0", "snest1", "snest2"]
 
 

@@ -29,8 +29,8 @@ def _embed_actions():
 
 
 def test_estimators_are_generated_from_the_table():
-    for cls, model in ((scalemb.Embedder, "snest"), (scalemb.SNE, "sne"), (scalemb.TSNE, "tsne"),
-                       (scalemb.SNEST, "snest")):
+    for cls, model in ((scalemb.Embedder, "tsne"), (scalemb.SNE, "sne"), (scalemb.TSNE, "tsne"),
+                       (scalemb.SNEST, "snest"), (scalemb.CoSNE, "cosne"), (scalemb.ElasticEmbedding, "ee")):
         params = inspect.signature(cls.__init__).parameters
         assert [n for n in params if n != "self"] == list(ESTIMATOR_NAMES)
         assert cls().get_params() == dict(ESTIMATOR_DEFAULTS, model=model)

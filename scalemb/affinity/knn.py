@@ -24,6 +24,7 @@ from numba import njit
 from scipy.spatial.distance import cdist
 
 from ..errors import InputError
+from ..progress import phase
 from .affinity import Affinity, default_threads, row_partition
 
 EXACT_MAX_POINTS = 4096
@@ -381,17 +382,21 @@ def knn_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = No
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if isinstance(X, (str, Path)):
         source = X if source is None else source
-        X = read_features(X)
+        with phase("reading", str(X)):
+            X = read_features(X)
     X = _as_features(X)
     n = X.shape[0]
     if n_neighbors is None:
         n_neighbors = default_neighbours(n, perplexity) if method == "gaussian" else min(n - 1, 15)
     if method == "gaussian" and not 1.0 <= perplexity < n_neighbors:
         raise ValueError(f"perplexity ({perplexity}) must be at least 1 and below n_neighbors ({n_neighbors})")
-    indices, distances = knn_graph(X, n_neighbors, metric, random_state, n_jobs)
+    search = "exact" if n <= EXACT_MAX_POINTS else "NN-descent"
+    with phase("kNN", f"{n} points x {X.shape[1]} features, {n_neighbors} neighbours, {search}"):
+        indices, distances = knn_graph(X, n_neighbors, metric, random_state, n_jobs)
     k = indices.shape[1]
     D = sp.csr_matrix((distances.ravel(), indices.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
-    P_cond = conditional_affinities(D, perplexity, method, n_jobs)
+    with phase("perplexity calibration", f"perplexity {perplexity:g}" if method == "gaussian" else method):
+        P_cond = conditional_affinities(D, perplexity, method, n_jobs)
     return joint_affinity(P_cond, {"source": None if source is None else str(source), "method": "knn",
                            "metric": metric, "n_neighbors": int(k),
                            "knn": "exact" if n <= EXACT_MAX_POINTS else "nndescent",
@@ -414,6 +419,7 @@ def affinity_from_distances(D, perplexity: float = PERPLEXITY, method: str = "ga
     off = D.indices != rows
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[off], minlength=n))])
     D = sp.csr_matrix((D.data[off], D.indices[off], indptr), shape=D.shape)
-    P_cond = conditional_affinities(D, perplexity, method, n_jobs)
+    with phase("perplexity calibration", f"perplexity {perplexity:g}" if method == "gaussian" else method):
+        P_cond = conditional_affinities(D, perplexity, method, n_jobs)
     return joint_affinity(P_cond, {"source": None if source is None else str(source), "method": "precomputed",
                            "perplexity": float(perplexity) if method == "gaussian" else "uniform"})

@@ -35,9 +35,9 @@ def run_eigenmap(args) -> int:
     if args.model == "eigenmap":
         from ..eigenmaps import Eigenmap
 
-        result = Eigenmap(args.space_dims, method=args.eigensolver, seed=args.random_state, n_threads=args.n_jobs,
-                          scheduler=args.scheduler, workers=args.workers,
-                          quiet=args.quiet).fit(args.input, args.graph_affinity).result_
+        result = Eigenmap(args.space_dims, method=args.eigensolver, random_state=args.random_state,
+                          n_jobs=args.n_jobs, scheduler=args.scheduler, workers=args.workers,
+                          verbose=not args.quiet).fit(args.input, args.graph_affinity).result_
         detail = ", ".join(f"{v:.3g}" for v in result.optimizer["eigenvalues"])
     else:
         if args.input is None:
@@ -49,7 +49,7 @@ def run_eigenmap(args) -> int:
 
         X = read_features(args.input)
         result = KernelEigenmap(args.space_dims, n_centres=args.centres, n_neighbors=args.neighbors,
-                                bandwidth=args.bandwidth, correction=args.correction, seed=args.random_state,
+                                bandwidth=args.bandwidth, correction=args.correction, random_state=args.random_state,
                                 n_jobs=args.n_jobs).fit(X).to_result(source=args.input)
         detail = ", ".join(f"{v:.4f}" for v in result.optimizer["eigenvalues"])
     result.save(args.out, overwrite=args.overwrite)

@@ -475,13 +475,15 @@ def main(argv=None) -> int:
         return EXIT_DIVERGED
     except KeyboardInterrupt:
         if args.command in ("embed", "resume"):
+            from ..io.checkpoint import interruption_note
+
             out = args.out if args.command == "embed" else args.run
             from ..io.storage import is_url
 
             if is_url(out):
                 print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
             else:
-                print(f"scalemb: interrupted; {out} keeps the last checkpoint (scalemb resume {out})",
+                print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}",
                       file=sys.stderr)
         else:
             print("scalemb: interrupted; nothing written", file=sys.stderr)

@@ -86,28 +86,45 @@ def _top_eigenvectors(Zt: np.ndarray, W: sp.csr_matrix, degrees: np.ndarray, cou
 class KernelEigenmap:
     """Kernel eigenmap of feature rows: a continuous map to ``n_components`` dimensions (module docstring).
 
-    Parameters: ``n_components``, ``n_centres`` (landmark kernels, drawn from the data with ``seed``),
+    Parameters: ``n_components``, ``n_centres`` (landmark kernels, drawn from the data with ``random_state``),
     ``n_neighbors`` (of the graph W), ``bandwidth`` (kernel sigma; default: the median distance from a centre to
     its nearest other centre), ``correction`` (one of ``CORRECTIONS``), ``regularize`` (mass on W's diagonal),
-    ``seed``, ``n_jobs`` (NN-descent threads), ``centres`` (given kernel centres, ``K x D``: overrides
-    ``n_centres`` and the draw).
+    ``random_state`` (None: 0; ``seed`` is its deprecated alias), ``n_jobs`` (NN-descent threads), ``centres``
+    (given kernel centres, ``K x D``: overrides ``n_centres`` and the draw).
     After ``fit(X)``: ``embedding_`` (the map at the training points), ``centres_``, ``bandwidth_``,
     ``eigenvalues_``, ``vectors_`` (the map's coefficients), ``first_`` (``v_1`` of the reweighting);
     ``transform(X_new)`` applies the stored map.
     """
 
     def __init__(self, n_components: int = 2, n_centres: int = 64, n_neighbors: int = 12, bandwidth=None,
-                 correction: str = "reweighted", regularize: float = 0.0, seed: int = 0, n_jobs: int | None = None,
-                 centres=None):
+                 correction: str = "reweighted", regularize: float = 0.0, random_state: int | None = None,
+                 n_jobs: int | None = None, centres=None, seed: int | None = None):
         self.n_components = n_components
         self.n_centres = n_centres
         self.n_neighbors = n_neighbors
         self.bandwidth = bandwidth
         self.correction = correction
         self.regularize = regularize
-        self.seed = seed
+        self.random_state = random_state
         self.n_jobs = n_jobs
         self.centres = centres
+        self.seed = seed
+
+    def _seed(self) -> int:
+        """``random_state`` (or the deprecated ``seed``, FutureWarning) checked by its table row; None: 0."""
+        import warnings
+
+        from ..params import BY_NAME
+
+        value = self.random_state
+        if self.seed is not None:
+            if self.random_state is not None:
+                raise ValueError("seed and random_state are one setting; give random_state only")
+            warnings.warn("seed is a deprecated alias of random_state; use random_state", FutureWarning,
+                          stacklevel=3)
+            value = self.seed
+        value = BY_NAME["random_state"].check(value, "random_state")
+        return 0 if value is None else int(value)
 
     def _check(self, X):
         X = np.ascontiguousarray(X, dtype=np.float64)
@@ -129,9 +146,10 @@ class KernelEigenmap:
     def fit(self, X, graph: sp.spmatrix | None = None) -> "KernelEigenmap":
         """Fit the map on ``X`` (``N x D``); ``graph``: a precomputed symmetric W (default: inverse-distance kNN)."""
         X = self._check(X)
+        seed = self._seed()
         start = time.perf_counter()
         n, k = X.shape[0], int(self.n_components)
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(seed)
         if self.centres is None:
             self.centres_ = X[np.sort(rng.choice(n, int(self.n_centres), replace=False))]
         else:
@@ -149,7 +167,8 @@ class KernelEigenmap:
             self.bandwidth_ = float(self.bandwidth)
         if not self.bandwidth_ > 0:
             raise ValueError("the kernel bandwidth must be > 0 (duplicate centres? pass bandwidth=)")
-        W = (inverse_distance_graph(X, int(self.n_neighbors), random_state=self.seed, n_jobs=self.n_jobs)
+        self.seed_ = seed
+        W = (inverse_distance_graph(X, int(self.n_neighbors), random_state=seed, n_jobs=self.n_jobs)
              if graph is None else sp.csr_matrix(graph, dtype=np.float64))
         if W.shape != (n, n):
             raise ValueError(f"graph must be {n} x {n}, got {W.shape}")
@@ -182,12 +201,13 @@ class KernelEigenmap:
         """An ``EmbeddingResult`` (``save`` writes the embed-run store) holding the map in ``optimizer``."""
         from ..io.results import EmbeddingResult
 
-        params = {k: getattr(self, k) for k in ("n_centres", "n_neighbors", "bandwidth", "regularize", "seed")}
+        params = {**{k: getattr(self, k) for k in ("n_centres", "n_neighbors", "bandwidth", "regularize")},
+                  "seed": self.seed_}
         optimizer = {"name": "kernel-eigenmap", **params, "eigenvalues": [float(v) for v in self.eigenvalues_],
                      "map": self.map_params()}
         n = self.embedding_.shape[0]
         return EmbeddingResult(np.ascontiguousarray(self.embedding_), np.arange(n, dtype=np.int64), float("nan"),
-                               np.zeros(0), "kernel-eigenmap", int(self.n_components), 0, 0, int(self.seed),
+                               np.zeros(0), "kernel-eigenmap", int(self.n_components), 0, 0, int(self.seed_),
                                wall_time=self.wall_time_, optimizer=optimizer,
                                provenance={"source": None if source is None else str(source), "method": "features"})
 
@@ -205,7 +225,8 @@ class KernelEigenmap:
         model = cls(result.space_dims, n_centres=options.get("n_centres", 64),
                     n_neighbors=options.get("n_neighbors", 12),
                     bandwidth=options.get("bandwidth"), correction=stored["correction"],
-                    regularize=options.get("regularize", 0.0), seed=result.seed)
+                    regularize=options.get("regularize", 0.0), random_state=result.seed)
+        model.seed_ = int(result.seed)
         model.centres_ = np.asarray(stored["centres"], dtype=np.float64)
         model.bandwidth_ = float(stored["bandwidth"])
         model.vectors_ = np.asarray(stored["vectors"], dtype=np.float64)

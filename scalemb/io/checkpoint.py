@@ -164,6 +164,33 @@ def read_checkpoint(path) -> Checkpoint | None:
     return checkpoint
 
 
+def interruption_note(out, started_before: bool = False) -> str:
+    """What an embed/resume run stopped by a second Ctrl-C (or before its store existed) left at ``out``, in words,
+    from what is on disk: the store (``out``, or ``OUT.next`` for a run replacing ``out``) with its last checkpoint
+    and how to resume it, a store without a checkpoint yet, or nothing.  ``started_before``: ``out`` held a
+    checkpointed run before this command (``scalemb resume``): what it keeps is that run's."""
+    out = Path(out)
+    for path in (out.with_name(out.name + NEXT), out):
+        try:
+            meta = read_config(path)
+        except ScalembError:
+            continue
+        current = meta.get("current")
+        if current is None:
+            return (f"interrupted before the first checkpoint; {path} holds the run's settings only (scalemb "
+                    f"resume {path} starts it from iteration 0)")
+        try:
+            checkpoint = read_checkpoint(path)
+            where = f" (restart {checkpoint.restart + 1}, iteration {checkpoint.iteration})"
+        except ScalembError:
+            where = ""
+        return f"interrupted; {path} keeps the last checkpoint{where} (scalemb resume {path})"
+    if started_before:
+        return f"interrupted; {out} is not a checkpointed run"
+    return f"interrupted before the first checkpoint; nothing written ({out} does not exist)" if not out.exists() \
+        else f"interrupted before the first checkpoint; {out} is as it was"
+
+
 def settings(config: dict) -> dict:
     """The run's settings in a stored configuration: its ``spec``, or (written before the spec existed) the
     configuration itself, whose keys named them (``model``, ``space_dims``, ``seed``, ``restarts``...)."""
@@ -372,6 +399,8 @@ class Checkpointer:
 
     def _on_signal(self, signum, frame):
         if self._stop.is_set():  # a second signal: stop now, without a checkpoint
+            raise KeyboardInterrupt
+        if not self._created and not self.resume:  # nothing to checkpoint yet (reading, kNN, init): stop now
             raise KeyboardInterrupt
         logger.warning("%s received: finishing the iteration and writing a checkpoint (again to abort)",
                        signal.Signals(signum).name)

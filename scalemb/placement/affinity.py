@@ -33,35 +33,43 @@ _BLOCK_ENTRIES = 1 << 22  # distances held at once by the exact search (32 MB)
 def read_new_edges(path, old_ids: np.ndarray):
     """Parse the new nodes' edge list (any edge-list format ``scalemb.io.edgelist`` reads): ``A B [weight]`` per
     row, an undirected edge in either column order (SNAP-style files list each edge once, in any order, or in
-    both directions).  An end that is not an id of the stored map is a new node; every row needs at least one
-    new end (an edge between two stored nodes would change the stored graph, which placement keeps).  Returns
-    ``(new_ids (sorted), src, dst, weight)`` with ``src`` the new end of each edge (for an edge between two new
-    nodes, the first column); self-loops are dropped.  ``InputError`` (file, line) on any violation."""
+    both directions).  The rule is ``new_edges``'; its errors name the file and line."""
     path = Path(path)
     if not path.is_file():
         raise InputError(path, "no such file" if not path.exists() else "not a regular file")
     edges = Edges.concat(parse_edge_chunks(path))
     if edges.size == 0:
         raise InputError(path, "no edges (file is empty or only comments)")
-    first, second, weight = edges.src, edges.dst, edges.weight
+    return new_edges(edges.src, edges.dst, edges.weight, old_ids, path,
+                     line=lambda ids, column=None: first_lines(path, ids, column=column))
+
+
+def new_edges(first, second, weight, old_ids: np.ndarray, source, line=None):
+    """The new nodes' edges ``first[i] -- second[i]`` (weights ``weight``) against the stored map's ``old_ids``:
+    an end that is not a stored id is a new node; every edge needs at least one new end (an edge between two
+    stored nodes would change the stored graph, which placement keeps).  Returns ``(new_ids (sorted), src, dst,
+    weight)`` with ``src`` the new end of each edge (for an edge between two new nodes, the first); self-loops are
+    dropped.  ``InputError`` naming ``source`` (and, with ``line(ids, column)``, the line) on any violation."""
+    line = line or (lambda ids, column=None: [None] * len(ids))
+    first, second = as_node_ids(first), as_node_ids(second)
+    weight = np.asarray(weight, dtype=np.float64)
     old_sorted = np.sort(as_node_ids(old_ids))
     if old_sorted.size and is_string_ids(first) != is_string_ids(old_sorted):
         kinds = ("integers", "strings")
-        raise InputError(path, f"node ids are {kinds[is_string_ids(first)]} but the stored map's are "
-                               f"{kinds[is_string_ids(old_sorted)]}", first_lines(path, [first[0]])[0])
+        raise InputError(source, f"node ids are {kinds[is_string_ids(first)]} but the stored map's are "
+                                 f"{kinds[is_string_ids(old_sorted)]}", line([first[0]])[0])
     first_old, second_old = np.isin(first, old_sorted), np.isin(second, old_sorted)
     both_old = first_old & second_old
     if both_old.any():
         k = int(np.flatnonzero(both_old)[0])
         count = int(both_old.sum())
-        raise InputError(path, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({count} such "
-                               f"line{'s' if count != 1 else ''}; every edge needs a new node at one end)",
-                         first_lines(path, [first[k]], column=0)[0])
+        raise InputError(source, f"edge {first[k]} {second[k]} joins two nodes of the stored map ({count} such "
+                                 f"line{'s' if count != 1 else ''}; every edge needs a new node at one end)",
+                         line([first[k]], column=0)[0])
     swap = first_old  # the new end goes first
     src, dst = np.where(swap, second, first), np.where(swap, first, second)
     new_ids = np.unique(np.concatenate([src, dst[~np.isin(dst, old_sorted)]]))
-    check_case_collision(np.unique(np.concatenate([old_sorted, new_ids])), path,
-                         lambda a, b: first_lines(path, (a, b)))
+    check_case_collision(np.unique(np.concatenate([old_sorted, new_ids])), source, lambda a, b: line((a, b)))
     keep = src != dst
     return new_ids, src[keep], dst[keep], weight[keep]
 
@@ -170,8 +178,8 @@ def _knn_against(X_new: np.ndarray, X_ref: np.ndarray, k: int, metric: str, n_jo
         rows = X_new[r0:r1]
         if metric == "euclidean":  # |x|^2 + |y|^2 - 2 x.y, fused into the selection (no N-wide temporaries)
             candidates, values = _smallest_k_sq(rows @ X_ref.T, np.einsum("ij,ij->i", rows, rows), ref_sq, k)
-        else:
-            D = cdist(rows, X_ref, metric=METRICS[metric][0])
+        else:  # a metric name, or a callable f(u, v) -> distance (the estimator's metric=callable)
+            D = cdist(rows, X_ref, metric=metric if callable(metric) else METRICS[metric][0])
             candidates = _smallest_k(D, k)
             values = np.take_along_axis(D, candidates, axis=1)
         order = np.lexsort((candidates, values), axis=-1)
@@ -208,7 +216,7 @@ def extended_knn_affinity(old: Affinity, X_ref: np.ndarray, X_new: np.ndarray, n
             raise ValueError("a run with metric 'liram' but no stored LVQ model in its provenance")
         indices, s = neighbours_against(LiRaMLVQ.from_dict(lvq), X_new, X_ref, k)
         distances = np.sqrt(s)
-    elif metric not in METRICS:
+    elif not callable(metric) and metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} in the run's provenance")
     else:
         indices, distances = _knn_against(X_new, X_ref, k, metric, n_jobs)

@@ -26,6 +26,7 @@ from ..datasets import DATASETS, load_dataset
 from ..io.edgelist import read_edge_list
 from ..io.storage import is_url, local_input
 from ..params import BY_NAME, DEFAULTS, GRAPH_AFFINITIES, KNN_PARAMS
+from ..progress import phase
 from .spec import front_name
 
 
@@ -81,8 +82,9 @@ class InputPlan:
     def load(self) -> tuple:
         """``(Affinity, partitions or None)`` in memory: a store's own row partitions are kept."""
         if self.store_path is not None:
-            store = AffinityStore(self.store_path)
-            return store.to_affinity(), store.partitions
+            with phase("reading", f"affinity store {self.store_path}"):
+                store = AffinityStore(self.store_path)
+                return store.to_affinity(), store.partitions
         return load_affinity(self.data, self.graph_affinity), None
 
     @contextmanager
@@ -134,7 +136,9 @@ def resolve(source, spec, front: str = "python", shown=None) -> InputPlan:
         return InputPlan(kind, source, source, spec.graph_affinity)
     from ..affinity.knn import read_features
 
-    affinity = knn_features_affinity(read_features(source), spec.perplexity, spec.n_neighbors, spec.metric,
+    with phase("reading", str(source)):
+        features = read_features(source)
+    affinity = knn_features_affinity(features, spec.perplexity, spec.n_neighbors, spec.metric,
                                      spec.seed, spec.threads, source=str(source))
     return InputPlan(kind, source, affinity, spec.graph_affinity)
 
@@ -152,18 +156,20 @@ def check_knn_settings(kind: str, spec, front: str = "python", shown=None) -> No
 def load_affinity(data=None, graph_affinity: str = "coauthorship") -> Affinity:
     """P of a graph-like input: ``None`` (bundled GrQc), a built-in dataset name, an affinity store (Zarr), an
     edge-list path or an ``Affinity``."""
-    if data is None:
-        return load_dataset("grqc")
     if isinstance(data, Affinity):
         return data
-    if is_dataset(data):
-        return load_dataset(data)
+    if data is None or is_dataset(data):
+        with phase("reading", f"dataset {data or 'grqc'}"):
+            return load_dataset(data or "grqc")
     if is_affinity_store(data):
-        return AffinityStore(data).to_affinity()
+        with phase("reading", f"affinity store {data}"):
+            return AffinityStore(data).to_affinity()
     if graph_affinity not in GRAPH_AFFINITIES:
         raise ValueError(f"unknown graph affinity {graph_affinity!r}; choose one of {GRAPH_AFFINITIES}")
-    graph = read_edge_list(data)
-    return coauthorship_affinity(graph) if graph_affinity == "coauthorship" else normalized_affinity(graph)
+    with phase("reading", str(data)):
+        graph = read_edge_list(data)
+    with phase("graph affinity", f"{graph.n_nodes} nodes, {graph_affinity}"):
+        return coauthorship_affinity(graph) if graph_affinity == "coauthorship" else normalized_affinity(graph)
 
 
 def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_jobs=None, source=None):

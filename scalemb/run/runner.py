@@ -21,7 +21,7 @@ from ..init import Initializer
 from ..io.results import EmbeddingResult
 from ..models import get_model
 from ..optim import make_optimizer, resolve_optimizer
-from ..progress import Progress
+from ..progress import Progress, phase, reporting
 from .inputs import input_hash, input_reference, plan_of
 from .spec import RunSpec
 
@@ -67,6 +67,17 @@ def executor_for(spec: RunSpec, plan, model, time_dims: int, client=None):
         if plan.store_path is not None:
             provenance["store"] = str(path)
         yield executor, store.node_ids, _with_source_hash(provenance)
+
+
+def stop_rule(optimizer):
+    """``(start, window, tol)`` of ``optimizer``'s stalled rule (``scalemb.optim.base.stalled``), from which the
+    progress bar estimates the iterations a run makes; None for an optimiser without one."""
+    tol, window = getattr(optimizer, "tol", None), getattr(optimizer, "window", None)
+    if tol is None or window is None:
+        return None
+    start = optimizer._stall_start() if hasattr(optimizer, "_stall_start") else \
+        getattr(optimizer, "exaggeration_iterations", 0) or 0
+    return int(start), int(window), float(tol)
 
 
 class Runner:
@@ -125,6 +136,12 @@ class Runner:
         return executor_for(self.spec, plan_of(data, graph_affinity), model, time_dims, self.client)
 
     def fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
+        """Embed ``data`` (``_fit``), its phases reported with their times unless ``quiet``
+        (``scalemb.progress``)."""
+        with reporting(not self.quiet):
+            return self._fit(data, graph_affinity, checkpoint)
+
+    def _fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
         """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).
         ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints into the output store (or
         continues the run stored there) and saves the result there at the end."""
@@ -145,7 +162,8 @@ class Runner:
                          if executor.repulsion in ("fft", "auto") else {"method": "exact"})
             initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed,
                                       features=self.features)
-            initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
+            with phase("initialisation", self.init if isinstance(self.init, str) else "array"):
+                initializer.layout()  # a bad init (file) fails here, before the checkpoint store is written
             resumed = None if checkpoint is None else checkpoint.start(
                 spec=spec.to_json(), source=data.source, input_ref=input_reference(data.source),
                 input_hash=input_hash(provenance, executor, node_ids), time_dims=time_dims, executor=executor,
@@ -158,7 +176,8 @@ class Runner:
                 label = f"restart {k + 1}/{spec.restarts}" if spec.restarts > 1 else model.name
                 budget = optimizer.budget(spec.iterations) if hasattr(optimizer, "budget") else spec.iterations
                 progress = Progress(budget, label, quiet=self.quiet, value=model.objective.name.upper(),
-                                    listener=None if self.on_iteration is None else partial(self.on_iteration, k))
+                                    listener=None if self.on_iteration is None else partial(self.on_iteration, k),
+                                    stop_rule=stop_rule(optimizer))
                 extra = {} if self.stop is None else {"stop": partial(self.stop, k)}
                 try:
                     if checkpoint is None:
@@ -167,8 +186,10 @@ class Runner:
                         state = resumed.state if resumed is not None and k == resumed.restart else None
                         run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, state=state,
                                                  checkpoint=checkpoint.hook(k, restart_kls, best, start), **extra)
-                finally:
-                    progress.close()
+                except BaseException as exc:
+                    progress.close(interrupted=exc)
+                    raise
+                progress.close(run.kl)
                 restart_kls.append(run.kl)
                 if best is None or run.kl < best.kl:
                     best = run
@@ -202,12 +223,15 @@ class Runner:
                 (executor, node_ids, provenance):
             if verify is not None:
                 verify(executor, node_ids, provenance)
-            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper())
+            progress = Progress(total, model.name, quiet=self.quiet, value=model.objective.name.upper(),
+                                stop_rule=stop_rule(optimizer))
             extra = {} if self.stop is None else {"stop": partial(self.stop, 0)}
             try:
                 run = optimizer.optimize(executor, None, total, callback=progress, state=state, **extra)
-            finally:
-                progress.close()
+            except BaseException as exc:
+                progress.close(interrupted=exc)
+                raise
+            progress.close(run.kl)
         restart_kls = [run.kl if kl == previous.kl else kl for kl in previous.restart_kls]
         self.result_ = EmbeddingResult(
             embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
@@ -263,9 +287,11 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
 
     runner = Runner(spec, **extra)
     runner._check()
-    plan = resolve(source, spec, front)
-    if out is None:
-        return runner.fit(plan).result_
-    every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
-    with output_target(out, overwrite) as target, Checkpointer(target, every=every, overwrite=overwrite) as checkpoint:
-        return runner.fit(plan, checkpoint=checkpoint).result_
+    with reporting(not runner.quiet):
+        plan = resolve(source, spec, front)
+        if out is None:
+            return runner.fit(plan).result_
+        every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
+        with output_target(out, overwrite) as target, \
+                Checkpointer(target, every=every, overwrite=overwrite) as checkpoint:
+            return runner.fit(plan, checkpoint=checkpoint).result_
