@@ -24,7 +24,7 @@ def test_estimator_embedder_and_embed_run_on_the_users_client(edges, dask_cluste
     assert client.status == "running"  # used, not closed
     by_embed = scalemb.embed(edges, model="tsne", iterations=30, seed=1, client=client)
     assert np.array_equal(by_embed.embedding, local.embedding_)
-    runner = scalemb.Embedder(model="tsne", iterations=30, seed=1, client=True)  # the active client
+    runner = scalemb.Embedder(model="tsne", max_iter=30, random_state=1, client=True)  # the active client
     assert np.array_equal(runner.fit(edges).embedding_, local.embedding_)
     assert client.status == "running"
 
