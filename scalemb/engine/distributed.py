@@ -689,16 +689,19 @@ class DaskExecutor(Executor):
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
-        grids = [self._submit(halo_fns.spread_view, views[w], X[w], grid, worker=w) for w in workers]
+        # the grid goes to each worker once (a task holding it), not with every task that uses it
+        on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
+        grids = [self._submit(halo_fns.spread_view, views[w], X[w], on[w], worker=w) for w in workers]
         for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
             for i, j in round_:
                 grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
-        convolution = self._submit(halo_fns.convolve_total, grid, grids[0], self._fft_workers, worker=workers[0])
+        convolution = self._submit(halo_fns.convolve_total, on[workers[0]], grids[0], self._fft_workers,
+                                   worker=workers[0])
         copies = self._broadcast(convolution, workers)
         futures = []
         for i, w in enumerate(workers):
             fn, *extra = (halo_fns.evaluate_view,) if keep is None else keep(w)
-            futures.append(self._submit(fn, views[w], X[w], self._model_arg, self.space_dims, grid, copies[i],
+            futures.append(self._submit(fn, views[w], X[w], self._model_arg, self.space_dims, on[w], copies[i],
                                         with_kl, *extra, worker=w))
         z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
@@ -708,8 +711,7 @@ class DaskExecutor(Executor):
                 results[k] = res
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
-        # the grid travels with the tasks that use it (spread, convolve, evaluate): part of the client's bytes
-        self.stats["bytes_sent"] += (2 * len(workers) + 1) * len(pickle.dumps(grid, protocol=5))
+        self.stats["bytes_sent"] += len(workers) * len(pickle.dumps(grid, protocol=5))  # the grid, once per worker
         return results, grid_z
 
     def _broadcast(self, future, workers: list) -> list:

@@ -84,6 +84,17 @@ def held_apply_formed(box: dict, ks: list, shift, pending: tuple, fn, args: tupl
     return flags, held_apply(box, ks, shift, fn, args)
 
 
+def held_band_counts(box: dict, ks: list, shift, space_dims: int, lo_t: float, h: float) -> np.ndarray:
+    """The time-bin counts of the worker's partitions, summed here (integers: any order gives the same)."""
+    total = None
+    for k in ks:
+        rows = _rows(box, k)
+        shift_rows(rows, shift)
+        counts = band_counts(rows["coords"][space_dims], lo_t, h)
+        total = counts if total is None else total + counts
+    return total
+
+
 def held_own(box: dict, ks: list, shift) -> np.ndarray:
     """The worker's own rows of the held coordinates (its partitions in order), after the pending ``shift``."""
     parts = []
@@ -130,10 +141,6 @@ def held_put_rows(box: dict, ks: list, name: str, arrays: list) -> int:
 def _extent(rows: dict) -> tuple:
     c = rows["coords"]
     return block_extent(c, 0, c.shape[1])
-
-
-def _band_counts(rows: dict, space_dims: int, lo_t: float, h: float) -> np.ndarray:
-    return band_counts(rows["coords"][space_dims], lo_t, h)
 
 
 def _copy(rows: dict, names: tuple) -> list:
@@ -311,7 +318,8 @@ class DaskHeld:
         try:
             grid = grid_from_summaries(
                 ex.model, ds, lo, hi, n, ex.fft_params,
-                lambda lo_t, h: np.sum(self.map(_band_counts, ds, lo_t, h), axis=0),
+                lambda lo_t, h: np.sum(self._per_worker_args(held_band_counts, lambda w: (ds, lo_t, h),
+                                                             shift=self._take_shift()), axis=0),
                 lambda band: self._outliers(band))
         except FloatingPointError:
             if auto is not None:
