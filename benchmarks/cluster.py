@@ -1,9 +1,10 @@
 """Per-iteration time and client traffic of delta-bar-delta on Dask workers, against the in-process executor.
 
 For each affinity store (``--stores``) and model (``--models``: ``tsne`` R^2, ``snest`` R^{2,1}), from one start
-layout (a Gaussian cloud with the extent of a converged map, as ``halo_traffic.py`` uses; SNEST's time row 0.1
-of that), ``--iterations`` iterations of delta-bar-delta (learning rate 1, no exaggeration: the layout, hence the
-grid and the cost of an evaluation, stays the start's) with FFT repulsion run
+layout (a Gaussian cloud with the extent of a converged t-SNE map, as ``halo_traffic.py`` uses; SNEST: space std
+5, time N(0, 0.5²), so that its 3-D grid is not capped), ``--iterations`` iterations of delta-bar-delta (learning
+rate 1, no exaggeration: the layout, hence the grid and the cost of an evaluation, stays the start's) with FFT
+repulsion run
 
 * ``local``: ``LocalExecutor`` with 2 threads on the store's partitions;
 * ``dask held``: ``DaskExecutor`` on a ``LocalCluster`` of 2 worker processes x 1 thread, the optimiser's
@@ -36,8 +37,9 @@ MODES = ("local", "dask held", "dask client")
 
 def _start(n: int, dims: int, seed: int = 0) -> np.ndarray:
     Y = np.random.default_rng(seed).normal(size=(dims, n)) * min(30.0, 0.1 * np.sqrt(n))
-    if dims > 2:
-        Y[2:] *= 0.1
+    if dims > 2:  # SNEST: a smaller map (its 3-D grid is capped past ~30 units at 2e5), time N(0, 0.5²)
+        Y[:2] *= 5.0 / 30.0
+        Y[2:] = np.random.default_rng(seed + 1).normal(size=(dims - 2, n)) * 0.5
     return np.ascontiguousarray(Y)
 
 
