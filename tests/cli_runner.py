@@ -6,8 +6,8 @@ made the same: stdout and stderr captured to strings, the root logger without py
 silences them), warnings printed to that stderr, an argparse ``SystemExit`` turned into its status and an
 uncaught exception into a traceback on stderr with status 1 (what the interpreter does).  The SIGTERM
 handler ``main`` installs, the working directory and the logging and warning settings are restored after the
-call.  It saves the interpreter start and the numba compilation of the model kernels that every subprocess
-pays (the kernels are closures and cannot be cached on disk, see ``scalemb.models.kernels``).
+call.  It saves the interpreter start and scalemb's imports that every subprocess pays (~2 CPU s; the model
+kernels a subprocess needs are loaded from numba's disk cache, ``scalemb.numba_cache``, once compiled).
 
 ``run_cli_process`` is the real process, for what only a process shows: exit by signal, SIGINT/SIGTERM
 handling, a second process on the same files, the console-script installation, environment variables.

@@ -69,8 +69,19 @@ def test_cli_and_estimator_say_the_same(p, value, text, tmp_path):
     assert cli.startswith("must be ") and cli.endswith(f"got {text}")
 
 
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """One ``scalemb serve`` for the two tests below, instead of conftest's one per test: they only send settings
+    it refuses (no job is created)."""
+    from .test_service import Service
+
+    svc = Service(tmp_path_factory.mktemp("bad-settings-root"))
+    yield svc
+    svc.stop()
+
+
 @pytest.mark.slow
-def test_the_service_says_it_too(service, tmp_path):
+def test_the_service_says_it_too(service):
     """The service's 422 detail is ``FIELD: <the same message>`` for each bad value of each row it offers."""
     checked = 0
     for p in (row for row in ROWS if row.service):

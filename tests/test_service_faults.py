@@ -22,8 +22,8 @@ from scalemb.service.jsonsafe import JSONResponse, dumps, finite, loads
 from scalemb.service.snapshots import DIRECTORY, clean_snapshots, snapshot
 from scalemb.service.stores import clean_stores
 
+from .cli_runner import run_cli
 from .test_service import TOKEN, Service
-from .test_service_hardening import serve_once
 
 _SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the service migrates it
 INF, NAN = float("inf"), float("nan")
@@ -299,8 +299,11 @@ def test_full_disk_is_507_for_uploads_and_jobs_fail_with_a_reason_leaving_nothin
 # -- the store TTL ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ttl", ["nan", "-1", "inf"])
-def test_store_ttl_must_be_a_finite_number_of_hours(tmp_path, ttl):
-    proc = serve_once(tmp_path, "--store-ttl-hours", ttl, "--port", "1")
+def test_store_ttl_must_be_a_finite_number_of_hours(tmp_path, ttl, monkeypatch):
+    # the command line refuses the value before anything runs: checked in this process (no interpreter start);
+    # without a token a service that wrongly got past it stops at once (status 2, another message), never serves
+    monkeypatch.delenv("SCALEMB_TOKEN", raising=False)
+    proc = run_cli("serve", "--data-root", tmp_path, "--store-ttl-hours", ttl, "--port", "1")
     assert proc.returncode == 2 and f"--store-ttl-hours: must be in [0, 1e+300], got {ttl}" in proc.stderr
     assert not (tmp_path / "jobs.sqlite3").exists()
     store = tmp_path / "stores" / f"{uuid.uuid4().hex}.zarr"

@@ -9,7 +9,8 @@ features).  Point ``j`` is ranked before ``l`` in row ``i`` if it is more simila
 Every kernel is a function of (the rows ``rows[b0:b1]`` it owns, the full coordinates, small parameters) ->
 (per-row values, small partial sums), the row-block contract of the executors: a local thread pool
 (``map_rows``) or Dask workers can run the same function on any split of the rows.  Time O(N d) per row and
-memory O(N) per call (one score buffer): exact for every row costs O(N² d / threads).
+memory O(N) per call (one score buffer): exact for every row costs O(N² d / threads).  The kernels are compiled
+once per similarity function and cached on disk under its fingerprint (``scalemb.numba_cache``).
 
 The k most similar points of a row come from one pass keeping a k-element heap whose root is the worst kept
 point (a new point enters only if strictly more similar than the root, since it has the larger index); a rank
@@ -23,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from ..models.kernels import euclidean_similarity
+from ..numba_cache import disk_cached
 
 BLOCK_ROWS = 256  # rows per block: a data-independent constant, never a function of the thread count
 
@@ -156,7 +158,7 @@ def graph_kernel(similarity):
                 mark[hi[m]] = False
             out_hits[r] = h
 
-    return hits
+    return disk_cached(hits)
 
 
 @functools.cache
@@ -235,7 +237,7 @@ def feature_kernel(similarity_x, similarity_y):
             prec[r] = p / k
             auc[r] = area / norm
 
-    return ranks
+    return disk_cached(ranks)
 
 
 @functools.cache
@@ -257,7 +259,7 @@ def nearest_kernel(similarity):
             top_k(s, 1, i, hs, hi)
             out[r] = hi[0]
 
-    return nearest
+    return disk_cached(nearest)
 
 
 def space(Z, similarity=None, space_dims=None):

@@ -50,6 +50,7 @@ from numba import njit
 
 from ..affinity.hyperbolic import target_radii
 from ..geometry import POINCARE
+from ..numba_cache import disk_cached
 from .base import Model
 from .vecmath import fast_log
 
@@ -102,7 +103,7 @@ def _inverse_alpha(Y, p):
 @functools.lru_cache(maxsize=None)
 def make_kernels(gamma: float):
     """The four row-block kernels (``kernels.make_kernels`` signatures) for scale ``gamma`` (compiled once per
-    value; not cached on disk, for the reason given in ``kernels.make_kernels``)."""
+    value in a process, cached on disk as ``kernels.make_kernels``' are)."""
     inv_g2 = 1.0 / (gamma * gamma)
 
     @njit(nogil=True, fastmath=True, error_model="numpy")
@@ -254,7 +255,7 @@ def make_kernels(gamma: float):
                 R[k, i - r0] += acc
         return z
 
-    return attraction, repulsion, curvature, cross_repulsion
+    return tuple(disk_cached(kernel) for kernel in (attraction, repulsion, curvature, cross_repulsion))
 
 
 def norm_loss(coords: np.ndarray, radii: np.ndarray):

@@ -44,8 +44,12 @@ vectorised loop, each force coordinate accumulated in a register (compiled with 
 finite differences in tests/test_gradients.py).  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
 ~25 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
 """
+import functools
+
 import numpy as np
 from numba import njit
+
+from ..numba_cache import disk_cached
 
 
 @njit(inline="always")
@@ -55,12 +59,14 @@ def euclidean_similarity(d2s, d2t):
     return -(d2s + d2t)
 
 
+@functools.cache
 def make_kernels(log_pair, pair):
     """Compile the attraction and repulsion row-block kernels for one model (see module docstring).
 
-    Not cached on disk: numba's cache key of a closure includes its captured dispatchers, which serialise
-    differently in every process (numba issue #6264), so ``cache=True`` recompiled them anyway and added
-    files to ``__pycache__`` on every run.
+    One set per ``(log_pair, pair)`` in a process (EE's models of every lambda share SNE's), cached on disk
+    under a fingerprint of the closure (``scalemb.numba_cache``: numba's own ``cache=True`` misses for closures
+    in every new process), so a new process (a Dask worker, the CLI, the service) loads them instead of
+    compiling them again.
     """
 
     @njit(inline="always", error_model="numpy")
@@ -224,4 +230,4 @@ def make_kernels(log_pair, pair):
                 R[k, i - r0] += acc
         return z
 
-    return attraction, repulsion, curvature, cross_repulsion
+    return tuple(disk_cached(kernel) for kernel in (attraction, repulsion, curvature, cross_repulsion))
