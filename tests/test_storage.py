@@ -263,7 +263,8 @@ def test_an_interrupted_run_publishes_nothing(s3, edges, tmp_path):
     url = f"{s3.bucket}/stopped.zarr"
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     proc = subprocess.Popen([sys.executable, "-m", "scalemb", "embed", f"{s3.bucket}/authors.txt", "--out", url,
-                             "--model", "tsne", "--iterations", "100000", "--checkpoint-every", "5"], env=env,
+                             "--model", "tsne", "--iterations", "100000", "--tol", "0", "--checkpoint-every", "5"],
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)
     proc.send_signal(signal.SIGINT)
