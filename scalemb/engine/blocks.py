@@ -54,9 +54,9 @@ class Evaluation:
 
     kl: float
     objective: float
-    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``engine.held``)
+    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``optim.held``)
     z: float
-    finite: bool | None = None  # set by ``engine.held``: whether every entry of the gradient is finite
+    finite: bool | None = None  # set by ``optim.held``: whether every entry of the gradient is finite
 
 
 def point_major(coords: np.ndarray) -> np.ndarray:
@@ -119,7 +119,7 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
 def sum_partials(results, z_outside_blocks: float = 0.0) -> tuple:
     """``(z, plogw, reaction)``: the blocks' Z and ``sum p log w`` summed in block order after ``z_outside_blocks``,
     and their ``outlier_reaction`` partials summed in block order (None without a time band).  What the client
-    reduces when the rows stay where they were computed (``scalemb.engine.held``)."""
+    reduces when the rows stay where they were computed (``scalemb.optim.held``)."""
     z, plogw, reaction = z_outside_blocks, 0.0, None
     for res in results:
         z += res.z

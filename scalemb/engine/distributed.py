@@ -45,6 +45,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
+from .faults import SchedulerLostError, WorkersLostError  # noqa: F401 - re-exported: where callers import them
 from ..models import model_ref
 from ..repulsion.fft import FFTParams, fft_dtype
 from . import halo as halo_fns
@@ -54,16 +55,6 @@ from .fft_pass import fft_grid
 from .laplacian import laplacian_matrix
 
 logger = logging.getLogger("scalemb")
-
-
-class SchedulerLostError(ScalembError):
-    """The Dask scheduler went away during a run."""
-
-
-class WorkersLostError(SchedulerLostError):
-    """The Dask workers holding the run's partitions were lost and the partitions could not be held again within
-    the recovery deadline (``DaskExecutor.recovery_timeout``); like a lost scheduler, the run stops (``scalemb``
-    exits 4) and its last checkpoint stays intact."""
 
 
 class _WorkerLeft(Exception):
@@ -590,8 +581,8 @@ class DaskExecutor(Executor):
         """An optimiser's per-point arrays held on the workers, each partition's rows beside it
         (``engine.held_dask.DaskHeld``), where the evaluations can run there: the halo exchange on, FFT or auto
         repulsion, a model without a ``point_term`` (which needs every point on the client); else on the client
-        (``engine.held.LocalHeld``)."""
-        from .held import LocalHeld
+        (``optim.held.LocalHeld``)."""
+        from ..optim.held import LocalHeld
         from .held_dask import DaskHeld
 
         if self.halo and self.repulsion in ("fft", "auto") and self.model is not None and \

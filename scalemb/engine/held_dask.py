@@ -1,4 +1,4 @@
-"""An optimiser's per-point state on the Dask workers (``scalemb.engine.held``'s contract, for ``DaskExecutor``).
+"""An optimiser's per-point state on the Dask workers (``scalemb.optim.held``'s contract, for ``DaskExecutor``).
 
 Each worker keeps the rows of its partitions of every held array (coordinates, gradient, increments, gains,
 best iterate) in its own memory, beside the partitions of P: one dict per worker (``{partition: {name: rows}}``),
@@ -36,8 +36,8 @@ import numpy as np
 
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, sum_partials
-from .distributed import SchedulerLostError, WorkersLostError
-from .held import HeldRowsLost, shift_rows
+from .faults import SchedulerLostError, WorkersLostError
+from ..optim.held import HeldRowsLost, shift_rows
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -155,7 +155,7 @@ def _size(value) -> int:
 
 
 class DaskHeld:
-    """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``engine.held``'s interface."""
+    """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``optim.held``'s interface."""
 
     def __init__(self, executor, arrays: dict):
         self.ex = executor

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.held import hold
+from .held import hold
 from .base import OptimizeResult, OptimizerState, last_computed
 from .loop import MOVED, StepRun, run_loop
 
@@ -158,7 +158,7 @@ class _DBDRun(StepRun):
     Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update).
 
     The per-point arrays (coordinates, gradient, increments, gains, best iterate) are held where the executor's
-    row blocks are (``scalemb.engine.held``): on Dask workers, per iteration only scalars and small vectors
+    row blocks are (``scalemb.optim.held``): on Dask workers, per iteration only scalars and small vectors
     cross the client (the objective's parts, the time gain's dot product, the column sums that re-centre).
     ``state`` holds them again at ``export``."""
 

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..engine.held import HeldRowsLost
+from .held import HeldRowsLost
 from ..geometry import geometry_of
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
@@ -69,7 +69,7 @@ class StepRun:
         """Release what the run holds (called once the loop has exported its final state)."""
 
     def rewind(self) -> int:
-        """After its held rows were lost (``engine.held.HeldRowsLost``): return to the last state it exported
+        """After its held rows were lost (``optim.held.HeldRowsLost``): return to the last state it exported
         and hold it again; the iteration to continue from.  A rule that holds nothing elsewhere never loses
         rows: it is never asked."""
         raise NotImplementedError
