@@ -225,8 +225,11 @@ class DaskHeld:
     def _per_worker(self, fn, *args, shift=None) -> list:
         """``fn(box, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
         list of per-partition results, concatenated)."""
+        return self._by_partition(self._per_worker_args(fn, lambda w: args, shift=shift))
+
+    def _by_partition(self, batches: list) -> list:
+        """Per-worker lists of per-partition values, as one list in partition order."""
         plan = self.ex._halo_state()[0]
-        batches = self._per_worker_args(fn, lambda w: args, shift=shift)
         results = [None] * len(self.ex.partitions)
         for w, batch in zip(plan.workers, batches):
             for k, value in zip(plan.parts[w], batch):
@@ -248,11 +251,7 @@ class DaskHeld:
         batches = self._per_worker_args(held_apply_formed, lambda w: (self._pending_args(pending, plan.parts[w]),
                                                                       fn, args), shift=self._take_shift())
         self.gradient_finite = all(f for flags, _ in batches for f in flags)
-        results = [None] * len(self.ex.partitions)
-        for w, (_, batch) in zip(plan.workers, batches):
-            for k, value in zip(plan.parts[w], batch):
-                results[k] = value
-        return results
+        return self._by_partition([batch for _, batch in batches])
 
     def _pending_args(self, pending: tuple, ks: list) -> tuple:
         z, exaggeration, outliers, reaction = pending
