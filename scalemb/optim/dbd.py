@@ -337,7 +337,7 @@ def _time_dot(rows: dict, ds: int, geometry) -> float:
 
 
 def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, time_gain: float,
-          gain_increase: float, gain_decrease: float, min_gain: float, max_step_norm, save_best: bool) -> np.ndarray:
+          gain_increase: float, gain_decrease: float, min_gain: float, max_step_norm, save_best: bool) -> tuple:
     """One delta-bar-delta step of a block's points (module docstring), in place; returns the column sums of the
     new coordinates (the re-centring's partial) and their minima and maxima (the grid's extent)."""
     coords, update, gains = rows["coords"], rows["update"], rows["gains"]
