@@ -781,10 +781,18 @@ def test_constraints_pin_exactly_the_closure_of_what_the_image_installs():
     assert {"pyamg", "bokeh", "pyarrow", "pymetis", "anndata", "numba", "distributed", "fastapi"} <= set(versions)
     assert sorted(set(versions) - set(pins)) == [], "missing from deploy/constraints.txt: python deploy/constraints.py"
     assert sorted(set(pins) - set(versions)) == [], "not in the image's closure: python deploy/constraints.py"
+    # A requirer's Requires-Dist is known for the version installed here: where that is not its pin (a machine
+    # that resolved pydantic 2.13 while the image pins 2.14), what the pinned version requires cannot be read
+    # offline, so only pins required by scalemb itself or by a requirer installed at its pinned version are checked.
+    checked = 0
     for name, pairs in required_by.items():
         for requirer, requirement in pairs:
+            if requirer != "scalemb" and versions[requirer] != pins[requirer]:
+                continue
+            checked += 1
             assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], requirer,
                                                                                    str(requirement))
+    assert checked >= len(versions) // 2, "most of the closure is installed at other versions than its pins"
 
 
 def test_closure_follows_markers_and_extras(tmp_path):

@@ -151,6 +151,44 @@ def test_ctrl_c_during_knn_says_nothing_was_written(tmp_path):
     assert not out.exists() and not (tmp_path / "run.zarr.next").exists()
 
 
+def test_an_error_raised_after_ctrl_c_is_reported_as_the_interruption(tmp_path, monkeypatch, capsys):
+    """A KeyboardInterrupt raised inside a C extension can surface as another exception (numba compiling through
+    llvmlite's ctypes turned one into ``AttributeError: 'PipelineTuningOptions' object has no attribute
+    '_as_parameter_'``): after SIGINT the CLI still reports the interruption, exit 130; without a signal the same
+    exception is not swallowed."""
+    import os
+
+    from scalemb.cli import main as cli
+
+    def compile_through_ctypes(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise AttributeError("'PipelineTuningOptions' object has no attribute '_as_parameter_'") from None
+        raise AssertionError("SIGINT did not arrive")
+
+    monkeypatch.setattr(cli, "_embed", compile_through_ctypes)
+    out = tmp_path / "run.zarr"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["embed", "school", "--out", str(out)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"scalemb: interrupted before the first checkpoint; nothing written ({out} does not exist)"
+
+    def broken(args):
+        raise AttributeError("a real bug")
+
+    monkeypatch.setattr(cli, "_embed", broken)
+    try:
+        with pytest.raises(AttributeError, match="a real bug"):
+            cli.main(["embed", "school", "--out", str(out)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_interruption_note_tells_what_is_on_disk(tmp_path):
     import scalemb
     from scalemb.io.checkpoint import Checkpointer, interruption_note

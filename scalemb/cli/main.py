@@ -3,6 +3,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
 from .._version import __version__
 from ..affinity.ordering import STORE_POINT_ORDERS
@@ -432,8 +433,31 @@ def _resume(args) -> int:
                                     scheduler=args.scheduler))
 
 
+_SIGNALLED: list[int] = []  # signals received by _raise_interrupt in this process
+
+
 def _raise_interrupt(signum, frame):
+    """Unwind like Ctrl-C, and remember that a signal came: a KeyboardInterrupt raised inside a C extension can
+    surface as another exception (numba compiling through llvmlite's ctypes turns it into an AttributeError), and
+    ``main`` must still report an interruption, not that exception."""
+    _SIGNALLED.append(signum)
     raise KeyboardInterrupt
+
+
+def _dispatch(args) -> int:
+    """Run the command; an exception raised after SIGINT/SIGTERM arrived is reported as the interruption."""
+    try:
+        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
+                "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
+                "metrics": metrics_command.run, "report": report_command.run,
+                "communities": report_command.run_communities,
+                "transform": transform_cli.run_transform}[args.command](args)
+    except RunInterrupted:
+        raise
+    except Exception as exc:
+        if _SIGNALLED:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def main(argv=None) -> int:
@@ -441,6 +465,9 @@ def main(argv=None) -> int:
     if args.command in ("affinity", "generate", "plot", "export", "report", "metrics", "transform", "continue"):
         # SIGTERM unwinds like Ctrl-C: temporaries removed (embed/resume checkpoint instead; serve has its own)
         signal.signal(signal.SIGTERM, _raise_interrupt)
+    _SIGNALLED.clear()
+    if args.command != "serve" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _raise_interrupt)  # Ctrl-C as before, remembered (the service has its own)
     if args.s3_endpoint:
         from ..io import storage
 
@@ -448,11 +475,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
-        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
-                "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
-                "metrics": metrics_command.run, "report": report_command.run,
-                "communities": report_command.run_communities,
-                "transform": transform_cli.run_transform}[args.command](args)
+        return _dispatch(args)
     except RunInterrupted as exc:
         from ..io.storage import is_url
 
