@@ -32,7 +32,7 @@ def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
-    saved_sigterm = signal.getsignal(signal.SIGTERM)
+    saved_sigterm, saved_sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     saved_cwd = os.getcwd()
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -60,6 +60,7 @@ def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
         root.handlers = saved_handlers
         root.setLevel(saved_level)
         signal.signal(signal.SIGTERM, saved_sigterm)
+        signal.signal(signal.SIGINT, saved_sigint)
         os.chdir(saved_cwd)
     return subprocess.CompletedProcess(["scalemb", *argv], code, out.getvalue(), err.getvalue())
 
