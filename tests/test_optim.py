@@ -277,3 +277,37 @@ def test_hybrid_spectral_then_polish_steps(school_affinity):
     moves = np.linalg.norm(np.diff(np.stack([at[i].coords for i in range(30, 130)]), axis=0), axis=1)
     assert moves.max() <= 2 * 0.5 * (1 + 1e-9)
     assert hybrid.kl < spectral.kl
+
+
+def test_auto_takes_the_schedule_at_scale_for_p_from_points_at_every_size():
+    """'auto' for t-SNE: the spectral direction on a mid-size graph, openTSNE's schedule (delta-bar-delta) from
+    2e4 points and, for P made from distances between points (features, a kNN pair, a distance matrix), at every
+    size; a budget below the schedule's 750 iterations shortens its exaggeration phase and momentum switch in
+    proportion (a third of the budget), so a short run ends on the objective itself."""
+    from scalemb.optim import AUTO_SCALE_MIN_POINTS, default_optimizer_name, fitted_schedule, make_optimizer
+    from scalemb.models.base import OPENTSNE_SCHEDULE
+
+    assert default_optimizer_name("tsne", 5000) == "sd"
+    assert default_optimizer_name("tsne", 5000, from_points=True) == "dbd"
+    assert default_optimizer_name("tsne", AUTO_SCALE_MIN_POINTS) == "dbd"
+    assert default_optimizer_name("sne", 500, from_points=True) == "dbd"  # SNE's default at every size
+    short = make_optimizer("auto", "tsne", 500, from_points=True, iterations=300)
+    assert (short.exaggeration_iterations, tuple(short.momentum_switch)) == (100, (100,))
+    full = make_optimizer("auto", "tsne", 500, from_points=True, iterations=5000)
+    assert (full.exaggeration_iterations, full.max_iterations) == (250, 750)
+    assert fitted_schedule(OPENTSNE_SCHEDULE, None) == OPENTSNE_SCHEDULE
+    # an explicit setting wins over the fitted schedule
+    assert make_optimizer("auto", "tsne", 500, from_points=True, iterations=300,
+                          exaggeration_iterations=7).exaggeration_iterations == 7
+
+
+def test_estimator_on_features_runs_the_schedule_and_on_a_graph_the_spectral_direction():
+    import scalemb
+    from scalemb.datasets import grqc
+
+    X = np.random.default_rng(0).standard_normal((300, 5))
+    est = scalemb.TSNE(max_iter=60, random_state=0).fit(X)
+    assert est.result_.optimizer["optimizer"] == "dbd" and est.result_.optimizer["exaggeration_iterations"] == 20
+    P = grqc().P
+    graph = scalemb.TSNE(max_iter=3, random_state=0, affinity="graph").fit(P)
+    assert graph.result_.optimizer["optimizer"] == "sd"

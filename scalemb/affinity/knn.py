@@ -404,6 +404,13 @@ def knn_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = No
                            "seed": random_state})
 
 
+def from_point_distances(provenance: dict) -> bool:
+    """Whether an affinity's ``provenance`` says P was calibrated by perplexity from distances between points
+    (``knn_affinity`` of feature rows, ``affinity_from_distances`` of a kNN pair or a distance matrix), not made
+    from a graph or given as it is."""
+    return provenance.get("method") in ("knn", "precomputed")
+
+
 def affinity_from_distances(D, perplexity: float = PERPLEXITY, method: str = "gaussian", n_jobs: int | None = None,
                             source=None) -> Affinity:
     """``P = (P_cond + P_cond^T) / (2N)`` from a square sparse distance matrix: each row's stored entries

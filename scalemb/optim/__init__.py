@@ -13,17 +13,24 @@ OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
 # gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
+# P made from distances between points (a kNN affinity of feature rows, a kNN pair, a distance matrix) gets the
+# model's ``default_optimizer_at_scale`` at every size: on feature data (digits, a single-cell set, a 2e4 x 50
+# Gaussian mixture) openTSNE's schedule gave equal or better trustworthiness than the spectral direction at less
+# CPU (5x less on the mixture, whose separated clusters the Newton-like steps spread over thousands of units),
+# while on co-authorship graphs (GrQc) the spectral direction reaches far lower KL and better neighbourhoods
+# (NP@deg 0.84 against 0.75) -- docs/design/optimisation.md.
 # 'auto' from this many points on (below AUTO_SCALE_MIN_POINTS): the model's ``default_optimizer`` with its
 # ``default_optimizer_options`` (t-SNE, SNEST: a momentum early-exaggeration phase before the spectral steps,
 # measured on GrQc); below it the spectral direction alone, as SCHOOL's Table 1 values were measured.
 AUTO_SCHEDULE_MIN_POINTS = 1024
 
 
-def default_optimizer_name(model=None, n_points: int | None = None) -> str:
+def default_optimizer_name(model=None, n_points: int | None = None, from_points: bool = False) -> str:
     """What ``'auto'`` means for ``model`` (a name or ``Model``) and an input of ``n_points`` points: its
     ``Model.default_optimizer`` (the models record why, e.g. the spectral direction for t-SNE, delta-bar-delta
-    for SNE), or from ``AUTO_SCALE_MIN_POINTS`` on its ``default_optimizer_at_scale`` where it has one; without
-    a model the ``Model`` defaults."""
+    for SNE), or from ``AUTO_SCALE_MIN_POINTS`` on -- and at every size for P made from distances between points
+    (``from_points``: features, a kNN pair, a distance matrix; not a graph) -- its ``default_optimizer_at_scale``
+    where it has one; without a model the ``Model`` defaults."""
     from ..models import Model, get_model
 
     if model is None:
@@ -31,12 +38,18 @@ def default_optimizer_name(model=None, n_points: int | None = None) -> str:
     else:
         small = (get_model(model) if isinstance(model, str) else model).default_optimizer
     at_scale = _at_scale(model)
-    if n_points is not None and n_points >= AUTO_SCALE_MIN_POINTS and at_scale is not None:
+    if _scale_rule(n_points, from_points) and at_scale is not None:
         return at_scale["optimizer"]
     return small
 
 
-def make_optimizer(name: str, model=None, n_points: int | None = None, **options):
+def _scale_rule(n_points: int | None, from_points: bool) -> bool:
+    """Whether ``'auto'`` takes the model's ``default_optimizer_at_scale`` (``AUTO_SCALE_MIN_POINTS``, points)."""
+    return n_points is not None and (n_points >= AUTO_SCALE_MIN_POINTS or from_points)
+
+
+def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_points: bool = False,
+                   iterations: int | None = None, **options):
     """Build optimiser ``name`` from ``options`` (``None`` values keep its defaults); an option that optimiser has
     no use for is refused (``ValueError`` naming it), or with ``'auto'``, whose choice the caller did not make,
     left out with a ``UserWarning`` naming it.  ``'auto'`` is resolved for ``model`` and ``n_points``
@@ -45,7 +58,10 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     ``AUTO_SCHEDULE_MIN_POINTS`` below that, ``default_optimizer`` with the model's ``default_optimizer_options``,
     e.g. a momentum exaggeration phase); without
     ``n_points``, for a model whose choice depends on the size, an ``AutoOptimizer``, resolved by
-    ``resolve_optimizer`` once the input's size is known (or by its ``optimize``, from the executor's)."""
+    ``resolve_optimizer`` once the input's size is known (or by its ``optimize``, from the executor's).
+    ``from_points``: the input's P was made from distances between points, which takes the schedule at scale at
+    every size.  ``iterations``: the run's budget; a schedule at scale longer than it (``max_iterations``) is
+    shortened in proportion (``fitted_schedule``)."""
     at_scale = _at_scale(model)
     mid = _schedule(model)
     if name == "auto" and n_points is None and (at_scale is not None or mid is not None):
@@ -53,9 +69,9 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
         return AutoOptimizer(model, {k: v for k, v in options.items() if v is not None})
     chosen = name != "auto"
     if name == "auto":
-        name = default_optimizer_name(model, n_points)
-        if at_scale is not None and n_points >= AUTO_SCALE_MIN_POINTS:  # the model's schedule at scale
-            schedule = {k: v for k, v in at_scale.items() if k != "optimizer"}
+        name = default_optimizer_name(model, n_points, from_points)
+        if at_scale is not None and _scale_rule(n_points, from_points):  # the model's schedule at scale
+            schedule = fitted_schedule({k: v for k, v in at_scale.items() if k != "optimizer"}, iterations)
             options = {**schedule, **{k: v for k, v in options.items() if v is not None}}
         elif mid is not None and n_points >= AUTO_SCHEDULE_MIN_POINTS:  # its default's options at this size
             options = {**mid, **{k: v for k, v in options.items() if v is not None}}
@@ -76,6 +92,21 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, **options
     if name == "gd":
         kwargs["direction"] = "gradient"
     return cls(**kwargs)
+
+
+def fitted_schedule(schedule: dict, iterations: int | None) -> dict:
+    """``schedule`` for a budget of ``iterations``: where that is below its ``max_iterations``, its early
+    exaggeration phase and momentum switch are shortened in proportion (openTSNE's 250 of 750 become a third of
+    the budget), so a short run still ends with steps on the objective itself, not inside the exaggerated phase."""
+    total = schedule.get("max_iterations")
+    if iterations is None or total is None or iterations >= total:
+        return schedule
+    fitted = dict(schedule)
+    if "exaggeration_iterations" in fitted:
+        fitted["exaggeration_iterations"] = int(fitted["exaggeration_iterations"] * iterations // total)
+    if "momentum_switch" in fitted:
+        fitted["momentum_switch"] = tuple(int(k * iterations // total) for k in fitted["momentum_switch"])
+    return fitted
 
 
 def _at_scale(model) -> dict | None:
@@ -105,16 +136,17 @@ def _check_options(options: dict) -> None:
 
 @dataclass
 class AutoOptimizer:
-    """``optimizer='auto'`` before the input's size is known: ``resolve(n_points)`` builds the optimiser
-    ``make_optimizer('auto', model, n_points, **options)`` (``Embedder.fit`` does, so a run's results, checkpoints
-    and ``continue`` always hold the resolved optimiser)."""
+    """``optimizer='auto'`` before the input is known: ``resolve(n_points, from_points)`` builds the optimiser
+    ``make_optimizer('auto', model, n_points, from_points=from_points, **options)`` (the runner does, so a run's
+    results, checkpoints and ``continue`` always hold the resolved optimiser)."""
 
     model: object
     options: dict = field(default_factory=dict)
     name: str = field(default="auto", init=False)
 
-    def resolve(self, n_points: int):
-        return make_optimizer("auto", self.model, int(n_points), **self.options)
+    def resolve(self, n_points: int, from_points: bool = False, iterations: int | None = None):
+        return make_optimizer("auto", self.model, int(n_points), from_points=from_points, iterations=iterations,
+                              **self.options)
 
     def optimize(self, executor, coords, n_iter: int, **kwargs):
         """``resolve(executor.n_points).optimize(...)``."""
@@ -124,9 +156,12 @@ class AutoOptimizer:
         return {"optimizer": "auto", **self.options}
 
 
-def resolve_optimizer(optimizer, n_points: int):
-    """``optimizer`` itself, or an ``AutoOptimizer`` resolved for ``n_points``."""
-    return optimizer.resolve(n_points) if isinstance(optimizer, AutoOptimizer) else optimizer
+def resolve_optimizer(optimizer, n_points: int, from_points: bool = False, iterations: int | None = None):
+    """``optimizer`` itself, or an ``AutoOptimizer`` resolved for ``n_points`` (``from_points``: P made from
+    distances between points; ``iterations``: the run's budget, see ``make_optimizer``)."""
+    if not isinstance(optimizer, AutoOptimizer):
+        return optimizer
+    return optimizer.resolve(n_points, from_points, iterations)
 
 
 def optimizer_config(optimizer) -> dict:

@@ -19,6 +19,7 @@ from ..engine.cluster import dask_client, resolve_client
 from ..engine.distributed import DaskExecutor
 from ..init import Initializer
 from ..io.results import EmbeddingResult
+from ..affinity.knn import from_point_distances
 from ..models import get_model
 from ..optim import make_optimizer, resolve_optimizer
 from ..progress import Progress, phase, reporting
@@ -157,7 +158,9 @@ class Runner:
         best = None
         restart_kls = []
         with self._executor(data, data.graph_affinity, model, time_dims) as (executor, node_ids, provenance):
-            optimizer = resolve_optimizer(optimizer, len(node_ids))  # 'auto' depends on the input's size
+            # 'auto' depends on the input's size, on whether P was made from distances between points and on the
+            # budget (a schedule longer than it is shortened)
+            optimizer = resolve_optimizer(optimizer, len(node_ids), from_point_distances(provenance), spec.iterations)
             repulsion = ({"method": executor.repulsion, **executor.fft_params.as_dict()}
                          if executor.repulsion in ("fft", "auto") else {"method": "exact"})
             initializer = Initializer(self.init, executor, spec.space_dims, time_dims, provenance, spec.seed,
