@@ -28,7 +28,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from scalemb.affinity import knn_affinity
-from scalemb.affinity.hyperbolic import hyperbolic_affinity, poincare_distances, target_radii, wrapped_normal_clusters
+from scalemb.affinity.hyperbolic import hyperbolic_affinity, poincare_distances, wrapped_normal_clusters
+from scalemb.models.cosne import target_radii
 from scalemb.embedding import Embedder
 from scalemb.geometry import POINCARE
 from scalemb.models.cosne import make_kernels, norm_loss

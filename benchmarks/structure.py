@@ -17,7 +17,7 @@ PKG = ROOT / "scalemb"
 sys.path.insert(0, str(ROOT))
 
 FLOORS = {  # room -> floor (1 = ground)
-    "_version.py": 1, "errors.py": 1, "geometry": 1, "repulsion": 1, "numba_cache.py": 1,
+    "_version.py": 1, "errors.py": 1, "geometry": 1, "repulsion": 1, "numba_cache.py": 1, "vecmath.py": 1,
     "models": 2,
     "optim": 3, "progress.py": 3,
     "store": 4, "io": 4,

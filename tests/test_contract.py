@@ -19,7 +19,7 @@ from scalemb.embedding import Embedder
 from scalemb.engine import LocalExecutor
 from scalemb.models import KL, Model, get_model, register_model, unregister_model
 from scalemb.models.kernels import euclidean_similarity, make_kernels
-from scalemb.models.vecmath import fast_exp, fast_log
+from scalemb.vecmath import fast_exp, fast_log
 
 
 POINT_WEIGHT = 0.05

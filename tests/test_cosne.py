@@ -214,7 +214,7 @@ def test_points_outside_the_ball_are_refused(value, match):
 
 def test_degree_radii_put_hubs_inside():
     from scalemb.affinity import Affinity
-    from scalemb.affinity.hyperbolic import degree_radii, target_radii
+    from scalemb.models.cosne import degree_radii, target_radii
 
     star = sp.lil_matrix((6, 6))
     for j in range(1, 6):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from numba import vectorize
 
-from scalemb.models.vecmath import fast_exp, fast_log
+from scalemb.vecmath import fast_exp, fast_log
 
 
 def _elementwise(scalar_function):

@@ -1,4 +1,4 @@
-"""Input affinities for points in the Poincaré ball (CO-SNE, Guo, Guo & Yu 2022), target radii, synthetic data.
+"""Input affinities for points in the Poincaré ball (CO-SNE, Guo, Guo & Yu 2022) and synthetic data.
 
 * ``hyperbolic_affinity``: the hyperbolic normal similarities ``p_j|i ∝ exp(-β_i d_B(x_i, x_j)²)`` on the
   ``k`` nearest neighbours in the Poincaré distance ``d_B(x, z) = arcosh(1 + 2|x - z|²/((1 - |x|²)(1 - |z|²)))``,
@@ -6,11 +6,6 @@
   (``knn.conditional_affinities``, same bisection); neighbours by brute force up to ``knn.EXACT_MAX_POINTS``
   points, by NN-descent with the Poincaré distance as a numba metric above.  ``radii = |x_i|`` (CO-SNE's norm
   loss targets).
-* ``degree_radii``: target radii for a graph, hubs inside: hyperbolic radius ``ρ_i = 2c log(k_max/k_i)``
-  (the hyperbolic random-graph relation ``ρ ≈ R - 2 log k`` of Krioukov et al. 2010, shifted so that the
-  largest hub sits at the centre and scaled by ``c``), Euclidean ball radius ``r = tanh(ρ/2)
-  = ((k_max/k)^{2c} - 1)/((k_max/k)^{2c} + 1)``.  ``c`` is chosen by measurement on GrQc
-  (docs/design/inputs.md).
 * ``wrapped_normal_clusters``: the paper's synthetic data: wrapped normal clusters ``x = μ ⊕ exp_0(v)``,
   ``v ~ N(0, σ² I)`` (the tangent sample at the origin, transported to ``μ``; ``⊕`` Möbius addition).
 """
@@ -24,7 +19,6 @@ from .knn import EXACT_MAX_POINTS, PERPLEXITY, conditional_affinities, default_n
 # the paper's five cluster means in the 5-D ball (sec. 4.1)
 PAPER_MEANS = np.array([[0, 0, 0, 0, 0], [0.1, 0, 0, 0, 0], [0, -0.2, 0, 0, 0], [0, 0, 0.9, 0, 0],
                         [0, 0, 0, -0.9, 0]], dtype=np.float64)
-DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured, see the module docstring)
 
 
 @njit(fastmath=False)
@@ -108,25 +102,6 @@ def hyperbolic_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | No
                                "knn": "exact" if n <= EXACT_MAX_POINTS else "nndescent", "seed": random_state})
     affinity.radii = np.linalg.norm(X, axis=1)
     return affinity
-
-
-def degree_radii(degree, scale: float = DEGREE_RADIUS_SCALE) -> np.ndarray:
-    """Target radii ``tanh(c log(k_max/k))`` from node degrees (hubs at the centre, module docstring); degree 0
-    (an isolated node) counts as 1."""
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-    degree = np.maximum(np.asarray(degree, dtype=np.float64), 1.0)
-    return np.tanh(scale * np.log(degree.max() / degree))
-
-
-def target_radii(affinity) -> np.ndarray:
-    """CO-SNE's target radii for ``affinity`` (an ``Affinity`` or ``AffinityStore``): its stored ``radii`` (the
-    input points' norms), else ``degree_radii`` of the non-zeros per row of P (P has a zero diagonal)."""
-    radii = getattr(affinity, "radii", None)
-    if radii is not None:
-        return radii
-    indptr = affinity.P.indptr if hasattr(affinity, "P") else affinity.indptr
-    return degree_radii(np.diff(indptr))
 
 
 def mobius_add(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
 from ..models.objective import KL, Objective
+from ..optim.base import Evaluation
 from ..repulsion.fft import Grid, NearCells, interpolate
 from .laplacian import laplacian_rows
 
@@ -39,24 +40,6 @@ class BlockResult:
     repulsion_rows: bool = False
     repulsion_start: int = 0
     outlier_reaction: np.ndarray | None = None
-
-
-@dataclass
-class Evaluation:
-    """The model's objective value, the optimised objective and its gradient at one embedding (``gradient`` is
-    ``(d, N)``).
-
-    ``kl`` is the model's objective without exaggeration (KL(P||Q) for KL models; the name is kept);
-    ``objective`` (for KL ``sum p log p - alpha sum p log w + log Z``) is what the gradient differentiates; it
-    equals ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
-    them (``evaluate(..., with_kl=False)``).
-    """
-
-    kl: float
-    objective: float
-    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``optim.held``)
-    z: float
-    finite: bool | None = None  # set by ``optim.held``: whether every entry of the gradient is finite
 
 
 def point_major(coords: np.ndarray) -> np.ndarray:

@@ -48,18 +48,40 @@ import math
 import numpy as np
 from numba import njit
 
-from ..affinity.hyperbolic import target_radii
 from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
-from .vecmath import fast_log
+from ..vecmath import fast_log
 
+DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)
 DEFAULTS = {"gamma": 0.1, "lambda1": 10.0, "lambda2": 0.01, "warmup": 500}
 # gamma's range: six orders of magnitude either side of the default keep gamma², 1/gamma² (times the 1/alpha² of
 # points near the boundary, up to 1e32) and the learning-rate scale 4 gamma² inside float64's range (1e-200 made
 # 1/gamma² overflow, 1e300 made gamma² overflow); nothing useful lies outside (the ball's distances are < 75).
 GAMMA_RANGE = (1e-6, 1e6)
+
+
+def degree_radii(degree, scale: float = DEGREE_RADIUS_SCALE) -> np.ndarray:
+    """CO-SNE's target radii for a graph, hubs inside: ``tanh(c log(k_max/k))`` from node degrees k.  The
+    hyperbolic radius ``ρ = 2c log(k_max/k)`` is the hyperbolic random-graph relation ``ρ ≈ R - 2 log k``
+    (Krioukov et al. 2010) shifted so that the largest hub sits at the centre and scaled by ``c``; the ball's
+    Euclidean radius is ``tanh(ρ/2)``.  ``c`` was chosen by measurement on GrQc (docs/design/inputs.md).  Degree 0
+    (an isolated node) counts as 1."""
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    degree = np.maximum(np.asarray(degree, dtype=np.float64), 1.0)
+    return np.tanh(scale * np.log(degree.max() / degree))
+
+
+def target_radii(affinity) -> np.ndarray:
+    """CO-SNE's target radii for ``affinity`` (an ``Affinity`` or ``AffinityStore``): its stored ``radii`` (the
+    input points' norms), else ``degree_radii`` of the non-zeros per row of P (P has a zero diagonal)."""
+    radii = getattr(affinity, "radii", None)
+    if radii is not None:
+        return radii
+    indptr = affinity.P.indptr if hasattr(affinity, "P") else affinity.indptr
+    return degree_radii(np.diff(indptr))
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")
@@ -289,7 +311,7 @@ def check_params(gamma, lambda1, lambda2, warmup) -> dict:
 def make_point_term(lambda1: float, lambda2: float, warmup: int):
     """The model's ``point_term(coords, iteration, affinity)``: ``(λ2/λ1) N H`` and its gradient once
     ``iteration >= warmup`` or outside an optimisation (``iteration`` None), zero before.  The targets are
-    ``hyperbolic.target_radii(affinity)``: the input norms, or for a graph radii from the degree."""
+    ``target_radii(affinity)``: the input norms, or for a graph radii from the degree."""
     weight = lambda2 / lambda1
 
     def point_term(coords, iteration, affinity):

@@ -122,8 +122,6 @@ def homotopy(optimizer, executor, coords: np.ndarray, stages: int = 5, start: fl
     The history is E at the target ``lam`` throughout (each stage's first entry, a repeat of the previous
     stage's last, is dropped); ``callback(it, value)`` sees the global iteration number.
     """
-    from ..optim.base import OptimizeResult
-
     lam = executor.model.objective.lam
     lams = homotopy_lambdas(lam, lam / 100.0 if start is None else start, stages)
     histories, times, total, elapsed, evaluations, run = [], [], 0, 0.0, 0, None
@@ -141,5 +139,6 @@ def homotopy(optimizer, executor, coords: np.ndarray, stages: int = 5, start: fl
         elapsed += float(run.seconds[-1]) if run.seconds.size else 0.0
         evaluations += run.evaluations
         coords = run.coords
-    return OptimizeResult(run.coords, run.kl, np.concatenate(histories), total, run.converged, run.backoffs,
-                          np.concatenate(times), evaluations, run.stopped, run.state)
+    # the last stage's result (its coordinates, KL, stop and state) with the whole path's history and counts
+    return replace(run, kl_history=np.concatenate(histories), iterations=total, seconds=np.concatenate(times),
+                   evaluations=evaluations)

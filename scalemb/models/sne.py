@@ -7,7 +7,7 @@ from numba import njit
 from ..repulsion.fft import GAUSS_CUTOFF, NEAR_GAUSS, FFTSpec, gauss_plan, gauss_self_weight
 from .base import Model
 from .kernels import euclidean_similarity, make_kernels
-from .vecmath import fast_exp
+from ..vecmath import fast_exp
 
 
 @njit(inline="always", error_model="numpy")

@@ -12,7 +12,7 @@ from numba import njit
 from ..repulsion.fft import NEAR_CAUCHY_TIME, FFTSpec, cauchy_self_weight, cauchy_time_plan
 from .base import MOMENTUM_EXAGGERATION, Model
 from .kernels import make_kernels
-from .vecmath import fast_exp, fast_log
+from ..vecmath import fast_exp, fast_log
 
 
 @njit(inline="always", error_model="numpy")

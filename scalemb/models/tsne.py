@@ -7,7 +7,7 @@ from numba import njit
 from ..repulsion.fft import NEAR_CAUCHY, FFTSpec, cauchy_plan, cauchy_self_weight
 from .base import MOMENTUM_EXAGGERATION, OPENTSNE_SCHEDULE, Model
 from .kernels import euclidean_similarity, make_kernels
-from .vecmath import fast_log
+from ..vecmath import fast_log
 
 
 @njit(inline="always", error_model="numpy")

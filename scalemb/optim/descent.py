@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import OptimizeResult, OptimizerState
+from .base import Evaluation, OptimizeResult, OptimizerState
 from .linesearch import armijo
 from .loop import HALT, KEPT, MOVED, StepRun, run_loop
 from .solvers import SetupInterrupted, interruptible, jacobi_preconditioner, pcg
@@ -101,8 +101,6 @@ class DescentState(OptimizerState):
     gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
 
     def evaluation(self):
-        from ..engine.blocks import Evaluation
-
         return Evaluation(self.kl, self.objective, self.gradient, self.z)
 
     def export(self, iteration: int, history, seconds, elapsed: float, ev, solver: dict) -> "DescentState":

@@ -141,7 +141,7 @@ def _gauss(d2s, sigma):
 
 
 def _time_growth(dt):
-    """SNEST's time factor ``exp(Δt²)``, saturating like ``models.vecmath.fast_exp``."""
+    """SNEST's time factor ``exp(Δt²)``, saturating like ``scalemb.vecmath.fast_exp``."""
     return np.exp(np.minimum(dt * dt, 709.0))
 
 

@@ -23,7 +23,7 @@ axes), so the loops over its box run along the last axis, contiguous in the grid
 import numpy as np
 from numba import njit
 
-from ..models.vecmath import fast_exp
+from ..vecmath import fast_exp
 
 
 def box_tables(node_positions):
