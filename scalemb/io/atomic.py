@@ -52,10 +52,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ScalembError
+from .markers import has_marker
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-_MARKERS = ("scalemb_checkpoint", "scalemb_version", "scalemb")
 
 
 def is_scalemb_output(path) -> bool:
@@ -65,7 +65,7 @@ def is_scalemb_output(path) -> bool:
         attrs = json.loads(meta.read_text()).get("attributes", {})
     except (OSError, ValueError, AttributeError):
         return False
-    return isinstance(attrs, dict) and any(key in attrs for key in _MARKERS)
+    return has_marker(attrs)
 
 
 def _overlaps(path: Path, other) -> bool:

@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError, ScalembError
+from .markers import has_marker
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)$")
 TEMP_MARKER = ".scalemb-temporary"
@@ -287,12 +288,10 @@ def _meta_attrs(fs, path: str) -> dict | None:
 
 def is_scalemb_output(url: str) -> bool:
     """Whether ``url`` is a published group whose root attributes carry a scalemb marker."""
-    from .atomic import _MARKERS
-
     fs, path = filesystem(url)
     with errors(url):
         attrs = _meta_attrs(fs, path)
-    return attrs is not None and any(key in attrs for key in _MARKERS)
+    return attrs is not None and has_marker(attrs)
 
 
 def _exists(fs, path: str) -> bool:
