@@ -338,6 +338,8 @@ def test_docs_and_redoc_render_offline_in_chromium(api, tmp_path):
     assert status == 200 and b"https://" not in page and b"/docs/static/swagger-ui-bundle.js" in page
     status, page, _ = api.request("GET", "/redoc", auth=False)
     assert status == 200 and b"https://" not in page and b"/docs/static/redoc.standalone.js" in page
+    status, bundle, _ = api.request("GET", "/docs/static/redoc.standalone.js", auth=False)
+    assert status == 200 and b"cdn.redoc.ly" not in bundle and b"/docs/static/favicon.png" in bundle
     browser = Browser(str(tmp_path / "chromium"))
     base, requested = f"http://127.0.0.1:{api.port}", set()
     try:

@@ -44,6 +44,7 @@ from .snapshots import snapshot
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 DOCS_STATIC = "/docs/static/"
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"  # the only Internet URL ReDoc's bundle loads by itself
 UPLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # the service's own entries in the data root, never a job's input (with every name starting with '.': the
 # service's temporary files and lock); "jobs.sqlite3" covers its -wal, -shm and -journal files too
@@ -777,6 +778,19 @@ def _add_docs(app: FastAPI) -> None:
                                "(the schema is at /openapi.json)")
         return
     static = Path(fastapi_offline.__file__).parent / "static"
+    redoc_js = []  # the bundle, read once
+
+    @app.get(f"{DOCS_STATIC}redoc.standalone.js", include_in_schema=False)
+    def redoc_bundle():
+        """ReDoc's bundle with the one image it fetches from the Internet (the Redocly logo in its sidebar,
+        ``REDOC_LOGO``) pointed at the service's own favicon, so the page makes no request outside it."""
+        from fastapi.responses import Response
+
+        if not redoc_js:
+            redoc_js.append((static / "redoc.standalone.js").read_text(encoding="utf-8")
+                            .replace(REDOC_LOGO, f"{DOCS_STATIC}favicon.png"))
+        return Response(redoc_js[0], media_type="text/javascript")
+
     app.mount(DOCS_STATIC.rstrip("/"), StaticFiles(directory=static), name="docs-static")
 
     @app.get("/docs", include_in_schema=False)
