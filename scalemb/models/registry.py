@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..repulsion.fft import use_model_registry
 from .base import Model
 from .objective import Objective
 
@@ -212,3 +213,6 @@ def objective_of(result) -> Objective:
     """The objective of a stored run: its model's, or the unnamed ``Objective()`` for a run without a model."""
     model = model_of(result)
     return Objective() if model is None else model.objective
+
+
+use_model_registry(get_model, model_names)  # model names stand for models in scalemb.repulsion too

@@ -339,15 +339,29 @@ class FFTSpec:
                              f"dimension{'s' if self.time_dims > 1 else ''}, got {time_dims}")
 
 
+_MODELS = []  # [(get_model, model_names)]: installed by scalemb.models.registry (``use_model_registry``)
+
+
+def use_model_registry(get_model, model_names) -> None:
+    """Let a model's name stand for the model in this package (``fft_spec('tsne')``, ``DEFAULT_INTERPOLATION``):
+    installed by ``scalemb.models.registry``, the layer above, when it is imported, so that this package imports
+    nothing from it."""
+    _MODELS[:] = [(get_model, model_names)]
+
+
+def _registry():
+    if not _MODELS:
+        raise ValueError("a model name needs scalemb.models imported (pass the Model or its FFTSpec)")
+    return _MODELS[0]
+
+
 def fft_spec(model) -> FFTSpec:
     """The ``FFTSpec`` of ``model``: a spec, a ``Model`` or a model name (``scalemb.models.get_model``);
     ValueError naming the model if it has none."""
     if isinstance(model, FFTSpec):
         return model
     if isinstance(model, str):
-        from ..models import get_model
-
-        model = get_model(model)
+        model = _registry()[0](model)
     if model.fft is None:
         raise ValueError(f"model {model.name!r} has no FFT repulsion: use repulsion='exact'")
     return model.fft
@@ -374,8 +388,7 @@ class _DefaultInterpolation(Mapping):
             raise KeyError(key) from None
 
     def __iter__(self):
-        from ..models import get_model, model_names
-
+        get_model, model_names = _registry()
         for name in model_names():
             spec = get_model(name).fft
             for ds in sorted(spec.interpolation) if spec is not None else ():
