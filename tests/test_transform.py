@@ -619,9 +619,12 @@ def test_default_free_phase_follows_the_share_of_the_map_it_would_move():
     run, _ = place("tsne", 2, old, many)
     assert run.moved.size == 0 and run.settings["exaggeration"] == EXAGGERATION
     assert run.settings["final_exaggeration"] == FINAL_EXAGGERATION and run.settings["iterations"] == ITERATIONS
+    run, _ = place("tsne", 2, old, few)
+    assert run.settings["iterations"] == PRE_FREE_ITERATIONS  # the first phase's cap before a free phase
     timed = np.concatenate([old, np.zeros((1, n))])
-    run, _ = place("snest", 2, timed, few, free_hops=0)
+    run, _ = place("snest", 2, timed, few)  # time coordinates: no exaggeration, the full first phase
     assert run.settings["exaggeration"] == 1.0 and run.settings["final_exaggeration"] == 1.0
+    assert run.moved.size and run.settings["iterations"] == ITERATIONS
 
 
 @pytest.mark.slow

@@ -132,8 +132,8 @@ FREE_DIRECTION = "spectral"
 # free_hops=None (the default, "auto"): the stored points within FREE_HOPS edges of a new node move in a second
 # phase of FREE_ITERATIONS iterations, unless they are more than FREE_MAX_SHARE of the stored map (then the map
 # stays fixed: moving most of it is a re-embedding); the first phase then stops after PRE_FREE_ITERATIONS at most
-# (the free phase goes on descending the new points).  Measured on GrQc and a generated co-authorship graph of
-# 1e4 nodes against a re-embedding (docs/design/placement.md)
+# (the free phase goes on descending the new points; maps without time coordinates).  Measured on GrQc and a
+# generated co-authorship graph of 1e4 nodes against a re-embedding (docs/design/placement.md)
 FREE_HOPS = 1
 FREE_MAX_SHARE = 0.5
 FREE_ITERATIONS = 30
@@ -212,8 +212,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
 
     Defaults (``free_hops=None``, ``optimizer`` None or with ``iterations=None``): the free phase of
     ``auto_free_hops`` (1 hop unless that frees more than half the stored map), after a first phase of at most
-    ``PRE_FREE_ITERATIONS`` (``ITERATIONS`` without a free phase), the attraction exaggerated as
-    ``PlacementOptimizer`` says."""
+    ``PRE_FREE_ITERATIONS`` (``ITERATIONS`` without a free phase or with time coordinates), the attraction
+    exaggerated as ``PlacementOptimizer`` says."""
     if (free_hops is not None and free_hops < 0) or free_iterations < 1:
         raise ValueError(f"free_hops must be >= 0 and free_iterations >= 1, got {free_hops}, {free_iterations}")
     model = get_model(model_name)
@@ -222,7 +222,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     if free_hops is None:
         free_hops = auto_free_hops(P, n)
     optimizer = optimizer or PlacementOptimizer()
-    if optimizer.iterations is None and free_hops > 0:
+    if optimizer.iterations is None and free_hops > 0 and old.shape[0] == space_dims:
+        # (maps with time coordinates keep ITERATIONS: SNEST's first phase is far from converged at 300)
         optimizer = dataclasses.replace(optimizer, iterations=PRE_FREE_ITERATIONS)
     method = placement_repulsion(model, n, P.shape[0] - n, repulsion)
     X0, unattached = initial_positions(P[n:], old, space_dims, seed)
