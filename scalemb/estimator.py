@@ -49,7 +49,6 @@ from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ES
 from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
 
 OBSM_KEY = "X_scalemb"
-TRANSFORM_ITERATIONS = 300  # placement iterations of transform (the engine's Embedder.transform default)
 
 
 def _is_anndata(X) -> bool:
@@ -473,8 +472,8 @@ class Embedder(TransformerMixin, BaseEstimator):
         if callable(getattr(self, "_fitted_metric", None)):  # the fit's callable (its provenance holds its name)
             knn["metric"] = self._fitted_metric
         reference = Reference("knn", affinity=self._fitted_data, features=features, knn=knn)
-        placed = place_into(self.result_, X, reference, PlacementOptimizer(iterations=TRANSFORM_ITERATIONS),
-                            seed=self._seed(), n_threads=self._threads())
+        placed = place_into(self.result_, X, reference, PlacementOptimizer(), seed=self._seed(),
+                            n_threads=self._threads(), free_hops=0)
         return np.ascontiguousarray(placed.embedding[self.result_.node_ids.size:])
 
     def _graph_reference(self):
@@ -532,8 +531,10 @@ class Embedder(TransformerMixin, BaseEstimator):
             raise ValueError(f"{type(self).__name__} was fitted to a graph: transform takes the new nodes' edges, "
                              f"an edge-list path or a networkx graph, got {type(X).__name__}")
         P = extended_graph_affinity(reference.graph, reference.rule, old_ids, new_ids, src, dst, weight)
+        # free_hops=0: transform is a function of the fitted map, which stays where fit put it (a free phase would
+        # place the new nodes next to stored rows moved out of embedding_)
         placed, _ = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
-                          PlacementOptimizer(iterations=TRANSFORM_ITERATIONS), self._seed(), self._threads())
+                          PlacementOptimizer(), self._seed(), self._threads(), free_hops=0)
         self.transform_node_ids_ = new_ids
         return np.ascontiguousarray(placed.coords.T)
 

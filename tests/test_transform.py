@@ -11,8 +11,10 @@ from scalemb.embedding import EmbeddingResult
 from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 from scalemb.models import get_model
-from scalemb.placement import PlacementObjective, PlacementOptimizer, freed_points, place
-from scalemb.placement.optimize import TIME_STEPS, initial_positions
+from scalemb.placement import (FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, PRE_FREE_ITERATIONS, PlacementObjective,
+                               PlacementOptimizer, auto_free_hops, freed_points, place, placement_defaults)
+from scalemb.placement.optimize import (EXAGGERATION, EXAGGERATION_ITERATIONS, FINAL_EXAGGERATION, ITERATIONS,
+                                        TIME_STEPS, initial_positions)
 
 from .cli_runner import run_cli
 
@@ -120,8 +122,9 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
     expected = set(range(4)) | set(B[:4].indices)
     assert set(two) == expected
     old = np.random.default_rng(1).standard_normal((2, n))
-    fixed, _ = place("tsne", 2, old, P)
-    freed, _ = place("tsne", 2, old, P, free_hops=1, free_iterations=20)
+    plain = PlacementOptimizer(exaggeration=1.0, final_exaggeration=1.0)  # the KL itself descends
+    fixed, _ = place("tsne", 2, old, P, plain, free_hops=0)
+    freed, _ = place("tsne", 2, old, P, plain, free_hops=1, free_iterations=20)
     assert fixed.moved.size == 0 and list(freed.moved) == [0, 1, 2, 3]
     assert freed.kl < fixed.kl
     assert np.all(np.diff(freed.kl_history) <= 1e-12)  # both phases descend the same whole-map KL
@@ -168,19 +171,21 @@ def test_spectral_direction_places_and_frees_like_the_jacobi_one():
     P = random_affinity(n + m, seed=7).P
     P = P / P.sum()
     old = np.random.default_rng(8).standard_normal((2, n))
-    jacobi, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40))
-    spectral, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"))
+    plain = dict(exaggeration=1.0, final_exaggeration=1.0)  # the KL itself is the objective descended
+    jacobi, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, **plain), free_hops=0)
+    spectral, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral", **plain),
+                        free_hops=0)
     assert spectral.settings["optimizer"] == "placement-spectral"
     assert np.all(np.diff(spectral.kl_history) <= 1e-12) and spectral.kl < spectral.kl_history[0]
     assert spectral.kl == pytest.approx(jacobi.kl, rel=2e-3)
-    freed, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral"), free_hops=1,
-                     free_iterations=10)
+    freed, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral", **plain),
+                     free_hops=1, free_iterations=10)
     assert freed.moved.size and freed.kl < spectral.kl and np.all(np.diff(freed.kl_history) <= 1e-12)
     lone = P.tolil()
     lone[n:, n:] = 0
     lone = sp.csr_matrix(lone)
     lone.eliminate_zeros()
-    runs = [place("tsne", 2, old, lone, PlacementOptimizer(iterations=15, direction=d))[0]
+    runs = [place("tsne", 2, old, lone, PlacementOptimizer(iterations=15, direction=d), free_hops=0)[0]
             for d in ("jacobi", "spectral")]
     np.testing.assert_array_equal(runs[0].coords, runs[1].coords)
     with pytest.raises(ValueError, match="direction"):
@@ -257,7 +262,6 @@ def test_cli_places_new_graph_nodes(school_run):
     proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     before, after = EmbeddingResult.load(run), EmbeddingResult.load(out)
-    assert np.array_equal(after.embedding[:39], before.embedding)  # old rows fixed
     assert list(after.node_ids[39:]) == [3, 4, 30]
     assert after.kl < after.provenance["start_kl"]
     # each new student lands among its own class (students 0-19 + teacher 20 vs 21-40 + 41)
@@ -266,15 +270,25 @@ def test_cli_places_new_graph_nodes(school_run):
         d = np.linalg.norm(Y[:39] - Y[39 + k], axis=1)
         nearest = ids[:39][np.argsort(d)[:3]]
         assert np.all((nearest <= 20) == (node <= 20)), (node, nearest)
+    # the default free phase: the stored neighbours of the new students moved (1 hop: fewer than half the map),
+    # every other stored row stayed where it was
+    n_moved = after.provenance["n_moved"]
+    assert f"{n_moved} stored points moved" in proc.stdout and 0 < n_moved <= 39 // 2
+    still = np.all(after.embedding[:39] == before.embedding, axis=1)
+    assert np.count_nonzero(~still) <= n_moved and np.count_nonzero(still) >= 39 - n_moved
     freed = tmp_path / "freed.zarr"
     proc = run_cli("transform", str(run), str(new_path), "--out", str(freed), "--free-hops", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
-    moved_result = EmbeddingResult.load(freed)
-    n_moved = moved_result.provenance["n_moved"]
-    assert f"{n_moved} stored points moved" in proc.stdout and 0 < n_moved < 39
-    still = np.all(moved_result.embedding[:39] == before.embedding, axis=1)
-    assert np.count_nonzero(~still) <= n_moved and np.count_nonzero(still) >= 39 - n_moved
-    assert moved_result.kl <= after.kl + 1e-12
+    # the default is 1 hop (to rounding: the free phase is not bit-reproducible from run to run, a known issue)
+    freed_result = EmbeddingResult.load(freed)
+    assert freed_result.provenance["n_moved"] == n_moved
+    np.testing.assert_allclose(freed_result.embedding, after.embedding, rtol=1e-9, atol=1e-9)
+    fixed = tmp_path / "fixed.zarr"
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(fixed), "--free-hops", "0", "--quiet")
+    assert proc.returncode == 0, proc.stderr and "moved" not in proc.stdout
+    fixed_result = EmbeddingResult.load(fixed)
+    assert np.array_equal(fixed_result.embedding[:39], before.embedding)  # old rows fixed
+    assert fixed_result.provenance["n_moved"] == 0
 
 
 @pytest.mark.slow
@@ -301,7 +315,8 @@ def test_new_edges_in_either_column_order_place_the_same(school_run, tmp_path):
     assert flipped.read_text() != new_path.read_text()
     outs = [tmp_path / "canonical.zarr", tmp_path / "flipped.zarr"]
     for out, edges in zip(outs, (new_path, flipped)):
-        proc = run_cli("transform", str(run), str(edges), "--out", str(out), "--quiet")
+        # the stored map fixed: the free phase is not bit-reproducible from run to run (a known issue: ULPs)
+        proc = run_cli("transform", str(run), str(edges), "--out", str(out), "--free-hops", "0", "--quiet")
         assert proc.returncode == 0, proc.stderr
     canonical, other = (EmbeddingResult.load(out) for out in outs)
     assert list(other.node_ids[39:]) == [3, 4, 30]
@@ -331,7 +346,7 @@ def test_bad_graph_inputs_exit_2_and_write_nothing(school_run, tmp_path):
     proc = run_cli("transform", str(run), str(new_path), "--out", str(out), "--free-hops", "-1")
     assert proc.returncode == 2 and "--free-hops must be >= 0" in proc.stderr and not out.exists()
     proc = run_cli("transform", str(run), str(lonely), "--out", str(out), "--quiet")
-    assert proc.returncode == 0 and "(2 unattached)" in proc.stdout
+    assert proc.returncode == 0 and "(2 unattached" in proc.stdout
     assert list(sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))) == []
 
 
@@ -548,3 +563,125 @@ def test_exact_knn_of_new_rows_matches_brute_force(metric):
         np.testing.assert_array_equal(indices, expected)
         np.testing.assert_allclose(distances, np.take_along_axis(D, expected, axis=1), rtol=1e-12, atol=1e-7)
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def _chain_affinity(n: int, attach) -> sp.csr_matrix:
+    """A path of ``n`` stored points and one new point per entry of ``attach`` (edge to that stored point)."""
+    m = len(attach)
+    P = sp.lil_matrix((n + m, n + m))
+    for i in range(n - 1):
+        P[i, i + 1] = P[i + 1, i] = 1.0
+    for k, j in enumerate(attach):
+        P[n + k, j] = P[j, n + k] = 1.0
+    P = sp.csr_matrix(P)
+    return P / P.sum()
+
+
+def test_placement_defaults_are_one_table_every_front_reads():
+    """The placement's defaults are written once (scalemb.placement, scalemb.placement.optimize) and the CLI, the
+    service and the run's transform take them from there; maps with time coordinates are not exaggerated."""
+    from scalemb.cli.main import build_parser
+    from scalemb.service.app import TransformRequest
+
+    space, timed = PlacementOptimizer().resolved(with_time=False), PlacementOptimizer().resolved(with_time=True)
+    assert (space.exaggeration, space.exaggeration_iterations, space.final_exaggeration, space.iterations) == \
+        (EXAGGERATION, EXAGGERATION_ITERATIONS, FINAL_EXAGGERATION, ITERATIONS)
+    assert (timed.exaggeration, timed.exaggeration_iterations, timed.final_exaggeration) == (1.0, 0, 1.0)
+    assert EXAGGERATION > 1.0 and FINAL_EXAGGERATION > 1.0 and FREE_HOPS >= 1 and 0 < FREE_MAX_SHARE < 1
+    defaults = placement_defaults()
+    assert defaults["final_exaggeration"] == FINAL_EXAGGERATION and defaults["free_iterations"] == FREE_ITERATIONS
+    assert defaults["iterations before a free phase"] == PRE_FREE_ITERATIONS
+    args = build_parser().parse_args(["transform", "run.zarr", "new.txt", "--out", "o.zarr"])
+    assert (args.iterations, args.free_hops, args.free_iterations, args.tol) == \
+        (None, None, FREE_ITERATIONS, PlacementOptimizer.tol)
+    request = TransformRequest(new="uploads/new.txt")
+    assert (request.iterations, request.free_hops, request.free_iterations) == (None, None, None)
+    with pytest.raises(ValueError, match="time coordinates"):
+        PlacementOptimizer(final_exaggeration=1.5).resolved(with_time=True)
+    with pytest.raises(ValueError, match="iterations"):
+        PlacementOptimizer(iterations=0)
+
+
+def test_default_free_phase_follows_the_share_of_the_map_it_would_move():
+    """``free_hops=None``: 1 hop when the new points' stored neighbours are at most FREE_MAX_SHARE of the map
+    (the first phase then at most PRE_FREE_ITERATIONS), else the map stays fixed."""
+    n = 40
+    few = _chain_affinity(n, [3, 20])  # 1 hop frees stored points 3 and 20
+    assert auto_free_hops(few, n) == FREE_HOPS
+    old = np.stack([np.arange(n, dtype=float), np.zeros(n)]) + 0.01 * np.random.default_rng(0).standard_normal((2, n))
+    run, _ = place("tsne", 2, old, few)
+    assert list(run.moved) == list(freed_points(few, n, FREE_HOPS))
+    assert run.settings["n_moved"] == run.moved.size and run.iterations <= PRE_FREE_ITERATIONS + FREE_ITERATIONS
+    fixed = np.setdiff1d(np.arange(n), run.moved)
+    assert fixed.size and run.moved_coords.shape == (2, run.moved.size)
+    many = _chain_affinity(n, list(range(30)))  # 30 of the 40 stored points are a new point's neighbours
+    assert freed_points(many, n, FREE_HOPS).size > FREE_MAX_SHARE * n and auto_free_hops(many, n) == 0
+    run, _ = place("tsne", 2, old, many)
+    assert run.moved.size == 0 and run.settings["exaggeration"] == EXAGGERATION
+    assert run.settings["final_exaggeration"] == FINAL_EXAGGERATION and run.settings["iterations"] == ITERATIONS
+    run, _ = place("tsne", 2, old, few)
+    assert run.settings["iterations"] == PRE_FREE_ITERATIONS  # the first phase's cap before a free phase
+    timed = np.concatenate([old, np.zeros((1, n))])
+    run, _ = place("snest", 2, timed, few)  # time coordinates: no exaggeration, the full first phase
+    assert run.settings["exaggeration"] == 1.0 and run.settings["final_exaggeration"] == 1.0
+    assert run.moved.size and run.settings["iterations"] == ITERATIONS
+
+
+@pytest.mark.slow
+def test_default_placement_keeps_most_of_a_reembeddings_neighbourhoods():
+    """On a generated co-authorship graph (~600 nodes, 10 % held out at random), the placed nodes' neighbourhood
+    preservation with the defaults is at least 0.8 of a full re-embedding's and above that of the fixed-map,
+    unexaggerated placement (measured 0.54 vs re-embedding 0.63 and 0.48)."""
+    from scalemb.affinity import coauthorship_affinity
+    from scalemb.embedding import Embedder
+    from scalemb.io.coauthor_generator import generate_coauthor_edges
+    from scalemb.io.edgelist import graph_from_edges
+    from scalemb.placement.affinity import extended_graph_affinity
+    from scipy.spatial import cKDTree
+
+    src, dst = map(np.concatenate, zip(*generate_coauthor_edges(800, seed=1)))
+    graph = graph_from_edges(src, dst, np.ones(src.size), "generated")
+    n = graph.n_nodes
+    neighbours = [set() for _ in range(n)]
+    for a, b in zip(graph.src, graph.dst):
+        neighbours[a].add(b)
+        neighbours[b].add(a)
+    ids = graph.node_ids
+    held = np.isin(ids, np.random.default_rng(1).choice(ids, n // 10, replace=False))
+    keep = ~held[graph.src] & ~held[graph.dst]
+    old_graph = graph_from_edges(ids[graph.src[keep]], ids[graph.dst[keep]], graph.weight[keep], "old")
+    new_ids = np.setdiff1d(ids, old_graph.node_ids)
+    a, b = graph.src[~keep], graph.dst[~keep]
+    first_new = np.isin(ids[a], new_ids)
+    new_src, new_dst = np.where(first_new, ids[a], ids[b]), np.where(first_new, ids[b], ids[a])
+    both = np.isin(ids[a], new_ids) & np.isin(ids[b], new_ids)
+    new_src, new_dst = np.concatenate([new_src, ids[b[both]]]), np.concatenate([new_dst, ids[a[both]]])
+
+    def fit(affinity):
+        return Embedder(model="tsne", space_dims=2, time_dims=0, seed=0).fit(affinity)
+
+    def preservation(Y, rows):  # fraction of each node's graph neighbours among its deg nearest map points
+        tree = cKDTree(Y)
+        scores = [len(set(tree.query(Y[i], k=len(neighbours[i]) + 1)[1][1:]) & neighbours[i]) / len(neighbours[i])
+                  for i in rows if neighbours[i]]
+        return float(np.mean(scores))
+
+    full = coauthorship_affinity(graph)
+    stored = fit(coauthorship_affinity(old_graph))
+    old_ids = stored.result_.node_ids
+    where = np.searchsorted(full.node_ids, np.concatenate([old_ids, new_ids]))
+    rows = where[old_ids.size:]
+    P = extended_graph_affinity(old_graph, "coauthorship", old_ids, new_ids, new_src, new_dst, np.ones(new_src.size))
+    scores = {}
+    for label, options in (("defaults", {}), ("fixed", dict(optimizer=PlacementOptimizer(
+            exaggeration=1.0, final_exaggeration=1.0), free_hops=0))):
+        run, _ = place("tsne", 2, np.ascontiguousarray(stored.embedding_.T), P, **options)
+        Y_stored = stored.embedding_.copy()
+        if run.moved.size:
+            Y_stored[run.moved] = run.moved_coords.T
+        Y = np.empty((n, 2))
+        Y[where] = np.concatenate([Y_stored, run.coords.T])
+        scores[label] = preservation(Y, rows)
+    reembedded = preservation(fit(full).embedding_, rows)
+    assert scores["defaults"] >= 0.8 * reembedded, (scores, reembedded)
+    assert scores["defaults"] > scores["fixed"] + 0.02, (scores, reembedded)

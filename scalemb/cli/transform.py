@@ -2,10 +2,16 @@
 
 
 def add_parser(commands):
+    from ..placement import FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, PRE_FREE_ITERATIONS, PlacementOptimizer
+    from ..placement.optimize import EXAGGERATION, FINAL_EXAGGERATION, ITERATIONS
+
     tra = commands.add_parser(
         "transform", help="place new nodes (edge list) or points (feature rows) into a stored map",
-        description="The stored map's points stay fixed (unless --free-hops); the new ones start at the weighted "
-                    "median of their old neighbours and are optimised against it (the whole map's KL).  Graph "
+        description="The new points start at the weighted median of their old neighbours and are optimised against "
+                    f"the stored map (the whole map's KL, their attraction exaggerated x{EXAGGERATION:g} at first, "
+                    f"then x{FINAL_EXAGGERATION:g}); "
+                    "then the stored points next to new graph nodes move with them for a few iterations "
+                    "(--free-hops), the rest of the map staying fixed.  Graph "
                     "runs: NEW is an undirected edge list 'A B [weight]' of the new nodes' edges, in either "
                     "column order (the end not in the map is the new node).  kNN runs: NEW holds feature "
                     "rows (.npy, .csv, Zarr array) of the reference's width.  Writes the whole map (old rows "
@@ -14,18 +20,21 @@ def add_parser(commands):
     tra.add_argument("new", help="new nodes' edge list (graph runs) or new feature rows (kNN runs)")
     tra.add_argument("--out", required=True, help="output result group (Zarr)")
     tra.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    tra.add_argument("--iterations", type=int, default=300, help="maximum placement iterations (default 300)")
-    tra.add_argument("--tol", type=float, default=1e-5,
-                     help="stop when the KL falls by less than this (relative, per iteration; default 1e-5)")
+    tra.add_argument("--iterations", type=int, default=None,
+                     help=f"maximum placement iterations (default {ITERATIONS}, {PRE_FREE_ITERATIONS} before a free "
+                          "phase)")
+    tra.add_argument("--tol", type=float, default=PlacementOptimizer.tol,
+                     help="stop when the KL falls by less than this (relative, per iteration; default %(default)g)")
     tra.add_argument("--seed", type=int, default=0, help="seed of the start's jitter")
     tra.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs)")
     tra.add_argument("--refuse-unattached", action="store_true",
                      help="refuse new nodes with no edge path to the stored map instead of placing them at the rim")
-    tra.add_argument("--free-hops", type=int, default=0,
-                     help="then let the stored points within this many edges of a new node move too (default 0: "
-                          "the stored map stays fixed)")
-    tra.add_argument("--free-iterations", type=int, default=30,
-                     help="iterations of that second phase at most (default 30)")
+    tra.add_argument("--free-hops", type=int, default=None,
+                     help="then let the stored points within this many edges of a new node move too (0: the stored "
+                          f"map stays fixed; default: {FREE_HOPS} for new graph nodes unless that frees more than "
+                          f"{FREE_MAX_SHARE:g} of the stored map, else 0; 0 for feature rows)")
+    tra.add_argument("--free-iterations", type=int, default=FREE_ITERATIONS,
+                     help="iterations of that second phase at most (default %(default)s)")
     tra.add_argument("--repulsion", choices=("auto", "exact", "fft"), default="auto",
                      help="repulsion from the stored points: exact sums or one frozen FFT grid of the stored map "
                           "(default auto: fft from 20000 stored points or 2e7 stored x new pairs)")
@@ -41,9 +50,9 @@ def run_transform(args) -> int:
     from ..errors import ScalembError
     from ..placement import PlacementOptimizer, transform_run
 
-    if args.iterations < 1:
+    if args.iterations is not None and args.iterations < 1:
         raise ScalembError(f"--iterations must be >= 1, got {args.iterations}")
-    if args.free_hops < 0:
+    if args.free_hops is not None and args.free_hops < 0:
         raise ScalembError(f"--free-hops must be >= 0, got {args.free_hops}")
     if args.free_iterations < 1:
         raise ScalembError(f"--free-iterations must be >= 1, got {args.free_iterations}")

@@ -12,6 +12,7 @@ Where the run's P came from is read from its provenance: ``store`` (an affinity 
 exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the feature file).  Bad input
 raises ``InputError`` / ``ScalembError`` before anything is written; the output is written atomically.
 """
+import dataclasses
 from dataclasses import dataclass, field
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,7 +32,8 @@ from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_e
 from .objective import PlacementObjective
 from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
 
-__all__ = ["FREE_ITERATIONS", "Reference", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
+__all__ = ["FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
+           "placement_defaults", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
            "freed_points", "place", "placement_repulsion", "place_into", "reference_of", "transform_run"]
 
 
@@ -127,11 +129,37 @@ def new_point_ids(node_ids: np.ndarray, m: int) -> np.ndarray:
 # partial Hessian moves a freed region as a whole where Jacobi moves each point alone; chosen on GrQc's random
 # split, docs/design/placement.md)
 FREE_DIRECTION = "spectral"
-FREE_ITERATIONS = 30  # iterations of the second phase with ``free_hops > 0`` (docs/design/placement.md)
+# free_hops=None (the default, "auto"): the stored points within FREE_HOPS edges of a new node move in a second
+# phase of FREE_ITERATIONS iterations, unless they are more than FREE_MAX_SHARE of the stored map (then the map
+# stays fixed: moving most of it is a re-embedding); the first phase then stops after PRE_FREE_ITERATIONS at most
+# (the free phase goes on descending the new points; maps without time coordinates).  Measured on GrQc and a
+# generated co-authorship graph of 1e4 nodes against a re-embedding (docs/design/placement.md)
+FREE_HOPS = 1
+FREE_MAX_SHARE = 0.5
+FREE_ITERATIONS = 30
+PRE_FREE_ITERATIONS = 100
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
 FFT_MIN_OLD = 20_000
 FFT_MIN_PAIRS = 20_000_000
+
+
+def placement_defaults() -> dict:
+    """The placement's default settings of a map without time coordinates, by name (what ``scalemb
+    transform`` does without flags)."""
+    first = PlacementOptimizer().resolved(with_time=False)
+    return {"iterations": first.iterations, "iterations before a free phase": PRE_FREE_ITERATIONS,
+            "tol": first.tol, "direction": first.direction, "exaggeration": first.exaggeration,
+            "exaggeration_iterations": first.exaggeration_iterations,
+            "final_exaggeration": first.final_exaggeration, "free_hops": f"{FREE_HOPS} if at most "
+            f"{FREE_MAX_SHARE:g} of the stored map, else 0", "free_iterations": FREE_ITERATIONS,
+            "free_direction": FREE_DIRECTION}
+
+
+def auto_free_hops(P: sp.csr_matrix, n: int) -> int:
+    """``free_hops=None``: ``FREE_HOPS`` if the stored points within that many edges of a new point are at most
+    ``FREE_MAX_SHARE`` of the ``n`` stored points, else 0 (module constants)."""
+    return FREE_HOPS if freed_points(P, n, FREE_HOPS).size <= FREE_MAX_SHARE * n else 0
 
 
 def placement_repulsion(model, n_old: int, n_new: int, repulsion: str = "auto") -> str:
@@ -159,7 +187,7 @@ def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
 
 
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
-          n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int = 0,
+          n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int | None = None,
           free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", free_direction: str = FREE_DIRECTION,
           client=None):
     """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
@@ -180,18 +208,28 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     ``repulsion``: ``"exact"`` sums, the frozen FFT grid of the fixed map (``"fft"``, ``placement.frozen``), or
     ``"auto"`` (``placement_repulsion``).  ``client``: a ``distributed.Client``; the objective's row blocks
     (``placement.objective.block_terms``, the same function as on local threads) then run on its workers, the
-    old map and its frozen grid broadcast to them once: the result is bit-identical to the local one."""
-    if free_hops < 0 or free_iterations < 1:
+    old map and its frozen grid broadcast to them once: the result is bit-identical to the local one.
+
+    Defaults (``free_hops=None``, ``optimizer`` None or with ``iterations=None``): the free phase of
+    ``auto_free_hops`` (1 hop unless that frees more than half the stored map), after a first phase of at most
+    ``PRE_FREE_ITERATIONS`` (``ITERATIONS`` without a free phase or with time coordinates), the attraction
+    exaggerated as ``PlacementOptimizer`` says."""
+    if (free_hops is not None and free_hops < 0) or free_iterations < 1:
         raise ValueError(f"free_hops must be >= 0 and free_iterations >= 1, got {free_hops}, {free_iterations}")
     model = get_model(model_name)
     n = old.shape[1]
     P = sp.csr_matrix(P)
+    if free_hops is None:
+        free_hops = auto_free_hops(P, n)
+    optimizer = optimizer or PlacementOptimizer()
+    if optimizer.iterations is None and free_hops > 0 and old.shape[0] == space_dims:
+        # (maps with time coordinates keep ITERATIONS: SNEST's first phase is far from converged at 300)
+        optimizer = dataclasses.replace(optimizer, iterations=PRE_FREE_ITERATIONS)
     method = placement_repulsion(model, n, P.shape[0] - n, repulsion)
     X0, unattached = initial_positions(P[n:], old, space_dims, seed)
     if unattached and refuse_unattached:
         raise ScalembError(f"{unattached} new nodes share no edge path with the stored map (placing them is "
                            "refused; without the refusal: " + UNATTACHED_RULE + ")")
-    optimizer = optimizer or PlacementOptimizer()
     with PlacementObjective(model, space_dims, P, old, n_threads=n_threads, repulsion=method,
                             client=client) as objective:
         run = optimizer.optimize(objective, X0, space_dims, callback=callback)
@@ -206,7 +244,8 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     second = PlacementOptimizer(iterations=free_iterations, tol=optimizer.tol, window=optimizer.window,
                                 mu=optimizer.mu, time_ratio=optimizer.time_ratio, growth=optimizer.growth,
                                 max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho,
-                                direction=free_direction)
+                                direction=free_direction, exaggeration=1.0, exaggeration_iterations=0,
+                                final_exaggeration=optimizer.final_exaggeration)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
                             n_threads=n_threads, repulsion=method, client=client) as objective:
@@ -288,16 +327,20 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
-               free_hops: int = 0, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
+               free_hops: int | None = None, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
                scheduler: str | None = None, workers: int | None = None):
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
-    ``EmbeddingResult`` (old rows first, unchanged unless ``free_hops > 0``: see ``place``).  ``scheduler`` /
-    ``workers``: optimise on a Dask cluster (``engine.cluster.dask_client``; ``place``'s ``client``)."""
+    ``EmbeddingResult`` (old rows first, unchanged unless a free phase moved some: see ``place``).
+    ``free_hops=None``: ``place``'s default for new graph nodes; new feature rows (kNN) keep the map fixed
+    (a free phase of a kNN map was not measured).  ``scheduler`` / ``workers``: optimise on a Dask cluster
+    (``engine.cluster.dask_client``; ``place``'s ``client``)."""
     if result.model == "kernel-eigenmap":
         return _kernel_map(result, new, run_name)
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
+    if free_hops is None and reference.kind == "knn":
+        free_hops = 0
     if result.model == "eigenmap":
         return placed_result(result, _nystrom(result, P, run_name), new_ids,
                              {"transform_of": str(run_name), "method": "nystrom", "n_old": int(result.node_ids.size),
@@ -320,7 +363,7 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
 
 
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
-                  n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int = 0,
+                  n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int | None = None,
                   free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", scheduler: str | None = None,
                   workers: int | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``

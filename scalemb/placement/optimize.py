@@ -20,6 +20,14 @@ together (a freed region of the stored map, a component of new points) where Jac
 edge among the moving points (kNN placement) it is the Jacobi direction.  Stops after ``iterations`` or when
 the KL fell by less than ``tol`` (relative to the KL,
 per iteration, averaged over the last ``window`` iterations).
+
+Exaggeration: the descent minimises ``KL - (alpha - 1) sum_(new rows) p_ij log w_ij``, the attraction of the new
+rows' affinities times ``alpha``: ``exaggeration`` for the first ``exaggeration_iterations``, then
+``final_exaggeration`` (module constants; openTSNE's ``transform`` keeps 1.5 throughout).  Why: a new point's place
+is ranked against stored points that were laid out without it; the stronger pull draws it (and, in a free
+phase, its freed neighbours) into its neighbours' midst, which is what neighbourhood preservation counts, at a
+small cost in KL.  Measured on GrQc and a generated co-authorship graph (docs/design/placement.md).  Maps with
+time coordinates are never exaggerated (SNEST on GrQc: the new points' time coordinates diverged).
 """
 import time
 from dataclasses import dataclass, field
@@ -34,6 +42,12 @@ from ..optim.linesearch import armijo
 from ..optim.loop import CONVERGED, KEPT, MOVED, StepRun, run_loop
 
 DIRECTIONS = ("jacobi", "spectral")
+# the attraction of the new rows' affinities: x EXAGGERATION for the first EXAGGERATION_ITERATIONS, then x
+# FINAL_EXAGGERATION (maps without time coordinates; docs/design/placement.md)
+EXAGGERATION = 4.0
+EXAGGERATION_ITERATIONS = 50
+FINAL_EXAGGERATION = 1.5
+ITERATIONS = 300  # iterations at most (the stall test ``tol`` usually stops the descent first)
 TIME_STEPS = ("joint", "separate")
 UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
                    "of the circle (sphere) of 1.1 times the map's largest radius around its centre, time "
@@ -145,7 +159,7 @@ class PlacementRun:
 class PlacementOptimizer:
     """Preconditioned descent of the new points (module docstring)."""
 
-    iterations: int = 300
+    iterations: int | None = None  # None: ITERATIONS (PRE_FREE_ITERATIONS before a free phase: placement.place)
     tol: float = 1e-5
     window: int = 10
     mu: float = 1e-3
@@ -154,42 +168,64 @@ class PlacementOptimizer:
     max_step: float = 4.0
     c: float = 1e-4
     rho: float = 0.5
-    exaggeration: float = 1.0
-    exaggeration_iterations: int = 0
+    exaggeration: float | None = None  # None: EXAGGERATION (1.0 with time coordinates)
+    exaggeration_iterations: int | None = None  # None: EXAGGERATION_ITERATIONS (0 with time coordinates)
     direction: str = "jacobi"
     time_step: str = "joint"
+    final_exaggeration: float | None = None  # None: FINAL_EXAGGERATION (1.0 with time coordinates)
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise ValueError(f"placement direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError(f"placement iterations must be >= 1, got {self.iterations}")
         if self.time_step not in TIME_STEPS:
             raise ValueError(f"placement time_step must be one of {', '.join(TIME_STEPS)}, got {self.time_step!r}")
+
+    def resolved(self, with_time: bool) -> "PlacementOptimizer":
+        """This rule with the exaggeration defaults filled in for a map with (``with_time``) or without time
+        coordinates; ``ValueError`` for an exaggeration asked of a map with time coordinates (SNEST on GrQc:
+        the new points' time coordinates diverged)."""
+        import dataclasses
+
+        if with_time:
+            if (self.exaggeration not in (None, 1.0) and self.exaggeration_iterations) or \
+                    self.final_exaggeration not in (None, 1.0):
+                raise ValueError("an exaggerated placement is not supported for models with time coordinates "
+                                 "(SNEST on GrQc: the new points' time coordinates diverged)")
+            defaults = (1.0, 0, 1.0)
+        else:
+            defaults = (EXAGGERATION, EXAGGERATION_ITERATIONS, FINAL_EXAGGERATION)
+        given = (self.exaggeration, self.exaggeration_iterations, self.final_exaggeration)
+        ex, its, final = (d if g is None else g for g, d in zip(given, defaults))
+        return dataclasses.replace(self, exaggeration=float(ex), exaggeration_iterations=int(its),
+                                   final_exaggeration=float(final),
+                                   iterations=ITERATIONS if self.iterations is None else int(self.iterations))
 
     def params(self) -> dict:
         return {"optimizer": f"placement-{self.direction}", "iterations": self.iterations, "tol": self.tol,
                 "window": self.window, "mu": self.mu, "time_ratio": self.time_ratio, "growth": self.growth,
                 "max_step": self.max_step, "exaggeration": self.exaggeration,
-                "exaggeration_iterations": self.exaggeration_iterations, "time_step": self.time_step}
+                "exaggeration_iterations": self.exaggeration_iterations,
+                "final_exaggeration": self.final_exaggeration, "time_step": self.time_step}
 
     def optimize(self, objective, X0: np.ndarray, space_dims: int, callback=None) -> PlacementRun:
         """Place from ``X0`` (``(d, M)``); ``callback(it, kl)`` at the start of every iteration (the KL after
         ``it`` steps).  The iterations are ``optim.loop.run_loop``'s (no re-centring: the old points are fixed);
         converged: the stall test held (also after the last iteration) or no step along the direction lowered
         the KL."""
-        if self.exaggeration != 1.0 and self.exaggeration_iterations > 0 and X0.shape[0] > space_dims:
-            raise ValueError("an exaggerated placement phase is not supported for models with time coordinates "
-                             "(SNEST on GrQc: the new points' time coordinates diverged)")
+        rule = self.resolved(X0.shape[0] > space_dims)
         start = time.perf_counter()
         X = np.array(X0, dtype=np.float64, order="C")
-        alpha = self.exaggeration if self.exaggeration_iterations > 0 else 1.0
+        alpha = rule.exaggeration if rule.exaggeration_iterations > 0 else rule.final_exaggeration
         ev = objective.evaluate(X, alpha)
         state = PlacementState(iteration=0, coords=X, kl_history=np.zeros(0), seconds=np.zeros(0), evaluations=1,
                                elapsed=0.0, alpha=alpha, step=1.0)
-        run = run_loop(_PlacementRun(self, objective, state, ev, space_dims), self.iterations, callback=callback)
-        converged = run.converged or (run.iterations == self.iterations and stalled(
-            run.kl_history, run.iterations, self.exaggeration_iterations, self.window, self.tol))
+        run = run_loop(_PlacementRun(rule, objective, state, ev, space_dims), rule.iterations, callback=callback)
+        converged = run.converged or (run.iterations == rule.iterations and stalled(
+            run.kl_history, run.iterations, rule.exaggeration_iterations, rule.window, rule.tol))
         return PlacementRun(run.coords, run.kl, run.kl_history, run.iterations, converged,
-                            time.perf_counter() - start, run.evaluations, self.params())
+                            time.perf_counter() - start, run.evaluations, rule.params())
 
 
 @dataclass
@@ -220,9 +256,9 @@ class _PlacementRun(StepRun):
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
         r, s = self.rule, self.state
-        if s.alpha != 1.0 and it >= r.exaggeration_iterations:
-            s.alpha, s.step = 1.0, 1.0
-            self.ev = self.evaluate(s.coords, 1.0, it)
+        if s.alpha != r.final_exaggeration and it >= r.exaggeration_iterations:
+            s.alpha, s.step = r.final_exaggeration, 1.0
+            self.ev = self.evaluate(s.coords, s.alpha, it)
             s.evaluations += 1
         return self.ev.kl, self.ev.kl
 
@@ -249,9 +285,9 @@ class _PlacementRun(StepRun):
         result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
                         retract=self.geometry.retract)
         s.evaluations += result.trials
-        if not result.accepted and alpha != 1.0:  # the exaggerated phase is over early
-            s.alpha, s.step = 1.0, 1.0
-            self.ev = self.evaluate(s.coords, 1.0, it + 1)
+        if not result.accepted and alpha != r.final_exaggeration:  # the early phase is over early
+            s.alpha, s.step = r.final_exaggeration, 1.0
+            self.ev = self.evaluate(s.coords, s.alpha, it + 1)
             s.evaluations += 1
             return KEPT
         if not result.accepted:
@@ -281,9 +317,9 @@ class _PlacementRun(StepRun):
                 moved = True
                 setattr(s, attr, min(result.step * (r.growth if result.trials == 1 else 1.0), r.max_step))
                 s.coords, self.ev = result.coords, result.evaluation
-        if not moved and alpha != 1.0:
-            s.alpha, s.step, s.time_step = 1.0, 1.0, 1.0
-            self.ev = self.evaluate(s.coords, 1.0, it + 1)
+        if not moved and alpha != r.final_exaggeration:
+            s.alpha, s.step, s.time_step = r.final_exaggeration, 1.0, 1.0
+            self.ev = self.evaluate(s.coords, s.alpha, it + 1)
             s.evaluations += 1
             return KEPT
         return MOVED if moved else CONVERGED

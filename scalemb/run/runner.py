@@ -249,11 +249,12 @@ class Runner:
     def fit_transform(self, data=None, graph_affinity: str | None = None) -> np.ndarray:
         return self.fit(data, graph_affinity).embedding_
 
-    def transform(self, new, reference=None, iterations: int = 300, free_hops: int = 0,
-                  free_iterations: int = 30) -> np.ndarray:
-        """Place new nodes or points into the fitted map, which stays fixed (``scalemb.placement``; with
-        ``free_hops > 0`` the stored points within that many edges of a new one move in a second phase of at
-        most ``free_iterations`` iterations: ``transform_result_`` holds the moved rows); returns
+    def transform(self, new, reference=None, iterations: int | None = None, free_hops: int | None = None,
+                  free_iterations: int | None = None) -> np.ndarray:
+        """Place new nodes or points into the fitted map (``scalemb.placement``; ``None``: its defaults; with
+        ``free_hops > 0``, the default for new graph nodes, the stored points within that many edges of a new one
+        move in a second phase of at most ``free_iterations`` iterations: ``transform_result_`` holds the moved
+        rows); returns
         their coordinates, ``M x (ds + dt)``.  ``new``: an edge-list path (``NEW_ID OTHER_ID [weight]``) for
         graph inputs, feature rows (array or path) for kNN inputs.  ``reference``: the reference feature rows
         when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
@@ -270,9 +271,10 @@ class Runner:
             placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
                                   knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
                                                                                    "perplexity", "lvq")})
+        free = {} if free_iterations is None else {"free_iterations": free_iterations}
         self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
                                             seed=self.spec.seed, n_threads=self.spec.threads, free_hops=free_hops,
-                                            free_iterations=free_iterations)
+                                            **free)
         return self.transform_result_.embedding[self.result_.node_ids.size:]
 
 

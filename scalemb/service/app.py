@@ -201,10 +201,13 @@ class TransformRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     new: str = Field(description="path relative to the data root (e.g. uploads/NAME): the new nodes' edge list "
                                  "'NEW_ID OTHER_ID [weight]' (graph jobs) or feature rows (kNN jobs)")
-    iterations: int = Field(300, ge=1, le=100_000)
-    free_hops: int = Field(0, ge=0, le=100, description="stored points within this many edges of a new node move "
-                                                        "too, in a second phase (0: the stored map stays fixed)")
-    free_iterations: int = Field(30, ge=1, le=100_000)
+    iterations: int | None = Field(None, ge=1, le=100_000, description="placement iterations at most (default: "
+                                                                        "scalemb transform's)")
+    free_hops: int | None = Field(None, ge=0, le=100, description="stored points within this many edges of a new "
+                                  "node move too, in a second phase (0: the stored map stays fixed; default: "
+                                  "scalemb transform's, 1 hop for new graph nodes unless that frees most of the map)")
+    free_iterations: int | None = Field(None, ge=1, le=100_000, description="iterations of that phase at most "
+                                                                             "(default: scalemb transform's)")
 
 
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
@@ -565,8 +568,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @api.post("/jobs/{job_id}/transform", status_code=201, response_model=schemas.JobCreated,
               responses=schemas.error_responses(400, 403, 404, 409, 429, 507))
     def transform(job_id: str, request: TransformRequest):
-        """Place new nodes into done job ``job_id``'s map, which stays fixed: a new job whose result is the
-        whole map (old rows first); 409 unless that job is done, 429 when the queue is full."""
+        """Place new nodes into done job ``job_id``'s map (``scalemb transform``: the stored points next to new
+        graph nodes may move): a new job whose result is the whole map (old rows first); 409 unless that job is
+        done, 429 when the queue is full."""
         source = _done(job_id)
         with state["runner"].submit_lock.shared():
             params = {"kind": "transform", "source_job": job_id, "input": request.new,

@@ -803,9 +803,10 @@ class JobRunner:
             self.run_dir(job_id).mkdir(parents=True, exist_ok=True)
             try:
                 transform_run(self.result_path(params["source_job"]), params["input_path"], run,
-                              optimizer=PlacementOptimizer(iterations=params["iterations"]),
-                              n_threads=self.n_threads, free_hops=params.get("free_hops", 0),
-                              free_iterations=params.get("free_iterations", 30))
+                              optimizer=PlacementOptimizer(iterations=params.get("iterations")),
+                              n_threads=self.n_threads, free_hops=params.get("free_hops"),
+                              **({} if params.get("free_iterations") is None else
+                                 {"free_iterations": params["free_iterations"]}))
             except Exception as exc:  # bad input included: the job fails with the message
                 self._fail(job_id, exc, params)
                 return
