@@ -190,8 +190,6 @@ class DaskHeld:
         """Each worker writes its partitions' rows into ``directory/field`` (even partitions, then odd ones:
         ``optim.held``); ``{field: [digest per partition]}``.  Returns only once every task has ended, so that
         nothing writes into ``directory`` after a failure is raised (the caller removes it)."""
-        from distributed import wait
-
         extent = self._extent  # the writes move no point: the extent hint stays valid
         self.map(_noop)  # the pending shift applied first (as every later task would)
         digests = {field: [None] * len(self.bounds) for field in fields.values()}
@@ -207,7 +205,7 @@ class DaskHeld:
             try:
                 batches = self._gather(futures)
             except BaseException:
-                wait(futures, timeout=60)  # the other workers' writes end before the caller removes the directory
+                _settle(futures, 60.0)  # the other workers' writes end before the caller removes the directory
                 raise
             self.ex.stats["bytes_received"] += _size(batches)
             for k, result in enumerate(self._by_partition(batches)):
@@ -222,7 +220,7 @@ class DaskHeld:
         partitions' rows of ``directory/field`` (``{name: field}``); ``{field: [digest per partition]}`` of what
         was read."""
         self.close()
-        self.ex._recover()
+        self._recover()
         executor = self.ex
         self._reset()
         plan = self._plan()
@@ -260,8 +258,16 @@ class DaskHeld:
         within its recovery deadline, else ``WorkersLostError``), then hold ``arrays`` (a state the optimiser
         exported) on the workers holding them now."""
         self.close()
-        self.ex._recover()
+        self._recover()
         self._put_all(arrays)
+
+    def _recover(self) -> None:
+        """``DaskExecutor._recover``, the scheduler's loss reported as such (``SchedulerLostError``)."""
+        try:
+            self.ex._recover()
+        except Exception as exc:  # noqa: BLE001
+            self.ex._raise_if_scheduler_lost(exc)
+            raise
 
     # --- plumbing
 
@@ -281,6 +287,7 @@ class DaskHeld:
         except (SchedulerLostError, HeldWorkersLost):
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a lost worker raised
+            self.ex._raise_if_scheduler_lost(exc)  # the scheduler gone: no rewind can help (the CLI exits 4)
             if isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc) or self._lost_a_holder():
                 raise HeldWorkersLost(f"a Dask worker holding the optimiser's rows was lost ({exc.__class__.__name__}"
                                       f": {exc})") from None
@@ -457,6 +464,15 @@ class DaskHeld:
         for future in getattr(self, "_boxes", {}).values():
             future.release()
         self._boxes = {}
+
+
+def _settle(futures: list, timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) until none of ``futures`` is pending, whatever their outcome."""
+    import time
+
+    end = time.monotonic() + timeout
+    while any(f.status == "pending" for f in futures) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def _noop(rows: dict) -> None:
