@@ -13,7 +13,7 @@ not reported), sampling every 5 s the NumPy buffers alive (``numpy.lib.tracemall
 Both split the run into phases by the output store and the loop: ``set-up`` (input, executor, start, until the
 first checkpoint is current), ``run`` (iterations and checkpoints, until the loop's last KL) and ``end`` (the final
 state gathered, the result written).  Reported per tree, medians over rounds: the peak resident set per phase and
-overall, and the most O(N) bytes alive at once per phase, also as (2 x N) float64 arrays.  The final embeddings
+overall, and the most O(N) bytes alive at once per phase, also as (d x N) float64 arrays.  The final embeddings
 are checked equal.
 
 Usage: ``python benchmarks/client_rss.py --store P200000.zarr --trees before=/tmp/old,after=. --rounds 2``
@@ -137,7 +137,6 @@ def main(argv=None) -> None:
 
     trees = dict(item.split("=", 1) for item in args.trees.split(","))
     n = zarr.open_group(store=args.store, mode="r")["indptr"].shape[0] - 1
-    array = 2 * n * 8
     plain, traced = {name: [] for name in trees}, {name: [] for name in trees}
     names = list(trees)
     for r in range(args.rounds):
@@ -155,6 +154,8 @@ def main(argv=None) -> None:
                     print(name, {k: f"{v / 2**20:.0f} MB" for k, v in got["rss"].items()},
                           f"VmHWM {got['hwm'] / 2**20:.0f} MB", flush=True)
     first = plain[names[0]][0]["embedding"]
+    d = first.shape[1]
+    array = d * n * 8  # one (d, N) float64 array: coordinates, increments, best iterate
     identical = all(np.array_equal(run["embedding"], first) for runs in (plain, traced) for rs in runs.values()
                     for run in rs)
     rows, held = [], []
@@ -177,10 +178,10 @@ def main(argv=None) -> None:
         f"command: `python benchmarks/client_rss.py {' '.join(argv)}`",
         "",
         markdown_table(["tree", *[f"peak RSS MB, {p}" for p in PHASES], "VmHWM MB",
-                        *[f"O(N) NumPy MB, {p} (2 x N arrays)" for p in PHASES]], rows),
+                        *[f"O(N) NumPy MB, {p} ({d} x N arrays)" for p in PHASES]], rows),
         "",
         f"Medians of {args.rounds} rounds.  O(N) NumPy: the most bytes in NumPy buffers of at least 4 N bytes alive "
-        f"at once (traced runs, sampled every 5 s), in brackets as (2 x N) float64 arrays of {array / 2**20:.2f} MB. "
+        f"at once (traced runs, sampled every 5 s), in brackets as ({d} x N) float64 arrays of {array / 2**20:.2f} MB. "
         f" Final embeddings {'identical' if identical else 'DIFFERENT'} across trees, rounds and runs.  The O(N) "
         f"buffers of the last traced round's fullest sample, with where they were allocated:",
         "",
