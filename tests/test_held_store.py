@@ -89,6 +89,22 @@ def test_a_tampered_worker_written_checkpoint_is_refused(store, dask_cluster, tm
         read_checkpoint(out)
 
 
+def test_workers_that_cannot_see_the_store_leave_the_checkpoints_to_the_client(store, reference, dask_cluster,
+                                                                                tmp_path, monkeypatch, caplog):
+    """A worker on a host without the client's file system finds no version directory: the checkpoint is written
+    by the client instead (a warning), and so are the later ones; the run is unchanged."""
+    from scalemb.optim.held import RowsExport
+
+    original = RowsExport.write
+    monkeypatch.setattr(RowsExport, "write", lambda self, directory: original(self, directory + ".elsewhere"))
+    out = tmp_path / "run.zarr"
+    _interrupted(out, store, 20, scheduler=dask_cluster.address)
+    assert "not visible here" in caplog.text and "the client writes the checkpoints" in caplog.text
+    assert "blocked" not in dict(_version(out).attrs)
+    assert [p.name for p in (out / "checkpoints").iterdir() if p.is_dir()] == [pointer(out)]
+    assert_same_result(scalemb.resume(out, in_process=True), reference)
+
+
 def _runs_on_cluster(store, client, *, n_iter=40, checkpoint=None, callback=None):
     with DaskExecutor(store, get_model("tsne"), 2, 0, client, repulsion="fft") as dask:
         start = np.random.default_rng(5).normal(size=(2, dask.n_points)) * 1e-4
