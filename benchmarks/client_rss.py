@@ -3,12 +3,15 @@
 Each round runs, in rotated order, for every tree (``--trees NAME=PATH,...``: a scalemb source tree put first on
 ``PYTHONPATH``, so the client and the ``LocalCluster`` workers it starts import it)::
 
-    scalemb embed STORE --out TMP/run.zarr --workers 2 --optimizer dbd --repulsion fft --iterations K
+    scalemb embed STORE --out TMP/run.zarr --scheduler ADDRESS --optimizer dbd --repulsion fft --iterations K
                         --checkpoint-every C --seed 0 --quiet
+
+on a ``dask scheduler`` and two ``dask worker --nthreads 1`` processes started for the run (the client process
+holds the client only: no in-process scheduler),
 
 twice: once plain, sampling the client's resident set (``VmRSS``, every 0.1 s) and its peak (``VmHWM``), and once
 tracing its Python allocations (``tracemalloc``, which costs time and memory of its own: its run's resident set is
-not reported), sampling every 5 s the NumPy buffers alive (``numpy.lib.tracemalloc_domain``) of at least
+not reported), sampling every 4 s the NumPy buffers alive (``numpy.lib.tracemalloc_domain``) of at least
 ``4 N`` bytes (half a float64 row of N points: every O(N) array of the optimiser) with where each was allocated.
 Both split the run into phases by the output store and the loop: ``set-up`` (input, executor, start, until the
 first checkpoint is current), ``run`` (iterations and checkpoints, until the loop's last KL) and ``end`` (the final
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +44,7 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
     import tracemalloc
 
     if min_bytes:
-        tracemalloc.start(10)
+        tracemalloc.start(6)
     samples, done, ending = [], threading.Event(), threading.Event()
     import scalemb.optim.dbd as dbd
 
@@ -75,7 +79,7 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
         return sorted(((t.size, where(t.traceback)) for t in snapshot.traces if t.size >= min_bytes), reverse=True)
 
     def sample():
-        while not done.wait(5.0 if min_bytes else 0.1):
+        while not done.wait(4.0 if min_bytes else 0.1):
             samples.append((phase(), big_arrays() if min_bytes else status("VmRSS:")))
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -90,14 +94,35 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
 
 
 def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_bytes: int) -> dict:
+    """One run on a scheduler and two single-threaded workers started here (processes of their own, importing
+    ``tree``: the client process holds the client alone)."""
     out = workdir / "run.zarr"
     samples = workdir / "samples.json"
-    argv = ["embed", store, "--out", str(out), "--workers", "2", "--optimizer", "dbd", "--repulsion", "fft",
-            "--iterations", str(iterations), "--checkpoint-every", str(every), "--seed", "0", "--quiet",
-            "--overwrite"]
     env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", str(samples), str(out),
-                    str(min_bytes), *argv], env=env, check=True)
+    scheduler_file = workdir / "scheduler.json"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    processes = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                   "--scheduler-file", str(scheduler_file)], **quiet)]
+    try:
+        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
+            time.sleep(0.1)
+        time.sleep(0.3)
+        address = json.loads(scheduler_file.read_text())["address"]
+        processes += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                                        "--host", "127.0.0.1", "--memory-limit", "6GB"], **quiet) for _ in range(2)]
+        argv = ["embed", store, "--out", str(out), "--scheduler", address, "--optimizer", "dbd", "--repulsion",
+                "fft", "--iterations", str(iterations), "--checkpoint-every", str(every), "--seed", "0", "--quiet",
+                "--overwrite"]
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", str(samples), str(out),
+                        str(min_bytes), *argv], env=env, check=True)
+    finally:
+        for proc in processes[::-1]:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     data = json.loads(samples.read_text())
     import numpy as np
     import zarr
@@ -171,7 +196,7 @@ def main(argv=None) -> None:
             held.append(f"* {name}, {phase}: " + (", ".join(f"{b / 2**20:.2f} MB from `{at}`" for b, at in last)
                                                   or "none"))
     text = "\n".join([
-        f"## Client memory during a run: {Path(args.store).name} (N = {n:,}), 2 workers, {args.iterations} "
+        f"## Client memory during a run: {Path(args.store).name} (N = {n:,}), 2 Dask workers, {args.iterations} "
         f"delta-bar-delta iterations, a checkpoint every {args.checkpoint_every}",
         "",
         run_description() + "  ",
@@ -181,7 +206,7 @@ def main(argv=None) -> None:
                         *[f"O(N) NumPy MB, {p} ({d} x N arrays)" for p in PHASES]], rows),
         "",
         f"Medians of {args.rounds} rounds.  O(N) NumPy: the most bytes in NumPy buffers of at least 4 N bytes alive "
-        f"at once (traced runs, sampled every 5 s), in brackets as ({d} x N) float64 arrays of {array / 2**20:.2f} MB. "
+        f"at once (traced runs, sampled every 4 s), in brackets as ({d} x N) float64 arrays of {array / 2**20:.2f} MB. "
         f" Final embeddings {'identical' if identical else 'DIFFERENT'} across trees, rounds and runs.  The O(N) "
         f"buffers of the last traced round's fullest sample, with where they were allocated:",
         "",
