@@ -536,15 +536,16 @@ class Checkpointer:
             if not stopping and not (self.every and iteration % self.every == 0):
                 return
             rows = None if self.client_writes else getattr(export, "rows", lambda: None)()
+            written = False
             if rows is not None:  # the per-point arrays are written by the workers holding them
                 try:
                     self.write(Checkpoint(restart, iteration, export(light=True), list(restart_kls), best,
                                           time.perf_counter() - started), rows)
-                    rows = "written"
+                    written = True
                 except FileNotFoundError as exc:  # workers on hosts without this file system
                     logger.warning("%s; the client writes the checkpoints from now on", exc)
                     self.client_writes = True
-            if rows != "written":
+            if not written:
                 self.write(Checkpoint(restart, iteration, export(), list(restart_kls), best,
                                       time.perf_counter() - started))
             if self.on_checkpoint is not None:
