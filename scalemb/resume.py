@@ -27,7 +27,7 @@ def stored_spec(config: dict) -> RunSpec:
 
 
 def resume(path, iterations: int | None = None, quiet: bool = True, data=None, handle_signals: bool = True,
-           on_checkpoint=None, scheduler: str | None = None) -> EmbeddingResult:
+           on_checkpoint=None, scheduler: str | None = None, in_process: bool = False) -> EmbeddingResult:
     """Continue the run checkpointed in ``path`` with its stored settings and write the result there.
 
     ``iterations`` raises (or lowers, not below the checkpoint's) the per-restart maximum; ``data`` replaces
@@ -35,10 +35,14 @@ def resume(path, iterations: int | None = None, quiet: bool = True, data=None, h
     have the stored content hash.  Finishing with the stored settings gives exactly the uninterrupted run's
     result.  Raises ``ScalembError`` if ``path`` holds no checkpointed run, ``RunInterrupted`` if stopped again.
     A run on a Dask cluster resumes only on the ``scheduler`` given here: the address stored in the checkpoint
-    is never connected to on its own (Dask exchanges pickles; an edited checkpoint must not choose the peer).
+    is never connected to on its own (Dask exchanges pickles; an edited checkpoint must not choose the peer);
+    ``in_process`` continues such a run in this process instead (the executors agree bit for bit).
     """
     config = read_config(path)["config"]
-    spec = _on_cluster(path, stored_spec(config), scheduler)
+    if in_process and scheduler:
+        raise ValueError("in_process: give a scheduler or in_process, not both")
+    spec = stored_spec(config)
+    spec = spec.replace(scheduler=None, workers=None) if in_process else _on_cluster(path, spec, scheduler)
     spec = spec.replace(iterations=iterations or spec.iterations)
     plan = _plan(path, config, data, spec)
     with Checkpointer(path, every=config["checkpoint_every"], resume=True, handle_signals=handle_signals,

@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--scheduler", metavar="ADDRESS",
                      help="the Dask scheduler to resume on (required for a run that used one: the address stored "
                           "in the checkpoint is never connected to unconfirmed)")
+    res.add_argument("--in-process", action="store_true",
+                     help="resume a run that used a Dask cluster in this process (the same result, bit for bit)")
     res.add_argument("--quiet", action="store_true", help="no progress output")
 
     transform_cli.add_parser(commands)
@@ -430,7 +432,7 @@ def _resume(args) -> int:
     from ..resume import resume
 
     return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet,
-                                    scheduler=args.scheduler))
+                                    scheduler=args.scheduler, in_process=args.in_process))
 
 
 _SIGNALLED: list[int] = []  # signals received by _raise_interrupt in this process

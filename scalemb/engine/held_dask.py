@@ -27,8 +27,15 @@ A layout the workers cannot evaluate on their halos -- a capped grid, whose near
 ``auto`` choosing the exact kernel -- is evaluated the client-held way for that evaluation: the coordinates are
 gathered, evaluated, and the gradient's rows sent back (O(N), counted in the executor's stats).
 
-Faults: the held rows live only in the workers' memory.  A worker lost mid-run loses them; the run stops with
-``WorkersLostError`` (the CLI exits 4) and continues from its last checkpoint (``scalemb resume``).
+Checkpoints: the workers write their partitions' rows straight into the output store (``write_rows``: even
+partitions, then odd ones, so no chunk has two writers at once) and return each partition's digest; the client
+writes only the version's small metadata and switches the pointer once every worker has reported
+(``scalemb.io.checkpoint.write_checkpoint``).  A rewind reads them back the same way (``load_rows``).
+
+Faults: the held rows live only in the workers' memory.  A worker lost mid-run loses them: the optimiser rewinds to
+its last checkpoint (the workers alive re-read their rows from the store) or to its start (re-derived from the
+seed), and replays; where it cannot, the run stops with ``WorkersLostError`` (the CLI exits 4) and continues from
+its last checkpoint (``scalemb resume``).
 """
 import pickle
 
@@ -37,7 +44,7 @@ import numpy as np
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, sum_partials
 from .faults import SchedulerLostError, WorkersLostError
-from ..optim.held import HeldRowsLost, shift_rows
+from ..optim.held import HeldRowsLost, digest_block, read_block, shift_rows, write_block
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -64,6 +71,16 @@ def held_put(parts: list, ks: list, starts: list) -> dict:
     box = {}
     for k, r0, rows in zip(ks, starts, parts):
         box[k] = {name: np.array(a, dtype=np.float64, order="C") for name, a in rows.items()}
+        box[k]["_r0"] = int(r0)
+    return box
+
+
+def held_load(directory: str, fields: dict, ks: list, bounds: list) -> dict:
+    """The worker's box read from the store: per partition ``k`` of ``ks`` (rows ``bounds[i]``) its rows of the
+    arrays ``directory/field`` (``read_block``)."""
+    box = {}
+    for k, (r0, r1) in zip(ks, bounds):
+        box[k] = read_block(directory, fields, r0, r1)
         box[k]["_r0"] = int(r0)
     return box
 
@@ -157,19 +174,75 @@ def _size(value) -> int:
 class DaskHeld:
     """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``optim.held``'s interface."""
 
+    remote = True  # lost with a worker: the optimiser rewinds to a checkpoint or its start
+
     def __init__(self, executor, arrays: dict):
         self.ex = executor
         self.n_points = executor.n_points
         self._put_all(arrays)
 
-    def _put_all(self, arrays: dict) -> None:
-        """Send each worker its partitions' rows of ``arrays`` (its box: ``held_put``)."""
+    @property
+    def bounds(self) -> list:
+        """The blocks (partitions) the rows are held by, ``[(r0, r1), ...]`` in order."""
+        return [(int(a), int(b)) for a, b in self.ex.partitions]
+
+    def write_rows(self, directory: str, fields: dict) -> dict:
+        """Each worker writes its partitions' rows into ``directory/field`` (even partitions, then odd ones:
+        ``optim.held``); ``{field: [digest per partition]}``.  Returns only once every task has ended, so that
+        nothing writes into ``directory`` after a failure is raised (the caller removes it)."""
+        extent = self._extent  # the writes move no point: the extent hint stays valid
+        self.map(_noop)  # the pending shift applied first (as every later task would)
+        digests = {field: [None] * len(self.bounds) for field in fields.values()}
+        for parity in (0, 1):
+            starts = frozenset(r0 for k, (r0, _) in enumerate(self.bounds) if k % 2 == parity)
+            plan = self.ex._halo_state()[0]
+            if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
+                raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                      "rows stayed with the old ones")
+            futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, write_block,
+                                       (directory, fields, starts), worker=w) for w in plan.workers]
+            self.ex.stats["bytes_sent"] += len(futures) * _size((directory, fields, starts))
+            try:
+                batches = self._gather(futures)
+            except BaseException:
+                _settle(futures, 60.0)  # the other workers' writes end before the caller removes the directory
+                raise
+            self.ex.stats["bytes_received"] += _size(batches)
+            for k, result in enumerate(self._by_partition(batches)):
+                if result is not None:
+                    for field, digest in result.items():
+                        digests[field][k] = digest
+        self._extent = extent
+        return digests
+
+    def load_rows(self, directory: str, fields: dict) -> dict:
+        """After ``HeldWorkersLost``: wait until every partition of P is held again, then each worker reads its
+        partitions' rows of ``directory/field`` (``{name: field}``); ``{field: [digest per partition]}`` of what
+        was read."""
+        self.close()
+        self._recover()
         executor = self.ex
+        self._reset()
+        plan = self._plan()
+        for w in plan.workers:
+            ks = plan.parts[w]
+            self._boxes[w] = executor._submit(held_load, directory, fields, ks, [executor.partitions[k] for k in ks],
+                                              worker=w)
+        self._guard(lambda: executor._settle(list(self._boxes.values())))
+        parts = self.map(digest_block, fields)
+        return {field: [p[field] for p in parts] for field in fields.values()}
+
+    def _reset(self) -> None:
         self._boxes = {}
         self._shift = None
         self._extent = None
         self._pending = None  # a deferred gradient's (z, exaggeration, outliers, reaction): formed by the next map
         self.gradient_finite = None
+
+    def _put_all(self, arrays: dict) -> None:
+        """Send each worker its partitions' rows of ``arrays`` (its box: ``held_put``)."""
+        executor = self.ex
+        self._reset()
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -185,8 +258,16 @@ class DaskHeld:
         within its recovery deadline, else ``WorkersLostError``), then hold ``arrays`` (a state the optimiser
         exported) on the workers holding them now."""
         self.close()
-        self.ex._recover()
+        self._recover()
         self._put_all(arrays)
+
+    def _recover(self) -> None:
+        """``DaskExecutor._recover``, the scheduler's loss reported as such (``SchedulerLostError``)."""
+        try:
+            self.ex._recover()
+        except Exception as exc:  # noqa: BLE001
+            self.ex._raise_if_scheduler_lost(exc)
+            raise
 
     # --- plumbing
 
@@ -206,6 +287,7 @@ class DaskHeld:
         except (SchedulerLostError, HeldWorkersLost):
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a lost worker raised
+            self.ex._raise_if_scheduler_lost(exc)  # the scheduler gone: no rewind can help (the CLI exits 4)
             if isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc) or self._lost_a_holder():
                 raise HeldWorkersLost(f"a Dask worker holding the optimiser's rows was lost ({exc.__class__.__name__}"
                                       f": {exc})") from None
@@ -382,6 +464,15 @@ class DaskHeld:
         for future in getattr(self, "_boxes", {}).values():
             future.release()
         self._boxes = {}
+
+
+def _settle(futures: list, timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) until none of ``futures`` is pending, whatever their outcome."""
+    import time
+
+    end = time.monotonic() + timeout
+    while any(f.status == "pending" for f in futures) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def _noop(rows: dict) -> None:

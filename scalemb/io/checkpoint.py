@@ -15,7 +15,13 @@ holds the settings as keys of ``config`` itself (``settings`` reads both).  ``cu
 first checkpoint.
 
 A write creates version ``n + 1`` completely, then switches ``current`` (zarr rewrites the root's
-``zarr.json`` through a temporary file and a rename), then deletes the older versions.  A crash at any point
+``zarr.json`` through a temporary file and a rename), then deletes the older versions.  An optimiser whose
+per-point state is held on Dask workers (``scalemb.optim.held``, ``remote``) has the workers write their own rows
+of the version's state arrays (``(d, N)``, chunked by at most the narrowest partition: ``write_rows``); the client
+creates the empty arrays, writes the small ones (KL history, seconds) and, once every worker has reported, the
+version's attributes and the pointer.  Its ``record_hash`` then covers each array as the SHA-256 digests of its
+row blocks (``row_blocks``, attribute ``blocked``: name, dtype, shape), which any reader recomputes from the
+arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  A crash at any point
 leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
 write.  Durability against power loss (fsync) is not attempted.
 """
@@ -34,6 +40,7 @@ from .._version import __version__
 from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
+from ..optim.held import rows_digest, store_chunk
 from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, recover_directory,
                      replace_directory, unlock_output)
 from .results import _json_safe, arrays_hash
@@ -71,16 +78,28 @@ def _state_class(optimizer_name: str):
     return DBDState if optimizer_name == "dbd" else DescentState
 
 
-def record_hash(arrays: dict, attrs: dict) -> str:
+def record_hash(arrays: dict, attrs: dict, digests: dict | None = None) -> str:
     """SHA-256 over a stored record: its arrays (``arrays_hash``: name, dtype, shape, bytes) and its JSON
     attributes (canonical JSON: sorted keys, no whitespace; the ``record_hash`` key itself left out).  A
     checkpoint version hashes its arrays with its attributes, the run configuration its own JSON, a finished
-    run's final state its arrays with its scalars and configuration: every read-back recomputes and compares."""
+    run's final state its arrays with its scalars and configuration: every read-back recomputes and compares.
+    The arrays named in ``attrs['blocked']`` (``{name: [dtype, shape]}``, ``(d, N)`` arrays written by blocks)
+    enter as their name, dtype, shape and the digests of their row blocks ``attrs['row_blocks']``
+    (``optim.held.rows_digest`` of ``array[:, r0:r1]``), in block order: ``digests`` (``{name: [hex, ...]}``)
+    from the writers, else computed from ``arrays``."""
     import hashlib
     import json
 
     body = {k: v for k, v in _json_safe(attrs).items() if k != "record_hash"}
-    digest = hashlib.sha256(arrays_hash(arrays).encode())
+    blocked = body.get("blocked") or {}
+    digest = hashlib.sha256(arrays_hash({k: v for k, v in arrays.items() if k not in blocked}).encode())
+    for name in sorted(blocked):
+        dtype, shape = blocked[name]
+        digest.update(f"{name}\0{dtype}\0{tuple(shape)}\0".encode())
+        parts = digests[name] if digests is not None else \
+            [rows_digest(arrays[name][:, r0:r1]) for r0, r1 in body["row_blocks"]]
+        for part in parts:
+            digest.update(bytes.fromhex(part))
     digest.update(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True).encode())
     return digest.hexdigest()
 
@@ -89,6 +108,9 @@ def _check_hash(arrays: dict, attrs: dict) -> None:
     """``ValueError`` unless ``attrs["record_hash"]`` is ``record_hash(arrays, attrs)`` (a record written before
     it existed carries ``content_hash``, over its arrays only)."""
     recorded = attrs.get("record_hash")
+    for name, (dtype, shape) in (attrs.get("blocked") or {}).items():
+        if name not in arrays or arrays[name].dtype.str != dtype or list(arrays[name].shape) != list(shape):
+            raise ValueError(f"{name} is missing or not {dtype} {tuple(shape)}")
     if recorded is not None:
         if recorded != record_hash(arrays, attrs):
             raise ValueError("content hash mismatch: corrupt or modified")
@@ -266,19 +288,48 @@ def _switch_pointer(group, meta: dict, version: str) -> None:
     _write_meta(group, {**meta, "current": version})
 
 
-def write_checkpoint(path, checkpoint: Checkpoint) -> str:
-    """Add ``checkpoint`` as a new version of the store at ``path``, point at it, drop the older ones."""
+def write_checkpoint(path, checkpoint: Checkpoint, rows=None) -> str:
+    """Add ``checkpoint`` as a new version of the store at ``path``, point at it, drop the older ones.  ``rows``
+    (an ``optim.held.RowsExport``): the state's per-point arrays are written by the processes holding them
+    (module docstring; ``checkpoint.state`` holds None in their fields) and ``rows.written`` is told the
+    version's directory and digests once it is current."""
     path = Path(path)
     meta = read_config(path)
     group = zarr.open_group(store=str(path), mode="r+")
     folder = path / "checkpoints"
     existing = [p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.exists() else []
     name = f"{max([int(n) for n in existing], default=0) + 1:06d}"
+    try:
+        attrs = _write_version(group, folder.resolve() / name, name, checkpoint, rows)
+    except BaseException:
+        shutil.rmtree(folder / name, ignore_errors=True)  # never pointed at: nothing half-written stays
+        raise
+    _switch_pointer(group, meta, name)
+    if rows is not None:
+        rows.written(str((folder / name / "state").resolve()), attrs["digests"], checkpoint.state)
+    for old in existing:
+        shutil.rmtree(folder / old, ignore_errors=True)
+    return name
+
+
+def _write_version(group, directory: Path, name: str, checkpoint: Checkpoint, rows) -> dict:
+    """Version ``name`` (at ``directory``): its groups, arrays and attributes (with ``record_hash``);
+    ``{"digests": ...}`` of the rows written by their holders."""
     version = group.create_group(f"checkpoints/{name}")
     arrays, scalars = checkpoint.state.split()
     state_group = version.create_group("state")
     for key, value in arrays.items():
         state_group.create_array(key, data=np.ascontiguousarray(value))
+    blocked, digests, blocks = {}, None, None
+    if rows is not None:
+        blocks = [[int(a), int(b)] for a, b in rows.bounds]
+        chunk = store_chunk(rows.bounds)
+        for key, shape in rows.shapes.items():
+            scalars.pop(key, None)
+            state_group.create_array(key, shape=shape, chunks=(shape[0], chunk), dtype="float64", fill_value=0.0)
+            blocked[f"state/{key}"] = ["<f8", list(shape)]
+        written = rows.write(str(directory / "state"))
+        digests = {f"state/{key}": parts for key, parts in written.items()}
     best = None
     if checkpoint.best is not None:
         b = checkpoint.best
@@ -291,14 +342,14 @@ def write_checkpoint(path, checkpoint: Checkpoint) -> str:
               **({} if checkpoint.best is None else {f"best/{k}": np.ascontiguousarray(v) for k, v in
                                                      (("coords", b.coords), ("kl_history", b.kl_history),
                                                       ("seconds", b.seconds))})}
-    attrs = _json_safe({"restart": checkpoint.restart, "iteration": checkpoint.iteration,
-                        "restart_kls": [float(k) for k in checkpoint.restart_kls],
-                        "elapsed": checkpoint.elapsed, "state": scalars, "best": best})
-    version.attrs.update({**attrs, "record_hash": record_hash(hashed, attrs)})
-    _switch_pointer(group, meta, name)
-    for old in existing:
-        shutil.rmtree(folder / old, ignore_errors=True)
-    return name
+    attrs = {"restart": checkpoint.restart, "iteration": checkpoint.iteration,
+             "restart_kls": [float(k) for k in checkpoint.restart_kls],
+             "elapsed": checkpoint.elapsed, "state": scalars, "best": best}
+    if rows is not None:
+        attrs.update(row_blocks=blocks, blocked=blocked)
+    attrs = _json_safe(attrs)
+    version.attrs.update({**attrs, "record_hash": record_hash(hashed, attrs, digests)})
+    return {"digests": None if rows is None else written}
 
 
 def _check_same_run(path, stored: dict, config: dict) -> None:
@@ -391,6 +442,7 @@ class Checkpointer:
         self._created = False
         self._locked = []  # outputs whose advisory lock this run holds (``scalemb.io.atomic.lock_output``)
         self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
+        self.client_writes = False  # True once the workers could not see the store: the client writes the rows
 
     # -- signals ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -483,8 +535,19 @@ class Checkpointer:
             stopping = self._stop.is_set()
             if not stopping and not (self.every and iteration % self.every == 0):
                 return
-            self.write(Checkpoint(restart, iteration, export(), list(restart_kls), best,
-                                  time.perf_counter() - started))
+            rows = None if self.client_writes else getattr(export, "rows", lambda: None)()
+            written = False
+            if rows is not None:  # the per-point arrays are written by the workers holding them
+                try:
+                    self.write(Checkpoint(restart, iteration, export(light=True), list(restart_kls), best,
+                                          time.perf_counter() - started), rows)
+                    written = True
+                except FileNotFoundError as exc:  # workers on hosts without this file system
+                    logger.warning("%s; the client writes the checkpoints from now on", exc)
+                    self.client_writes = True
+            if not written:
+                self.write(Checkpoint(restart, iteration, export(), list(restart_kls), best,
+                                      time.perf_counter() - started))
             if self.on_checkpoint is not None:
                 self.on_checkpoint(self, restart, iteration)
             if stopping or self._stop.is_set():
@@ -492,8 +555,8 @@ class Checkpointer:
         checkpoint.stop_requested = self._stop.is_set  # polled by long solver set-ups (optim.solvers.interruptible)
         return checkpoint
 
-    def write(self, checkpoint: Checkpoint) -> str:
-        name = write_checkpoint(self.path, checkpoint)
+    def write(self, checkpoint: Checkpoint, rows=None) -> str:
+        name = write_checkpoint(self.path, checkpoint, rows)
         self.written += 1
         return name
 

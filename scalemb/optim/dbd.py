@@ -25,11 +25,12 @@ iteration, averaged over the last ``window`` iterations) once momentum has reach
 ``FloatingPointError`` when the KL is not finite or exceeds ``divergence_factor`` times its starting value.
 """
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
-from .held import hold
+from .held import RowsExport, hold
 from .base import OptimizeResult, OptimizerState, last_computed
 from .loop import MOVED, StepRun, run_loop
 
@@ -74,6 +75,7 @@ class DeltaBarDelta:
     kl_every: int = 1
     max_iterations: int | None = None
     name: str = field(default="dbd", init=False)
+    derives_start = True  # ``optimize`` takes the start as a recipe (a callable): a rewind re-derives it
 
     def resolved_learning_rate(self, n_points: int, scale: float = 1.0) -> float:
         if self.learning_rate == "auto":
@@ -125,16 +127,22 @@ class DeltaBarDelta:
 
     def optimize(self, executor, coords: np.ndarray, n_iter: int, callback=None, state: "DBDState | None" = None,
                  checkpoint=None, stop=None) -> OptimizeResult:
-        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``) or, if given, from ``state``
+        """Run at most ``n_iter`` iterations from ``coords`` (``(ds + dt, N)``, or a callable returning them: a
+        rewind after a lost worker calls it again instead of keeping a copy) or, if given, from ``state``
         (``coords`` is then ignored); ``callback(it, kl)`` each step.  ``checkpoint(it, export)`` is called at
         the start of every iteration after the first one run here; ``export()`` returns a ``DBDState`` from
         which ``optimize`` continues exactly as this run does.  ``stop(it, kl, coords)`` after ``callback``: True
         ends the run there (``stopped``).  The result's ``state`` continues the run (``state=result.state``).
         The iterations are ``optim.loop.run_loop``'s; this class supplies the step rule (``_DBDRun``)."""
         scale = getattr(getattr(executor, "model", None), "learning_rate_scale", 1.0)
-        s = self.initial_state(coords, executor.space_dims, scale) if state is None else state.snapshot(
-            state.iteration, state.kl_history, state.seconds, state.elapsed)
-        return run_loop(_DBDRun(self, executor, s), self.budget(n_iter), state, callback, checkpoint, stop)
+        recipe = None
+        if state is None and callable(coords):
+            recipe = partial(self.initial_state, space_dims=executor.space_dims, lr_scale=scale)
+            recipe = partial(_derived, recipe, coords)
+        s = (recipe() if recipe is not None else self.initial_state(coords, executor.space_dims, scale)) \
+            if state is None else state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+        del coords
+        return run_loop(_DBDRun(self, executor, s, recipe), self.budget(n_iter), state, callback, checkpoint, stop)
 
     def _blew_up(self, ev, with_kl: bool, best_kl: float) -> bool:
         """The KL is not finite or above ``divergence_factor`` times the best; on iterations without the KL:
@@ -153,6 +161,13 @@ class DeltaBarDelta:
         return max(self.exaggeration_iterations, self.momentum_switch[-1] if self.momentum_switch else 0)
 
 
+def _derived(initial_state, coords) -> "DBDState":
+    return initial_state(coords())
+
+
+FIELDS = {"coords": "coords", "update": "update", "gains": "gains", "best": "best_coords"}  # held name: field
+
+
 class _DBDRun(StepRun):
     """Delta-bar-delta as a step rule of ``run_loop`` (Riemannian: gains and momentum act on the geometry's
     Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update).
@@ -160,44 +175,87 @@ class _DBDRun(StepRun):
     The per-point arrays (coordinates, gradient, increments, gains, best iterate) are held where the executor's
     row blocks are (``scalemb.optim.held``): on Dask workers, per iteration only scalars and small vectors
     cross the client (the objective's parts, the time gain's dot product, the column sums that re-centre).
-    ``state`` holds them again at ``export``."""
+    ``state`` holds them again at the final ``export``; held on workers (``remote``), the client drops its own
+    copies, checkpoints are written by the workers (``held_rows``) and a lost worker rewinds to the last of them
+    (read back by the workers) or to the start (re-derived by ``recipe``): the client keeps no O(N) copy."""
 
     recentres = False  # re-centred here, from the blocks' column sums (``_step``)
 
-    def __init__(self, rule: DeltaBarDelta, executor, state: DBDState):
+    def __init__(self, rule: DeltaBarDelta, executor, state: DBDState, recipe=None):
         super().__init__(executor, state)
         self.rule = rule
         self.stall_start, self.window, self.tol = rule._stall_start(), rule.window, rule.tol
         self.with_kl = True
         self.ev = None
         self.save_best = False
+        self.dims = state.coords.shape[0]
         self.held = hold(executor, self._arrays(state))
-        self._keep_rescue(state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed))
+        self.rescue = None
+        if getattr(self.held, "remote", False):
+            if state.iteration == 0:  # run_loop's check of a fresh start, before the arrays are dropped here
+                self.geometry.validate(state.coords, "the optimiser's start coordinates")
+            if recipe is not None:
+                self._keep_rescue(self._light(state), ("start", recipe))
+            else:  # a state given as arrays (a resumed checkpoint, a start array): kept until the first checkpoint
+                self._keep_rescue(state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed),
+                                  ("state",))
+            self._drop(state)
 
     @staticmethod
     def _arrays(state: DBDState) -> dict:
         return {"coords": state.coords, "update": state.update, "gains": state.gains, "best": state.best_coords}
 
-    def _keep_rescue(self, state: DBDState) -> None:
-        """The last exported state (the start, then each checkpoint's): what ``rewind`` returns to after a lost
-        worker, with the executor's ``auto`` repulsion decisions as they were then."""
+    @staticmethod
+    def _drop(state: DBDState) -> None:
+        """The client's copies of the per-point arrays, released (they are held on the workers)."""
+        state.coords = state.update = state.gains = state.best_coords = None
+
+    def _light(self, state: DBDState) -> DBDState:
+        """A copy of ``state`` without its per-point arrays."""
+        light = replace(state, coords=None, update=None, gains=None, best_coords=None)
+        return light.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+
+    def _keep_rescue(self, state: DBDState, source: tuple) -> None:
+        """Where ``rewind`` returns to after a lost worker (``remote`` holds only): ``state`` (its scalars and
+        history, with the arrays for ``("state",)``) and the source of its rows -- ``("start", recipe)``,
+        ``("store", directory, digests)``: a checkpoint the workers wrote, or ``("state",)`` -- with the executor's
+        ``auto`` repulsion decisions as they were then."""
         auto = getattr(self.executor, "auto_repulsion", None)
-        self.rescue = (state, None if auto is None else (auto.current, len(auto.history)))
+        self.rescue = (state, None if auto is None else (auto.current, len(auto.history)), source)
 
     def rescue_iteration(self) -> int:
         return int(self.rescue[0].iteration)
 
+    def held_rows(self):
+        if self.rescue is None:
+            return None
+        n, ds = self.held.n_points, self.space_dims
+        shapes = {"coords": (self.dims, n), "update": (self.dims, n), "gains": (ds, n), "best_coords": (self.dims, n)}
+        return RowsExport(self.held, FIELDS, shapes, self._written)
+
+    def _written(self, directory: str, digests: dict, state: DBDState) -> None:
+        self._keep_rescue(self._light(state), ("store", directory, digests))
+
     def rewind(self) -> int:
-        """Back to the last exported state, held again on the workers alive now (``HeldState.recover``): the
-        replay is the uninterrupted run's, bit for bit."""
-        saved, decisions = self.rescue
+        """Back to the last checkpoint or the start, held again on the workers alive now: read back by the
+        workers from the store (and checked against the digests they wrote), re-derived from the start's
+        recipe, or sent from the kept state.  The replay is the uninterrupted run's, bit for bit."""
+        saved, decisions, source = self.rescue
         self.state = saved.snapshot(saved.iteration, saved.kl_history, saved.seconds, saved.elapsed)
         if decisions is not None:
             auto = self.executor.auto_repulsion
             auto.current = decisions[0]
             del auto.history[decisions[1]:]
         self.save_best, self.ev = False, None
-        self.held.recover(self._arrays(self.state))
+        if source[0] == "store":
+            if self.held.load_rows(source[1], FIELDS) != source[2]:
+                raise RuntimeError(f"{source[1]}: the checkpoint read back differs from the one written; "
+                                   "refusing to continue from it")
+        elif source[0] == "start":
+            self.held.recover(self._arrays(source[1]()))
+        else:
+            self.held.recover(self._arrays(self.state))
+            self._drop(self.state)
         return int(saved.iteration)
 
     def coords(self) -> np.ndarray:
@@ -261,7 +319,7 @@ class _DBDRun(StepRun):
         r, s, ds = self.rule, self.state, self.space_dims
         mom = r.momentum_at(it)
         time_gain = s.time_gain
-        if s.coords.shape[0] > ds:  # the time gain: sign of sum grad . update over the time rows of all points
+        if self.dims > ds:  # the time gain: sign of sum grad . update over the time rows of all points
             dot = 0.0
             for part in self.held.map(_time_dot, ds, self.geometry):
                 dot += part
@@ -278,7 +336,7 @@ class _DBDRun(StepRun):
         s.time_gain = time_gain
         self.save_best = False
         if self.geometry.translates:
-            total = np.zeros(s.coords.shape[0])
+            total = np.zeros(self.dims)
             for part in parts:
                 total += part[0]
             mean = total / self.held.n_points
@@ -301,16 +359,22 @@ class _DBDRun(StepRun):
             return None
         return self._evaluate_held(1.0, it, True).kl
 
-    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> "DBDState":
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float,
+               light: bool = False) -> "DBDState":
+        """The state at the start of ``it``: its arrays gathered here, or with ``light`` left None (a checkpoint
+        whose rows the workers write: ``held_rows``)."""
         s = self.state
         if self.save_best:  # observed as the best, not yet stepped from: copy it where it is held
             self.held.map(_save_best)
             self.save_best = False
+        if light:
+            return self._light(s).snapshot(it, history, seconds, elapsed)
         arrays = self.held.gather("coords", "update", "gains", "best")
         s.coords, s.update, s.gains, s.best_coords = arrays["coords"], arrays["update"], arrays["gains"], \
             arrays["best"]
         exported = s.snapshot(it, history, seconds, elapsed)
-        self._keep_rescue(exported)
+        if self.rescue is not None:
+            self._keep_rescue(exported, ("state",))
         return exported
 
     def close(self) -> None:

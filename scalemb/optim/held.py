@@ -17,11 +17,23 @@ through
 * ``extent_hint(lo, hi)``: the coordinates' extent as the optimiser knows it after its last step (per coordinate,
   min and max over all points, after the pending shift), which saves a round of the workers reporting it.
 
+A state held away from the client (``remote``: ``DaskHeld``) also writes and reads its rows where they are:
+
+* ``write_rows(directory, fields) -> {field: [digest per block]}``: each block's rows of the held array ``name``
+  into the existing Zarr array ``directory/field`` (``fields``: ``{name: field}``), by the process holding them,
+  with each block's SHA-256 (``rows_digest``) so the client can hash a record it never saw.  Arrays are
+  ``(d, N)``, chunked by at most the narrowest block's width, so a chunk spans at most two neighbouring blocks:
+  blocks of even index write first, then the odd ones, and no two writers ever share a chunk at the same time;
+* ``load_rows(directory, fields)``: hold those arrays again, each block reading its own rows (a rewind to a
+  checkpoint after a lost worker); the blocks' digests of what was read.
+
 ``LocalHeld`` keeps whole arrays in this process (blocks are column views: the executor's row blocks, or one
 block); ``scalemb.engine.held_dask.DaskHeld`` keeps each partition's rows on the Dask worker that holds the
 partition, so per iteration the client sends and receives scalars and small vectors only.  Both run the same
 block functions on the same rows and reduce in block order, so they agree bit for bit.
 """
+import hashlib
+
 import numpy as np
 
 
@@ -37,6 +49,52 @@ def hold(executor, arrays: dict):
     return own(arrays) if own is not None else LocalHeld(executor, arrays)
 
 
+def rows_digest(rows: np.ndarray) -> str:
+    """SHA-256 (hex) of a block's rows: the bytes of the C-ordered float64 ``(d, r1 - r0)`` array."""
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.float64).tobytes()).hexdigest()
+
+
+def store_chunk(bounds) -> int:
+    """Columns per chunk of an array written by blocks ``bounds``: the narrowest block's width (at most 2**16),
+    so that a chunk spans at most two neighbouring blocks (``write_rows``)."""
+    return max(1, min(1 << 16, min(int(b) - int(a) for a, b in bounds)))
+
+
+def write_block(rows: dict, directory: str, fields: dict, starts) -> dict | None:
+    """Write a block's held rows into the Zarr arrays ``directory/field`` at its columns (the block starts at
+    ``rows['_r0']``) if it is one of ``starts`` (this round's blocks); their digests, else None."""
+    import os
+
+    import zarr
+
+    r0 = rows["_r0"]
+    if r0 not in starts:
+        return None
+    if not os.path.isdir(directory):  # a worker on another host, without the client's file system
+        raise FileNotFoundError(f"{directory}: the output store is not visible here")
+    digests = {}
+    with zarr.config.set({"array.write_empty_chunks": True}):  # -0.0 is written as -0.0, not left to the fill
+        for name, field in fields.items():
+            block = rows[name]
+            zarr.open_array(store=os.path.join(directory, field), mode="r+")[:, r0:r0 + block.shape[1]] = block
+            digests[field] = rows_digest(block)
+    return digests
+
+
+def read_block(directory: str, fields: dict, r0: int, r1: int) -> dict:
+    """Columns ``r0 .. r1 - 1`` of the Zarr arrays ``directory/field``, as held rows ``{name: (d, r1 - r0)}``."""
+    import os
+
+    import zarr
+
+    return {name: np.ascontiguousarray(zarr.open_array(store=os.path.join(directory, field), mode="r")[:, r0:r1],
+                                       dtype=np.float64) for name, field in fields.items()}
+
+
+def digest_block(rows: dict, fields: dict) -> dict:
+    return {field: rows_digest(rows[name]) for name, field in fields.items()}
+
+
 def shift_rows(rows: dict, shift) -> None:
     """Apply a pending ``shift`` to a block's coordinates (in place)."""
     if shift is not None:
@@ -45,6 +103,8 @@ def shift_rows(rows: dict, shift) -> None:
 
 class LocalHeld:
     """Whole arrays in this process; blocks are column ranges (``executor.bounds``, or all points as one)."""
+
+    remote = False  # nothing is lost with a worker: the optimiser keeps no rescue copy
 
     def __init__(self, executor, arrays: dict):
         self.executor = executor
@@ -99,3 +159,20 @@ class LocalHeld:
 
     def close(self) -> None:
         self.arrays = {}
+
+
+class RowsExport:
+    """What a checkpoint writes of a ``remote`` held state: the held arrays ``fields`` (``{name: state field}``)
+    of ``shapes`` (``{field: (d, N)}``), written by their holders (``write``: ``held.write_rows``) in blocks
+    ``bounds``; ``written(directory, digests, state)`` is called once the version is current (the optimiser's
+    rewind point from then on)."""
+
+    def __init__(self, held, fields: dict, shapes: dict, written):
+        self.held, self.fields, self.shapes, self.written = held, fields, shapes, written
+
+    @property
+    def bounds(self) -> list:
+        return self.held.bounds
+
+    def write(self, directory: str) -> dict:
+        return self.held.write_rows(directory, self.fields)

@@ -16,9 +16,12 @@ the same way, a step rule owns only how it evaluates and how it moves.  Per iter
 
 A fresh run first checks its start (``geometry.validate``: finite, inside the domain).
 After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
-the final state is exported.  The geometry comes from ``executor.model.geometry`` (``EUCLIDEAN`` for a
-model without one): the rules call only ``riemannian_gradient``, ``retract`` and the loop ``recentre``, so
-nothing here assumes R^d, and for Euclidean models the arithmetic is exactly what it was before.
+the final state is exported.  Held rows lost with a worker (``optim.held.HeldRowsLost``), in an iteration, a
+checkpoint's write or the final export, rewind the run to its last checkpoint or its start (``run.rewind``) and
+the iterations are replayed: the result is the uninterrupted run's.  The geometry comes from
+``executor.model.geometry`` (``EUCLIDEAN`` for a model without one): the rules call only
+``riemannian_gradient``, ``retract`` and the loop ``recentre``, so nothing here assumes R^d, and for Euclidean
+models the arithmetic is exactly what it was before.
 """
 import logging
 import time
@@ -74,6 +77,11 @@ class StepRun:
         rows: it is never asked."""
         raise NotImplementedError
 
+    def held_rows(self):
+        """None, or an ``optim.held.RowsExport``: the per-point arrays a checkpoint has written by the processes
+        holding them (then ``export(..., light=True)`` leaves them None)."""
+        return None
+
     def rescue_iteration(self) -> int:
         """The iteration ``rewind`` returns to."""
         return 0
@@ -104,15 +112,21 @@ def run_loop(run: StepRun, n_iter: int, resumed: OptimizerState | None = None, c
 
 def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) -> OptimizeResult:
     s = run.state
-    if resumed is None:
+    if resumed is None and s.coords is not None:  # (a rule holding them elsewhere checked them itself)
         run.geometry.validate(s.coords, "the optimiser's start coordinates")
     history, seconds, first = history_buffers(resumed, n_iter)
     start = time.perf_counter() - s.elapsed
     converged = stopped = False
     it = first
 
-    def export():
+    def export(light: bool = False):
+        """The state at the start of ``it``; ``light`` (only where ``run.held_rows()`` is not None): without the
+        per-point arrays its holders write themselves."""
+        if light:
+            return run.export(it, history, seconds, time.perf_counter() - start, light=True)
         return run.export(it, history, seconds, time.perf_counter() - start)
+
+    export.rows = run.held_rows
 
     run.checkpoint, run.export_now = checkpoint, export
     rewinds, begin = 0, first
@@ -141,6 +155,11 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
                     s.coords = run.geometry.recentre(s.coords, run.space_dims)
             else:
                 it = n_iter
+            kl = run.final_kl(it, converged, stopped)
+            if kl is not None:
+                history[it] = kl
+                seconds[it] = time.perf_counter() - start
+            final = export()  # rows lost while they are gathered: rewound and replayed like any other loss
             break
         except HeldRowsLost as lost:
             rewinds += 1
@@ -149,10 +168,6 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
             logger.warning("%s; replaying from iteration %d", lost, run.rescue_iteration())
             begin = run.rewind()
             s = run.state
-    kl = run.final_kl(it, converged, stopped)
-    if kl is not None:
-        history[it] = kl
-        seconds[it] = time.perf_counter() - start
-    final = export()
+            converged = stopped = False
     return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged,
                           getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final)

@@ -70,6 +70,11 @@ def executor_for(spec: RunSpec, plan, model, time_dims: int, client=None):
         yield executor, store.node_ids, _with_source_hash(provenance)
 
 
+def _start(initializer, seed: int, restart: int) -> np.ndarray:
+    """Restart ``restart``'s start: the random stream ``(seed, restart)``."""
+    return initializer.coords(np.random.default_rng([seed, restart]))
+
+
 def stop_rule(optimizer):
     """``(start, window, tol)`` of ``optimizer``'s stalled rule (``scalemb.optim.base.stalled``), from which the
     progress bar estimates the iterations a run makes; None for an optimiser without one."""
@@ -174,8 +179,10 @@ class Runner:
             if resumed is not None:
                 restart_kls, best, start = list(resumed.restart_kls), resumed.best, start - resumed.elapsed
             for k in range(0 if resumed is None else resumed.restart, spec.restarts):
-                rng = np.random.default_rng([spec.seed, k])
-                coords = initializer.coords(rng)
+                if getattr(optimizer, "derives_start", False):  # re-derived on a rewind, not kept as a copy
+                    coords = partial(_start, initializer, spec.seed, k)
+                else:
+                    coords = _start(initializer, spec.seed, k)
                 label = f"restart {k + 1}/{spec.restarts}" if spec.restarts > 1 else model.name
                 budget = optimizer.budget(spec.iterations) if hasattr(optimizer, "budget") else spec.iterations
                 progress = Progress(budget, label, quiet=self.quiet, value=model.objective.name.upper(),
