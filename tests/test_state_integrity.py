@@ -149,6 +149,7 @@ def test_resume_replaces_only_the_runs_own_output(tmp_path):
     assert np.array_equal(result.embedding, scalemb.embed("school", **settings).embedding)
 
 
+@pytest.mark.slow
 def test_second_writer_of_a_live_runs_output_is_refused(tmp_path):
     """``--overwrite`` (or ``resume``) on the output of a run still writing it swapped its checkpoints away; the
     run's advisory lock on its output now refuses them in one line, and the kernel frees it when the run ends."""
