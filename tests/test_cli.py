@@ -68,6 +68,7 @@ def test_bad_input_one_line_error_nothing_written(tmp_path, content, fragment):
     assert list(tmp_path.iterdir()) == [edges]
 
 
+@pytest.mark.slow
 def test_missing_input_and_existing_output(tmp_path):
     proc = run_cli_process("embed", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o.zarr"))
     assert proc.returncode == 2 and "no such file" in proc.stderr

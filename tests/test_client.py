@@ -14,6 +14,7 @@ def edges(tmp_path_factory):
     return write_coauthor_edge_list(tmp_path_factory.mktemp("client") / "edges.txt", 600, seed=5)
 
 
+@pytest.mark.slow
 def test_estimator_embedder_and_embed_run_on_the_users_client(edges, dask_cluster):
     client = dask_cluster.client
     local = scalemb.TSNE(max_iter=30, random_state=1).fit(edges)
@@ -29,6 +30,7 @@ def test_estimator_embedder_and_embed_run_on_the_users_client(edges, dask_cluste
     assert client.status == "running"
 
 
+@pytest.mark.slow
 def test_a_bad_client_is_refused_naming_the_parameter(edges, dask_cluster):
     with pytest.raises(ValueError, match=r"^client: must be a distributed.Client or True"):
         scalemb.TSNE(max_iter=5, client="tcp://nowhere:1").fit(edges)

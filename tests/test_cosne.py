@@ -278,6 +278,7 @@ def test_full_objective_gradient_through_the_executor(paper_affinity):
                                                   abs=1e-7 * np.abs(after.gradient).max())
 
 
+@pytest.mark.slow
 def test_cosne_end_to_end_local_and_dask(paper_affinity, dask_cluster, tmp_path):
     """The Python API locally and on 2 Dask workers (bit-identical), delta-bar-delta and gradient descent, the
     warm-up switching H on, the map inside the ball, the 1-NN error of the far clusters."""

@@ -1,6 +1,7 @@
 """Static maps at scale (``scalemb.plot.density``, ``scalemb plot``): density rasters whose pixels count every point
 of the panel, datashader and numpy engines agreeing, the map page's community colours and names, and Poincaré
 runs in the disk with their geodesic grid."""
+import importlib.util
 import io
 
 import numpy as np
@@ -18,9 +19,11 @@ from scalemb.plot.layout import poincare_grid
 from .cli_runner import run_cli
 from .test_communities import planted
 
-# datashader compiles its aggregations with numba on first use in a process (~10-30 s): its cases are slow
+# datashader compiles its aggregations with numba on first use in a process (~10-30 s): its cases are slow.  Whether
+# it is installed is asked without importing it (its import alone takes seconds, paid at collection otherwise).
+NO_DATASHADER = importlib.util.find_spec("datashader") is None
 ENGINES = ["numpy", pytest.param("datashader", marks=[pytest.mark.slow, pytest.mark.skipif(
-    not density.have_datashader(), reason="datashader is not installed")])]
+    NO_DATASHADER, reason="datashader is not installed")])]
 
 
 def _blobs(n=120_000, seed=0):
@@ -34,7 +37,7 @@ def _blobs(n=120_000, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not density.have_datashader(), reason="datashader is not installed")
+@pytest.mark.skipif(NO_DATASHADER, reason="datashader is not installed")
 def test_numpy_aggregation_is_datashaders_and_shading_follows_the_rule():
     rng = np.random.default_rng(0)
     xy = rng.uniform(-1.2, 1.2, (200_000, 2))

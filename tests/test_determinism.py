@@ -93,6 +93,7 @@ def test_a_store_with_its_own_partitions_gives_the_same_run_local_and_on_dask(kn
     _same(local, _run(store, model="tsne", scheduler=dask_cluster.address, iterations=12))
 
 
+@pytest.mark.slow
 def test_edge_list_in_process_and_on_dask_agree_from_20000_points(tmp_path_factory, dask_cluster):
     """From 20 000 points the in-process executor used to evaluate P in its reverse Cuthill-McKee order, which
     the Dask executor (the edge list streamed into a store in the input's order) does not: the two differed by

@@ -42,6 +42,7 @@ def local_executor(store, model="snest", space=2, time_dims=1):
     return LocalExecutor(st.to_affinity(), get_model(model), space, time_dims, partitions=st.partitions)
 
 
+@pytest.mark.slow
 def test_partitions_stay_on_workers_and_match_local(store, dask_cluster):
     rng = np.random.default_rng(0)
     n = AffinityStore(store).n_points
@@ -144,6 +145,7 @@ def test_scheduler_lost_raises_clear_error(store, start_dask):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_task_error_is_raised_without_recovery(store, dask_cluster):
     """A failure inside a task (no worker lost) is not retried."""
     with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client) as dask:
@@ -152,6 +154,7 @@ def test_task_error_is_raised_without_recovery(store, dask_cluster):
         assert dask.stats["recoveries"] == 0
 
 
+@pytest.mark.slow
 def test_store_the_workers_cannot_read_is_a_clear_error(store, dask_cluster, tmp_path):
     broken = tmp_path / "broken.zarr"
     shutil.copytree(store, broken)
@@ -226,6 +229,7 @@ def test_unreachable_scheduler_is_a_clear_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.zarr").exists()
 
 
+@pytest.mark.slow
 def test_factorisation_moved_to_another_worker_still_solves(store, dask_cluster):
     """The curvature factorisation may be moved between workers (work stealing, a dependent placed elsewhere):
     it pickles as its inputs and factorises again there, the same numbers -- scipy's ``SuperLU`` itself cannot be

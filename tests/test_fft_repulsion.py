@@ -57,16 +57,28 @@ def coauthor_affinity(tmp_path_factory):
     return coauthorship_affinity(read_edge_list(path))
 
 
+class _Converged(dict):
+    """``converged[model, ds, dt]``: computed on first use and kept for the module (a fast test needs one case,
+    the slow ones every case)."""
+
+    def __init__(self, affinity):
+        super().__init__()
+        self.affinity = affinity
+
+    def __missing__(self, case):
+        model, ds, dt = case
+        with LocalExecutor(self.affinity, get_model(model), ds, dt, repulsion="exact") as ex:
+            coords = initial_coords(self.affinity.n_points, ds, dt, np.random.default_rng(0))
+            self[case] = make_optimizer("auto", model).optimize(ex, coords, 300).coords
+        return self[case]
+
+
 @pytest.fixture(scope="module")
 def converged(coauthor_affinity):
     """Layouts of a sparse co-authorship graph with many components (like GrQc), 300 iterations of the
-    default optimiser with the exact kernel, for every supported model and dimension."""
-    layouts = {}
-    for model, ds, dt in CASES:
-        with LocalExecutor(coauthor_affinity, get_model(model), ds, dt, repulsion="exact") as ex:
-            coords = initial_coords(coauthor_affinity.n_points, ds, dt, np.random.default_rng(0))
-            layouts[model, ds, dt] = make_optimizer("auto", model).optimize(ex, coords, 300).coords
-    return layouts
+    default optimiser with the exact kernel, for every supported model and dimension (each case computed when
+    a test first asks for it)."""
+    return _Converged(coauthor_affinity)
 
 
 @pytest.mark.slow

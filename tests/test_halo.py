@@ -79,6 +79,7 @@ def test_worker_functions_rebuild_the_blocks_results(store):
 
 
 @pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0), ("snest", 2, 1)])
+@pytest.mark.slow
 def test_halo_evaluation_sends_each_row_once_and_matches_local(store, dask_cluster, model, space, time_dims):
     st = AffinityStore(store)
     n = st.n_points
@@ -111,6 +112,7 @@ def test_halo_evaluation_sends_each_row_once_and_matches_local(store, dask_clust
 
 
 @pytest.mark.parametrize("max_nodes", [None, 4_000])
+@pytest.mark.slow
 def test_time_banded_grid_on_workers_matches_local(store, dask_cluster, max_nodes):
     """A SNEST layout with a narrow time bulk and a few outliers: the grid spans the band (``grid_for``); the
     outliers' pairs are summed directly per block and their reactions reduced with the blocks: the halo exchange
@@ -189,6 +191,7 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask,
     assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_task_keys_name_the_operation_and_a_users_client_stays_open(store, dask_cluster):
     """The dashboard reads as the algorithm: keys are grouped by operation (``gradient``, ``repulsion-spread``,
     ``laplacian`` ...), never by the generic per-worker wrapper.  A client handed in is used, not closed."""

@@ -42,6 +42,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0),
                                                    pytest.param("snest", 2, 1, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_held_run_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_the_client(
         store, dask_cluster, model, space, time_dims):
     n = AffinityStore(store).n_points
@@ -105,6 +106,7 @@ def test_capped_grid_falls_back_to_the_client_and_stays_identical(store, dask_cl
     _same(expected, got)
 
 
+@pytest.mark.slow
 def test_models_with_a_point_term_hold_their_state_on_the_client(store, dask_cluster):
     with DaskExecutor(store, get_model("cosne"), 2, 0, dask_cluster.client, repulsion="exact") as dask:
         assert isinstance(hold(dask, {"coords": np.zeros((2, dask.n_points))}), LocalHeld)

@@ -242,6 +242,7 @@ def test_supervised_affinity_keeps_the_model(star_model):
         supervised_affinity(X)
 
 
+@pytest.mark.slow
 def test_partitioned_fit_is_the_same_on_dask(dask_cluster, wine):
     X, y = wine
     params = dict(epochs=15, lr_prototypes=0.1, metric_start=3, lr_metric=0.01, partitions=2, random_state=3)

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 from numba import njit
 
 from scalemb import numba_cache
@@ -51,6 +52,7 @@ def run(script, scale, cache_dir):
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_kernel_and_computes_the_same_bits(tmp_path):
     script = tmp_path / "closure_kernel.py"
     script.write_text(SCRIPT)

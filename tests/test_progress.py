@@ -24,6 +24,7 @@ def _features(tmp_path, n=300, d=8, seed=0):
     return path
 
 
+@pytest.mark.slow
 def test_estimator_verbose_reports_each_phase_with_its_time_in_a_fresh_process():
     """A user's ``TSNE(verbose=True).fit(X)`` in a plain Python process (no logging configured) shows every
     phase with its time on stderr; the default (verbose=False) shows nothing."""

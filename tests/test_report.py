@@ -212,6 +212,7 @@ def _two_clusters(n_each=3000, seed=0):
 
 
 @pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+@pytest.mark.slow
 def test_map_page_draws_points_where_the_data_says(tmp_path, browser, renderer):
     from scalemb.report.mappage import build_map_page
 
@@ -330,6 +331,7 @@ def _drag(browser, path, left=0, top=0):
 
 
 @pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+@pytest.mark.slow
 def test_lasso_selects_exactly_the_nodes_inside_and_exports_their_ids(tmp_path, browser, renderer):
     from scalemb.report.mappage import build_map_page
 
@@ -361,6 +363,7 @@ def test_lasso_selects_exactly_the_nodes_inside_and_exports_their_ids(tmp_path, 
     assert browser.evaluate("scalembMap.selected()") == list(range(3000, 6000))
 
 
+@pytest.mark.slow
 def test_hostile_string_ids_are_shown_as_text(tmp_path, browser):
     from scalemb.report.mappage import build_map_page
 
@@ -386,6 +389,7 @@ def test_hostile_string_ids_are_shown_as_text(tmp_path, browser):
 
 
 @pytest.mark.parametrize("renderer", ["webgl", "canvas"])
+@pytest.mark.slow
 def test_poincare_run_is_drawn_in_the_disk_with_its_geodesic_grid(tmp_path, browser, renderer):
     """A run whose model's geometry is the Poincaré ball: the page draws the unit circle and the geodesic grid
     (straight diameters through the centre, arcs elsewhere) around the points; a Euclidean run draws neither."""

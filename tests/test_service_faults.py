@@ -58,6 +58,7 @@ def _old_record(job_id, state, kl, history):
             None if state == "done" else "optimisation diverged", None, 42 if state == "done" else None)
 
 
+@pytest.mark.slow
 def test_stored_non_finite_numbers_read_back_as_null_never_500(tmp_path):
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
         db.execute(_SCHEMA)
@@ -197,6 +198,7 @@ def test_jobs_read_the_input_as_submitted_whatever_happens_to_the_upload(tmp_pat
 
 # -- the service's own files as inputs; paths in errors ------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_services_own_files_are_refused_as_inputs(shared):
     root = shared.root
     assert shared.json("PUT", "/uploads/tri.txt", raw=b"1 2\n2 3\n3 1\n3 4\n")[0] == 201
@@ -217,6 +219,7 @@ def test_the_services_own_files_are_refused_as_inputs(shared):
     assert {j["id"] for j in shared.json("GET", "/jobs")[1]["jobs"]} == before
 
 
+@pytest.mark.slow
 def test_transform_errors_name_the_input_relative_to_the_data_root(shared):
     root = shared.root
     assert shared.json("PUT", "/uploads/base.txt", raw=b"1 2\n2 3\n3 1\n3 4\n")[0] == 201

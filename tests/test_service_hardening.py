@@ -135,6 +135,7 @@ def _chunked_post(port, path, chunks, token=TOKEN):
         conn.close()
 
 
+@pytest.mark.slow
 def test_limits_and_validation_are_early_one_line_and_never_echo(shared):
     service, tmp_path = shared, shared.root
     filler = b"A" * 65536
@@ -162,6 +163,7 @@ def test_limits_and_validation_are_early_one_line_and_never_echo(shared):
     assert str(tmp_path) not in json.dumps(record)
 
 
+@pytest.mark.slow
 def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(shared, school_affinity):
     service, tmp_path = shared, shared.root
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
@@ -198,6 +200,7 @@ def test_cancel_survives_kill_9(tmp_path):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_upload_replaced_while_a_job_reads_it_leaves_the_job_its_snapshot(shared):
     service, root = shared, shared.root
     edges = "".join(f"{i} {i + 1}\n{i} {(i * 7 + 3) % 300}\n" for i in range(300)).encode()

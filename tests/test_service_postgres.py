@@ -22,6 +22,7 @@ def _stores(url, tmp_path, n=2, lease=30.0):
     return [JobStore(Database(url, tmp_path), lease) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_replicas_starting_together_migrate_once(postgres, tmp_path):
     url = postgres.create_database()
     with ThreadPoolExecutor(6) as pool:
@@ -38,6 +39,7 @@ def test_replicas_starting_together_migrate_once(postgres, tmp_path):
         db.close()
 
 
+@pytest.mark.slow
 def test_concurrent_claims_hand_each_job_to_exactly_one_service(postgres, tmp_path):
     url = postgres.create_database()
     a, b = _stores(url, tmp_path)
@@ -63,6 +65,7 @@ def test_concurrent_claims_hand_each_job_to_exactly_one_service(postgres, tmp_pa
         store.close()
 
 
+@pytest.mark.slow
 def test_a_lost_claim_fences_the_old_owner(postgres, tmp_path):
     url = postgres.create_database()
     a, b = _stores(url, tmp_path, lease=1.0)
@@ -190,6 +193,7 @@ def test_replicas_survive_their_database_connections_being_killed(postgres, tmp_
             svc.stop()
 
 
+@pytest.mark.slow
 def test_an_unreachable_database_is_one_line_at_start(tmp_path):
     from .test_service_hardening import serve_once
 

@@ -84,8 +84,19 @@ def test_continue_refuses_an_edited_final_state_in_one_line(finished, tmp_path, 
         _rehash_final(run)
     with pytest.raises(ScalembError, match=message):
         read_final_state(run)
-    if case != "coords-shape":
-        return
+
+
+@pytest.mark.slow
+def test_continue_process_refuses_a_wrong_shaped_final_state(finished, tmp_path):
+    """The crash the edits above caused, seen where it happened: ``scalemb continue`` in a process of its own
+    (exit 134/139 before) exits 2 with one line."""
+    import shutil
+
+    run = tmp_path / "run.zarr"
+    shutil.copytree(finished, run)
+    edit, rehash, _ = EDITS["coords-shape"]
+    edit(run)
+    _rehash_final(run)
     proc = run_cli_process("continue", run, "--iterations", "3", "--quiet")  # a process: it crashed
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert proc.stderr.count("\n") == 1 and "final optimiser state is unreadable" in proc.stderr, proc.stderr
@@ -149,6 +160,7 @@ def test_resume_replaces_only_the_runs_own_output(tmp_path):
     assert np.array_equal(result.embedding, scalemb.embed("school", **settings).embedding)
 
 
+@pytest.mark.slow
 def test_second_writer_of_a_live_runs_output_is_refused(tmp_path):
     """``--overwrite`` (or ``resume``) on the output of a run still writing it swapped its checkpoints away; the
     run's advisory lock on its output now refuses them in one line, and the kernel frees it when the run ends."""

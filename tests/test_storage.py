@@ -69,6 +69,7 @@ def test_embed_from_s3_edge_list_to_s3_result_is_the_local_run(s3, edges, tmp_pa
     assert np.array_equal(result.embedding, read_result(local)[0]["embedding"])
 
 
+@pytest.mark.slow
 def test_existing_and_foreign_outputs_are_refused_and_kept(s3, edges):
     fs = s3.filesystem()
     bucket = s3.bucket[5:]
@@ -95,6 +96,7 @@ def test_existing_and_foreign_outputs_are_refused_and_kept(s3, edges):
     assert storage.remove_output(url) and not fs.find(f"{bucket}/out.zarr")
 
 
+@pytest.mark.slow
 def test_bad_urls_missing_buckets_objects_and_credentials_are_one_line(s3, edges, monkeypatch, tmp_path):
     fs = s3.filesystem()
     fs.put_file(str(edges), f"{s3.bucket[5:]}/authors.txt")
@@ -125,6 +127,7 @@ def test_bad_urls_missing_buckets_objects_and_credentials_are_one_line(s3, edges
     assert not (tmp_path / "o.zarr").exists()
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint_is_one_line(s3, monkeypatch, tmp_path):
     import socket
 
@@ -139,6 +142,7 @@ def test_unreachable_endpoint_is_one_line(s3, monkeypatch, tmp_path):
                                                            f"at http://127.0.0.1:{port}")
 
 
+@pytest.mark.slow
 def test_a_changed_object_is_a_new_copy_and_the_cache_is_reused(s3, edges):
     fs = s3.filesystem()
     key = f"{s3.bucket[5:]}/authors.txt"
@@ -217,6 +221,7 @@ def test_a_publish_killed_at_any_instant_never_shows_a_mix(s3, tmp_path):
     assert "none" in outcomes or "new" in outcomes  # a kill in the copy phase: recovery finished it (new)
 
 
+@pytest.mark.slow
 def test_recovery_finishes_a_complete_publish_and_removes_an_incomplete_one(s3, tmp_path):
     """The two states a publish can be cut off in, made by hand: the temporary complete (finished from it) or
     not (the partial objects removed); a dead writer's temporary on this host is reaped."""

@@ -21,7 +21,11 @@ def _store(tmp_path, name, school_affinity, hashless=True):
     return path, group
 
 
-@pytest.mark.parametrize("executor", ["local", "dask"])
+# the Dask case starts the session cluster (real scheduler and worker processes): a slow test
+EXECUTORS = ["local", pytest.param("dask", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
 def test_corrupt_stores_are_one_line_errors_in_process_and_on_dask(tmp_path, school_affinity, executor, request):
     # the Dask path on the session's cluster (a LocalCluster started by --workers: test_distributed)
     where = ("--scheduler", request.getfixturevalue("dask_cluster").address) if executor == "dask" else ()
@@ -66,7 +70,7 @@ def test_subnormal_and_huge_weights_are_refused_with_the_line(tmp_path):
         assert not (tmp_path / "P.zarr").exists()
 
 
-@pytest.mark.parametrize("executor", ["local", "dask"])
+@pytest.mark.parametrize("executor", EXECUTORS)
 def test_halo_metadata_is_written_and_a_mismatch_refused(tmp_path, school_affinity, executor, request):
     """Every store records each partition's halo (distinct columns outside its rows); a store whose partitions
     do not match it is refused in-process and where a Dask worker reads the partition."""

@@ -32,6 +32,7 @@ def run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_killed_exports_temporaries_are_reaped_and_nothing_else(run, tmp_path):
     target = tmp_path / "map.csv"
     dead = _killed_writer(target, "tmp")
@@ -56,6 +57,7 @@ def test_killed_exports_temporaries_are_reaped_and_nothing_else(run, tmp_path):
     assert (foreign / "precious").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_killed_ingest_spill_is_reaped_by_the_next_ingest(tmp_path):
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 
