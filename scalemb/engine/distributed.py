@@ -206,21 +206,25 @@ class RemoteFactorization:
         self._build()
 
     def _build(self):
+        """Factorise on a worker (and fetch the ordering, the first time), as one unit under the fault handling:
+        a retry after a recovery reads the partitions and curvature weights the recovery left (the lost ones were
+        recomputed under new keys: the old futures only fail again, "lost dependencies") and factorises again (an
+        ordering asked of a factor lost with its worker would fail every time)."""
         ex = self._executor
-        parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
 
         def build():
+            parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
             future = ex.client.submit(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind,
                                       *parts, key=task_key(factorize_partitions))
             ex._settle([future])
             holders = ex.client.who_has([future]).get(future.key)
             if not holders:
                 raise _WorkerLeft(f"the worker holding {future.key} left")
-            return future, min(holders)
+            self._future, self._holder = future, min(holders)
+            if self.ordering is None:
+                self.ordering = self._on_holder(factor_ordering)
 
-        self._future, self._holder = ex._run(build)
-        if self.ordering is None:
-            self.ordering = ex._run(lambda: self._on_holder(factor_ordering))
+        ex._run(build)
 
     def _on_holder(self, fn, *args):
         """``fn(factor, *args)`` on the factor's worker and nowhere else, gathered."""
