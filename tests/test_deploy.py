@@ -3,10 +3,12 @@
 against the CRD schemas shipped in dask-kubernetes, unknown fields refused), the pods the operator would make
 from them (its own builder functions) checked against Pod Security "restricted", the NetworkPolicies evaluated
 for who reaches which port, the Dask TLS overlay and the scheduler's HTTP API run for real on loopback, the
-container commands parsed by the real CLIs, and deploy/constraints.txt against the image's dependency closure."""
+container commands parsed by the real CLIs, the ServiceMonitor's scrape (port, path, token) served by a real
+``scalemb serve``, and deploy/constraints.txt against the image's dependency closure."""
 import copy
 import functools
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -41,6 +43,8 @@ STACK_KINDS = ["ConfigMap", "DaskAutoscaler", "DaskCluster", "Deployment", "Name
                "Service", "ServiceAccount"]
 JOB_KINDS = ["ConfigMap", "DaskJob", "NetworkPolicy", "NetworkPolicy"]
 REPLICATED = {"prod"}  # overlays with two service replicas on PostgreSQL (components/replicas): one more budget
+MONITORED = {"prod"}  # overlays with Prometheus scraping (components/monitoring): a ServiceMonitor
+SERVICE_MONITOR_CRD = Path(__file__).resolve().parent / "crds" / "monitoring.coreos.com_servicemonitors.yaml"
 OPERATOR_NAMESPACE = "dask-operator"  # where the operator's Helm chart is installed (kubernetes.dask.org)
 
 
@@ -74,9 +78,11 @@ def _all_docs():
 
 @functools.lru_cache(maxsize=None)
 def _crd(kind: str) -> dict:
-    """The operator's CRD of ``kind`` (read once: thousands of lines; do not modify)."""
+    """The CRD of ``kind``: the Dask operator's (shipped in dask-kubernetes) or the prometheus-operator's
+    ServiceMonitor (tests/crds) (read once: thousands of lines; do not modify)."""
     crds = resources.files("dask_kubernetes") / "operator" / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
-    crd = yaml.load((crds / CRD_FILES[kind]).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    source = SERVICE_MONITOR_CRD if kind == "ServiceMonitor" else crds / CRD_FILES[kind]
+    crd = yaml.load(source.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     assert crd["spec"]["names"]["kind"] == kind
     return crd
 
@@ -138,6 +144,8 @@ def test_every_overlay_is_tested_and_renders():
             expected = [kind for kind in expected if kind != "ConfigMap"]  # the TLS settings
         if overlay in REPLICATED:
             expected = sorted(expected + ["PodDisruptionBudget"])  # the service's
+        if overlay in MONITORED:
+            expected = sorted(expected + ["ServiceMonitor"])
         assert kinds == expected, overlay
 
 
@@ -240,7 +248,7 @@ def test_core_objects_match_kubernetes_schema(overlay):
             for spec in _pod_specs(doc):
                 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
                 kubernetes_validate.validate(pod, version, strict=True)
-        else:
+        elif doc["kind"] != "ServiceMonitor":  # a custom resource: against its CRD below
             kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError with the path
 
 
@@ -275,6 +283,36 @@ def test_schema_validation_can_fail():
     del autoscaler["spec"]["maximum"]
     with pytest.raises(jsonschema.ValidationError):
         _crd_validator("DaskAutoscaler").validate(autoscaler)
+
+
+def test_service_monitor_matches_the_prometheus_operator_crd():
+    """Where components/monitoring is enabled, one ServiceMonitor in the stack's namespace, valid against the
+    prometheus-operator's CRD (monitoring.coreos.com/v1, unknown fields refused); elsewhere none (it is optional:
+    applying it needs the CRD in the cluster)."""
+    crd = _crd("ServiceMonitor")
+    assert crd["spec"]["scope"] == "Namespaced"
+    for overlay, (namespace, _, _) in OVERLAYS.items():
+        monitors = [doc for doc in _docs(overlay) if doc["kind"] == "ServiceMonitor"]
+        if overlay not in MONITORED:
+            assert monitors == [], overlay
+            continue
+        (monitor,) = monitors
+        assert monitor["apiVersion"] == _crd_schema("ServiceMonitor")[0] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["namespace"] == namespace
+        _crd_validator("ServiceMonitor").validate(monitor)
+    # the validation can fail: a misspelt field, a port given as a number (the schema wants the port's name),
+    # an authorization without its Secret's key
+    (monitor,) = [doc for doc in _docs("prod") if doc["kind"] == "ServiceMonitor"]
+    for path, value in ((("spec", "endpoints", 0, "bearerTokenSecrets"), {"name": "x", "key": "y"}),
+                        (("spec", "endpoints", 0, "port"), 8000),
+                        (("spec", "endpoints", 0, "authorization", "credentials"), {"name": "scalemb-token"})):
+        broken = copy.deepcopy(monitor)
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            _crd_validator("ServiceMonitor").validate(broken)
 
 
 # ------------------------------------------------------------------------- the pods the operator makes of them
@@ -742,6 +780,87 @@ def test_prod_dask_tls_and_the_operators_http_api_work_on_loopback(tmp_path):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+# ------------------------------------------------------------------------------- Prometheus scraping, for real
+def _option(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlay", sorted(MONITORED))
+def test_the_service_monitor_scrapes_the_services_metrics(overlay, tmp_path):
+    """What the ServiceMonitor tells Prometheus to scrape is the service's metrics: its selector picks the
+    Service in front of the service's pods, its port names that Service's port, which leads to the container port
+    ``scalemb serve --port`` binds; its bearer token is the Secret key the Deployment mounts as ``--token-file``.
+    Then the Deployment's own command, run for real on loopback (without its Dask scheduler), answers the scrape
+    (the endpoint's path and scheme, Prometheus' Accept header) with Prometheus text that Prometheus' own parser
+    reads into the documented families, and refuses it without the token."""
+    import urllib.error
+    import urllib.request
+
+    parser = pytest.importorskip("prometheus_client.parser", reason="pip install -e '.[test]' (prometheus-client)")
+    docs = _docs(overlay)
+    (monitor,) = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    selected = [doc for doc in docs if doc["kind"] == "Service" and doc["metadata"]["namespace"] ==
+                monitor["metadata"]["namespace"] and monitor["spec"]["selector"]["matchLabels"].items()
+                <= doc["metadata"].get("labels", {}).items()]
+    assert [doc["metadata"]["name"] for doc in selected] == ["scalemb-service"]
+    (service,) = selected
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    (container,) = pod["spec"]["containers"]
+    (container_port,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    args = container["args"]
+    assert int(_option(args, "--port")) == container_port["containerPort"]
+    credentials = endpoint["authorization"]["credentials"]
+    assert endpoint["authorization"]["type"] == "Bearer"
+    token_file = _option(args, "--token-file")
+    (mount,) = [m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == credentials["name"]
+    assert {"key": credentials["key"], "path": token_file[len(mount["mountPath"]) + 1:]} in volume["secret"]["items"]
+
+    # the Deployment's command, with this machine's data root, port and token file and no Dask scheduler
+    token, local_port = "scrape-token-3", _free_port()
+    (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "data").mkdir()
+    local = {"--data-root": str(tmp_path / "data"), "--host": "127.0.0.1", "--port": str(local_port),
+             "--token-file": str(tmp_path / "token")}
+    command = [sys.executable, "-m", "scalemb"] + [local.get(args[k - 1], a) for k, a in enumerate(args) if k]
+    scheduler = command.index("--scheduler")
+    del command[scheduler:scheduler + 2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALEMB_")}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        base = f"{endpoint['scheme']}://127.0.0.1:{local_port}"
+        assert _wait_http(base + "/health", time.monotonic() + 120, [process])[0] == 200
+        accept = ("application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,"
+                  "*/*;q=0.1")  # what Prometheus sends
+        request = urllib.request.Request(base + endpoint["path"], headers={"Accept": accept})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401
+        request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+            text = response.read().decode()
+    finally:
+        process.terminate()
+        process.wait(60)
+    families = {family.name: family for family in parser.text_string_to_metric_families(text)}
+    assert {name: families[name].type for name in ("scalemb_jobs", "scalemb_queue_length",
+                                                   "scalemb_jobs_running_here", "scalemb_iterations",
+                                                   "scalemb_info")} == {
+        "scalemb_jobs": "gauge", "scalemb_queue_length": "gauge", "scalemb_jobs_running_here": "gauge",
+        "scalemb_iterations": "counter", "scalemb_info": "gauge"}
+    assert {s.labels["state"] for s in families["scalemb_jobs"].samples} == {"queued", "running", "done", "failed",
+                                                                            "cancelled"}
+    assert [s.name for s in families["scalemb_iterations"].samples] == ["scalemb_iterations_total"]
 
 
 # ------------------------------------------------------------------------------------------------ the image

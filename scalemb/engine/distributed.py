@@ -29,8 +29,10 @@ them apart.
 * **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
   (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
   so the call is repeated after planning the halos for the new placement and recomputing the curvature at the
-  coordinates it was last set at (same numbers, same result), at most ``retries`` times.  A lost scheduler raises
-  ``SchedulerLostError``.
+  coordinates it was last set at (same numbers, same result), at most ``retries`` times.  A future the scheduler
+  cancelled (a key forgotten, a dependency lost with a worker) is such a fault too, whether it surfaces in a
+  call, in the recovery itself (which then starts again) or under the curvature factorisation (built again); a
+  task's own error is raised at once.  A lost scheduler raises ``SchedulerLostError``.
 """
 import dataclasses
 import hashlib
@@ -39,6 +41,7 @@ import operator
 import pickle
 import time
 import uuid
+from concurrent.futures import CancelledError
 
 import numpy as np
 
@@ -203,21 +206,25 @@ class RemoteFactorization:
         self._build()
 
     def _build(self):
+        """Factorise on a worker (and fetch the ordering, the first time), as one unit under the fault handling:
+        a retry after a recovery reads the partitions and curvature weights the recovery left (the lost ones were
+        recomputed under new keys: the old futures only fail again, "lost dependencies") and factorises again (an
+        ordering asked of a factor lost with its worker would fail every time)."""
         ex = self._executor
-        parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
 
         def build():
+            parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
             future = ex.client.submit(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind,
                                       *parts, key=task_key(factorize_partitions))
             ex._settle([future])
             holders = ex.client.who_has([future]).get(future.key)
             if not holders:
                 raise _WorkerLeft(f"the worker holding {future.key} left")
-            return future, min(holders)
+            self._future, self._holder = future, min(holders)
+            if self.ordering is None:
+                self.ordering = self._on_holder(factor_ordering)
 
-        self._future, self._holder = ex._run(build)
-        if self.ordering is None:
-            self.ordering = ex._run(lambda: self._on_holder(factor_ordering))
+        ex._run(build)
 
     def _on_holder(self, fn, *args):
         """``fn(factor, *args)`` on the factor's worker and nowhere else, gathered."""
@@ -233,15 +240,19 @@ class RemoteFactorization:
         def attempt():
             return self._on_holder(solve_factorized, G)
 
-        try:
-            return ex._run(attempt, retries=0)
-        except SchedulerLostError:
-            raise
-        except Exception:  # noqa: BLE001 - the worker holding the factor died: rebuild it elsewhere
-            logger.warning("lost the factorisation's worker; refactorising")
-            ex._recover()
-            self._build()
-            return ex._run(attempt)
+        rounds = max(ex.retries, 1)  # one refactorisation even without retries
+        for tries in range(rounds + 1):
+            try:
+                return ex._run(attempt, retries=0)
+            except SchedulerLostError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the factor's worker died, or the factor was cancelled
+                lost = tries == 0 or ex._transient(exc) or self._holder not in ex._alive()
+                if tries == rounds or not lost:
+                    raise
+                logger.warning("lost the factorisation (%s: %s); refactorising", exc.__class__.__name__, exc)
+                ex._recover()
+                self._build()
 
 
 class DaskExecutor(Executor):
@@ -329,7 +340,7 @@ class DaskExecutor(Executor):
                 return fn()
             except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
                 self._raise_if_scheduler_lost(exc)
-                if attempt == retries or not self._holder_left():
+                if attempt == retries or not self._transient(exc):
                     if isinstance(exc, _WorkerLeft) and retries:  # every retry spent on lost workers: exit 4
                         raise WorkersLostError(f"Dask workers kept leaving ({retries + 1} tries); the last "
                                                "checkpoint, if any, is intact") from None
@@ -341,6 +352,13 @@ class DaskExecutor(Executor):
                 except Exception as lost:  # noqa: BLE001
                     self._raise_if_scheduler_lost(lost)
                     raise
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a fault that a recovery and a repeat of the call cure: a partition holder has left,
+        or a future was cancelled by the scheduler (its key forgotten, or a dependency lost with a worker: seen
+        with every holder alive, after a worker holding a factor or a halo piece died).  A task's own failure is
+        an error, never a cancellation, so it is still raised at once."""
+        return isinstance(exc, (_WorkerLeft, CancelledError)) or self._holder_left()
 
     def _holder_left(self) -> bool:
         """Whether a worker that held partitions has left the cluster."""
@@ -369,8 +387,18 @@ class DaskExecutor(Executor):
         for a worker that will never come back (every worker lost at once leaves tasks ``no-worker``) must not
         wait for ever.  Raises ``WorkersLostError`` when a holder has left (``_run`` then recovers), when
         ``timeout`` seconds pass, or when one of the tasks has been ``no-worker`` (its allowed workers are all
-        gone: it can never run) for ``recovery_timeout`` seconds."""
-        from distributed import wait  # not at module level: benchmarks/distributed.py would shadow it
+        gone: it can never run) for ``recovery_timeout`` seconds.
+
+        The wait runs on this executor's client (``distributed.wait`` would run it on the process's default
+        client, the latest one created: with several clients in one process, as the service's concurrent jobs
+        have, the futures' events were bound to another client's loop, and a later wait on their own loop failed
+        with "bound to a different event loop")."""
+        # not at module level: benchmarks/distributed.py would shadow it; ``_wait`` is ``distributed.wait``'s
+        # coroutine, run here on this client's loop
+        from distributed.client import _wait
+
+        def wait(futures, timeout):
+            return self.client.sync(_wait, futures, timeout=timeout)
 
         end = None if timeout is None else time.monotonic() + timeout
         no_workers_since = None
@@ -463,8 +491,21 @@ class DaskExecutor(Executor):
         One bounded wait: every partition must be back in worker memory within ``recovery_timeout`` seconds,
         else ``WorkersLostError``.  Lost partitions are recomputed from the store by the scheduler; those still
         not held after a short wait (tasks left ``no-worker`` when every worker died at once, or failed as
-        ``KilledWorker``) are loaded again under new keys on the workers alive then (``_reload``)."""
+        ``KilledWorker``) are loaded again under new keys on the workers alive then (``_reload``).  A recovery
+        interrupted by another such fault (``_transient``: a worker leaving, a future cancelled while the
+        curvature is recomputed) starts again, at most ``retries`` more times."""
         self.stats["recoveries"] += 1
+        for attempt in range(self.retries + 1):
+            try:
+                return self._recover_once()
+            except Exception as exc:  # noqa: BLE001 - distributed raises many types for lost workers
+                self._raise_if_scheduler_lost(exc)
+                if isinstance(exc, WorkersLostError) or attempt == self.retries or not self._transient(exc):
+                    raise
+                logger.warning("recovery interrupted (%s: %s); recovering again (attempt %d of %d)",
+                               exc.__class__.__name__, exc, attempt + 1, self.retries)
+
+    def _recover_once(self) -> None:
         self._halo = None  # the partitions may have moved: plan the halos again
         deadline = time.monotonic() + self.recovery_timeout
         while True:
