@@ -97,3 +97,12 @@ class Report:
 
     def text(self) -> str:
         return "\n".join(self.parts) + "\n"
+
+
+def adjacency_lists(graph) -> list:
+    """Each node's neighbours (row indices) of an edge-list graph (``scalemb.io.edgelist`` result), both directions."""
+    adjacency = [[] for _ in range(graph.n_nodes)]
+    for a, b in zip(graph.src, graph.dst):
+        adjacency[a].append(b)
+        adjacency[b].append(a)
+    return adjacency

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from scipy.spatial import cKDTree
 
-from common import Report, markdown_table
+from common import Report, adjacency_lists, markdown_table
 
 from scalemb.affinity import coauthorship_affinity, knn_affinity
 from scalemb.datasets import grqc_path
@@ -91,10 +91,7 @@ def grqc_section(report, models, optimizer_iterations, only=None):
     graph = read_edge_list(grqc_path())
     full = coauthorship_affinity(graph)
     n = graph.n_nodes
-    adjacency = [[] for _ in range(n)]
-    for a, b in zip(graph.src, graph.dst):
-        adjacency[a].append(b)
-        adjacency[b].append(a)
+    adjacency = adjacency_lists(graph)
     rng = np.random.default_rng(0)
     splits = {"random 10 %": np.sort(rng.choice(graph.node_ids, n // 10, replace=False)),
               "highest-id 10 %": np.sort(graph.node_ids)[-(n // 10):]}

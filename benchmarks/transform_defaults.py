@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from common import Report, markdown_table
+from common import Report, adjacency_lists, markdown_table
 from transform import neighbourhood_preservation, split_graph, whole_map_kl
 
 from scalemb.affinity import coauthorship_affinity
@@ -80,10 +80,7 @@ def _place(old_coords, P, settings: dict):
 def graph_rows(name, graph, variants, cache):
     full = coauthorship_affinity(graph)
     n = graph.n_nodes
-    adjacency = [[] for _ in range(n)]
-    for a, b in zip(graph.src, graph.dst):
-        adjacency[a].append(b)
-        adjacency[b].append(a)
+    adjacency = adjacency_lists(graph)
     Y_full, full_ids, t_full, c_full = _fit(full, cache, f"{name}_all")
     assert np.array_equal(full_ids, full.node_ids)
     kl_full = whole_map_kl(full, "tsne", 2, 0, Y_full.T)

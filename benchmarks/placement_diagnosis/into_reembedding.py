@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, ".")
+from common import adjacency_lists  # noqa: E402
 from transform import neighbourhood_preservation, split_graph  # noqa: E402
 from transform_defaults import _fit, _place, parse_variant  # noqa: E402
 
@@ -25,10 +26,7 @@ authors = which.split("coauthor")[-1].split("_")[0]  # transform_defaults.py's f
 name = "grqc" if which == "grqc" else f"coauthor {authors} authors ({graph.n_nodes} nodes)"
 full = coauthorship_affinity(graph)
 n = graph.n_nodes
-adjacency = [[] for _ in range(n)]
-for a, b in zip(graph.src, graph.dst):
-    adjacency[a].append(b)
-    adjacency[b].append(a)
+adjacency = adjacency_lists(graph)
 Y_full, _, _, _ = _fit(full, cache, f"{name}_all")
 rng = np.random.default_rng(0)
 held = (np.sort(rng.choice(graph.node_ids, n // 10, replace=False)) if split == "random"
