@@ -674,6 +674,8 @@ class JobRunner:
                 if final.get("state") in ENDED:
                     self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error")
                                                                    else ""))
+                if final.get("state") == "done" and job_id not in self.store.lost:
+                    self._start_evaluation(job_id)  # after the "done" line: the log reads in order
                 with self._lock:
                     self._held.discard(job_id)
                 self.store.release(job_id)
@@ -839,4 +841,3 @@ class JobRunner:
                           n_points=int(result.embedding.shape[0]))
         if self.storage is not None and job_id not in self.store.lost:
             shutil.rmtree(run, ignore_errors=True)  # the published copy is the result now
-        self._start_evaluation(job_id)
