@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from common import machine_description, run_description
+from common import Report, machine_description, markdown_table, run_description
 
 from scalemb.datasets import grqc
 from scalemb.embedding import initial_coords
@@ -69,18 +69,15 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    lines = [run_description(), "", machine_description(), "",
-             "| run | iteration | KL | NP@deg | radius q50 | radius q99 | radius max | wall s (end) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for spec in args.runs.split(";"):
-        lines += ["| " + " | ".join(map(str, row)) + " |" for row in run(spec, args.iterations, args.every,
-                                                                          args.seed)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-
+    rows = [row for spec in args.runs.split(";") for row in run(spec, args.iterations, args.every, args.seed)]
+    report = Report()
+    report(run_description())
+    report()
+    report(machine_description())
+    report()
+    report(markdown_table(["run", "iteration", "KL", "NP@deg", "radius q50", "radius q99", "radius max",
+                           "wall s (end)"], rows))
+    report.save(args.out)
 
 if __name__ == "__main__":
     main()
