@@ -51,7 +51,7 @@ from numba import njit
 from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
-from ..vecmath import fast_log
+from ..vecmath import fast_log, scatter_forces, total
 
 DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)
@@ -216,7 +216,7 @@ def make_kernels(gamma: float):
                 bw = cw_buf[:n]
                 iaj = ia[a:b]
                 radj = radial[a:b]
-                # no loop both sums and stores (bit-reproducible: kernels' module docstring); bd: d2, then w,
+                # no loop both sums and stores (vecmath.scatter_forces); bd: d2, then w,
                 # then the radial terms, then each coordinate's forces
                 for jj in range(n):
                     w, cw = pair_terms(bd[jj], ia_i, iaj[jj], inv_g2)[1:]
@@ -225,22 +225,10 @@ def make_kernels(gamma: float):
                     bd[jj], rd = w, cw * bd[jj]
                     radj[jj] += rd
                     bw[jj] = rd
-                for jj in range(n):
-                    z += bd[jj]
-                for jj in range(n):
-                    rad_i += bw[jj]
+                z = total(bd, z)
+                rad_i = total(bw, rad_i)
                 for k in range(dims):
-                    yk = Y[k, a:b]
-                    rk = R[k, a:b]
-                    yik = Y[k, i]
-                    for jj in range(n):
-                        f = bc[jj] * (yik - yk[jj])
-                        bd[jj] = f
-                        rk[jj] -= f
-                    acc = 0.0
-                    for jj in range(n):
-                        acc += bd[jj]
-                    R[k, i] += acc
+                    R[k, i] += scatter_forces(bc, Y[k, a:b], Y[k, i], R[k, a:b], bd)
             radial[i] += rad_i
         for p in range(n_points):
             if radial[p] != 0.0:
@@ -268,17 +256,13 @@ def make_kernels(gamma: float):
                 for j in range(n_sources):
                     x = yik - yk[j]
                     d2[j] += x * x
-            for j in range(n_sources):  # no loop both sums and stores (kernels' docstring); d2: then w
+            for j in range(n_sources):  # no loop both sums and stores (vecmath.total); d2: then w
                 w, cw = pair_terms(d2[j], ia_i, ia[j], inv_g2)[1:]
                 c[j] = cw * w
                 rd[j] = c[j] * d2[j]
                 d2[j] = w
-            zi = 0.0
-            for j in range(n_sources):
-                zi += d2[j]
-            rad = 0.0
-            for j in range(n_sources):
-                rad += rd[j]
+            zi = total(d2, 0.0)
+            rad = total(rd, 0.0)
             if skip_self:  # the pair (i, i): weight 1, zero force
                 zi -= 1.0
             z += zi

@@ -44,13 +44,9 @@ vectorised loop, each force coordinate accumulated in a register (compiled with 
 finite differences in tests/test_gradients.py).  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
 ~25 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
 
-Bit-reproducible: with ``fastmath`` LLVM vectorises a sum by splitting it into lanes, so its rounding depends on
-whether the vector or the scalar loop runs.  A loop that also stores to an array gets a run-time aliasing test
-on the addresses of its arrays and falls back to the scalar loop when they lie close together, which for the
-small scratch buffers depends on where malloc put them: the same inputs then gave sums differing in the last
-bit from call to call (placement's free phase, rows of 3-7 non-zeros).  So no loop here both sums and stores:
-each sum runs over a buffer in a loop of its own (read-only: no aliasing test, its path fixed by its length),
-and the stores (the same value per element on either path) in the loop before it.
+Bit-reproducible: no loop both sums and stores (``vecmath.total`` and ``vecmath.scatter_forces``, whose docstring
+says why): the same call gives the same bits wherever malloc puts the arrays (before, placement's free phase,
+rows of 3-7 non-zeros, gave sums differing in the last bit from call to call).
 """
 import functools
 
@@ -58,6 +54,7 @@ import numpy as np
 from numba import njit
 
 from ..numba_cache import disk_cached
+from ..vecmath import scatter_forces, total
 
 
 @njit(inline="always")
@@ -90,8 +87,7 @@ def make_kernels(log_pair, pair):
                 d2s[jj] = p[jj] * logw
                 ca[jj] = p[jj] * a
                 cb[jj] = p[jj] * b
-            for jj in range(p.shape[0]):
-                plogw += d2s[jj]
+            plogw = total(d2s, 0.0)
         else:
             for jj in range(p.shape[0]):
                 a, b = log_pair(d2s[jj], d2t[jj])[1:]
@@ -191,21 +187,10 @@ def make_kernels(log_pair, pair):
                     bs[jj] = w
                     c1[jj] = ca
                     c2[jj] = cb
-                for jj in range(n):
-                    z += bs[jj]
+                z = total(bs, z)
                 for k in range(dims):
                     c = cs[:n] if k < space_dims else ct[:n]
-                    yk = Y[k, a:b]
-                    rk = R[k, a:b]
-                    yik = Y[k, i]
-                    for jj in range(n):
-                        f = c[jj] * (yik - yk[jj])
-                        bs[jj] = f
-                        rk[jj] -= f
-                    acc = 0.0
-                    for jj in range(n):
-                        acc += bs[jj]
-                    R[k, i] += acc
+                    R[k, i] += scatter_forces(c, Y[k, a:b], Y[k, i], R[k, a:b], bs)
         return 2.0 * z
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
@@ -232,9 +217,7 @@ def make_kernels(log_pair, pair):
                 d2s[j] = w
                 cs[j] = ca
                 ct[j] = cb
-            zi = 0.0
-            for j in range(n_sources):
-                zi += d2s[j]
+            zi = total(d2s, 0.0)
             if skip_self:  # the pair (i, i): weight w(0, 0), zero force
                 zi -= self_w
             z += zi
