@@ -11,15 +11,6 @@ range, so results saturate instead of overflowing to inf.
 ``fast_log`` reads the exponent e from the bits, ``x = 2^e m`` with ``m`` in ``[sqrt(1/2), sqrt(2))``, and
 ``log m = 2 atanh(s)``, ``s = (m - 1)/(m + 1)``, ``|s| <= 0.172``, by its odd series to ``s^21`` (truncation
 < 1e-17): absolute error below 1e-15 for positive normal x (tests/test_vecmath.py); +inf gives ``1024 ln 2``.
-
-``total`` and ``scatter_forces`` are the two loops every pair kernel ends with, written so that their results do
-not depend on where the arrays lie.  Compiled with ``fastmath``, LLVM vectorises a sum by splitting it into lanes,
-so its rounding depends on whether the vector or the scalar loop runs; a loop that also stores to an array gets a
-run-time aliasing test on its arrays' addresses and falls back to the scalar loop when they lie close together,
-which for small arrays depends on where malloc put them (the same call then gave sums differing in the last bit
-now and then).  So no kernel loop both sums and stores: a sum runs over a buffer in a loop of its own (read-only:
-no aliasing test, its path fixed by its length), the stores (the same value per element on either path) in the
-loop before it.
 """
 import numpy as np
 from llvmlite import ir
@@ -80,24 +71,3 @@ def fast_log(x):
     series = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (1.0 / 11 + s2 * (
         1.0 / 13 + s2 * (1.0 / 15 + s2 * (1.0 / 17 + s2 * (1.0 / 19 + s2 * (1.0 / 21))))))))))
     return e * _LN2 + 2.0 * s * series
-
-
-@njit(inline="always", fastmath=True, error_model="numpy")
-def total(a, start):
-    """``start + sum_j a_j`` in a read-only loop (its rounding fixed by ``a``'s length: module docstring)."""
-    s = start
-    for j in range(a.shape[0]):
-        s += a[j]
-    return s
-
-
-@njit(inline="always", fastmath=True, error_model="numpy")
-def scatter_forces(c, yk, yik, rk, buf):
-    """One coordinate of the pair forces of point i on its partners j: ``f_j = c_j (y_ik - y_jk)``; subtracts
-    ``f_j`` from ``rk[j]`` (the partners' reactions) and returns ``sum_j f_j`` (point i's force), the sum over
-    ``buf`` (overwritten) in a loop of its own (module docstring)."""
-    for j in range(c.shape[0]):
-        f = c[j] * (yik - yk[j])
-        buf[j] = f
-        rk[j] -= f
-    return total(buf[:c.shape[0]], 0.0)

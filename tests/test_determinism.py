@@ -110,28 +110,33 @@ def test_kernels_give_the_same_bits_wherever_malloc_puts_their_arrays(name):
     """The row-block kernels' sums do not depend on where their arrays land (``models.kernels``,
     "Bit-reproducible"): before, a sum that shared its loop with a store took LLVM's scalar fallback when small
     arrays lay close together, and the same call gave a different last bit now and then (placement's free phase,
-    rows of 3-7 non-zeros; here t-SNE's attraction failed).  Small rows, the same values copied to new arrays
-    after stirring the heap, 300 calls."""
-    model = get_model(name)
-    ds, dt = (2, 1) if name == "snest" else (2, 0)
+    rows of 3-7 non-zeros; here t-SNE's attraction failed).  Small rows and small maps, the same values copied to
+    new arrays after stirring the heap three ways, 1000 calls each."""
+    for n in (42, 9):
+        for stir_seed in (11, 12, 13):
+            _same_bits_wherever_the_arrays_lie(get_model(name), n, stir_seed)
+
+
+def _same_bits_wherever_the_arrays_lie(model, n, stir_seed):
+    ds, dt = (2, 1) if model.name == "snest" else (2, 0)
     rng = np.random.default_rng(7)
-    n = 42
-    Y = np.ascontiguousarray(rng.normal(size=(ds + dt, n)) * (0.2 if name == "cosne" else 2.0))
-    lengths = rng.integers(3, 8, size=13)
+    Y = np.ascontiguousarray(rng.normal(size=(ds + dt, n)) * (0.2 if model.name == "cosne" else 2.0))
+    rows = min(13, n)
+    lengths = rng.integers(3, 8, size=rows)
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     indices = rng.integers(0, n, size=indptr[-1]).astype(np.int64)
     data = rng.random(indptr[-1]) / indptr[-1]
     seen = [set(), set(), set()]
-    stir = np.random.default_rng(11)
-    for _ in range(300):
-        junk = [np.empty(int(stir.integers(1, 300))) for _ in range(int(stir.integers(0, 20)))]
+    stir = np.random.default_rng(stir_seed)
+    for _ in range(1000):
+        junk = [np.empty(int(stir.integers(1, 600))) for _ in range(int(stir.integers(0, 40)))]
         ip, ix, dd, Yc = indptr.copy(), indices.copy(), data.copy(), Y.copy()
-        A = np.zeros((13, ds + dt))
-        s = model.attraction(ip, ix, dd, 29, np.ascontiguousarray(Yc.T), ds, A, True)
+        A = np.zeros((rows, ds + dt))
+        s = model.attraction(ip, ix, dd, n - rows, np.ascontiguousarray(Yc.T), ds, A, True)
         R = np.zeros_like(Yc)
         z = model.repulsion(Yc, ds, 0, n, R)
-        Rq = np.zeros((ds + dt, 9))
-        zq = model.cross_repulsion(Yc, 3, 12, Yc, ds, True, Rq)
+        Rq = np.zeros((ds + dt, 5))
+        zq = model.cross_repulsion(Yc, 3, 8, Yc, ds, True, Rq)
         for k, value in enumerate(((s, A.tobytes()), (z, R.tobytes()), (zq, Rq.tobytes()))):
             seen[k].add(value)
         del junk

@@ -51,7 +51,8 @@ from numba import njit
 from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
-from ..vecmath import fast_log, scatter_forces, total
+from .kernels import scratch, scratch_row
+from ..vecmath import fast_log
 
 DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)
@@ -184,13 +185,17 @@ def make_kernels(gamma: float):
     def repulsion(Y, space_dims, r0, r1, R):
         dims, n_points = Y.shape
         half = (n_points - 1) // 2
-        ia = np.empty(n_points)
+        # the pair loops store while summing: scratch rows and a copy of Y (kernels' module docstring)
+        block = scratch(4 + dims, n_points)
+        ia = scratch_row(block, 0, n_points)
         for p in range(n_points):
             ia[p] = _inverse_alpha(Y, p)
-        radial = np.zeros(n_points)
-        d2 = np.empty(n_points)
-        c = np.empty(n_points)
-        cw_buf = np.empty(n_points)
+        radial = scratch_row(block, 1, n_points)
+        radial[:] = 0.0
+        d2 = scratch_row(block, 2, n_points)
+        c = scratch_row(block, 3, n_points)
+        for k in range(dims):
+            scratch_row(block, 4 + k, n_points)[:] = Y[k]
         z = 0.0
         for i in range(r0, r1):
             partners = half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
@@ -207,28 +212,32 @@ def make_kernels(gamma: float):
                 bd = d2[:n]
                 bd[:] = 0.0
                 for k in range(dims):
-                    yk = Y[k, a:b]
+                    yk = scratch_row(block, 4 + k, n_points)[a:b]
                     yik = Y[k, i]
                     for jj in range(n):
                         x = yik - yk[jj]
                         bd[jj] += x * x
                 bc = c[:n]
-                bw = cw_buf[:n]
                 iaj = ia[a:b]
                 radj = radial[a:b]
-                # no loop both sums and stores (vecmath.scatter_forces); bd: d2, then w,
-                # then the radial terms, then each coordinate's forces
                 for jj in range(n):
                     w, cw = pair_terms(bd[jj], ia_i, iaj[jj], inv_g2)[1:]
+                    z += w
                     cw *= w
                     bc[jj] = cw
-                    bd[jj], rd = w, cw * bd[jj]
+                    rd = cw * bd[jj]
+                    rad_i += rd
                     radj[jj] += rd
-                    bw[jj] = rd
-                z = total(bd, z)
-                rad_i = total(bw, rad_i)
                 for k in range(dims):
-                    R[k, i] += scatter_forces(bc, Y[k, a:b], Y[k, i], R[k, a:b], bd)
+                    yk = scratch_row(block, 4 + k, n_points)[a:b]
+                    rk = R[k, a:b]
+                    yik = Y[k, i]
+                    acc = 0.0
+                    for jj in range(n):
+                        f = bc[jj] * (yik - yk[jj])
+                        acc += f
+                        rk[jj] -= f
+                    R[k, i] += acc
             radial[i] += rad_i
         for p in range(n_points):
             if radial[p] != 0.0:
@@ -240,12 +249,12 @@ def make_kernels(gamma: float):
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
         dims, n_sources = Ys.shape
-        ia = np.empty(n_sources)
+        block = scratch(3, n_sources)  # the pair loop stores to c while summing (kernels' module docstring)
+        ia = scratch_row(block, 0, n_sources)
         for p in range(n_sources):
             ia[p] = _inverse_alpha(Ys, p)
-        d2 = np.empty(n_sources)
-        c = np.empty(n_sources)
-        rd = np.empty(n_sources)
+        d2 = scratch_row(block, 1, n_sources)
+        c = scratch_row(block, 2, n_sources)
         z = 0.0
         for i in range(r0, r1):
             ia_i = _inverse_alpha(Yq, i)
@@ -256,13 +265,13 @@ def make_kernels(gamma: float):
                 for j in range(n_sources):
                     x = yik - yk[j]
                     d2[j] += x * x
-            for j in range(n_sources):  # no loop both sums and stores (vecmath.total); d2: then w
+            zi = 0.0
+            rad = 0.0
+            for j in range(n_sources):
                 w, cw = pair_terms(d2[j], ia_i, ia[j], inv_g2)[1:]
+                zi += w
                 c[j] = cw * w
-                rd[j] = c[j] * d2[j]
-                d2[j] = w
-            zi = total(d2, 0.0)
-            rad = total(rd, 0.0)
+                rad += c[j] * d2[j]
             if skip_self:  # the pair (i, i): weight 1, zero force
                 zi -= 1.0
             z += zi

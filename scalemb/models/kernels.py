@@ -44,9 +44,16 @@ vectorised loop, each force coordinate accumulated in a register (compiled with 
 finite differences in tests/test_gradients.py).  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
 ~25 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
 
-Bit-reproducible: no loop both sums and stores (``vecmath.total`` and ``vecmath.scatter_forces``, whose docstring
-says why): the same call gives the same bits wherever malloc puts the arrays (before, placement's free phase,
-rows of 3-7 non-zeros, gave sums differing in the last bit from call to call).
+Bit-reproducible wherever the arrays lie.  With ``fastmath`` LLVM vectorises a sum by splitting it into lanes, so
+its rounding depends on whether the vector loop or the scalar fallback runs.  A loop that both sums and stores
+gets a run-time test on its arrays' addresses and takes the fallback when a store lies a little above a load
+(``0 <= store - load < lanes x unroll x 8`` bytes), which for small arrays depends on where malloc put them: the
+same call gave sums differing in the last bit now and then (placement's free phase, rows of 3-7 non-zeros, where
+the scratch buffers landed right after P's data).  So every scratch buffer such a loop stores to is a row of one
+allocation (``scratch``), ``SCRATCH_GAP`` doubles clear of its other rows and of anything allocated before it,
+and the all-pairs kernels, which store to ``R``, read the coordinates from a copy in those rows: the test then
+always passes and the vector loop always runs.  (Summing in a loop of its own would not need the gaps, but
+costs the all-pairs kernel 1.2-1.5x: two more passes over each row.)
 """
 import functools
 
@@ -54,7 +61,6 @@ import numpy as np
 from numba import njit
 
 from ..numba_cache import disk_cached
-from ..vecmath import scatter_forces, total
 
 
 @njit(inline="always")
@@ -62,6 +68,25 @@ def euclidean_similarity(d2s, d2t):
     """``-|Δ|²`` (space and time alike): the order of every kernel decreasing in the Euclidean distance (a
     model's ``similarity``, see ``base.Model``; ``scalemb.metrics`` ranks input features by it)."""
     return -(d2s + d2t)
+
+
+# Doubles between scratch rows (module docstring, "Bit-reproducible"): above any vector loop's lanes x unroll
+# (AVX-512: 8 x 4 = 32 doubles) with room to spare.
+SCRATCH_GAP = 128
+
+
+@njit(inline="always")
+def scratch(rows, length):
+    """One allocation for ``rows`` scratch rows of ``length`` doubles (``scratch_row``), each ``SCRATCH_GAP``
+    doubles clear of the others and the first that far from the allocation's start."""
+    return np.empty(SCRATCH_GAP + rows * (length + SCRATCH_GAP))
+
+
+@njit(inline="always")
+def scratch_row(block, k, length):
+    """Row ``k`` of a ``scratch`` block: ``length`` contiguous doubles."""
+    start = SCRATCH_GAP + k * (length + SCRATCH_GAP)
+    return block[start:start + length]
 
 
 @functools.cache
@@ -77,17 +102,14 @@ def make_kernels(log_pair, pair):
     @njit(inline="always", error_model="numpy")
     def row_log_weights(p, d2s, d2t, ca, cb, with_kl):
         """One row of P: ``sum_j p_j log w_j`` (0 without ``with_kl``), and ``ca = p a``, ``cb = p b`` (one
-        vectorised loop each way; the unused ``log w`` is compiled away in the second).  ``d2s`` is overwritten
-        with ``p log w`` and summed in a loop of its own (the reduction never shares a loop with a store:
-        module docstring, "Bit-reproducible")."""
+        vectorised loop each way; the unused ``log w`` is compiled away in the second)."""
         plogw = 0.0
         if with_kl:
             for jj in range(p.shape[0]):
                 logw, a, b = log_pair(d2s[jj], d2t[jj])
-                d2s[jj] = p[jj] * logw
+                plogw += p[jj] * logw
                 ca[jj] = p[jj] * a
                 cb[jj] = p[jj] * b
-            plogw = total(d2s, 0.0)
         else:
             for jj in range(p.shape[0]):
                 a, b = log_pair(d2s[jj], d2t[jj])[1:]
@@ -103,10 +125,11 @@ def make_kernels(log_pair, pair):
         for row in range(n_rows):
             longest = max(longest, indptr[row + 1] - indptr[row])
         diff = np.empty((dims, longest))
-        d2s = np.empty(longest)
-        d2t = np.empty(longest)
-        ca = np.empty(longest)
-        cb = np.empty(longest)
+        block = scratch(4, longest)  # row_log_weights stores to ca, cb while summing: module docstring
+        d2s = scratch_row(block, 0, longest)
+        d2t = scratch_row(block, 1, longest)
+        ca = scratch_row(block, 2, longest)
+        cb = scratch_row(block, 3, longest)
         plogw = 0.0
         for row in range(n_rows):
             i = r0 + row
@@ -154,10 +177,13 @@ def make_kernels(log_pair, pair):
     def repulsion(Y, space_dims, r0, r1, R):
         dims, n_points = Y.shape
         half = (n_points - 1) // 2
-        d2s = np.empty(n_points)
-        d2t = np.empty(n_points)
-        cs = np.empty(n_points)
-        ct = np.empty(n_points)
+        block = scratch(4 + dims, n_points)  # the pair loops store while summing: module docstring
+        d2s = scratch_row(block, 0, n_points)
+        d2t = scratch_row(block, 1, n_points)
+        cs = scratch_row(block, 2, n_points)
+        ct = scratch_row(block, 3, n_points)
+        for k in range(dims):  # the coordinates the force loop reads while it stores to R, clear of R
+            scratch_row(block, 4 + k, n_points)[:] = Y[k]
         z = 0.0
         for i in range(r0, r1):
             partners = half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
@@ -173,7 +199,7 @@ def make_kernels(log_pair, pair):
                 d2t[:n] = 0.0
                 for k in range(dims):
                     d2 = d2s[:n] if k < space_dims else d2t[:n]
-                    yk = Y[k, a:b]
+                    yk = scratch_row(block, 4 + k, n_points)[a:b]
                     yik = Y[k, i]
                     for jj in range(n):
                         x = yik - yk[jj]
@@ -182,24 +208,32 @@ def make_kernels(log_pair, pair):
                 bt = d2t[:n]
                 c1 = cs[:n]
                 c2 = ct[:n]
-                for jj in range(n):  # bs: d2s, then w, then each coordinate's forces
+                for jj in range(n):
                     w, ca, cb = pair(bs[jj], bt[jj])
-                    bs[jj] = w
+                    z += w
                     c1[jj] = ca
                     c2[jj] = cb
-                z = total(bs, z)
                 for k in range(dims):
                     c = cs[:n] if k < space_dims else ct[:n]
-                    R[k, i] += scatter_forces(c, Y[k, a:b], Y[k, i], R[k, a:b], bs)
+                    yk = scratch_row(block, 4 + k, n_points)[a:b]
+                    rk = R[k, a:b]
+                    yik = Y[k, i]
+                    acc = 0.0
+                    for jj in range(n):
+                        f = c[jj] * (yik - yk[jj])
+                        acc += f
+                        rk[jj] -= f
+                    R[k, i] += acc
         return 2.0 * z
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
         dims, n_sources = Ys.shape
-        d2s = np.empty(n_sources)
-        d2t = np.empty(n_sources)
-        cs = np.empty(n_sources)
-        ct = np.empty(n_sources)
+        block = scratch(4, n_sources)  # the pair loop stores to cs, ct while summing: module docstring
+        d2s = scratch_row(block, 0, n_sources)
+        d2t = scratch_row(block, 1, n_sources)
+        cs = scratch_row(block, 2, n_sources)
+        ct = scratch_row(block, 3, n_sources)
         self_w = pair(0.0, 0.0)[0]
         z = 0.0
         for i in range(r0, r1):
@@ -212,12 +246,12 @@ def make_kernels(log_pair, pair):
                 for j in range(n_sources):
                     x = yik - yk[j]
                     d2[j] += x * x
-            for j in range(n_sources):  # d2s: then w
+            zi = 0.0
+            for j in range(n_sources):
                 w, ca, cb = pair(d2s[j], d2t[j])
-                d2s[j] = w
+                zi += w
                 cs[j] = ca
                 ct[j] = cb
-            zi = total(d2s, 0.0)
             if skip_self:  # the pair (i, i): weight w(0, 0), zero force
                 zi -= self_w
             z += zi
