@@ -43,6 +43,7 @@ from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
+from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
 from .affinity.knn import default_neighbours
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
@@ -202,8 +203,9 @@ class Embedder(TransformerMixin, BaseEstimator):
         init = values["init"]
         array = init if hasattr(init, "shape") else None
         values["init"] = None if array is not None else (None if init is None else str(init))
-        if callable(values["metric"]) or values["metric"] in ("liram", "precomputed"):  # a Python function /
-            # learned from the labels (fit(X, y)) / the input is the distance matrix: not kNN metrics of the table
+        if callable(values["metric"]) or values["metric"] == "precomputed" or \
+                values["metric"] in label_metric_names():  # a Python function / the input is the distance
+            # matrix / learned from the labels (fit(X, y), scalemb.methods): not kNN metrics of the table
             values["metric"] = DEFAULTS["metric"]
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
@@ -373,35 +375,35 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def _liram(self, X, y):
-        """Supervised affinities of the feature array ``X`` under the LiRaM LVQ metric learned from ``y``."""
+    def _learned(self, metric, X, y):
+        """Supervised affinities of the feature array ``X`` under the registered ``metric`` learned from ``y``
+        (``scalemb.methods.AffinityMetric``, e.g. LiRaM LVQ); the fitted metric is kept in its
+        ``fitted_attribute`` (``lvq_``)."""
         from sklearn.utils.validation import validate_data
 
-        from .lvq import LiRaMLVQ, supervised_affinity
-
+        named = f"metric={metric.name!r}"
         if y is None:
-            raise ValueError("metric='liram' learns the metric from labels: call fit(X, y) with one label per row")
+            raise ValueError(f"{named} learns the metric from labels: call fit(X, y) with one label per row")
         if X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X) or _is_anndata(X) \
                 or _is_networkx(X):
-            raise ValueError("metric='liram' needs a dense feature array X (points x features) with labels y")
+            raise ValueError(f"{named} needs a dense feature array X (points x features) with labels y")
         if self.affinity not in ("auto", "knn"):
-            raise ValueError(f"metric='liram' builds kNN affinities; affinity={self.affinity!r} does not apply")
-        if not isinstance(self.metric_params or {}, dict):
-            raise ValueError(f"metric_params must be a dict of LiRaMLVQ settings, got {self.metric_params!r}")
-        options = dict(self.metric_params or {})
-        unknown = sorted(set(options) - set(LiRaMLVQ().get_params()))
-        if unknown:
-            raise ValueError(f"metric_params: unknown LiRaMLVQ setting(s) {', '.join(unknown)}")
-        options.setdefault("random_state", self._seed())
-        # non-finite values are left to scalemb.lvq's check, which names the row and column
+            raise ValueError(f"{named} builds kNN affinities; affinity={self.affinity!r} does not apply")
+        options = {} if self.metric_params is None else self.metric_params
+        if metric.check_options is not None:
+            metric.check_options(options)
+        options = dict(options)
+        seed = options.pop("random_state", self._seed())
+        # non-finite values are left to the metric's check, which names the row and column
         X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, ensure_all_finite=False, reset=True)
         if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
             raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
         n = X.shape[0]
         neighbours = default_neighbours(n, self.perplexity, self.n_neighbors)
-        affinity = supervised_affinity(X, y, perplexity=fitting_perplexity(self.perplexity, neighbours),
-                                       n_neighbors=neighbours, n_jobs=self._threads(), **options)
-        self.lvq_ = LiRaMLVQ.from_dict(affinity.provenance["lvq"])
+        affinity = metric.affinity(X, y, perplexity=fitting_perplexity(self.perplexity, neighbours),
+                                   n_neighbors=neighbours, random_state=seed, n_jobs=self._threads(), **options)
+        if metric.fitted_attribute is not None:
+            setattr(self, metric.fitted_attribute, metric.fitted(affinity))
         return affinity
 
     def fit(self, X=None, y=None, *, checkpoint=None, graph_affinity=None):
@@ -425,10 +427,12 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     def _fit(self, runner, X, y, checkpoint, graph_affinity):
         self._features = self._graph_input = None
-        if self.metric_params is not None and self.metric != "liram":
-            raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
-        if self.metric == "liram":
-            data, node_ids, adata = self._liram(X, y), None, None
+        learned = label_metric_names()
+        if self.metric_params is not None and self.metric not in learned:
+            raise ValueError(f"metric_params are the settings of {' or '.join(f'metric={n!r}' for n in learned)}, "
+                             f"not of metric={self.metric!r}")
+        if self.metric in learned:
+            data, node_ids, adata = self._learned(affinity_metric(self.metric), X, y), None, None
         else:
             data, node_ids, adata = self._as_input(X, runner.spec)
         runner.features = self._features  # init 'pca' of a feature array (None for other inputs)

@@ -62,24 +62,28 @@ def read_labels(path) -> np.ndarray:
         return np.array(labels)
 
 
-def liram_affinity(args) -> None:
-    """Fit, build and write the store for ``scalemb affinity --metric liram`` (validates everything first)."""
+def learned_affinity(args, metric) -> None:
+    """Fit, build and write the store for ``scalemb affinity --metric M --labels FILE``, ``M`` a metric learned
+    from labels (``scalemb.methods.AffinityMetric``, e.g. liram; ``metric``: it, or None); validates everything
+    first."""
     from ..affinity.knn import read_features
     from ..affinity.store import write_affinity_store
-    from .. import lvq
+    from ..methods import label_metric_names
 
-    if args.metric != "liram":
-        raise ScalembError(f"--labels is used with --metric liram (got --metric {args.metric})")
+    if metric is None or not metric.learns_from_labels:
+        raise ScalembError(f"--labels is used with --metric {' or '.join(label_metric_names())} (got --metric "
+                           f"{args.metric})")
     if not args.knn:
-        raise ScalembError("--metric liram needs feature input: pass --knn K")
+        raise ScalembError(f"--metric {metric.name} needs feature input: pass --knn K")
     if not args.labels:
-        raise ScalembError("--metric liram needs --labels FILE")
+        raise ScalembError(f"--metric {metric.name} needs --labels FILE")
     if args.uniform:
-        raise ScalembError("--metric liram calibrates a perplexity Gaussian; --uniform is not supported with it")
+        raise ScalembError(f"--metric {metric.name} calibrates a perplexity Gaussian; --uniform is not supported "
+                           "with it")
     X = read_features(args.input)
     y = read_labels(args.labels)
     try:
-        affinity = lvq.supervised_affinity(
+        affinity = metric.affinity(
             X, y, perplexity=args.perplexity, n_neighbors=args.knn, n_jobs=args.threads, source=args.input,
             prototypes_per_class=args.prototypes_per_class, rank=args.rank, localized=not args.global_metric,
             epochs=args.lvq_epochs, regularization=args.lvq_regularization, random_state=args.seed)

@@ -11,12 +11,11 @@ from ..datasets import DATASETS
 from ..affinity.knn import PERPLEXITY
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
-from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
 from ..params import GRAPH_AFFINITIES, PARAMS
-from ..progress import value_label
+from ..methods import affinity_metric, label_metric_names, method_names, method_of
 from . import cont as continue_cli, export as export_cli
-from .lvq import add_arguments as add_liram_arguments, liram_affinity
+from .lvq import add_arguments as add_liram_arguments, learned_affinity
 from . import metrics as metrics_command
 from . import report as report_command
 from . import transform as transform_cli
@@ -114,14 +113,6 @@ def add_param_arguments(parser, names, groups=None, extra_choices=None) -> None:
         target.add_argument(p.cli, **options)
 
 
-def embed_spec(args):
-    """The ``RunSpec`` of ``scalemb embed``'s arguments (every table row with a flag)."""
-    from ..params import PARAMS
-    from ..run import RunSpec
-
-    return RunSpec.from_values({p.name: getattr(args, p.name) for p in PARAMS if p.cli and p.run}, front="cli")
-
-
 def _model_param(text: str) -> tuple:
     """``NAME=VALUE`` -> (name, value): an int, else a float, else the string."""
     name, sep, value = text.partition("=")
@@ -154,11 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     where = emb.add_mutually_exclusive_group()
     add_param_arguments(emb, [p.name for p in PARAMS if p.cli], groups={"scheduler": where, "workers": where},
-                        extra_choices={"model": EIGENMAP_MODELS})
+                        extra_choices={"model": method_names()})
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
-    add_eigenmap_arguments(emb)
+    add_method_arguments(emb)
 
     res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
                               description="Continue the run checkpointed in RUN (an embed --out store) with its "
@@ -305,15 +296,15 @@ def _write_affinity(args, shown_out) -> int:
     from ..affinity.ordering import check_point_order
 
     check_point_order(args.point_order)  # a missing partitioner fails here, before any work
-    if args.metric == "liram" or args.labels:
-        liram_affinity(args)
-    elif args.knn and args.metric == "poincare":  # points in the Poincaré ball (CO-SNE's input similarities)
-        from ..affinity.hyperbolic import hyperbolic_affinity
+    metric = affinity_metric(args.metric)  # a registered metric (scalemb.methods), None for a plain distance
+    if args.labels or args.metric in label_metric_names():
+        learned_affinity(args, metric)
+    elif args.knn and metric is not None:  # e.g. points in the Poincaré ball (CO-SNE's input similarities)
         from ..affinity.knn import read_features
         from ..affinity.store import write_affinity_store
 
-        affinity = hyperbolic_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
-                                       random_state=args.seed, n_jobs=args.threads, source=args.input)
+        affinity = metric.affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
+                                   random_state=args.seed, n_jobs=args.threads, source=args.input)
         write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
                              point_order=args.point_order)
     elif args.knn:
@@ -408,23 +399,27 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _embed(args) -> int:
-    if args.model in EIGENMAP_MODELS:
-        return run_eigenmap(args)
-    from ..run import run
+def add_method_arguments(emb) -> None:
+    """The embed parser's flags for the registered methods' own settings (``scalemb.methods.Method.params``)."""
+    for name in method_names():
+        for p in method_of(name).params:
+            emb.add_argument(p.cli, type=p.type, default=p.default, choices=p.choices, help=p.help, dest=p.name)
 
-    spec = embed_spec(args)
-    _refuse_existing(args.out, args.overwrite, (args.input,))
-    result = run(spec, args.input, out=args.out, checkpoint_every=args.checkpoint_every, overwrite=args.overwrite,
-                 front="cli", quiet=args.quiet)
+
+def _embed(args) -> int:
+    """``scalemb embed``: the method of ``--model`` (``scalemb.methods.method_of``) fits ``INPUT`` to ``--out``."""
+    method = method_of(args.model)
+    values = {p.name: getattr(args, p.name) for p in PARAMS if p.cli}
+    values.update({p.name: getattr(args, p.name) for p in method.params})
+    result = method.fit(args.input, values, out=args.out, overwrite=args.overwrite,
+                        checkpoint_every=args.checkpoint_every, front="cli", quiet=args.quiet)
     return _report(args.out, result)
 
 
 def _report(out, result) -> int:
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, {value_label(result.model)} "
-          f"{result.kl:.4f}, "
-          f"{result.iterations} iterations, {result.wall_time:.1f} s")
+    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, "
+          f"{method_of(result.model).describe(result)}, {result.wall_time:.1f} s")
     return 0
 
 
