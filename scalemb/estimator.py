@@ -47,17 +47,9 @@ from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
 from .affinity.knn import default_neighbours
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
-from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
+from .run.inputs import fitting_perplexity, knn_features_affinity, object_kind  # noqa: F401 - kept importable
 
 OBSM_KEY = "X_scalemb"
-
-
-def _is_anndata(X) -> bool:
-    return type(X).__module__.split(".")[0] == "anndata" and hasattr(X, "obsp") and hasattr(X, "obsm")
-
-
-def _is_networkx(X) -> bool:
-    return type(X).__module__.split(".")[0] == "networkx"
 
 
 def _graph_affinity(A, kind: str, source: str, node_names=None):
@@ -231,45 +223,46 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     def _as_input(self, X, spec):
         """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``: a path, a
-        dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds here."""
+        dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds
+        (``scalemb.run.inputs.object_kind``) here."""
         from .run.inputs import resolve
 
-        kind = self.affinity
-        if callable(self.metric) and (X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X)
-                                      or _is_networkx(X)):
+        kind = object_kind(X)
+        if callable(self.metric) and kind not in ("array", "anndata"):
             raise ValueError("metric: a callable metric needs a dense feature array (points x features); "
                              f"got {type(X).__name__}")
-        if isinstance(X, Affinity):
-            return X, None, None
-        if X is None or isinstance(X, (str, Path)):
+        if kind == "source":
             return resolve(X, spec), None, None
-        if _is_anndata(X):
-            return self._from_anndata(X)
-        if _is_networkx(X):
-            import networkx as nx
-
-            nodes = list(X.nodes())
-            names = np.empty(len(nodes), dtype=object)
-            names[:] = nodes
-            check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
-            try:
-                names = as_node_ids(names, "node names")
-            except ValueError as exc:  # mixed or other node types
-                raise InputError("networkx graph", str(exc)) from None
-            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
-            return self._graph(A, "networkx graph", names), names, None
-        if isinstance(X, tuple) and len(X) == 2:
+        if kind == "affinity":
+            return X, None, None
+        if kind == "pair":
             return _knn_pair(X, self.perplexity, self._threads()), None, None
-        if sp.issparse(X):
-            if X.ndim != 2 or X.shape[0] != X.shape[1]:
-                raise ValueError(f"a sparse input is an adjacency or affinity matrix and must be square; got shape "
-                                 f"{X.shape} (for sparse features, densify them)")
-            if kind == "knn":
-                raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
-            if kind == "precomputed":
-                return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
-            return self._graph(X, "sparse adjacency"), None, None
-        return self._from_array(X)
+        return {"anndata": self._from_anndata, "networkx": self._from_networkx, "sparse": self._from_sparse,
+                "array": self._from_array}[kind](X)
+
+    def _from_networkx(self, X):
+        import networkx as nx
+
+        nodes = list(X.nodes())
+        names = np.empty(len(nodes), dtype=object)
+        names[:] = nodes
+        check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
+        try:
+            names = as_node_ids(names, "node names")
+        except ValueError as exc:  # mixed or other node types
+            raise InputError("networkx graph", str(exc)) from None
+        A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
+        return self._graph(A, "networkx graph", names), names, None
+
+    def _from_sparse(self, X):
+        if X.ndim != 2 or X.shape[0] != X.shape[1]:
+            raise ValueError(f"a sparse input is an adjacency or affinity matrix and must be square; got shape "
+                             f"{X.shape} (for sparse features, densify them)")
+        if self.affinity == "knn":
+            raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
+        if self.affinity == "precomputed":
+            return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
+        return self._graph(X, "sparse adjacency"), None, None
 
     def _graph(self, A, source: str, names=None):
         """P of the adjacency ``A`` (``_graph_affinity``); the graph is kept, its nodes named as the user named
@@ -384,8 +377,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         named = f"metric={metric.name!r}"
         if y is None:
             raise ValueError(f"{named} learns the metric from labels: call fit(X, y) with one label per row")
-        if X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X) or _is_anndata(X) \
-                or _is_networkx(X):
+        if object_kind(X) != "array" or isinstance(X, tuple):
             raise ValueError(f"{named} needs a dense feature array X (points x features) with labels y")
         if self.affinity not in ("auto", "knn"):
             raise ValueError(f"{named} builds kNN affinities; affinity={self.affinity!r} does not apply")
@@ -508,9 +500,10 @@ class Embedder(TransformerMixin, BaseEstimator):
 
         reference, result = self._graph_reference()
         old_ids = np.asarray(result.node_ids)
-        if isinstance(X, (str, Path)):
+        kind = object_kind(X)
+        if kind == "source" and X is not None:  # an edge-list path
             new_ids, src, dst, weight = read_new_edges(X, old_ids)
-        elif _is_networkx(X):
+        elif kind == "networkx":
             edges = list(X.edges(data="weight", default=1.0))
             names = np.empty(2 * len(edges), dtype=object)
             names[:] = [end for u, v, _ in edges for end in (u, v)]
