@@ -31,27 +31,29 @@ def read_labels(path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, "no such file")
-    if path.suffix.lower() == ".npy":
-        try:
-            y = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(path, f"cannot read as .npy ({exc.__class__.__name__}: {exc})") from None
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        if y.ndim != 1 or y.dtype.kind not in "biufUS":
-            raise InputError(path, f"expected a 1-D array of labels, got shape {y.shape} dtype {y.dtype}")
-        if y.dtype.kind == "f":
-            bad = np.flatnonzero(~np.isfinite(y))
-            if bad.size:
-                raise InputError(path, f"non-finite label at position {int(bad[0])} (0-based)")
-        return y
-    labels = []
+    return _npy_labels(path) if path.suffix.lower() == ".npy" else _text_labels(path)
+
+
+def _npy_labels(path: Path) -> np.ndarray:
+    try:
+        y = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(path, f"cannot read as .npy ({exc.__class__.__name__}: {exc})") from None
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.dtype.kind not in "biufUS":
+        raise InputError(path, f"expected a 1-D array of labels, got shape {y.shape} dtype {y.dtype}")
+    bad = np.flatnonzero(~np.isfinite(y)) if y.dtype.kind == "f" else ()
+    if len(bad):
+        raise InputError(path, f"non-finite label at position {int(bad[0])} (0-based)")
+    return y
+
+
+def _text_labels(path: Path) -> np.ndarray:
+    """One label per line: integers if every label is one, else strings."""
     try:
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                text = line.split("#", 1)[0].strip()
-                if text:
-                    labels.append(text)
+            labels = [text for text in (line.split("#", 1)[0].strip() for line in handle) if text]
     except (UnicodeDecodeError, OSError) as exc:
         raise InputError(path, f"cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
     if not labels:

@@ -494,20 +494,25 @@ def main(argv=None) -> int:
         print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
-        if args.command in ("embed", "resume"):
-            from ..io.checkpoint import interruption_note
-
-            out = args.out if args.command == "embed" else args.run
-            from ..io.storage import is_url
-
-            if is_url(out):
-                print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
-            else:
-                print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}",
-                      file=sys.stderr)
-        else:
-            print("scalemb: interrupted; nothing written", file=sys.stderr)
+        _report_interruption(args)
         return 130
+
+
+def _report_interruption(args) -> None:
+    """The line after Ctrl-C / SIGTERM: where an embed or resume run's checkpoint is, else that nothing was
+    written (nothing published, for an object-storage output)."""
+    from ..io.storage import is_url
+
+    if args.command not in ("embed", "resume"):
+        print("scalemb: interrupted; nothing written", file=sys.stderr)
+        return
+    from ..io.checkpoint import interruption_note
+
+    out = args.out if args.command == "embed" else args.run
+    if is_url(out):
+        print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
+    else:
+        print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,20 @@ def _dataset_graph(name: str) -> Graph:
     return graph_from_edges(src, dst, np.ones(src.size), source="builtin:school")
 
 
+def _knn_reference(run, provenance: dict, store) -> Reference:
+    """A kNN run's reference: its stored P and the feature file it was built from (both must still be there)."""
+    if store is None:
+        raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")
+    affinity = AffinityStore(store).to_affinity()
+    source = provenance.get("source")
+    if source is None or not Path(source).exists():
+        raise InputError(run, f"the reference features {source} the affinity was built from are gone")
+    features = read_features(source)
+    if features.shape[0] != affinity.n_points:
+        raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
+    return Reference("knn", affinity=affinity, features=features, knn=knn_settings(provenance))
+
+
 def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     """The ``Reference`` of a stored run from its provenance (``run`` names it in errors)."""
     from ..affinity.store import check_source, check_store
@@ -80,17 +94,7 @@ def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     if store is not None:
         check_store(store, provenance)
     if provenance.get("method") == "knn":
-        if store is None:
-            raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")
-        affinity = AffinityStore(store).to_affinity()
-        source = provenance.get("source")
-        if source is None or not Path(source).exists():
-            raise InputError(run, f"the reference features {source} the affinity was built from are gone")
-        features = read_features(source)
-        if features.shape[0] != affinity.n_points:
-            raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
-        return Reference("knn", affinity=affinity, features=features,
-                         knn=knn_settings(provenance))
+        return _knn_reference(run, provenance, store)
     if provenance.get("method") is not None:
         raise InputError(run, f"placing needs a graph or kNN run, this affinity is {provenance.get('method')!r}")
     if provenance.get("dataset") in DATASETS:
