@@ -13,9 +13,10 @@ from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
 from ..params import GRAPH_AFFINITIES, PARAMS
-from ..methods import affinity_metric, label_metric_names, method_names, method_of
+from ..methods import method_names, method_of
 from . import cont as continue_cli, export as export_cli
-from .lvq import add_arguments as add_liram_arguments, learned_affinity
+from . import affinity as affinity_cli
+from .lvq import add_arguments as add_liram_arguments
 from . import metrics as metrics_command
 from . import report as report_command
 from . import transform as transform_cli
@@ -280,57 +281,6 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
     check_output_path(path, overwrite, inputs, kind)
 
 
-def _affinity(args) -> int:
-    """``scalemb affinity``; an object-storage INPUT is read from its local copy, an object-storage --out is
-    written locally and published once complete (``scalemb.io.storage``)."""
-    from ..io.storage import local_input, output_target
-
-    _refuse_existing(args.out, args.overwrite, (args.input,))
-    shown_out = args.out
-    args.input = local_input(args.input)
-    with output_target(args.out, args.overwrite) as args.out:
-        return _write_affinity(args, shown_out)
-
-
-def _write_affinity(args, shown_out) -> int:
-    from ..affinity.ordering import check_point_order
-
-    check_point_order(args.point_order)  # a missing partitioner fails here, before any work
-    metric = affinity_metric(args.metric)  # a registered metric (scalemb.methods), None for a plain distance
-    if args.labels or args.metric in label_metric_names():
-        learned_affinity(args, metric)
-    elif args.knn and metric is not None:  # e.g. points in the Poincaré ball (CO-SNE's input similarities)
-        from ..affinity.knn import read_features
-        from ..affinity.store import write_affinity_store
-
-        affinity = metric.affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
-                                   random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
-                             point_order=args.point_order)
-    elif args.knn:
-        from ..affinity.knn import knn_affinity, read_features
-        from ..affinity.store import write_affinity_store
-
-        affinity = knn_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
-                                metric=args.metric, method="uniform" if args.uniform else "gaussian",
-                                random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
-                             point_order=args.point_order)
-    else:
-        from ..affinity.ingest import ingest_edge_list
-
-        ingest_edge_list(args.input, args.out, affinity=args.graph_affinity, n_partitions=args.partitions,
-                         overwrite=args.overwrite, point_order=args.point_order)
-    from ..affinity.store import AffinityStore
-
-    store = AffinityStore(args.out)
-    halo = store.halo
-    print(f"wrote {shown_out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
-          f"order {args.point_order}, halos {halo.sum() / store.n_points:.3f} N in all, largest "
-          f"{halo.max() / store.n_points:.3f} N")
-    return 0
-
-
 def _generate(args) -> int:
     from ..io.coauthor_generator import write_coauthor_edge_list
 
@@ -444,7 +394,7 @@ def _raise_interrupt(signum, frame):
 def _dispatch(args) -> int:
     """Run the command; an exception raised after SIGINT/SIGTERM arrived is reported as the interruption."""
     try:
-        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
+        return {"embed": _embed, "resume": _resume, "affinity": affinity_cli.run, "generate": _generate,
                 "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
                 "metrics": metrics_command.run, "report": report_command.run,
                 "communities": report_command.run_communities,
