@@ -110,17 +110,10 @@ def place_nystrom(result, new, *, reference=None, run_name="the stored map", n_t
 def place_kernel_map(result, new, *, reference=None, run_name="the stored map", n_threads: int | None = None, **_):
     """Kernel-eigenmap runs: the stored continuous map ``y(x) = V^T z(x)`` applied to new feature rows (a path or
     an array), no optimisation."""
-    from ..affinity.knn import read_features
-    from ..placement import PlacementRun, new_point_ids, placed_result
+    from ..placement import PlacementRun, new_feature_rows, new_point_ids, placed_result
 
     fitted = KernelEigenmap.from_result(result)
-    where = new if isinstance(new, (str, Path)) else "new feature rows"
-    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
-    width = fitted.centres_.shape[1]
-    if X_new.ndim != 2 or X_new.shape[1] != width:
-        raise InputError(where, f"new rows have shape {X_new.shape}; the stored map takes {width} columns")
-    if not np.all(np.isfinite(X_new)):
-        raise InputError(where, "non-finite values in the new rows")
+    X_new = new_feature_rows(new, fitted.centres_.shape[1], "the stored map takes")
     start = time.perf_counter()
     coords = fitted.transform(X_new)
     run = PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,

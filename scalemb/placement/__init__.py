@@ -34,8 +34,8 @@ from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial
 
 __all__ = ["FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
            "placement_defaults", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
-           "freed_points", "knn_settings", "place", "placement_repulsion", "place_into", "reference_of",
-           "transform_run"]
+           "freed_points", "knn_settings", "new_feature_rows", "place", "placement_repulsion", "place_into",
+           "reference_of", "transform_run"]
 
 
 @dataclass
@@ -109,6 +109,18 @@ def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     return Reference("graph", graph=graph, rule=provenance.get("affinity", "coauthorship"))
 
 
+def new_feature_rows(new, width: int, holder: str = "the reference has") -> np.ndarray:
+    """New feature rows (a file path or an array) checked against the ``width`` the map takes (``InputError``
+    naming the file, or "new feature rows", for another width or a non-finite value)."""
+    where = new if isinstance(new, (str, Path)) else "new feature rows"
+    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
+    if X_new.ndim != 2 or X_new.shape[1] != width:
+        raise InputError(where, f"new rows have shape {X_new.shape}; {holder} {width} columns")
+    if not np.all(np.isfinite(X_new)):
+        raise InputError(where, "non-finite values in the new rows")
+    return X_new
+
+
 def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int | None = None):
     """``(P', new_ids)`` for ``new``: an edge-list path (graph runs) or features (path or array, kNN runs)."""
     if reference.kind == "graph":
@@ -116,13 +128,7 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
             raise ScalembError("a graph run places new nodes from an edge list file (NEW_ID OTHER_ID [weight])")
         new_ids, src, dst, weight = read_new_edges(new, node_ids)
         return extended_graph_affinity(reference.graph, reference.rule, node_ids, new_ids, src, dst, weight), new_ids
-    where = new if isinstance(new, (str, Path)) else "new feature rows"
-    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
-    width = reference.features.shape[1]
-    if X_new.ndim != 2 or X_new.shape[1] != width:
-        raise InputError(where, f"new rows have shape {X_new.shape}; the reference has {width} columns")
-    if not np.all(np.isfinite(X_new)):
-        raise InputError(where, "non-finite values in the new rows")
+    X_new = new_feature_rows(new, reference.features.shape[1], "the reference has")
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
                               knn.get("metric") or "euclidean", knn.get("perplexity") or PERPLEXITY, n_jobs,
