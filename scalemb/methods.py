@@ -128,15 +128,14 @@ def method_names() -> tuple:
 
 
 def method_of(name: str) -> Method:
-    """The method that makes maps called ``name``: a registered method, or for a model's name the
-    neighbour-embedding runner; ``ValueError`` naming the choices otherwise."""
+    """The method that makes maps called ``name``: a registered method, else the neighbour-embedding runner (the
+    method of every model; a name no model has is refused there, by the model lookup, naming the models: a run
+    of a model registered in another process stays readable here)."""
     with _LOCK:
         if name in _METHODS:
             _METHODS[name] = _load(_METHODS[name])
             return _METHODS[name]
-    if name in model_names():
-        return _load(_NEIGHBOUR_EMBEDDING)
-    raise ValueError(f"unknown model or method {name!r}; choose one of {', '.join(model_names() + method_names())}")
+    return _load(_NEIGHBOUR_EMBEDDING)
 
 
 def metric_names() -> tuple:
