@@ -485,11 +485,11 @@ class Embedder(TransformerMixin, BaseEstimator):
             rule = provenance.get("affinity") or self.graph_affinity
             return Reference("graph", graph=graph, rule=rule), dataclasses.replace(self.result_,
                                                                                    node_ids=np.asarray(graph.node_ids))
-        from .datasets import DATASETS
+        from .datasets import recorded_graph
 
-        source = provenance.get("source")
+        kind, source = recorded_graph(provenance)
         if provenance.get("method") is None and not provenance.get("store") and \
-                (provenance.get("dataset") in DATASETS or (isinstance(source, str) and Path(source).is_file())):
+                (kind == "dataset" or (isinstance(source, str) and Path(source).is_file())):
             return reference_of(f"{type(self).__name__} fit", provenance, self.result_.node_ids), self.result_
         return None
 

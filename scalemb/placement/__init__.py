@@ -21,10 +21,10 @@ import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, read_features
 from ..affinity.knn import PERPLEXITY
-from ..datasets import DATASETS, grqc_path, school_edges
+from ..datasets import dataset_graph, recorded_graph
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
-from ..io.edgelist import Graph, graph_from_edges, read_edge_list
+from ..io.edgelist import Graph, read_edge_list
 from ..io.nodeids import is_string_ids
 from ..methods import affinity_metric, method_of
 from ..models import get_model
@@ -62,13 +62,6 @@ def knn_settings(provenance: dict) -> dict:
     return knn
 
 
-def _dataset_graph(name: str) -> Graph:
-    if name == "grqc":
-        return read_edge_list(grqc_path())
-    src, dst = school_edges()
-    return graph_from_edges(src, dst, np.ones(src.size), source="builtin:school")
-
-
 def _knn_reference(run, provenance: dict, store) -> Reference:
     """A kNN run's reference: its stored P and the feature file it was built from (both must still be there)."""
     if store is None:
@@ -97,10 +90,10 @@ def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
         return _knn_reference(run, provenance, store)
     if provenance.get("method") is not None:
         raise InputError(run, f"placing needs a graph or kNN run, this affinity is {provenance.get('method')!r}")
-    if provenance.get("dataset") in DATASETS:
-        graph = _dataset_graph(provenance["dataset"])
+    kind, source = recorded_graph(provenance)
+    if kind == "dataset":
+        graph = dataset_graph(source)
     else:
-        source = provenance.get("source")
         if source is None or not Path(source).exists():
             raise InputError(run, f"the edge list {source} the run's affinity was built from is gone")
         graph = read_edge_list(source)
