@@ -279,10 +279,10 @@ def test_cli_places_new_graph_nodes(school_run):
     freed = tmp_path / "freed.zarr"
     proc = run_cli("transform", str(run), str(new_path), "--out", str(freed), "--free-hops", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
-    # the default is 1 hop (to rounding: the free phase is not bit-reproducible from run to run, a known issue)
+    # the default is 1 hop: the same map, bit for bit (the free phase's sums are reproducible: test_determinism)
     freed_result = EmbeddingResult.load(freed)
     assert freed_result.provenance["n_moved"] == n_moved
-    np.testing.assert_allclose(freed_result.embedding, after.embedding, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(freed_result.embedding, after.embedding)
     fixed = tmp_path / "fixed.zarr"
     proc = run_cli("transform", str(run), str(new_path), "--out", str(fixed), "--free-hops", "0", "--quiet")
     assert proc.returncode == 0, proc.stderr and "moved" not in proc.stdout
@@ -294,9 +294,8 @@ def test_cli_places_new_graph_nodes(school_run):
 @pytest.mark.slow
 @pytest.mark.parametrize("free_hops", ["0", "1"])
 def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster, free_hops):
-    """``scalemb transform --scheduler``: the same whole map as on local threads -- bit for bit with the stored
-    map fixed; with the free phase (``--free-hops 1``, the graph default) to 1e-12: that phase is not yet
-    bit-reproducible from run to run (a known defect: a few coordinates differ in their last bit)."""
+    """``scalemb transform --scheduler``: the same whole map as on local threads, bit for bit, with the stored
+    map fixed and with the free phase (``--free-hops 1``, the graph default)."""
     tmp_path, run, new_path = school_run
     outs = [tmp_path / f"local-{free_hops}.zarr", tmp_path / f"dask-{free_hops}.zarr"]
     for out, extra in zip(outs, ([], ["--scheduler", dask_cluster.address])):
@@ -304,12 +303,8 @@ def test_cli_transform_on_a_dask_cluster_matches_local(school_run, dask_cluster,
                        *extra)
         assert proc.returncode == 0, proc.stderr
     local, dask = (EmbeddingResult.load(out) for out in outs)
-    if free_hops == "0":
-        np.testing.assert_array_equal(dask.embedding, local.embedding)
-        assert dask.kl == local.kl
-    else:
-        np.testing.assert_allclose(dask.embedding, local.embedding, rtol=1e-12, atol=0)
-        assert dask.kl == pytest.approx(local.kl, rel=1e-12)
+    np.testing.assert_array_equal(dask.embedding, local.embedding)
+    assert dask.kl == local.kl
 
 
 def test_new_edges_in_either_column_order_place_the_same(school_run, tmp_path):
@@ -322,8 +317,7 @@ def test_new_edges_in_either_column_order_place_the_same(school_run, tmp_path):
     assert flipped.read_text() != new_path.read_text()
     outs = [tmp_path / "canonical.zarr", tmp_path / "flipped.zarr"]
     for out, edges in zip(outs, (new_path, flipped)):
-        # the stored map fixed: the free phase is not bit-reproducible from run to run (a known issue: ULPs)
-        proc = run_cli("transform", str(run), str(edges), "--out", str(out), "--free-hops", "0", "--quiet")
+        proc = run_cli("transform", str(run), str(edges), "--out", str(out), "--quiet")
         assert proc.returncode == 0, proc.stderr
     canonical, other = (EmbeddingResult.load(out) for out in outs)
     assert list(other.node_ids[39:]) == [3, 4, 30]

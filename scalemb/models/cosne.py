@@ -190,6 +190,7 @@ def make_kernels(gamma: float):
         radial = np.zeros(n_points)
         d2 = np.empty(n_points)
         c = np.empty(n_points)
+        cw_buf = np.empty(n_points)
         z = 0.0
         for i in range(r0, r1):
             partners = half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
@@ -212,25 +213,33 @@ def make_kernels(gamma: float):
                         x = yik - yk[jj]
                         bd[jj] += x * x
                 bc = c[:n]
+                bw = cw_buf[:n]
                 iaj = ia[a:b]
                 radj = radial[a:b]
+                # no loop both sums and stores (bit-reproducible: kernels' module docstring); bd: d2, then w,
+                # then the radial terms, then each coordinate's forces
                 for jj in range(n):
                     w, cw = pair_terms(bd[jj], ia_i, iaj[jj], inv_g2)[1:]
-                    z += w
                     cw *= w
                     bc[jj] = cw
-                    rd = cw * bd[jj]
-                    rad_i += rd
+                    bd[jj], rd = w, cw * bd[jj]
                     radj[jj] += rd
+                    bw[jj] = rd
+                for jj in range(n):
+                    z += bd[jj]
+                for jj in range(n):
+                    rad_i += bw[jj]
                 for k in range(dims):
                     yk = Y[k, a:b]
                     rk = R[k, a:b]
                     yik = Y[k, i]
-                    acc = 0.0
                     for jj in range(n):
                         f = bc[jj] * (yik - yk[jj])
-                        acc += f
+                        bd[jj] = f
                         rk[jj] -= f
+                    acc = 0.0
+                    for jj in range(n):
+                        acc += bd[jj]
                     R[k, i] += acc
             radial[i] += rad_i
         for p in range(n_points):
@@ -248,6 +257,7 @@ def make_kernels(gamma: float):
             ia[p] = _inverse_alpha(Ys, p)
         d2 = np.empty(n_sources)
         c = np.empty(n_sources)
+        rd = np.empty(n_sources)
         z = 0.0
         for i in range(r0, r1):
             ia_i = _inverse_alpha(Yq, i)
@@ -258,13 +268,17 @@ def make_kernels(gamma: float):
                 for j in range(n_sources):
                     x = yik - yk[j]
                     d2[j] += x * x
+            for j in range(n_sources):  # no loop both sums and stores (kernels' docstring); d2: then w
+                w, cw = pair_terms(d2[j], ia_i, ia[j], inv_g2)[1:]
+                c[j] = cw * w
+                rd[j] = c[j] * d2[j]
+                d2[j] = w
             zi = 0.0
+            for j in range(n_sources):
+                zi += d2[j]
             rad = 0.0
             for j in range(n_sources):
-                w, cw = pair_terms(d2[j], ia_i, ia[j], inv_g2)[1:]
-                zi += w
-                c[j] = cw * w
-                rad += c[j] * d2[j]
+                rad += rd[j]
             if skip_self:  # the pair (i, i): weight 1, zero force
                 zi -= 1.0
             z += zi

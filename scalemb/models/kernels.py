@@ -43,6 +43,14 @@ to the row's neighbours into a buffer, then contiguous loops: squared distances,
 vectorised loop, each force coordinate accumulated in a register (compiled with ``fastmath``, checked against
 finite differences in tests/test_gradients.py).  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
 ~25 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
+
+Bit-reproducible: with ``fastmath`` LLVM vectorises a sum by splitting it into lanes, so its rounding depends on
+whether the vector or the scalar loop runs.  A loop that also stores to an array gets a run-time aliasing test
+on the addresses of its arrays and falls back to the scalar loop when they lie close together, which for the
+small scratch buffers depends on where malloc put them: the same inputs then gave sums differing in the last
+bit from call to call (placement's free phase, rows of 3-7 non-zeros).  So no loop here both sums and stores:
+each sum runs over a buffer in a loop of its own (read-only: no aliasing test, its path fixed by its length),
+and the stores (the same value per element on either path) in the loop before it.
 """
 import functools
 
@@ -72,14 +80,18 @@ def make_kernels(log_pair, pair):
     @njit(inline="always", error_model="numpy")
     def row_log_weights(p, d2s, d2t, ca, cb, with_kl):
         """One row of P: ``sum_j p_j log w_j`` (0 without ``with_kl``), and ``ca = p a``, ``cb = p b`` (one
-        vectorised loop each way; the unused ``log w`` is compiled away in the second)."""
+        vectorised loop each way; the unused ``log w`` is compiled away in the second).  ``d2s`` is overwritten
+        with ``p log w`` and summed in a loop of its own (the reduction never shares a loop with a store:
+        module docstring, "Bit-reproducible")."""
         plogw = 0.0
         if with_kl:
             for jj in range(p.shape[0]):
                 logw, a, b = log_pair(d2s[jj], d2t[jj])
-                plogw += p[jj] * logw
+                d2s[jj] = p[jj] * logw
                 ca[jj] = p[jj] * a
                 cb[jj] = p[jj] * b
+            for jj in range(p.shape[0]):
+                plogw += d2s[jj]
         else:
             for jj in range(p.shape[0]):
                 a, b = log_pair(d2s[jj], d2t[jj])[1:]
@@ -174,21 +186,25 @@ def make_kernels(log_pair, pair):
                 bt = d2t[:n]
                 c1 = cs[:n]
                 c2 = ct[:n]
-                for jj in range(n):
+                for jj in range(n):  # bs: d2s, then w, then each coordinate's forces
                     w, ca, cb = pair(bs[jj], bt[jj])
-                    z += w
+                    bs[jj] = w
                     c1[jj] = ca
                     c2[jj] = cb
+                for jj in range(n):
+                    z += bs[jj]
                 for k in range(dims):
                     c = cs[:n] if k < space_dims else ct[:n]
                     yk = Y[k, a:b]
                     rk = R[k, a:b]
                     yik = Y[k, i]
-                    acc = 0.0
                     for jj in range(n):
                         f = c[jj] * (yik - yk[jj])
-                        acc += f
+                        bs[jj] = f
                         rk[jj] -= f
+                    acc = 0.0
+                    for jj in range(n):
+                        acc += bs[jj]
                     R[k, i] += acc
         return 2.0 * z
 
@@ -211,12 +227,14 @@ def make_kernels(log_pair, pair):
                 for j in range(n_sources):
                     x = yik - yk[j]
                     d2[j] += x * x
-            zi = 0.0
-            for j in range(n_sources):
+            for j in range(n_sources):  # d2s: then w
                 w, ca, cb = pair(d2s[j], d2t[j])
-                zi += w
+                d2s[j] = w
                 cs[j] = ca
                 ct[j] = cb
+            zi = 0.0
+            for j in range(n_sources):
+                zi += d2s[j]
             if skip_self:  # the pair (i, i): weight w(0, 0), zero force
                 zi -= self_w
             z += zi
