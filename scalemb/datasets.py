@@ -48,6 +48,22 @@ def school() -> Affinity:
     return affinity
 
 
+def dataset_graph(name: str):
+    """The graph (``scalemb.io.edgelist.Graph``) of a built-in dataset by name (one of ``DATASETS``)."""
+    if name == "grqc":
+        return read_edge_list(grqc_path())
+    src, dst = school_edges()
+    return graph_from_edges(src, dst, np.ones(src.size), source="builtin:school")
+
+
+def recorded_graph(provenance: dict) -> tuple:
+    """Where a graph run's edges are read again, from its provenance: ``("dataset", name)`` for a built-in
+    dataset, else ``("edge list", source)`` (the file it was read from; None when nothing was recorded)."""
+    if provenance.get("dataset") in DATASETS:
+        return "dataset", provenance["dataset"]
+    return "edge list", provenance.get("source")
+
+
 def load_dataset(name: str) -> Affinity:
     """Affinity of a built-in dataset by name (one of ``DATASETS``)."""
     if name == "grqc":

@@ -43,20 +43,13 @@ from .affinity import Affinity, coauthorship_affinity, normalized_affinity
 from .errors import InputError
 from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
+from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
 from .affinity.knn import default_neighbours
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
-from .run.inputs import fitting_perplexity, knn_features_affinity  # noqa: F401 - kept importable from here
+from .run.inputs import fitting_perplexity, knn_features_affinity, object_kind  # noqa: F401 - kept importable
 
 OBSM_KEY = "X_scalemb"
-
-
-def _is_anndata(X) -> bool:
-    return type(X).__module__.split(".")[0] == "anndata" and hasattr(X, "obsp") and hasattr(X, "obsm")
-
-
-def _is_networkx(X) -> bool:
-    return type(X).__module__.split(".")[0] == "networkx"
 
 
 def _graph_affinity(A, kind: str, source: str, node_names=None):
@@ -202,8 +195,9 @@ class Embedder(TransformerMixin, BaseEstimator):
         init = values["init"]
         array = init if hasattr(init, "shape") else None
         values["init"] = None if array is not None else (None if init is None else str(init))
-        if callable(values["metric"]) or values["metric"] in ("liram", "precomputed"):  # a Python function /
-            # learned from the labels (fit(X, y)) / the input is the distance matrix: not kNN metrics of the table
+        if callable(values["metric"]) or values["metric"] == "precomputed" or \
+                values["metric"] in label_metric_names():  # a Python function / the input is the distance
+            # matrix / learned from the labels (fit(X, y), scalemb.methods): not kNN metrics of the table
             values["metric"] = DEFAULTS["metric"]
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
@@ -229,45 +223,46 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     def _as_input(self, X, spec):
         """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``: a path, a
-        dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds here."""
+        dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds
+        (``scalemb.run.inputs.object_kind``) here."""
         from .run.inputs import resolve
 
-        kind = self.affinity
-        if callable(self.metric) and (X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X)
-                                      or _is_networkx(X)):
+        kind = object_kind(X)
+        if callable(self.metric) and kind not in ("array", "anndata"):
             raise ValueError("metric: a callable metric needs a dense feature array (points x features); "
                              f"got {type(X).__name__}")
-        if isinstance(X, Affinity):
-            return X, None, None
-        if X is None or isinstance(X, (str, Path)):
+        if kind == "source":
             return resolve(X, spec), None, None
-        if _is_anndata(X):
-            return self._from_anndata(X)
-        if _is_networkx(X):
-            import networkx as nx
-
-            nodes = list(X.nodes())
-            names = np.empty(len(nodes), dtype=object)
-            names[:] = nodes
-            check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
-            try:
-                names = as_node_ids(names, "node names")
-            except ValueError as exc:  # mixed or other node types
-                raise InputError("networkx graph", str(exc)) from None
-            A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
-            return self._graph(A, "networkx graph", names), names, None
-        if isinstance(X, tuple) and len(X) == 2:
+        if kind == "affinity":
+            return X, None, None
+        if kind == "pair":
             return _knn_pair(X, self.perplexity, self._threads()), None, None
-        if sp.issparse(X):
-            if X.ndim != 2 or X.shape[0] != X.shape[1]:
-                raise ValueError(f"a sparse input is an adjacency or affinity matrix and must be square; got shape "
-                                 f"{X.shape} (for sparse features, densify them)")
-            if kind == "knn":
-                raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
-            if kind == "precomputed":
-                return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
-            return self._graph(X, "sparse adjacency"), None, None
-        return self._from_array(X)
+        return {"anndata": self._from_anndata, "networkx": self._from_networkx, "sparse": self._from_sparse,
+                "array": self._from_array}[kind](X)
+
+    def _from_networkx(self, X):
+        import networkx as nx
+
+        nodes = list(X.nodes())
+        names = np.empty(len(nodes), dtype=object)
+        names[:] = nodes
+        check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
+        try:
+            names = as_node_ids(names, "node names")
+        except ValueError as exc:  # mixed or other node types
+            raise InputError("networkx graph", str(exc)) from None
+        A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
+        return self._graph(A, "networkx graph", names), names, None
+
+    def _from_sparse(self, X):
+        if X.ndim != 2 or X.shape[0] != X.shape[1]:
+            raise ValueError(f"a sparse input is an adjacency or affinity matrix and must be square; got shape "
+                             f"{X.shape} (for sparse features, densify them)")
+        if self.affinity == "knn":
+            raise ValueError("affinity='knn' needs dense features; a sparse input is a graph")
+        if self.affinity == "precomputed":
+            return Affinity(X, np.arange(X.shape[0]), {"source": "precomputed"}), None, None
+        return self._graph(X, "sparse adjacency"), None, None
 
     def _graph(self, A, source: str, names=None):
         """P of the adjacency ``A`` (``_graph_affinity``); the graph is kept, its nodes named as the user named
@@ -373,35 +368,34 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def _liram(self, X, y):
-        """Supervised affinities of the feature array ``X`` under the LiRaM LVQ metric learned from ``y``."""
+    def _learned(self, metric, X, y):
+        """Supervised affinities of the feature array ``X`` under the registered ``metric`` learned from ``y``
+        (``scalemb.methods.AffinityMetric``, e.g. LiRaM LVQ); the fitted metric is kept in its
+        ``fitted_attribute`` (``lvq_``)."""
         from sklearn.utils.validation import validate_data
 
-        from .lvq import LiRaMLVQ, supervised_affinity
-
+        named = f"metric={metric.name!r}"
         if y is None:
-            raise ValueError("metric='liram' learns the metric from labels: call fit(X, y) with one label per row")
-        if X is None or isinstance(X, (str, Path, Affinity, tuple)) or sp.issparse(X) or _is_anndata(X) \
-                or _is_networkx(X):
-            raise ValueError("metric='liram' needs a dense feature array X (points x features) with labels y")
+            raise ValueError(f"{named} learns the metric from labels: call fit(X, y) with one label per row")
+        if object_kind(X) != "array" or isinstance(X, tuple):
+            raise ValueError(f"{named} needs a dense feature array X (points x features) with labels y")
         if self.affinity not in ("auto", "knn"):
-            raise ValueError(f"metric='liram' builds kNN affinities; affinity={self.affinity!r} does not apply")
-        if not isinstance(self.metric_params or {}, dict):
-            raise ValueError(f"metric_params must be a dict of LiRaMLVQ settings, got {self.metric_params!r}")
-        options = dict(self.metric_params or {})
-        unknown = sorted(set(options) - set(LiRaMLVQ().get_params()))
-        if unknown:
-            raise ValueError(f"metric_params: unknown LiRaMLVQ setting(s) {', '.join(unknown)}")
-        options.setdefault("random_state", self._seed())
-        # non-finite values are left to scalemb.lvq's check, which names the row and column
+            raise ValueError(f"{named} builds kNN affinities; affinity={self.affinity!r} does not apply")
+        options = {} if self.metric_params is None else self.metric_params
+        if metric.check_options is not None:
+            metric.check_options(options)
+        options = dict(options)
+        seed = options.pop("random_state", self._seed())
+        # non-finite values are left to the metric's check, which names the row and column
         X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2, ensure_all_finite=False, reset=True)
         if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
             raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
         n = X.shape[0]
         neighbours = default_neighbours(n, self.perplexity, self.n_neighbors)
-        affinity = supervised_affinity(X, y, perplexity=fitting_perplexity(self.perplexity, neighbours),
-                                       n_neighbors=neighbours, n_jobs=self._threads(), **options)
-        self.lvq_ = LiRaMLVQ.from_dict(affinity.provenance["lvq"])
+        affinity = metric.affinity(X, y, perplexity=fitting_perplexity(self.perplexity, neighbours),
+                                   n_neighbors=neighbours, random_state=seed, n_jobs=self._threads(), **options)
+        if metric.fitted_attribute is not None:
+            setattr(self, metric.fitted_attribute, metric.fitted(affinity))
         return affinity
 
     def fit(self, X=None, y=None, *, checkpoint=None, graph_affinity=None):
@@ -425,10 +419,12 @@ class Embedder(TransformerMixin, BaseEstimator):
 
     def _fit(self, runner, X, y, checkpoint, graph_affinity):
         self._features = self._graph_input = None
-        if self.metric_params is not None and self.metric != "liram":
-            raise ValueError(f"metric_params are the settings of metric='liram', not of metric={self.metric!r}")
-        if self.metric == "liram":
-            data, node_ids, adata = self._liram(X, y), None, None
+        learned = label_metric_names()
+        if self.metric_params is not None and self.metric not in learned:
+            raise ValueError(f"metric_params are the settings of {' or '.join(f'metric={n!r}' for n in learned)}, "
+                             f"not of metric={self.metric!r}")
+        if self.metric in learned:
+            data, node_ids, adata = self._learned(affinity_metric(self.metric), X, y), None, None
         else:
             data, node_ids, adata = self._as_input(X, runner.spec)
         runner.features = self._features  # init 'pca' of a feature array (None for other inputs)
@@ -489,11 +485,11 @@ class Embedder(TransformerMixin, BaseEstimator):
             rule = provenance.get("affinity") or self.graph_affinity
             return Reference("graph", graph=graph, rule=rule), dataclasses.replace(self.result_,
                                                                                    node_ids=np.asarray(graph.node_ids))
-        from .datasets import DATASETS
+        from .datasets import recorded_graph
 
-        source = provenance.get("source")
+        kind, source = recorded_graph(provenance)
         if provenance.get("method") is None and not provenance.get("store") and \
-                (provenance.get("dataset") in DATASETS or (isinstance(source, str) and Path(source).is_file())):
+                (kind == "dataset" or (isinstance(source, str) and Path(source).is_file())):
             return reference_of(f"{type(self).__name__} fit", provenance, self.result_.node_ids), self.result_
         return None
 
@@ -504,9 +500,10 @@ class Embedder(TransformerMixin, BaseEstimator):
 
         reference, result = self._graph_reference()
         old_ids = np.asarray(result.node_ids)
-        if isinstance(X, (str, Path)):
+        kind = object_kind(X)
+        if kind == "source" and X is not None:  # an edge-list path
             new_ids, src, dst, weight = read_new_edges(X, old_ids)
-        elif _is_networkx(X):
+        elif kind == "networkx":
             edges = list(X.edges(data="weight", default=1.0))
             names = np.empty(2 * len(edges), dtype=object)
             names[:] = [end for u, v, _ in edges for end in (u, v)]

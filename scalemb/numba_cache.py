@@ -38,6 +38,23 @@ def _names(code: types.CodeType):
             yield from _names(const)
 
 
+def _feed_function(obj: types.FunctionType, h, seen: set) -> None:
+    """A Python function: its name, and once per hash its code, the globals it names, its closure and
+    defaults."""
+    h.update(f"function {obj.__module__}.{obj.__qualname__}".encode())
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    _feed_code(obj.__code__, h, seen)
+    for name in sorted(set(_names(obj.__code__))):
+        if name in obj.__globals__:
+            h.update(f"global {name}".encode())
+            _feed(obj.__globals__[name], h, seen)
+    for cell in obj.__closure__ or ():
+        _feed(cell.cell_contents, h, seen)
+    _feed(obj.__defaults__, h, seen)
+
+
 def _feed(obj, h, seen: set) -> None:
     """Add what ``obj`` contributes to compiled code to the hash ``h`` (module docstring)."""
     if isinstance(obj, Dispatcher):
@@ -45,18 +62,7 @@ def _feed(obj, h, seen: set) -> None:
         _feed(tuple(sorted(obj.targetoptions.items())), h, seen)
         obj = obj.py_func
     if isinstance(obj, types.FunctionType):
-        h.update(f"function {obj.__module__}.{obj.__qualname__}".encode())
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        _feed_code(obj.__code__, h, seen)
-        for name in sorted(set(_names(obj.__code__))):
-            if name in obj.__globals__:
-                h.update(f"global {name}".encode())
-                _feed(obj.__globals__[name], h, seen)
-        for cell in obj.__closure__ or ():
-            _feed(cell.cell_contents, h, seen)
-        _feed(obj.__defaults__, h, seen)
+        _feed_function(obj, h, seen)
     elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic)):
         h.update(f"{type(obj).__name__} {obj!r}".encode())
     elif isinstance(obj, (tuple, list)):

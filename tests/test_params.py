@@ -7,8 +7,8 @@ import typing
 import pytest
 
 import scalemb
-from scalemb.cli.eigenmap import EIGENMAP_MODELS
 from scalemb.cli.main import build_parser
+from scalemb.methods import method_names
 from scalemb.params import ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS
 
 # defaults that differ on purpose, with the reason; the table spells them out (Param.effective)
@@ -54,8 +54,8 @@ def test_cli_flags_agree_with_the_table():
             assert action.default == default, (p.name, action.default, default)
         assert action.help == f"{p.help} (default {p.outer_default})", p.name  # generated from the row
         if p.choices is not None:
-            # the CLI's --model also names the eigenmap runs (separate estimators: scalemb.Eigenmap, KernelEigenmap)
-            extra = EIGENMAP_MODELS if p.name == "model" else ()
+            # the CLI's --model also names the registered methods (scalemb.methods: the eigenmaps)
+            extra = method_names() if p.name == "model" else ()
             assert [action.type(c) for c in tuple(p.choices) + tuple(extra)] == list(p.choices) + list(extra)
             with pytest.raises(argparse.ArgumentTypeError, match="must be one of"):
                 action.type("bogus")

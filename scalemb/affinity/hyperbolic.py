@@ -13,6 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from ..methods import AffinityMetric
 from .affinity import Affinity
 from .knn import EXACT_MAX_POINTS, PERPLEXITY, conditional_affinities, default_neighbours, exact_knn, joint_affinity
 
@@ -125,3 +126,15 @@ def wrapped_normal_clusters(means=PAPER_MEANS, n_per_cluster: int = 20, sigma: f
     norms = np.linalg.norm(X, axis=1, keepdims=True)
     X *= np.minimum(1.0, (1 - 1e-6) / norms)
     return X, labels
+
+
+def _affinity(X, labels=None, *, perplexity, n_neighbors, random_state=0, n_jobs=None, source=None, **options):
+    if labels is not None or options:
+        raise ValueError("metric 'poincare' takes no labels and no metric settings")
+    return hyperbolic_affinity(X, perplexity=perplexity, n_neighbors=n_neighbors, random_state=random_state,
+                               n_jobs=n_jobs, source=source)
+
+
+# placing new rows of a Poincaré-ball run is not offered (neighbours=None): its P' would need the new rows' radii
+POINCARE = AffinityMetric("poincare", "points in the Poincaré ball, hyperbolic distance; the norms are CO-SNE's "
+                          "target radii", learns_from_labels=False, affinity=_affinity)

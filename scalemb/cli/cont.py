@@ -15,11 +15,10 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..progress import value_label
+    from ..methods import method_of
     from ..resume import continue_finished
 
     result = continue_finished(args.run, args.iterations, quiet=args.quiet, scheduler=args.scheduler)
-    print(f"wrote {args.run}: {result.model}, N={result.embedding.shape[0]}, {value_label(result.model)} "
-          f"{result.kl:.4f}, "
-          f"{result.iterations} iterations")
+    print(f"wrote {args.run}: {result.model}, N={result.embedding.shape[0]}, "
+          f"{method_of(result.model).describe(result)}")
     return 0

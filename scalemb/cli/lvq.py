@@ -31,27 +31,29 @@ def read_labels(path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, "no such file")
-    if path.suffix.lower() == ".npy":
-        try:
-            y = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(path, f"cannot read as .npy ({exc.__class__.__name__}: {exc})") from None
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        if y.ndim != 1 or y.dtype.kind not in "biufUS":
-            raise InputError(path, f"expected a 1-D array of labels, got shape {y.shape} dtype {y.dtype}")
-        if y.dtype.kind == "f":
-            bad = np.flatnonzero(~np.isfinite(y))
-            if bad.size:
-                raise InputError(path, f"non-finite label at position {int(bad[0])} (0-based)")
-        return y
-    labels = []
+    return _npy_labels(path) if path.suffix.lower() == ".npy" else _text_labels(path)
+
+
+def _npy_labels(path: Path) -> np.ndarray:
+    try:
+        y = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(path, f"cannot read as .npy ({exc.__class__.__name__}: {exc})") from None
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.dtype.kind not in "biufUS":
+        raise InputError(path, f"expected a 1-D array of labels, got shape {y.shape} dtype {y.dtype}")
+    bad = np.flatnonzero(~np.isfinite(y)) if y.dtype.kind == "f" else ()
+    if len(bad):
+        raise InputError(path, f"non-finite label at position {int(bad[0])} (0-based)")
+    return y
+
+
+def _text_labels(path: Path) -> np.ndarray:
+    """One label per line: integers if every label is one, else strings."""
     try:
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                text = line.split("#", 1)[0].strip()
-                if text:
-                    labels.append(text)
+            labels = [text for text in (line.split("#", 1)[0].strip() for line in handle) if text]
     except (UnicodeDecodeError, OSError) as exc:
         raise InputError(path, f"cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
     if not labels:
@@ -62,24 +64,28 @@ def read_labels(path) -> np.ndarray:
         return np.array(labels)
 
 
-def liram_affinity(args) -> None:
-    """Fit, build and write the store for ``scalemb affinity --metric liram`` (validates everything first)."""
+def learned_affinity(args, metric) -> None:
+    """Fit, build and write the store for ``scalemb affinity --metric M --labels FILE``, ``M`` a metric learned
+    from labels (``scalemb.methods.AffinityMetric``, e.g. liram; ``metric``: it, or None); validates everything
+    first."""
     from ..affinity.knn import read_features
     from ..affinity.store import write_affinity_store
-    from .. import lvq
+    from ..methods import label_metric_names
 
-    if args.metric != "liram":
-        raise ScalembError(f"--labels is used with --metric liram (got --metric {args.metric})")
+    if metric is None or not metric.learns_from_labels:
+        raise ScalembError(f"--labels is used with --metric {' or '.join(label_metric_names())} (got --metric "
+                           f"{args.metric})")
     if not args.knn:
-        raise ScalembError("--metric liram needs feature input: pass --knn K")
+        raise ScalembError(f"--metric {metric.name} needs feature input: pass --knn K")
     if not args.labels:
-        raise ScalembError("--metric liram needs --labels FILE")
+        raise ScalembError(f"--metric {metric.name} needs --labels FILE")
     if args.uniform:
-        raise ScalembError("--metric liram calibrates a perplexity Gaussian; --uniform is not supported with it")
+        raise ScalembError(f"--metric {metric.name} calibrates a perplexity Gaussian; --uniform is not supported "
+                           "with it")
     X = read_features(args.input)
     y = read_labels(args.labels)
     try:
-        affinity = lvq.supervised_affinity(
+        affinity = metric.affinity(
             X, y, perplexity=args.perplexity, n_neighbors=args.knn, n_jobs=args.threads, source=args.input,
             prototypes_per_class=args.prototypes_per_class, rank=args.rank, localized=not args.global_metric,
             epochs=args.lvq_epochs, regularization=args.lvq_regularization, random_state=args.seed)

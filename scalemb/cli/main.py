@@ -11,12 +11,12 @@ from ..datasets import DATASETS
 from ..affinity.knn import PERPLEXITY
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
-from .eigenmap import EIGENMAP_MODELS, add_eigenmap_arguments, run_eigenmap
 from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
 from ..params import GRAPH_AFFINITIES, PARAMS
-from ..progress import value_label
+from ..methods import method_names, method_of
 from . import cont as continue_cli, export as export_cli
-from .lvq import add_arguments as add_liram_arguments, liram_affinity
+from . import affinity as affinity_cli
+from .lvq import add_arguments as add_liram_arguments
 from . import metrics as metrics_command
 from . import report as report_command
 from . import transform as transform_cli
@@ -114,14 +114,6 @@ def add_param_arguments(parser, names, groups=None, extra_choices=None) -> None:
         target.add_argument(p.cli, **options)
 
 
-def embed_spec(args):
-    """The ``RunSpec`` of ``scalemb embed``'s arguments (every table row with a flag)."""
-    from ..params import PARAMS
-    from ..run import RunSpec
-
-    return RunSpec.from_values({p.name: getattr(args, p.name) for p in PARAMS if p.cli and p.run}, front="cli")
-
-
 def _model_param(text: str) -> tuple:
     """``NAME=VALUE`` -> (name, value): an int, else a float, else the string."""
     name, sep, value = text.partition("=")
@@ -154,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     where = emb.add_mutually_exclusive_group()
     add_param_arguments(emb, [p.name for p in PARAMS if p.cli], groups={"scheduler": where, "workers": where},
-                        extra_choices={"model": EIGENMAP_MODELS})
+                        extra_choices={"model": method_names()})
     emb.add_argument("--checkpoint-every", type=_non_negative_int, default=DEFAULT_CHECKPOINT_EVERY, metavar="K",
                      help=f"write a checkpoint into --out every K iterations (default {DEFAULT_CHECKPOINT_EVERY}; 0: "
                           "only on SIGINT/SIGTERM); continue an interrupted run with: scalemb resume OUT")
-    add_eigenmap_arguments(emb)
+    add_method_arguments(emb)
 
     res = commands.add_parser("resume", help="continue a checkpointed (interrupted) embed run",
                               description="Continue the run checkpointed in RUN (an embed --out store) with its "
@@ -289,57 +281,6 @@ def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
     check_output_path(path, overwrite, inputs, kind)
 
 
-def _affinity(args) -> int:
-    """``scalemb affinity``; an object-storage INPUT is read from its local copy, an object-storage --out is
-    written locally and published once complete (``scalemb.io.storage``)."""
-    from ..io.storage import local_input, output_target
-
-    _refuse_existing(args.out, args.overwrite, (args.input,))
-    shown_out = args.out
-    args.input = local_input(args.input)
-    with output_target(args.out, args.overwrite) as args.out:
-        return _write_affinity(args, shown_out)
-
-
-def _write_affinity(args, shown_out) -> int:
-    from ..affinity.ordering import check_point_order
-
-    check_point_order(args.point_order)  # a missing partitioner fails here, before any work
-    if args.metric == "liram" or args.labels:
-        liram_affinity(args)
-    elif args.knn and args.metric == "poincare":  # points in the Poincaré ball (CO-SNE's input similarities)
-        from ..affinity.hyperbolic import hyperbolic_affinity
-        from ..affinity.knn import read_features
-        from ..affinity.store import write_affinity_store
-
-        affinity = hyperbolic_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
-                                       random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
-                             point_order=args.point_order)
-    elif args.knn:
-        from ..affinity.knn import knn_affinity, read_features
-        from ..affinity.store import write_affinity_store
-
-        affinity = knn_affinity(read_features(args.input), perplexity=args.perplexity, n_neighbors=args.knn,
-                                metric=args.metric, method="uniform" if args.uniform else "gaussian",
-                                random_state=args.seed, n_jobs=args.threads, source=args.input)
-        write_affinity_store(args.out, affinity, n_partitions=args.partitions, overwrite=args.overwrite,
-                             point_order=args.point_order)
-    else:
-        from ..affinity.ingest import ingest_edge_list
-
-        ingest_edge_list(args.input, args.out, affinity=args.graph_affinity, n_partitions=args.partitions,
-                         overwrite=args.overwrite, point_order=args.point_order)
-    from ..affinity.store import AffinityStore
-
-    store = AffinityStore(args.out)
-    halo = store.halo
-    print(f"wrote {shown_out}: N={store.n_points}, nnz={store.nnz}, {len(store.partitions) - 1} partitions, point "
-          f"order {args.point_order}, halos {halo.sum() / store.n_points:.3f} N in all, largest "
-          f"{halo.max() / store.n_points:.3f} N")
-    return 0
-
-
 def _generate(args) -> int:
     from ..io.coauthor_generator import write_coauthor_edge_list
 
@@ -408,23 +349,27 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _embed(args) -> int:
-    if args.model in EIGENMAP_MODELS:
-        return run_eigenmap(args)
-    from ..run import run
+def add_method_arguments(emb) -> None:
+    """The embed parser's flags for the registered methods' own settings (``scalemb.methods.Method.params``)."""
+    for name in method_names():
+        for p in method_of(name).params:
+            emb.add_argument(p.cli, type=p.type, default=p.default, choices=p.choices, help=p.help, dest=p.name)
 
-    spec = embed_spec(args)
-    _refuse_existing(args.out, args.overwrite, (args.input,))
-    result = run(spec, args.input, out=args.out, checkpoint_every=args.checkpoint_every, overwrite=args.overwrite,
-                 front="cli", quiet=args.quiet)
+
+def _embed(args) -> int:
+    """``scalemb embed``: the method of ``--model`` (``scalemb.methods.method_of``) fits ``INPUT`` to ``--out``."""
+    method = method_of(args.model)
+    values = {p.name: getattr(args, p.name) for p in PARAMS if p.cli}
+    values.update({p.name: getattr(args, p.name) for p in method.params})
+    result = method.fit(args.input, values, out=args.out, overwrite=args.overwrite,
+                        checkpoint_every=args.checkpoint_every, front="cli", quiet=args.quiet)
     return _report(args.out, result)
 
 
 def _report(out, result) -> int:
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, {value_label(result.model)} "
-          f"{result.kl:.4f}, "
-          f"{result.iterations} iterations, {result.wall_time:.1f} s")
+    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, "
+          f"{method_of(result.model).describe(result)}, {result.wall_time:.1f} s")
     return 0
 
 
@@ -449,7 +394,7 @@ def _raise_interrupt(signum, frame):
 def _dispatch(args) -> int:
     """Run the command; an exception raised after SIGINT/SIGTERM arrived is reported as the interruption."""
     try:
-        return {"embed": _embed, "resume": _resume, "affinity": _affinity, "generate": _generate,
+        return {"embed": _embed, "resume": _resume, "affinity": affinity_cli.run, "generate": _generate,
                 "plot": _plot, "serve": _serve, "export": export_cli.run, "continue": continue_cli.run,
                 "metrics": metrics_command.run, "report": report_command.run,
                 "communities": report_command.run_communities,
@@ -499,20 +444,25 @@ def main(argv=None) -> int:
         print(f"scalemb: error: optimisation diverged: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
-        if args.command in ("embed", "resume"):
-            from ..io.checkpoint import interruption_note
-
-            out = args.out if args.command == "embed" else args.run
-            from ..io.storage import is_url
-
-            if is_url(out):
-                print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
-            else:
-                print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}",
-                      file=sys.stderr)
-        else:
-            print("scalemb: interrupted; nothing written", file=sys.stderr)
+        _report_interruption(args)
         return 130
+
+
+def _report_interruption(args) -> None:
+    """The line after Ctrl-C / SIGTERM: where an embed or resume run's checkpoint is, else that nothing was
+    written (nothing published, for an object-storage output)."""
+    from ..io.storage import is_url
+
+    if args.command not in ("embed", "resume"):
+        print("scalemb: interrupted; nothing written", file=sys.stderr)
+        return
+    from ..io.checkpoint import interruption_note
+
+    out = args.out if args.command == "embed" else args.run
+    if is_url(out):
+        print(f"scalemb: interrupted; nothing published at {out}", file=sys.stderr)
+    else:
+        print(f"scalemb: {interruption_note(out, started_before=args.command == 'resume')}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -143,28 +143,34 @@ class KernelEigenmap:
             raise ValueError(f"regularize must be >= 0, got {self.regularize}")
         return X
 
+    def _centres(self, X, rng) -> np.ndarray:
+        """The given ``centres`` (checked), else ``n_centres`` rows of ``X`` drawn with ``rng``, in row order."""
+        if self.centres is None:
+            return X[np.sort(rng.choice(X.shape[0], int(self.n_centres), replace=False))]
+        centres = np.asarray(self.centres, dtype=np.float64)
+        if centres.ndim != 2 or centres.shape[1] != X.shape[1] or not len(centres):
+            raise ValueError(f"centres must be (K, {X.shape[1]}), got shape {centres.shape}")
+        return centres
+
+    def _bandwidth(self, X) -> float:
+        """``bandwidth``, else the median distance from a centre to its nearest other centre (one centre: the
+        data's root-mean-square distance from their mean)."""
+        if self.bandwidth is not None:
+            return float(self.bandwidth)
+        if self.centres_.shape[0] > 1:
+            d2 = np.sum((self.centres_[:, None, :] - self.centres_[None, :, :]) ** 2, axis=2)
+            np.fill_diagonal(d2, np.inf)
+            return float(np.median(np.sqrt(d2.min(axis=1))))
+        return float(np.sqrt(np.mean(np.sum((X - X.mean(axis=0)) ** 2, axis=1))))
+
     def fit(self, X, graph: sp.spmatrix | None = None) -> "KernelEigenmap":
         """Fit the map on ``X`` (``N x D``); ``graph``: a precomputed symmetric W (default: inverse-distance kNN)."""
         X = self._check(X)
         seed = self._seed()
         start = time.perf_counter()
         n, k = X.shape[0], int(self.n_components)
-        rng = np.random.default_rng(seed)
-        if self.centres is None:
-            self.centres_ = X[np.sort(rng.choice(n, int(self.n_centres), replace=False))]
-        else:
-            self.centres_ = np.asarray(self.centres, dtype=np.float64)
-            if self.centres_.ndim != 2 or self.centres_.shape[1] != X.shape[1] or not len(self.centres_):
-                raise ValueError(f"centres must be (K, {X.shape[1]}), got shape {self.centres_.shape}")
-        if self.bandwidth is None:
-            if self.centres_.shape[0] > 1:
-                d2 = np.sum((self.centres_[:, None, :] - self.centres_[None, :, :]) ** 2, axis=2)
-                np.fill_diagonal(d2, np.inf)
-                self.bandwidth_ = float(np.median(np.sqrt(d2.min(axis=1))))
-            else:
-                self.bandwidth_ = float(np.sqrt(np.mean(np.sum((X - X.mean(axis=0)) ** 2, axis=1))))
-        else:
-            self.bandwidth_ = float(self.bandwidth)
+        self.centres_ = self._centres(X, np.random.default_rng(seed))
+        self.bandwidth_ = self._bandwidth(X)
         if not self.bandwidth_ > 0:
             raise ValueError("the kernel bandwidth must be > 0 (duplicate centres? pass bandwidth=)")
         self.seed_ = seed

@@ -165,25 +165,31 @@ def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory")
                 _overlaps(path, source):
             raise ScalembError(f"{path}: is (or holds) the input {source}; choose another output")
     if path.exists() or path.is_symlink():
-        if not overwrite:
-            raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
-        if kind == "directory" and not (path.is_dir() and not path.is_symlink() and is_scalemb_output(path)):
-            raise ScalembError(f"{path}: exists and was not written by scalemb (no scalemb marker); refusing to "
-                               "overwrite it: remove it yourself or choose another output")
-        if kind == "directory":
-            check_unlocked(path)
-        if kind == "file" and (path.is_dir() or not path.is_file()):
-            raise ScalembError(f"{path}: exists and is not a regular file; refusing to overwrite it")
-        if kind == "scalemb-file" and not is_scalemb_file(path):
-            raise ScalembError(f"{path}: exists and was not written by scalemb (or changed since: its "
-                               f"{_sidecar(path).name} does not match); refusing to overwrite it: remove it "
-                               "yourself or choose another output")
+        _check_replaceable(path, overwrite, kind)
     parent = path.resolve().parent
     if not parent.is_dir():
         raise ScalembError(f"{path.parent}: output directory does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ScalembError(f"{path.parent}: output directory is not writable")
     return path
+
+
+def _check_replaceable(path: Path, overwrite: bool, kind: str) -> None:
+    """An existing output ``path`` may be replaced: ``overwrite`` given, and scalemb wrote it (a directory with
+    its marker and no running writer, a regular file, or a scalemb file its sidecar vouches for)."""
+    if not overwrite:
+        raise ScalembError(f"{path}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if kind == "directory" and not (path.is_dir() and not path.is_symlink() and is_scalemb_output(path)):
+        raise ScalembError(f"{path}: exists and was not written by scalemb (no scalemb marker); refusing to "
+                           "overwrite it: remove it yourself or choose another output")
+    if kind == "directory":
+        check_unlocked(path)
+    if kind == "file" and (path.is_dir() or not path.is_file()):
+        raise ScalembError(f"{path}: exists and is not a regular file; refusing to overwrite it")
+    if kind == "scalemb-file" and not is_scalemb_file(path):
+        raise ScalembError(f"{path}: exists and was not written by scalemb (or changed since: its "
+                           f"{_sidecar(path).name} does not match); refusing to overwrite it: remove it "
+                           "yourself or choose another output")
 
 
 def hidden_sibling(path: Path, tag: str) -> Path:

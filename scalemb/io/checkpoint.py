@@ -264,15 +264,21 @@ def check_state_arrays(arrays: dict, scalars: dict, config: dict) -> None:
             if array.shape != (n,) or array.dtype.kind not in "iu" or \
                     not np.array_equal(np.sort(array), np.arange(n)):
                 raise ValueError(f"ordering is not a permutation of the {n} points")
-        elif array.ndim == 2:
-            rows = array.shape[1 - axis]
-            if array.dtype != np.float64 or array.shape[axis] != n or rows not in {ds + dt, ds, dt} or \
-                    (name in _LIKE_COORDS and array.shape != coords.shape):
-                raise ValueError(f"{name} has shape {array.shape} ({array.dtype}); coords are {coords.shape}")
-            if name in ("coords", "best_coords") and not np.all(np.isfinite(array)):
-                raise ValueError(f"{name} has non-finite values")
         else:
-            raise ValueError(f"{name} has shape {array.shape}: not an optimiser state array")
+            _check_point_array(name, array, coords, axis, ds, dt)
+
+
+def _check_point_array(name: str, array: np.ndarray, coords: np.ndarray, axis: int, ds: int, dt: int) -> None:
+    """A per-point state array: float64, 2-D with the points on ``axis`` as in ``coords`` and ``ds + dt``, ``ds``
+    or ``dt`` rows (``coords``' shape for ``_LIKE_COORDS``); coordinates finite."""
+    if array.ndim != 2:
+        raise ValueError(f"{name} has shape {array.shape}: not an optimiser state array")
+    n, rows = coords.shape[axis], array.shape[1 - axis]
+    if array.dtype != np.float64 or array.shape[axis] != n or rows not in {ds + dt, ds, dt} or \
+            (name in _LIKE_COORDS and array.shape != coords.shape):
+        raise ValueError(f"{name} has shape {array.shape} ({array.dtype}); coords are {coords.shape}")
+    if name in ("coords", "best_coords") and not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} has non-finite values")
 
 
 def create_store(path, config: dict, overwrite: bool = False) -> Path:

@@ -580,15 +580,7 @@ def first_lines(path, ids, column: int | None = None) -> list:
     columns = (0, 1) if column is None else (column,)
     path, wanted = Path(path), {str(i): None for i in ids}
     if path.suffix.lower() in ARROW_SUFFIXES:
-        row = 0
-        for edges in _arrow_chunks(path, 1 << 20, check=False):
-            edges = edges.materialized()
-            for k in range(edges.size):
-                for value in [(edges.src[k], edges.dst[k])[c] for c in columns]:
-                    if str(value) in wanted and wanted[str(value)] is None:
-                        wanted[str(value)] = row + k + 1
-            row += edges.size
-        return list(wanted.values())
+        return _first_rows(path, wanted, columns)
     sep, header, _ = _sniff(path)
     with _open_text(path) as handle:
         for line_no, line in enumerate(_lines(handle, path), start=1):
@@ -601,6 +593,19 @@ def first_lines(path, ids, column: int | None = None) -> list:
                     wanted[token] = line_no
             if None not in wanted.values():
                 break
+    return list(wanted.values())
+
+
+def _first_rows(path: Path, wanted: dict, columns: tuple) -> list:
+    """``first_lines`` of a columnar (Arrow, Parquet) edge list: rows counted from 1."""
+    row = 0
+    for edges in _arrow_chunks(path, 1 << 20, check=False):
+        edges = edges.materialized()
+        for k in range(edges.size):
+            for value in [(edges.src[k], edges.dst[k])[c] for c in columns]:
+                if str(value) in wanted and wanted[str(value)] is None:
+                    wanted[str(value)] = row + k + 1
+        row += edges.size
     return list(wanted.values())
 
 

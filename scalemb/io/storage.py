@@ -413,40 +413,51 @@ def recover(url: str) -> None:
     fs, path = filesystem(url)
     parent, name = _parent_and_name(path)
     with errors(url):
+        _finish_publishing(fs, path, parent, name)
+        _remove_dead_temporaries(fs, path, parent, name)
+
+
+def _finish_publishing(fs, path: str, parent: str, name: str) -> None:
+    """A publication cut off at ``path`` (its marker is there): completed from its temporary if that is whole,
+    else the half-published group removed; a complete group keeps its content and loses the marker."""
+    try:
+        marker = json.loads(fs.cat_file(f"{path}/{PUBLISHING}"))
+    except FileNotFoundError:
+        return
+    except ValueError:
+        marker = {}
+    if not fs.exists(f"{path}/{ROOT_META}"):
+        source = str(marker.get("from", "")) if isinstance(marker, dict) else ""
+        if source.startswith(f"{parent}/.{name}.tmp-") and fs.exists(f"{source}/{ROOT_META}"):
+            _publish_from(fs, source, path, overwrite=True)
+            _remove_prefix(fs, source)
+        else:
+            _remove_prefix(fs, path)
+        return
+    try:  # complete (the old group or the new one), the marker's removal was cut off
+        fs.rm_file(f"{path}/{PUBLISHING}")
+    except FileNotFoundError:
+        pass
+
+
+def _remove_dead_temporaries(fs, path: str, parent: str, name: str) -> None:
+    """This host's temporaries of ``name`` whose writing process is gone (their marker names it) are removed."""
+    host = socket.gethostname()
+    pattern = re.compile(rf"\.{re.escape(name)}\.tmp-{re.escape(host)}-(\d+)-[0-9a-f]{{8}}")
+    try:
+        siblings = fs.ls(parent or path.split("/", 1)[0], detail=False) if parent else []
+    except FileNotFoundError:
+        siblings = []
+    for entry in siblings:
+        match = pattern.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1])
+        if match is None or _alive(match.group(1)):
+            continue
         try:
-            marker = json.loads(fs.cat_file(f"{path}/{PUBLISHING}"))
+            text = fs.cat_file(f"{entry}/{TEMP_MARKER}").decode().split()
         except FileNotFoundError:
-            marker = None
-        except ValueError:
-            marker = {}
-        if marker is not None and not fs.exists(f"{path}/{ROOT_META}"):
-            source = str(marker.get("from", "")) if isinstance(marker, dict) else ""
-            if source.startswith(f"{parent}/.{name}.tmp-") and fs.exists(f"{source}/{ROOT_META}"):
-                _publish_from(fs, source, path, overwrite=True)
-                _remove_prefix(fs, source)
-            else:
-                _remove_prefix(fs, path)
-        elif marker is not None:  # complete (the old group or the new one), the marker's removal was cut off
-            try:
-                fs.rm_file(f"{path}/{PUBLISHING}")
-            except FileNotFoundError:
-                pass
-        host = socket.gethostname()
-        pattern = re.compile(rf"\.{re.escape(name)}\.tmp-{re.escape(host)}-(\d+)-[0-9a-f]{{8}}")
-        try:
-            siblings = fs.ls(parent or path.split("/", 1)[0], detail=False) if parent else []
-        except FileNotFoundError:
-            siblings = []
-        for entry in siblings:
-            match = pattern.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1])
-            if match is None or _alive(match.group(1)):
-                continue
-            try:
-                text = fs.cat_file(f"{entry}/{TEMP_MARKER}").decode().split()
-            except FileNotFoundError:
-                continue
-            if text == ["scalemb", host, match.group(1)]:
-                _remove_prefix(fs, entry)
+            continue
+        if text == ["scalemb", host, match.group(1)]:
+            _remove_prefix(fs, entry)
 
 
 def remove_output(url: str) -> bool:

@@ -127,6 +127,17 @@ def _read_X(X, n_points: int):
     return X
 
 
+def _run_inputs(result, affinity, X, graph_affinity: str):
+    """``(affinity, its source name, features)``: the given ones, or the run's own from its provenance (the
+    features a kNN run was built from, where they still exist)."""
+    if affinity is not None:
+        return (*_resolve_affinity(affinity, graph_affinity), X)
+    affinity, source, features_source = affinity_from_provenance(dict(result.provenance), graph_affinity)
+    if X is None and features_source is not None and Path(features_source).exists():
+        X = features_source
+    return affinity, source, X
+
+
 def evaluate_run(run, affinity=None, X=None, labels=None, *, sample=None, seed=0, k: int = 10, k_max: int = 50,
                  graph_affinity: str = "coauthorship", n_threads=None) -> dict:
     """Every metric that applies to ``run`` (an output-store path or an ``EmbeddingResult``), as
@@ -137,15 +148,9 @@ def evaluate_run(run, affinity=None, X=None, labels=None, *, sample=None, seed=0
     result, run_name = load_run(run)
     Y = np.asarray(result.embedding, dtype=np.float64)
     n = Y.shape[0]
-    features_source = None
-    if affinity is None:
-        affinity, source, features_source = affinity_from_provenance(dict(result.provenance), graph_affinity)
-    elif affinity is not None:
-        affinity, source = _resolve_affinity(affinity, graph_affinity)
+    affinity, source, X = _run_inputs(result, affinity, X, graph_affinity)
     if labels is not None:
         labels = read_labels(labels, n)
-    if X is None and features_source is not None and Path(features_source).exists():
-        X = features_source
     if X is not None:
         X = _read_X(X, n)
     if affinity is None and X is None and labels is None:

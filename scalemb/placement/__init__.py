@@ -4,9 +4,8 @@ The old rows stay fixed.  The new rows of the grown affinity ``P'`` (``placement
 the union graph, or kNN of new feature rows against the reference) start at the weighted median of their old
 neighbours and are optimised against the fixed map: the whole map's ``KL(P'||Q)`` as a function of the new
 coordinates (``placement.objective``, the same row kernels as the embedding), by ``placement.optimize``.
-Eigenmap runs (``model == "eigenmap"``) place new nodes through the map's Nyström extension instead, with no
-optimisation (``scalemb.eigenmaps.nystrom_extend``); kernel-eigenmap runs apply their stored continuous map to
-the new feature rows (``KernelEigenmap.transform``).
+Runs of a method with its own placement (``scalemb.methods``: the graph eigenmap's Nyström extension, the kernel
+eigenmap's stored continuous map) are placed by that method instead, with no optimisation.
 
 Where the run's P came from is read from its provenance: ``store`` (an affinity store, which must still
 exist), ``dataset`` (bundled), ``source`` (the edge list or, for kNN stores, the feature file).  Bad input
@@ -22,11 +21,12 @@ import scipy.sparse as sp
 
 from ..affinity import Affinity, AffinityStore, read_features
 from ..affinity.knn import PERPLEXITY
-from ..datasets import DATASETS, grqc_path, school_edges
+from ..datasets import dataset_graph, recorded_graph
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
-from ..io.edgelist import Graph, graph_from_edges, read_edge_list
+from ..io.edgelist import Graph, read_edge_list
 from ..io.nodeids import is_string_ids
+from ..methods import affinity_metric, method_of
 from ..models import get_model
 from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_edges
 from .objective import PlacementObjective
@@ -34,7 +34,8 @@ from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial
 
 __all__ = ["FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
            "placement_defaults", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
-           "freed_points", "place", "placement_repulsion", "place_into", "reference_of", "transform_run"]
+           "freed_points", "knn_settings", "new_feature_rows", "place", "placement_repulsion", "place_into",
+           "reference_of", "transform_run"]
 
 
 @dataclass
@@ -50,11 +51,29 @@ class Reference:
     knn: dict = field(default_factory=dict)
 
 
-def _dataset_graph(name: str) -> Graph:
-    if name == "grqc":
-        return read_edge_list(grqc_path())
-    src, dst = school_edges()
-    return graph_from_edges(src, dst, np.ones(src.size), source="builtin:school")
+def knn_settings(provenance: dict) -> dict:
+    """The kNN settings of a run's provenance that placing new feature rows repeats: ``n_neighbors``, ``metric``,
+    ``perplexity`` and, for a registered metric (``scalemb.methods.affinity_metric``), its fitted state as
+    ``fitted`` (the provenance entry its ``provenance_key`` names)."""
+    knn = {k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity")}
+    registered = affinity_metric(knn["metric"])
+    if registered is not None and registered.provenance_key is not None:
+        knn["fitted"] = provenance.get(registered.provenance_key)
+    return knn
+
+
+def _knn_reference(run, provenance: dict, store) -> Reference:
+    """A kNN run's reference: its stored P and the feature file it was built from (both must still be there)."""
+    if store is None:
+        raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")
+    affinity = AffinityStore(store).to_affinity()
+    source = provenance.get("source")
+    if source is None or not Path(source).exists():
+        raise InputError(run, f"the reference features {source} the affinity was built from are gone")
+    features = read_features(source)
+    if features.shape[0] != affinity.n_points:
+        raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
+    return Reference("knn", affinity=affinity, features=features, knn=knn_settings(provenance))
 
 
 def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
@@ -68,29 +87,31 @@ def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     if store is not None:
         check_store(store, provenance)
     if provenance.get("method") == "knn":
-        if store is None:
-            raise InputError(run, "a kNN run without an affinity store (built in memory): use Embedder.transform")
-        affinity = AffinityStore(store).to_affinity()
-        source = provenance.get("source")
-        if source is None or not Path(source).exists():
-            raise InputError(run, f"the reference features {source} the affinity was built from are gone")
-        features = read_features(source)
-        if features.shape[0] != affinity.n_points:
-            raise InputError(source, f"has {features.shape[0]} rows, the run's affinity {affinity.n_points}")
-        return Reference("knn", affinity=affinity, features=features,
-                         knn={k: provenance.get(k) for k in ("n_neighbors", "metric", "perplexity", "lvq")})
+        return _knn_reference(run, provenance, store)
     if provenance.get("method") is not None:
         raise InputError(run, f"placing needs a graph or kNN run, this affinity is {provenance.get('method')!r}")
-    if provenance.get("dataset") in DATASETS:
-        graph = _dataset_graph(provenance["dataset"])
+    kind, source = recorded_graph(provenance)
+    if kind == "dataset":
+        graph = dataset_graph(source)
     else:
-        source = provenance.get("source")
         if source is None or not Path(source).exists():
             raise InputError(run, f"the edge list {source} the run's affinity was built from is gone")
         graph = read_edge_list(source)
     if graph.n_nodes != len(node_ids) or not np.array_equal(np.sort(graph.node_ids), np.sort(node_ids)):
         raise InputError(run, f"the edge list {graph.source} no longer has the run's {len(node_ids)} nodes")
     return Reference("graph", graph=graph, rule=provenance.get("affinity", "coauthorship"))
+
+
+def new_feature_rows(new, width: int, holder: str = "the reference has") -> np.ndarray:
+    """New feature rows (a file path or an array) checked against the ``width`` the map takes (``InputError``
+    naming the file, or "new feature rows", for another width or a non-finite value)."""
+    where = new if isinstance(new, (str, Path)) else "new feature rows"
+    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
+    if X_new.ndim != 2 or X_new.shape[1] != width:
+        raise InputError(where, f"new rows have shape {X_new.shape}; {holder} {width} columns")
+    if not np.all(np.isfinite(X_new)):
+        raise InputError(where, "non-finite values in the new rows")
+    return X_new
 
 
 def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int | None = None):
@@ -100,17 +121,11 @@ def grown_affinity(reference: Reference, node_ids: np.ndarray, new, n_jobs: int 
             raise ScalembError("a graph run places new nodes from an edge list file (NEW_ID OTHER_ID [weight])")
         new_ids, src, dst, weight = read_new_edges(new, node_ids)
         return extended_graph_affinity(reference.graph, reference.rule, node_ids, new_ids, src, dst, weight), new_ids
-    where = new if isinstance(new, (str, Path)) else "new feature rows"
-    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
-    width = reference.features.shape[1]
-    if X_new.ndim != 2 or X_new.shape[1] != width:
-        raise InputError(where, f"new rows have shape {X_new.shape}; the reference has {width} columns")
-    if not np.all(np.isfinite(X_new)):
-        raise InputError(where, "non-finite values in the new rows")
+    X_new = new_feature_rows(new, reference.features.shape[1], "the reference has")
     knn = reference.knn
     P = extended_knn_affinity(reference.affinity, reference.features, X_new, knn.get("n_neighbors") or 90,
                               knn.get("metric") or "euclidean", knn.get("perplexity") or PERPLEXITY, n_jobs,
-                              lvq=knn.get("lvq"))
+                              fitted=knn.get("fitted"))
     return P, new_point_ids(node_ids, X_new.shape[0])
 
 
@@ -258,57 +273,9 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
                         free.astype(np.int64), np.ascontiguousarray(run2.coords[:, :free.size])), unattached
 
 
-def _nystrom(result, P: sp.csr_matrix, run_name) -> PlacementRun:
-    """Eigenmap runs: the new points through the map's continuous (Nyström) extension, no optimisation
-    (``scalemb.eigenmaps.nystrom_extend``, weights: the new rows of ``P'`` on the stored columns)."""
-    import time
-
-    from ..engine.eigenmap import nystrom_extend
-
-    eigenvalues = result.optimizer.get("eigenvalues")
-    if eigenvalues is None:
-        raise InputError(run_name, "an eigenmap run without its eigenvalues")
-    n = result.node_ids.size
-    weights = sp.csr_matrix(P)[n:, :n]
-    lonely = int(np.count_nonzero(np.asarray(weights.sum(axis=1)).ravel() <= 0))
-    if lonely:
-        raise ScalembError(f"{lonely} new nodes have no edge to the stored map: the Nyström extension of an "
-                           "eigenmap cannot place them")
-    start = time.perf_counter()
-    coords = nystrom_extend(weights, result.embedding, np.asarray(eigenvalues))
-    return PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
-                        time.perf_counter() - start, 0, {"method": "nystrom"})
-
-
-def _kernel_map(result, new, run_name):
-    """Kernel-eigenmap runs: the stored continuous map ``y(x) = V^T z(x)`` applied to new feature rows, no
-    optimisation (``scalemb.eigenmaps.KernelEigenmap.transform``)."""
-    import time
-
-    from ..eigenmaps.kernel import KernelEigenmap
-
-    fitted = KernelEigenmap.from_result(result)
-    where = new if isinstance(new, (str, Path)) else "new feature rows"
-    X_new = read_features(new) if isinstance(new, (str, Path)) else np.asarray(new, dtype=np.float64)
-    width = fitted.centres_.shape[1]
-    if X_new.ndim != 2 or X_new.shape[1] != width:
-        raise InputError(where, f"new rows have shape {X_new.shape}; the stored map takes {width} columns")
-    if not np.all(np.isfinite(X_new)):
-        raise InputError(where, "non-finite values in the new rows")
-    start = time.perf_counter()
-    coords = fitted.transform(X_new)
-    run = PlacementRun(np.ascontiguousarray(coords.T), float("nan"), np.zeros(0), 0, True,
-                       time.perf_counter() - start, 0, {"method": "kernel map"})
-    n = result.node_ids.size
-    new_ids = new_point_ids(result.node_ids, X_new.shape[0])
-    return placed_result(result, run, new_ids, {"transform_of": str(run_name), "method": "kernel map", "n_old": n,
-                                                "n_new": int(X_new.shape[0]), "n_unattached": 0,
-                                                "run_provenance": result.provenance, "start_kl": float("nan")})
-
-
-def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict):
+def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict, repulsion: dict | None = None):
     """An ``EmbeddingResult`` of the whole map: the old rows (unchanged but for the ones ``run.moved``
-    names), the placed rows after them."""
+    names), the placed rows after them; ``repulsion``: its record (default: the placement's repulsion method)."""
     from ..io.results import EmbeddingResult
 
     stored = result.embedding.copy()
@@ -321,8 +288,8 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            time_dims=result.time_dims, iterations=run.iterations, seed=result.seed,
                            restart_kls=[run.kl], wall_time=run.seconds, provenance=provenance,
                            optimizer=run.settings,
-                           repulsion={} if "eigenmap" in result.model else
-                           {"method": run.settings.get("repulsion", "exact")})
+                           repulsion={"method": run.settings.get("repulsion", "exact")} if repulsion is None
+                           else repulsion)
 
 
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
@@ -334,18 +301,15 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
     ``EmbeddingResult`` (old rows first, unchanged unless a free phase moved some: see ``place``).
     ``free_hops=None``: ``place``'s default for new graph nodes; new feature rows (kNN) keep the map fixed
     (a free phase of a kNN map was not measured).  ``scheduler`` / ``workers``: optimise on a Dask cluster
-    (``engine.cluster.dask_client``; ``place``'s ``client``)."""
-    if result.model == "kernel-eigenmap":
-        return _kernel_map(result, new, run_name)
+    (``engine.cluster.dask_client``; ``place``'s ``client``).  A run of a method with its own placement
+    (``scalemb.methods.Method.place``: the eigenmaps' continuous extensions) is placed by it."""
+    method = method_of(result.model)
+    if method.place is not None:
+        return method.place(result, new, reference=reference, run_name=run_name, n_threads=n_threads)
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
     if free_hops is None and reference.kind == "knn":
         free_hops = 0
-    if result.model == "eigenmap":
-        return placed_result(result, _nystrom(result, P, run_name), new_ids,
-                             {"transform_of": str(run_name), "method": "nystrom", "n_old": int(result.node_ids.size),
-                              "n_new": int(new_ids.size), "n_unattached": 0, "run_provenance": result.provenance,
-                              "start_kl": float("nan")})
     with ExitStack() as stack:
         client = None
         if scheduler is not None or workers is not None:

@@ -23,6 +23,7 @@ from scipy.spatial.distance import cdist
 from ..affinity.affinity import Affinity, row_partition
 from ..affinity.graph import coauthorship_affinity, normalized_affinity
 from ..affinity.knn import METRICS, PERPLEXITY, conditional_affinities
+from ..methods import affinity_metric
 from ..errors import InputError
 from ..io.edgelist import Edges, Graph, first_lines, graph_from_edges, parse_edge_chunks
 from ..io.nodeids import as_node_ids, check_case_collision, is_string_ids
@@ -200,22 +201,18 @@ def _knn_against(X_new: np.ndarray, X_ref: np.ndarray, k: int, metric: str, n_jo
 
 
 def extended_knn_affinity(old: Affinity, X_ref: np.ndarray, X_new: np.ndarray, n_neighbors: int, metric: str,
-                          perplexity, n_jobs: int | None = None, lvq: dict | None = None) -> sp.csr_matrix:
+                          perplexity, n_jobs: int | None = None, fitted=None) -> sp.csr_matrix:
     """``P'`` over ``[old, new]`` for new feature rows (module docstring); ``perplexity`` a number or
-    ``"uniform"``.  ``metric='liram'`` (supervised affinities, ``scalemb.lvq``): neighbours under the run's
-    learned dissimilarity, the fitted model ``lvq`` (``LiRaMLVQ.to_dict``, from the run's provenance), distance
-    ``sqrt(s)`` as the run's affinities used.  The caller has checked the widths."""
+    ``"uniform"``.  A registered metric (``scalemb.methods.AffinityMetric``, e.g. ``liram``: supervised
+    affinities, ``scalemb.lvq``) finds the neighbours itself, from its fitted state in the run's provenance
+    (``fitted``: the entry its ``provenance_key`` names).  The caller has checked the widths."""
     n, m = old.n_points, X_new.shape[0]
     k = min(int(n_neighbors), n)
     X_new = np.ascontiguousarray(X_new, dtype=np.float64)
     X_ref = np.ascontiguousarray(X_ref, dtype=np.float64)
-    if metric == "liram":
-        from ..lvq import LiRaMLVQ, neighbours_against
-
-        if not lvq:
-            raise ValueError("a run with metric 'liram' but no stored LVQ model in its provenance")
-        indices, s = neighbours_against(LiRaMLVQ.from_dict(lvq), X_new, X_ref, k)
-        distances = np.sqrt(s)
+    registered = affinity_metric(metric)
+    if registered is not None and registered.neighbours is not None:
+        indices, distances = registered.neighbours(fitted, X_new, X_ref, k)
     elif not callable(metric) and metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} in the run's provenance")
     else:

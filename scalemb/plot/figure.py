@@ -319,9 +319,7 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
              colorbar: bool = True, engine=None):
     """Draw the main map panel of ``data`` on ``ax``; returns ``(colour used, labels, rasters)`` (the labels are
     placed and the density rasters filled by ``finish_map`` once the figure layout is fixed)."""
-    from matplotlib.colors import LogNorm, TwoSlopeNorm
-
-    result, xy = data.result, data.xy
+    result = data.result
     colour = _resolve_colour(data, colour)
     n = data.n_points
     dense = n >= DENSITY_MIN_POINTS if density == "auto" else bool(density)
@@ -331,6 +329,41 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
     rasters = []
     if dense:
         rasters.append(_density_raster(fig, ax, data, colour, colorbar, engine))
+    _draw_points(fig, ax, data, colour, dense, scale, colorbar)
+    if not dense:
+        _draw_edges(ax, data)  # added after the points (collections[0] stays the points), drawn under them
+    if data.ball:  # the Poincaré disk: its boundary and its geodesic grid, under the points
+        from matplotlib.collections import LineCollection
+        from matplotlib.patches import Circle
+
+        ax.add_collection(LineCollection(poincare_grid(), colors="0.72", linewidths=0.6, zorder=0.5,
+                                         label="geodesic grid"), autolim=False)
+        ax.add_patch(Circle((0.0, 0.0), 1.0, fill=False, edgecolor="black", linewidth=1.0, zorder=3))
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)  # made equal-aspect by finish_map once the panel's size is known
+    ax.set_xlabel(data.xlabel)
+    ax.set_ylabel(data.ylabel)
+    dims = f"R^{ds}" + (f",{result.time_dims}" if result.time_dims else "")
+    if data.ball:
+        dims = f"the Poincaré {'disk' if ds == 2 else f'ball B^{ds}'}"
+    heading = title or f"{result.model} in {dims}, N = {n}" + (" (density: each pixel its points)" if dense else "")
+    if colour == "community":
+        info = data.communities[1]
+        heading += (f"\ncolour: {info.get('count', int(np.max(data.communities[0])) + 1)} communities "
+                    f"({info.get('method', '?')}); labels: their best-connected members")
+    if data.sizes.size > 1:
+        heading += (f"\n{data.sizes.size} components packed for display; framed on the largest "
+                    f"({int(data.sizes[0])} nodes)")
+    ax.set_title(heading, fontsize=10, parse_math=PARSE_MATH)
+    return colour, _label_candidates(data, colour, labels), rasters
+
+
+def _draw_points(fig, ax, data: MapData, colour: str, dense: bool, scale: float, colorbar: bool) -> None:
+    """The points of the main panel coloured by ``colour`` (scatter, unless ``dense``: the density rasters draw
+    them) and the colour's key: a colour bar, or the labels' legend beside the panel."""
+    from matplotlib.colors import LogNorm, TwoSlopeNorm
+
+    result, xy, ds = data.result, data.xy, data.result.space_dims
     if colour == "community" and not dense:
         from .communities import PALETTE
 
@@ -376,32 +409,6 @@ def draw_map(fig, ax, data: MapData, colour: str = "auto", labels: int = 10, den
             text.set_parse_math(PARSE_MATH)
     elif not dense:
         ax.scatter(xy[:, 0], xy[:, 1], s=PLAIN_SIZE * scale, color="tab:blue", alpha=0.8, linewidths=0, zorder=2)
-    if not dense:
-        _draw_edges(ax, data)  # added after the points (collections[0] stays the points), drawn under them
-    if data.ball:  # the Poincaré disk: its boundary and its geodesic grid, under the points
-        from matplotlib.collections import LineCollection
-        from matplotlib.patches import Circle
-
-        ax.add_collection(LineCollection(poincare_grid(), colors="0.72", linewidths=0.6, zorder=0.5,
-                                         label="geodesic grid"), autolim=False)
-        ax.add_patch(Circle((0.0, 0.0), 1.0, fill=False, edgecolor="black", linewidth=1.0, zorder=3))
-    ax.set_xlim(x0, x1)
-    ax.set_ylim(y0, y1)  # made equal-aspect by finish_map once the panel's size is known
-    ax.set_xlabel(data.xlabel)
-    ax.set_ylabel(data.ylabel)
-    dims = f"R^{ds}" + (f",{result.time_dims}" if result.time_dims else "")
-    if data.ball:
-        dims = f"the Poincaré {'disk' if ds == 2 else f'ball B^{ds}'}"
-    heading = title or f"{result.model} in {dims}, N = {n}" + (" (density: each pixel its points)" if dense else "")
-    if colour == "community":
-        info = data.communities[1]
-        heading += (f"\ncolour: {info.get('count', int(np.max(data.communities[0])) + 1)} communities "
-                    f"({info.get('method', '?')}); labels: their best-connected members")
-    if data.sizes.size > 1:
-        heading += (f"\n{data.sizes.size} components packed for display; framed on the largest "
-                    f"({int(data.sizes[0])} nodes)")
-    ax.set_title(heading, fontsize=10, parse_math=PARSE_MATH)
-    return colour, _label_candidates(data, colour, labels), rasters
 
 
 def _categorical(count: int):

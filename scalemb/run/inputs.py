@@ -35,6 +35,38 @@ def is_dataset(source) -> bool:
     return isinstance(source, str) and source in DATASETS and not Path(source).exists()
 
 
+def _is_anndata(X) -> bool:
+    return type(X).__module__.split(".")[0] == "anndata" and hasattr(X, "obsp") and hasattr(X, "obsm")
+
+
+def _is_networkx(X) -> bool:
+    return type(X).__module__.split(".")[0] == "networkx"
+
+
+OBJECT_KINDS = ("source", "affinity", "anndata", "networkx", "pair", "sparse", "array")
+
+
+def object_kind(X) -> str:
+    """What a Python caller's input object is, one of ``OBJECT_KINDS``: ``'source'`` (None, a path or a dataset
+    name: ``resolve`` reads it as every front does), ``'affinity'`` (an ``Affinity``: P itself), ``'anndata'``,
+    ``'networkx'`` (a graph), ``'pair'`` (a kNN ``(indices, distances)`` tuple), ``'sparse'`` (a SciPy sparse
+    matrix: an adjacency or P) or ``'array'`` (anything else, array-like: features, an adjacency, distances or P
+    as the estimator's ``affinity`` and ``metric`` say)."""
+    import scipy.sparse as sp
+
+    if X is None or isinstance(X, (str, Path)):
+        return "source"
+    if isinstance(X, Affinity):
+        return "affinity"
+    if _is_anndata(X):
+        return "anndata"
+    if _is_networkx(X):
+        return "networkx"
+    if isinstance(X, tuple) and len(X) == 2:
+        return "pair"
+    return "sparse" if sp.issparse(X) else "array"
+
+
 def what_is(source) -> str:
     """The input in words (for messages)."""
     if source is None or is_dataset(source):

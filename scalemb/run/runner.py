@@ -267,7 +267,7 @@ class Runner:
         when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
         map, old rows first: ``transform_result_``."""
         from ..affinity import Affinity
-        from ..placement import PlacementOptimizer, Reference, place_into
+        from ..placement import PlacementOptimizer, Reference, knn_settings, place_into
 
         if not hasattr(self, "result_"):
             raise ValueError("fit the Embedder before transform")
@@ -276,8 +276,7 @@ class Runner:
             data = getattr(self, "_fit_data", None)
             affinity = data if isinstance(data, Affinity) else plan_of(data).load()[0]
             placement = Reference("knn", affinity=affinity, features=np.asarray(reference, dtype=np.float64),
-                                  knn={k: self.result_.provenance.get(k) for k in ("n_neighbors", "metric",
-                                                                                   "perplexity", "lvq")})
+                                  knn=knn_settings(self.result_.provenance))
         free = {} if free_iterations is None else {"free_iterations": free_iterations}
         self.transform_result_ = place_into(self.result_, new, placement, PlacementOptimizer(iterations=iterations),
                                             seed=self.spec.seed, n_threads=self.spec.threads, free_hops=free_hops,
