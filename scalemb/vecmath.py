@@ -11,6 +11,18 @@ range, so results saturate instead of overflowing to inf.
 ``fast_log`` reads the exponent e from the bits, ``x = 2^e m`` with ``m`` in ``[sqrt(1/2), sqrt(2))``, and
 ``log m = 2 atanh(s)``, ``s = (m - 1)/(m + 1)``, ``|s| <= 0.172``, by its odd series to ``s^21`` (truncation
 < 1e-17): absolute error below 1e-15 for positive normal x (tests/test_vecmath.py); +inf gives ``1024 ln 2``.
+
+``scratch`` / ``scratch_row``: buffers for kernels whose results must not depend on where the arrays lie.  With
+``fastmath`` LLVM vectorises a sum by splitting it into lanes, so its rounding depends on whether the vector loop
+or the scalar fallback runs.  A loop that both sums and stores gets a run-time test on its arrays' addresses and
+takes the fallback when a store lies a little above a load (``0 <= store - load < lanes x unroll x 8`` bytes),
+which for small arrays depends on where malloc put them: the same call gave sums differing in the last bit now
+and then (placement's free phase, rows of 3-7 non-zeros, where a kernel's buffers landed right after P's data).
+So a kernel puts every buffer such a loop stores to in the rows of one ``scratch`` block, ``SCRATCH_GAP``
+doubles clear of each other and of anything allocated before, and copies there what such a loop reads while it
+stores to an array it was given: the test then always passes and the vector loop always runs.  (Summing in a
+loop of its own would not need the gaps, but cost the all-pairs repulsion kernel 1.2-1.5x: two more passes over
+each row.)
 """
 import numpy as np
 from llvmlite import ir
@@ -71,3 +83,22 @@ def fast_log(x):
     series = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (1.0 / 11 + s2 * (
         1.0 / 13 + s2 * (1.0 / 15 + s2 * (1.0 / 17 + s2 * (1.0 / 19 + s2 * (1.0 / 21))))))))))
     return e * _LN2 + 2.0 * s * series
+
+
+# Doubles between scratch rows (module docstring): above any vector loop's lanes x unroll (AVX-512: 8 x 4 = 32
+# doubles) with room to spare.
+SCRATCH_GAP = 128
+
+
+@njit(inline="always")
+def scratch(rows, length):
+    """One allocation for ``rows`` scratch rows of ``length`` doubles (``scratch_row``), each ``SCRATCH_GAP``
+    doubles clear of the others and the first that far from the allocation's start (module docstring)."""
+    return np.empty(SCRATCH_GAP + rows * (length + SCRATCH_GAP))
+
+
+@njit(inline="always")
+def scratch_row(block, k, length):
+    """Row ``k`` of a ``scratch`` block: ``length`` contiguous doubles."""
+    start = SCRATCH_GAP + k * (length + SCRATCH_GAP)
+    return block[start:start + length]

@@ -141,3 +141,25 @@ def _same_bits_wherever_the_arrays_lie(model, n, stir_seed):
             seen[k].add(value)
         del junk
     assert [len(values) for values in seen] == [1, 1, 1]
+
+
+def test_time_outlier_sums_give_the_same_bits_wherever_malloc_puts_their_arrays():
+    """``repulsion.interpolation.time_outlier_rows`` with a few outliers (small arrays: the reactions' loop stores
+    to ``reaction`` while it sums and reads the outliers): the same bits from copies made after stirring the heap
+    (``vecmath``'s module docstring)."""
+    from scalemb.repulsion.interpolation import time_outlier_rows
+
+    rng = np.random.default_rng(3)
+    for n, n_out in ((60, 3), (40, 6)):
+        Y = np.ascontiguousarray(np.vstack([rng.normal(size=(2, n)) * 3, rng.normal(size=(1, n)) * 0.3]))
+        Yo = np.ascontiguousarray(np.vstack([rng.normal(size=(2, n_out)) * 3,
+                                             rng.normal(size=(1, n_out)) * 0.3 + 1]))
+        seen = set()
+        stir = np.random.default_rng(11)
+        for _ in range(500):
+            junk = [np.empty(int(stir.integers(1, 64))) for _ in range(int(stir.integers(0, 30)))]
+            R, reaction = np.zeros((3, n)), np.zeros((3, n_out))
+            z = time_outlier_rows(Y.copy(), 0, n, 2, -0.5, 0.5, Yo.copy(), R, reaction)
+            seen.add((z, R.tobytes(), reaction.tobytes()))
+            del junk
+        assert len(seen) == 1

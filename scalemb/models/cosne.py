@@ -51,8 +51,7 @@ from numba import njit
 from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
-from .kernels import scratch, scratch_row
-from ..vecmath import fast_log
+from ..vecmath import fast_log, scratch, scratch_row
 
 DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)

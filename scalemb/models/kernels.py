@@ -44,16 +44,10 @@ vectorised loop, each force coordinate accumulated in a register (compiled with 
 finite differences in tests/test_gradients.py).  On a 1e5-point kNN P (4.8 M non-zeros, 2 threads) that is
 ~25 ms per evaluation against ~60 ms for one loop calling libm's ``log`` per non-zero.
 
-Bit-reproducible wherever the arrays lie.  With ``fastmath`` LLVM vectorises a sum by splitting it into lanes, so
-its rounding depends on whether the vector loop or the scalar fallback runs.  A loop that both sums and stores
-gets a run-time test on its arrays' addresses and takes the fallback when a store lies a little above a load
-(``0 <= store - load < lanes x unroll x 8`` bytes), which for small arrays depends on where malloc put them: the
-same call gave sums differing in the last bit now and then (placement's free phase, rows of 3-7 non-zeros, where
-the scratch buffers landed right after P's data).  So every scratch buffer such a loop stores to is a row of one
-allocation (``scratch``), ``SCRATCH_GAP`` doubles clear of its other rows and of anything allocated before it,
-and the all-pairs kernels, which store to ``R``, read the coordinates from a copy in those rows: the test then
-always passes and the vector loop always runs.  (Summing in a loop of its own would not need the gaps, but
-costs the all-pairs kernel 1.2-1.5x: two more passes over each row.)
+Bit-reproducible wherever the arrays lie: every scratch buffer a loop stores to while it sums is a row of one
+``vecmath.scratch`` block, and the all-pairs kernels, which store to ``R``, read the coordinates from a copy in
+such rows (``vecmath``'s module docstring says why: before, the same call gave sums differing in the last bit
+now and then, in placement's free phase).
 """
 import functools
 
@@ -61,6 +55,7 @@ import numpy as np
 from numba import njit
 
 from ..numba_cache import disk_cached
+from ..vecmath import scratch, scratch_row
 
 
 @njit(inline="always")
@@ -68,25 +63,6 @@ def euclidean_similarity(d2s, d2t):
     """``-|Δ|²`` (space and time alike): the order of every kernel decreasing in the Euclidean distance (a
     model's ``similarity``, see ``base.Model``; ``scalemb.metrics`` ranks input features by it)."""
     return -(d2s + d2t)
-
-
-# Doubles between scratch rows (module docstring, "Bit-reproducible"): above any vector loop's lanes x unroll
-# (AVX-512: 8 x 4 = 32 doubles) with room to spare.
-SCRATCH_GAP = 128
-
-
-@njit(inline="always")
-def scratch(rows, length):
-    """One allocation for ``rows`` scratch rows of ``length`` doubles (``scratch_row``), each ``SCRATCH_GAP``
-    doubles clear of the others and the first that far from the allocation's start."""
-    return np.empty(SCRATCH_GAP + rows * (length + SCRATCH_GAP))
-
-
-@njit(inline="always")
-def scratch_row(block, k, length):
-    """Row ``k`` of a ``scratch`` block: ``length`` contiguous doubles."""
-    start = SCRATCH_GAP + k * (length + SCRATCH_GAP)
-    return block[start:start + length]
 
 
 @functools.cache

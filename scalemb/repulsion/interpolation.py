@@ -23,7 +23,7 @@ axes), so the loops over its box run along the last axis, contiguous in the grid
 import numpy as np
 from numba import njit
 
-from ..vecmath import fast_exp
+from ..vecmath import fast_exp, scratch, scratch_row
 
 
 def box_tables(node_positions):
@@ -257,10 +257,11 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
     s2 = sigma * sigma
     inv_s2 = 1.0 / s2 if s2 > 0 else 0.0
     self_term = 1.0 if kind == 1 else 1.0 - 1.0 / (1.0 + s2)
-    d2s = np.empty(n_points)
-    d2t = np.empty(n_points)
-    cs = np.empty(n_points)
-    ct = np.empty(n_points)
+    block = scratch(4, n_points)  # the pair loop stores to cs, ct while summing: vecmath's module docstring
+    d2s = scratch_row(block, 0, n_points)
+    d2t = scratch_row(block, 1, n_points)
+    cs = scratch_row(block, 2, n_points)
+    ct = scratch_row(block, 3, n_points)
     z = 0.0
     for i in range(r0, r1):
         if dims > space_dims and (Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi):
@@ -336,10 +337,15 @@ def time_outlier_rows(Y, r0, r1, space_dims, band_lo, band_hi, Yo, R, reaction):
     """
     dims = Y.shape[0]
     n_out = Yo.shape[1]
-    d2s = np.empty(n_out)
-    d2t = np.empty(n_out)
-    cs = np.empty(n_out)
-    ct = np.empty(n_out)
+    # the loops store while summing, the reactions' one reading Yo: scratch rows and a copy of Yo (vecmath's
+    # module docstring; a few outliers make small arrays)
+    block = scratch(4 + dims, n_out)
+    d2s = scratch_row(block, 0, n_out)
+    d2t = scratch_row(block, 1, n_out)
+    cs = scratch_row(block, 2, n_out)
+    ct = scratch_row(block, 3, n_out)
+    for k in range(dims):
+        scratch_row(block, 4 + k, n_out)[:] = Yo[k]
     z = 0.0
     for i in range(r0, r1):
         outlier = Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi
@@ -347,7 +353,7 @@ def time_outlier_rows(Y, r0, r1, space_dims, band_lo, band_hi, Yo, R, reaction):
         d2t[:] = 0.0
         for k in range(dims):
             d2 = d2s if k < space_dims else d2t
-            yk = Yo[k]
+            yk = scratch_row(block, 4 + k, n_out)
             yik = Y[k, i]
             for j in range(n_out):
                 x = yik - yk[j]
@@ -362,7 +368,7 @@ def time_outlier_rows(Y, r0, r1, space_dims, band_lo, band_hi, Yo, R, reaction):
         z += (zi - 1.0) if outlier else 2.0 * zi
         for k in range(dims):
             c = cs if k < space_dims else ct
-            yk = Yo[k]
+            yk = scratch_row(block, 4 + k, n_out)
             yik = Y[k, i]
             acc = 0.0
             if outlier:
