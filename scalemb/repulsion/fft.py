@@ -105,8 +105,8 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, interpolate_rows, near_rows,
-                            spread_rows, time_outlier_rows)
+from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, interpolate_rows, near_rows, spread_rows,
+                            time_outlier_rows)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -120,8 +120,10 @@ FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 # boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
 # box_width then overflows float64 below ~1e-150), wider ones interpolate a kernel over a thousand of its widths.
 BOX_WIDTH_RANGE = (1e-3, 1e3)
-# Charge grids larger than this are visited box by box (``Grid.visit_order``).
-SORT_ABOVE_BYTES = 2 ** 25
+# Charge grids larger than this are visited box by box (``Grid.visit_order``), sorted into at most the rows'
+# count plus ``SORT_BUCKETS`` buckets of whole boxes (``interpolation.box_order``).
+SORT_ABOVE_BYTES = 2 ** 20
+SORT_BUCKETS = 2 ** 16
 
 
 def _cauchy(d2s, sigma):
@@ -497,7 +499,7 @@ class Grid:
 
     def _loop_args(self, time_maps):
         """The grid arguments of ``interpolation.spread_rows``/``interpolate_rows`` (and the first four of
-        ``box_keys``), per axis of the memory layout, with ``time_maps`` (``(maps, m, r)``) on the time axis."""
+        ``box_order``), per axis of the memory layout, with ``time_maps`` (``(maps, m, r)``) on the time axis."""
         axes = np.array(self.axes, dtype=np.int64)
         counts = np.array(self.counts, dtype=np.int64)[axes]
         strides = np.cumprod((self.nodes[1:] + (1,))[::-1])[::-1].astype(np.int64)
@@ -510,13 +512,20 @@ class Grid:
 
     def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """The order the loops visit rows ``[r0, r1)`` in (those in the time band only, ``in_band``): box by
-        box (``interpolation.box_keys``) when the charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at
-        N = 1e6, 47 M nodes: spreading and interpolation ~2x faster on a layout in random order), else as given (a
-        grid that stays in cache gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort
-        against ~60 ms per evaluation)."""
+        box (``interpolation.box_order``, a counting sort) when the charge grid is larger than
+        ``SORT_ABOVE_BYTES``, else as given.  A layout's rows come in an order unrelated to their place (t-SNE
+        R^2 at N = 7.7e5: 2 M nodes, 16 MB of charges, 8 MB per potential): visited as given, each point's box
+        is a cache miss; box by box, the nodes in use stay in cache.  ``visit_split`` has the keys as well."""
+        return self.visit_split(Y, r0, r1)[0]
+
+    def visit_split(self, Y: np.ndarray, r0: int, r1: int) -> tuple:
+        """``(order, keys)``: ``visit_order`` and, for each of its rows, a key that changes only between
+        disjoint sets of boxes (``interpolation.box_order``), so the rows split where it changes touch disjoint
+        nodes; None in place of the keys when the rows are visited as given."""
+        rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
-            return self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
-        return self.in_band(Y, r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable"))
+            return rows, None
+        return box_order(Y, rows, *self._loop_args(None)[:4], rows.size + SORT_BUCKETS)
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
@@ -715,15 +724,36 @@ def charge_scale(n_points: int | None) -> float:
     return 2.0 ** min(40, max(8, bits))
 
 
-def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None,
+                 workers: int = 1) -> np.ndarray:
     """Unit charges of rows ``[r0, r1)`` of ``Y`` added to ``out`` (int64 fixed point at ``grid.charge_scale``,
-    ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``)."""
+    ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``).
+    ``workers`` threads spread contiguous shares of the rows in their visit order (``Grid.visit_split``), cut
+    where the box changes, so that no two threads write the same node: one grid, no per-thread copies to sum;
+    integer addition makes it the same grid, bit for bit, for any ``workers``."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     out = np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
-    if r1 > r0:
-        spread_rows(Y, grid.visit_order(Y, r0, r1),
-                    *grid._loop_args(None if grid.time_in is None else grid.time_in[None]), grid.charge_scale, out)
+    if r1 <= r0:
+        return out
+    order, keys = grid.visit_split(Y, r0, r1)
+    args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
+    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    if workers == 1 or keys is None:
+        spread_rows(Y, order, *args, grid.charge_scale, out)
+        return out
+    cuts = [0]
+    for k in range(1, workers):  # each cut moved back to the first row of its key: threads own whole boxes
+        cut = int(np.searchsorted(keys, keys[k * order.size // workers], side="left"))
+        cuts.append(max(cuts[-1], cut))
+    cuts.append(order.size)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda k: spread_rows(Y, order[cuts[k]:cuts[k + 1]], *args, grid.charge_scale, out),
+                      range(workers)))
     return out
+
+
+# Fewest rows per thread worth a thread of ``spread_fixed``.
+SPREAD_ROWS_PER_THREAD = 4096
 
 
 def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
@@ -732,20 +762,10 @@ def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
 
 
 def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> np.ndarray:
-    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks).
-    ``workers`` threads each spread a contiguous share of the rows; the fixed-point sum makes the result the same
-    for any ``workers``."""
-    workers = max(1, min(_thread_count(workers), (r1 - r0) // 4096 or 1))
-    if workers == 1:
-        return fixed_charges(grid, spread_fixed(grid, Y, r0, r1))
-    Y = np.ascontiguousarray(Y, dtype=np.float64)
-    cuts = np.linspace(r0, r1, workers + 1).astype(np.int64)
-    with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(lambda k: spread_fixed(grid, Y, int(cuts[k]), int(cuts[k + 1])), range(workers)))
-    total = parts[0]
-    for part in parts[1:]:
-        total += part
-    return fixed_charges(grid, total)
+    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks),
+    spread by ``workers`` threads (``spread_fixed``); the fixed-point sum makes the result the same for any
+    ``workers``."""
+    return fixed_charges(grid, spread_fixed(grid, Y, r0, r1, workers=workers))
 
 
 def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:

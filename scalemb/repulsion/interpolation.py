@@ -14,7 +14,7 @@ mapped to r component weights by an m x r matrix (one for spreading, one per tim
 Grids are flat, C order over the node multi-index of the loop axes (the time axis first, then the space axes):
 the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
 each time component is a contiguous space grid for the FFTs.  The loops visit the rows in the order they are
-given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
+given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_order``, on grids too large for the cache).
 Charges are spread in fixed point (int64 multiples of a power of two, ``spread_rows``) so that partial grids sum
 exactly; every other accumulation is float64; no ``fastmath``.
 A point's node weights are kept factorised (the weights per axis and their tensor product over the leading
@@ -126,15 +126,40 @@ def _buffers(dims, positions, counts, outer_offsets, time_maps, timed):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def box_keys(Y, r0, r1, axes, lo, inv_width, n_boxes):
-    """Flat box index of rows ``[r0, r1)`` (C order over the loop axes), to visit the points box by box."""
-    keys = np.empty(r1 - r0, dtype=np.int64)
-    for i in range(r0, r1):
+def box_order(Y, rows, axes, lo, inv_width, n_boxes, max_buckets):
+    """``(order, keys)``: ``rows`` sorted by their box, stably, and the sort key of each entry of ``order``.
+
+    The key is the flat box index (C order over the loop axes), or, when there are more than
+    ``max_buckets`` boxes, that index divided by ``ceil(boxes / max_buckets)`` (runs of neighbouring boxes
+    along the last axes share a bucket), so the counting sort costs O(rows + max_buckets) whatever the grid.
+    Boxes share no nodes, and a bucket is a set of whole boxes: rows split between buckets (where ``keys``
+    changes) touch disjoint nodes of the grid (``scalemb.repulsion.fft.spread``'s threads)."""
+    n = rows.shape[0]
+    n_keys = 1
+    for k in range(axes.shape[0]):
+        n_keys *= n_boxes[k]
+    divisor = max(1, (n_keys + max_buckets - 1) // max_buckets)
+    n_buckets = (n_keys - 1) // divisor + 1
+    keys = np.empty(n, dtype=np.int64)
+    counts = np.zeros(n_buckets + 1, dtype=np.int64)
+    for j in range(n):
+        i = rows[j]
         key = 0
         for k in range(axes.shape[0]):
             key = key * n_boxes[k] + _box((Y[axes[k], i] - lo[k]) * inv_width[k], n_boxes[k])
-        keys[i - r0] = key
-    return keys
+        key //= divisor
+        keys[j] = key
+        counts[key + 1] += 1
+    for b in range(n_buckets):
+        counts[b + 1] += counts[b]
+    order = np.empty(n, dtype=np.int64)
+    sorted_keys = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        at = counts[keys[j]]
+        order[at] = rows[j]
+        sorted_keys[at] = keys[j]
+        counts[keys[j]] = at + 1
+    return order, sorted_keys
 
 
 # Most interpolated outputs the loop below handles (SNEST R^{3,1}: Z, the time force and 3 space forces).  It
@@ -176,7 +201,7 @@ def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts,
     MAX_OUTPUTS``): row ``output_columns[o]`` of ``potentials`` (``(columns, n_nodes)``), read on the time axis
     through time map ``output_maps[o]`` (0 or 1).  ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
     ``z_output < 0``: Z is then taken on the grid) and ``R[k, i - r0] = phi_{force_outputs[k]}(y_i)``.
-    Returns ``sum_i Z_i``.
+    Returns ``sum_i Z_i``, summed in row order (not visit order): the same for any ``order`` of the same rows.
     """
     dims = axes.shape[0]
     last = dims - 1
@@ -197,7 +222,8 @@ def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts,
     m3 = output_maps[min(3, n_out - 1)] == 1
     m4 = output_maps[min(4, n_out - 1)] == 1
     phi = np.empty(MAX_OUTPUTS)
-    z = 0.0
+    z_rows = np.zeros(R.shape[1])  # phi_z per row, summed in row order below: Z does not depend on the order
+    visited = np.zeros(R.shape[1], dtype=np.bool_)
     for i in order:
         base = _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
                               inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
@@ -227,10 +253,16 @@ def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts,
             p4 += (wb if m4 else wa) * s4
         phi[0], phi[1], phi[2], phi[3], phi[4] = p0, p1, p2, p3, p4
         if z_output >= 0:
-            z += phi[z_output]
-        z -= self_weight
+            z_rows[i - r0] = phi[z_output]
+        visited[i - r0] = True
         for k in range(R.shape[0]):
             R[k, i - r0] = phi[force_outputs[k]]
+    z = 0.0
+    for j in range(R.shape[1]):
+        if visited[j]:
+            if z_output >= 0:
+                z += z_rows[j]
+            z -= self_weight
     return z
 
 

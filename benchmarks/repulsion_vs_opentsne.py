@@ -1,0 +1,265 @@
+"""One t-SNE gradient evaluation (attraction on P + FFT repulsion), scalemb against openTSNE, same run.
+
+Usage: python benchmarks/repulsion_vs_opentsne.py [--sizes 20000,150000,770000] [--rounds 5] [--reps 3]
+       [--threads 2] [--baseline PATH] [--out benchmarks/results/repulsion.md]
+
+Each contender is a child process holding its data, warmed up (JIT, FFT plans, kernel spectra), that times
+``--reps`` evaluations whenever the parent asks; the parent asks each contender in turn, the order rotated
+every round, ``--rounds`` rounds, and reports the median over rounds of each round's median.  Separate
+processes because openTSNE switches its process to flush-to-zero arithmetic when it is imported, and so that
+``--baseline PATH`` (another scalemb source tree, e.g. ``git archive main scalemb | tar -x -C PATH``) runs
+beside this one.
+
+Problems (``--sizes``): N = 2e4: a random symmetric P with ~90 non-zeros per row (perplexity 30's kNN
+count) on a clustered layout of extent 50; N = 153,764 and 767,923: the real co-authorship affinity stores
+/work/scratch/P200000.zarr and P1000000.zarr (~7 non-zeros per row) on clustered layouts of extent 120 and
+200 (openTSNE-like extents), unit-spread Gaussian clusters, points in random order.
+
+Contenders: scalemb ``LocalExecutor(repulsion='fft', n_threads=--threads).evaluate`` with its default
+interpolation (5 points in boxes 0.7 wide for t-SNE R^2) and with openTSNE's (``FFTParams(points=3,
+box_width=1, min_boxes=50)``); openTSNE ``openTSNE.tsne.kl_divergence_fft`` (its negative gradient
+``_tsne.estimate_negative_gradient_fft_2d``, then ``_tsne.estimate_positive_gradient_nn`` with
+``n_jobs=--threads``) with ``n_interpolation_points=3, min_num_intervals=50, ints_in_interval=1`` (its
+defaults).  Each without the KL (the gradient alone: most iterations of either optimiser) and with it.
+
+Accuracy: the repulsive force ``F_i = sum_j q_ij² (y_i - y_j) / Z`` and Z of a 5,000-point random subset of
+each layout, interpolated by each contender's settings against the exact sums (relative error of F over all
+points, of Z).
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+STORES = {153764: "/work/scratch/P200000.zarr", 767923: "/work/scratch/P1000000.zarr"}
+ALIASES = {150000: 153764, 770000: 767923}
+EXTENT = {20000: 50.0, 153764: 120.0, 767923: 200.0}
+OPENTSNE_PARAMS = dict(n_interpolation_points=3, min_num_intervals=50, ints_in_interval=1)
+SUBSET = 5000
+
+
+def clustered_layout(n, extent, seed=1):
+    """Gaussian clusters (unit spread, Pareto sizes, ~500 points each) at uniform centres in a square of side
+    ``extent``, ``(2, n)``, in random point order."""
+    rng = np.random.default_rng(seed)
+    n_clusters = max(1, n // 500)
+    sizes = rng.pareto(1.5, n_clusters) + 1
+    labels = rng.choice(n_clusters, n, p=sizes / sizes.sum())
+    centres = (rng.random((n_clusters, 2)) - 0.5) * (extent - 6)
+    return np.ascontiguousarray((centres[labels] + rng.normal(size=(n, 2))).T)
+
+
+def random_csr(n, k, seed=0):
+    """A symmetric P with ~2k non-zeros per row at random columns, normalised to sum 1."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(n), k)
+    cols = rng.integers(0, n, n * k)
+    keep = rows != cols
+    A = sp.csr_matrix((rng.random(keep.sum()), (rows[keep], cols[keep])), shape=(n, n))
+    A = (A + A.T).tocsr()
+    A.data /= A.data.sum()
+    return A
+
+
+def load_problem(n):
+    """``(P as CSR, layout (2, N))`` for size ``n``."""
+    if n in STORES:
+        from scalemb.affinity.store import AffinityStore
+
+        P = AffinityStore(STORES[n]).to_affinity(verify=False).P.tocsr()
+    else:
+        P = random_csr(n, 45)
+    return P, clustered_layout(P.shape[0], EXTENT.get(n, 50.0))
+
+
+def exact_force(Y):
+    """``(F, Z)``: ``F_i = sum_j q_ij² (y_i - y_j) / Z``, ``(2, n)``, and Z, by all pairs (float64)."""
+    D = Y[:, :, None] - Y[:, None, :]
+    q = 1.0 / (1.0 + (D ** 2).sum(axis=0))
+    np.fill_diagonal(q, 0.0)
+    Z = q.sum()
+    return (q ** 2 * D).sum(axis=2) / Z, Z
+
+
+# --- children
+
+def child_scalemb(n, threads, setting):
+    from scalemb.affinity import Affinity
+    from scalemb.engine import LocalExecutor
+    from scalemb.models import get_model
+    from scalemb.repulsion.fft import FFTParams, fft_repulsion, grid_for
+
+    P, Y = load_problem(n)
+    params = FFTParams() if setting == "default" else FFTParams(points=3, box_width=1.0, min_boxes=50)
+    model = get_model("tsne")
+    executor = LocalExecutor(Affinity(P, np.arange(P.shape[0])), model, 2, 0, repulsion="fft", fft_params=params,
+                             n_threads=threads)
+    grid = grid_for(model, 2, Y, executor.fft_params)
+
+    def evaluate(with_kl):
+        executor.evaluate(Y, with_kl=with_kl)
+
+    def accuracy():
+        sub = np.ascontiguousarray(Y[:, np.random.default_rng(0).choice(Y.shape[1], SUBSET, replace=False)])
+        F, Z = exact_force(sub)
+        R, z = fft_repulsion(model, sub, 2, executor.fft_params)
+        return float(np.linalg.norm(-R / (2 * z) - F) / np.linalg.norm(F)), float(abs(z / Z - 1))
+
+    return evaluate, accuracy, grid.describe()
+
+
+def child_opentsne(n, threads):
+    from openTSNE import _tsne
+    from openTSNE.tsne import kl_divergence_fft
+
+    P, Y = load_problem(n)
+    Yt = np.ascontiguousarray(Y.T)
+
+    def evaluate(with_kl):
+        kl_divergence_fft(Yt, P, 1, OPENTSNE_PARAMS, should_eval_error=with_kl, n_jobs=threads)
+
+    def accuracy():
+        sub = np.ascontiguousarray(Y[:, np.random.default_rng(0).choice(Y.shape[1], SUBSET, replace=False)])
+        F, Z = exact_force(sub)
+        g = np.zeros((SUBSET, 2))
+        z = _tsne.estimate_negative_gradient_fft_2d(np.ascontiguousarray(sub.T), g, **OPENTSNE_PARAMS, dof=1)
+        # openTSNE returns the negative gradient's repulsive part with the opposite sign
+        return float(np.linalg.norm(-g.T - F) / np.linalg.norm(F)), float(abs(z / Z - 1))
+
+    cells = max(OPENTSNE_PARAMS["min_num_intervals"], int(np.ceil(float(np.ptp(Y, axis=1).max()))))
+    return evaluate, accuracy, f"{cells}x{cells} boxes (width <= 1) x 3 points"
+
+
+def child_main(args):
+    if args.contender == "opentsne":
+        evaluate, accuracy, grid = child_opentsne(args.n, args.threads)
+    else:
+        evaluate, accuracy, grid = child_scalemb(args.n, args.threads, args.contender.split(":", 1)[1])
+    for with_kl in (False, True, False):  # warm-up: JIT, FFT plans, kernel spectra
+        evaluate(with_kl)
+    print(json.dumps({"ready": True, "grid": grid}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["what"] == "accuracy":
+            force, z = accuracy()
+            print(json.dumps({"force": force, "z": z}), flush=True)
+            continue
+        times = []
+        for _ in range(command["reps"]):
+            t0 = time.perf_counter()
+            evaluate(command["with_kl"])
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"ms": 1e3 * float(np.median(times))}), flush=True)
+
+
+# --- parent
+
+class Child:
+    def __init__(self, contender, n, threads, pythonpath):
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", contender, "--n", str(n),
+                                      "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, text=True)
+        self.info = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {self.proc.args} ended: exit {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, **command):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="20000,150000,770000")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--baseline", help="another scalemb source tree to time beside this one")
+    parser.add_argument("--settings", default="default,opentsne", help="scalemb interpolation settings to time")
+    parser.add_argument("--out", help="prepend the results as a new top section of this Markdown file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.contender = args.child
+        return child_main(args)
+
+    sys.path.insert(0, str(HERE))
+    from common import machine_description, markdown_table
+
+    tree = str(HERE.parent)
+    what = {"default": "default interpolation", "opentsne": "openTSNE's interpolation"}
+    settings = args.settings.split(",")
+    contenders = [(f"scalemb:{s}", tree, f"scalemb ({what[s]})") for s in settings]
+    if args.baseline:
+        contenders += [(f"scalemb:{s}", args.baseline, f"baseline scalemb ({what[s]})") for s in settings]
+    contenders.append(("opentsne", tree, "openTSNE"))
+    load_before = os.getloadavg()
+    lines = []
+    for size in (int(float(s)) for s in args.sizes.split(",")):
+        n = ALIASES.get(size, size)
+        children = [Child(c, n, args.threads, path) for c, path, _ in contenders]
+        try:
+            results = {(i, kl): [] for i in range(len(children)) for kl in (False, True)}
+            for r in range(args.rounds):
+                shift = r % len(children)
+                for i in list(range(shift, len(children))) + list(range(shift)):
+                    for with_kl in (False, True):
+                        results[i, with_kl].append(children[i].ask(what="time", with_kl=with_kl,
+                                                                   reps=args.reps)["ms"])
+            accuracy = [child.ask(what="accuracy") for child in children]
+        finally:
+            for child in children:
+                child.close()
+        ref = len(children) - 1
+        medians = {key: float(np.median(v)) for key, v in results.items()}
+        rows = []
+        for i, (_, _, label) in enumerate(contenders):
+            ratio = [np.median(np.array(results[i, kl]) / np.array(results[ref, kl])) for kl in (False, True)]
+            rows.append((label, f"{medians[i, False]:.1f}", f"{ratio[0]:.2f}", f"{medians[i, True]:.1f}",
+                         f"{ratio[1]:.2f}", f"{accuracy[i]['force']:.1e}", f"{accuracy[i]['z']:.1e}",
+                         children[i].info["grid"]))
+        lines.append(f"### N = {n}" + (" (random P, ~90 non-zeros per row)" if n not in STORES else
+                                       f" ({STORES[n]}, {os.path.basename(STORES[n])})")
+                     + f", layout extent {EXTENT.get(n, 50):.0f}")
+        lines.append(markdown_table(["contender", "gradient ms", "/ openTSNE", "KL + gradient ms", "/ openTSNE",
+                                     f"force error ({SUBSET} subset)", "Z error", "grid"], rows))
+        lines.append("")
+        print("\n".join(lines[-3:]), flush=True)
+    load_after = os.getloadavg()
+    header = [f"## One evaluation, scalemb vs openTSNE, {args.threads} threads (benchmarks/repulsion_vs_opentsne.py)",
+              f"{machine_description()}",
+              f"uname -a: {' '.join(platform.uname())}; nproc: {os.cpu_count()}; load average before "
+              f"{load_before[0]:.2f}, after {load_after[0]:.2f}",
+              f"Medians over {args.rounds} rotated rounds of the median of {args.reps} evaluations; ratios: the median "
+              "over rounds of the same round's ratio.", ""]
+    text = "\n".join(header + lines)
+    if args.out:
+        out = Path(args.out)
+        old = out.read_text() if out.exists() else ""
+        title, _, rest = old.partition("\n")
+        out.write_text(title + "\n\n" + text + "\n" + rest if title.startswith("# ") else text + "\n" + old)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
