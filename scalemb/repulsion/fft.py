@@ -105,8 +105,8 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, interpolate_rows, near_rows, spread_rows,
-                            time_outlier_rows)
+from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, gather_columns, interpolate_visited,
+                            near_rows, spread_visited, time_outlier_rows)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -515,16 +515,17 @@ class Grid:
         box (``interpolation.box_order``, a counting sort) when the charge grid is larger than
         ``SORT_ABOVE_BYTES``, else as given.  A layout's rows come in an order unrelated to their place (t-SNE
         R^2 at N = 7.7e5: 2 M nodes, 16 MB of charges, 8 MB per potential): visited as given, each point's box
-        is a cache miss; box by box, the nodes in use stay in cache.  ``visit_split`` has the keys as well."""
-        return self.visit_split(Y, r0, r1)[0]
+        is a cache miss; box by box, the nodes in use stay in cache."""
+        return self.visit(Y, r0, r1)[0]
 
-    def visit_split(self, Y: np.ndarray, r0: int, r1: int) -> tuple:
-        """``(order, keys)``: ``visit_order`` and, for each of its rows, a key that changes only between
-        disjoint sets of boxes (``interpolation.box_order``), so the rows split where it changes touch disjoint
-        nodes; None in place of the keys when the rows are visited as given."""
+    def visit(self, Y: np.ndarray, r0: int, r1: int) -> tuple:
+        """``(order, keys, Yv)``: ``visit_order``, for each of its rows a key that changes only between disjoint
+        sets of boxes (``interpolation.box_order``; rows split where it changes touch disjoint nodes), None when
+        the rows are visited as given, and their coordinates in that order (``(d, rows)``, C-contiguous)."""
         rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
-            return rows, None
+            Yv = np.ascontiguousarray(Y[:, r0:r1]) if rows.size == r1 - r0 else gather_columns(Y, rows)
+            return rows, None, Yv
         return box_order(Y, rows, *self._loop_args(None)[:4], rows.size + SORT_BUCKETS)
 
     def describe(self) -> str:
@@ -728,18 +729,18 @@ def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | 
                  workers: int = 1) -> np.ndarray:
     """Unit charges of rows ``[r0, r1)`` of ``Y`` added to ``out`` (int64 fixed point at ``grid.charge_scale``,
     ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``).
-    ``workers`` threads spread contiguous shares of the rows in their visit order (``Grid.visit_split``), cut
+    ``workers`` threads spread contiguous shares of the rows in their visit order (``Grid.visit``), cut
     where the box changes, so that no two threads write the same node: one grid, no per-thread copies to sum;
     integer addition makes it the same grid, bit for bit, for any ``workers``."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     out = np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
     if r1 <= r0:
         return out
-    order, keys = grid.visit_split(Y, r0, r1)
+    order, keys, Yv = grid.visit(Y, r0, r1)
     args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
     workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
     if workers == 1 or keys is None:
-        spread_rows(Y, order, *args, grid.charge_scale, out)
+        spread_visited(Yv, 0, order.size, *args, grid.charge_scale, out)
         return out
     cuts = [0]
     for k in range(1, workers):  # each cut moved back to the first row of its key: threads own whole boxes
@@ -747,7 +748,7 @@ def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | 
         cuts.append(max(cuts[-1], cut))
     cuts.append(order.size)
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda k: spread_rows(Y, order[cuts[k]:cuts[k + 1]], *args, grid.charge_scale, out),
+        list(pool.map(lambda k: spread_visited(Yv, cuts[k], cuts[k + 1], *args, grid.charge_scale, out),
                       range(workers)))
     return out
 
@@ -999,9 +1000,10 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
     columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
     maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
     R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
-    z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out),
-                         np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
-                         np.array(plan.force, dtype=np.int64), R)
+    order, _, Yv = grid.visit(Y, r0, r1)
+    z = interpolate_visited(Yv, order, r0, *grid._loop_args(grid.time_out),
+                            np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
+                            np.array(plan.force, dtype=np.int64), R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims

@@ -127,7 +127,9 @@ def _buffers(dims, positions, counts, outer_offsets, time_maps, timed):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def box_order(Y, rows, axes, lo, inv_width, n_boxes, max_buckets):
-    """``(order, keys)``: ``rows`` sorted by their box, stably, and the sort key of each entry of ``order``.
+    """``(order, keys, Yv)``: ``rows`` sorted by their box, stably, the sort key of each entry of ``order``, and
+    the coordinates in that order, ``Yv[:, j] = Y[:, order[j]]`` (scattered while the rows are read in their
+    own order: a gather in box order would miss the cache once per point and coordinate).
 
     The key is the flat box index (C order over the loop axes), or, when there are more than
     ``max_buckets`` boxes, that index divided by ``ceil(boxes / max_buckets)`` (runs of neighbouring boxes
@@ -154,12 +156,25 @@ def box_order(Y, rows, axes, lo, inv_width, n_boxes, max_buckets):
         counts[b + 1] += counts[b]
     order = np.empty(n, dtype=np.int64)
     sorted_keys = np.empty(n, dtype=np.int64)
+    Yv = np.empty((Y.shape[0], n))
     for j in range(n):
         at = counts[keys[j]]
         order[at] = rows[j]
         sorted_keys[at] = keys[j]
+        for k in range(Y.shape[0]):
+            Yv[k, at] = Y[k, rows[j]]
         counts[keys[j]] = at + 1
-    return order, sorted_keys
+    return order, sorted_keys, Yv
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gather_columns(Y, order):
+    """``Y[:, order]``, C-contiguous."""
+    Yv = np.empty((Y.shape[0], order.shape[0]))
+    for j in range(order.shape[0]):
+        for k in range(Y.shape[0]):
+            Yv[k, j] = Y[k, order[j]]
+    return Yv
 
 
 # Most interpolated outputs the loop below handles (SNEST R^{3,1}: Z, the time force and 3 space forces).  It
@@ -171,8 +186,16 @@ MAX_OUTPUTS = 5
 @njit(cache=True, nogil=True, error_model="numpy")
 def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
                 outer_offsets, time_maps, timed, scale, grid):
-    """Add the unit charges of rows ``order`` to ``grid`` (flat, ``(n_nodes,)``, int64 fixed point): each point
-    adds its interpolation weight to the nodes of its box (time axis: through ``time_maps[0]``), each weight
+    """``spread_visited`` of rows ``order`` of ``Y``."""
+    spread_visited(gather_columns(Y, order), 0, order.shape[0], axes, lo, inv_width, n_boxes, points, counts,
+                   strides, positions, inv_denominators, outer_offsets, time_maps, timed, scale, grid)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def spread_visited(Yv, j0, j1, axes, lo, inv_width, n_boxes, points, counts, strides, positions, inv_denominators,
+                   outer_offsets, time_maps, timed, scale, grid):
+    """Add the unit charges of the points ``Yv[:, j0:j1]`` to ``grid`` (flat, ``(n_nodes,)``, int64 fixed point):
+    each point adds its interpolation weight to the nodes of its box (time axis: through ``time_maps[0]``), each weight
     rounded to a multiple of ``1 / scale`` (a power of two).  Integer addition is associative, so the grid is the
     same bit for bit whatever rows are spread where and summed in what order (threads, row blocks, Dask workers:
     ``scalemb.repulsion.fft.spread``).  ``outer_offsets``: ``box_offsets`` of the leading axes."""
@@ -182,8 +205,8 @@ def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides,
     lagrange, axis_weights, outer_weights, scratch, width = _buffers(dims, positions, counts, outer_offsets,
                                                                      time_maps, timed)
     row_last = last * width
-    for i in order:
-        base = _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+    for j in range(j0, j1):
+        base = _point_weights(Yv, j, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
                               inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
                               width)
         for o in range(outer_offsets.shape[0]):
@@ -197,7 +220,18 @@ def spread_rows(Y, order, axes, lo, inv_width, n_boxes, points, counts, strides,
 def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
                      inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns, output_maps,
                      z_output, self_weight, force_outputs, R):
-    """Interpolate at rows ``order`` (all in ``[r0, r0 + R.shape[1])``) the outputs ``phi_o`` (``o <
+    """``interpolate_visited`` at rows ``order`` of ``Y``."""
+    return interpolate_visited(gather_columns(Y, order), order, r0, axes, lo, inv_width, n_boxes, points, counts,
+                               strides, positions, inv_denominators, outer_offsets, time_maps, timed, potentials,
+                               output_columns, output_maps, z_output, self_weight, force_outputs, R)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def interpolate_visited(Yv, order, r0, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+                        inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns, output_maps,
+                        z_output, self_weight, force_outputs, R):
+    """Interpolate at rows ``order`` (all in ``[r0, r0 + R.shape[1])``; row ``order[j]`` at ``Yv[:, j]``) the
+    outputs ``phi_o`` (``o <
     MAX_OUTPUTS``): row ``output_columns[o]`` of ``potentials`` (``(columns, n_nodes)``), read on the time axis
     through time map ``output_maps[o]`` (0 or 1).  ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
     ``z_output < 0``: Z is then taken on the grid) and ``R[k, i - r0] = phi_{force_outputs[k]}(y_i)``.
@@ -224,8 +258,9 @@ def interpolate_rows(Y, order, r0, axes, lo, inv_width, n_boxes, points, counts,
     phi = np.empty(MAX_OUTPUTS)
     z_rows = np.zeros(R.shape[1])  # phi_z per row, summed in row order below: Z does not depend on the order
     visited = np.zeros(R.shape[1], dtype=np.bool_)
-    for i in order:
-        base = _point_weights(Y, i, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+    for j in range(order.shape[0]):
+        i = order[j]
+        base = _point_weights(Yv, j, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
                               inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
                               width)
         p0 = p1 = p2 = p3 = p4 = 0.0
