@@ -105,8 +105,8 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, gather_columns, interpolate_visited,
-                            near_rows, spread_visited, time_outlier_rows)
+from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, gather_columns, interpolate_range,
+                            interpolate_visited, near_rows, spread_visited, time_outlier_rows, z_sum)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -726,17 +726,18 @@ def charge_scale(n_points: int | None) -> float:
 
 
 def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None,
-                 workers: int = 1) -> np.ndarray:
+                 workers: int = 1, visit: tuple | None = None) -> np.ndarray:
     """Unit charges of rows ``[r0, r1)`` of ``Y`` added to ``out`` (int64 fixed point at ``grid.charge_scale``,
     ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``).
     ``workers`` threads spread contiguous shares of the rows in their visit order (``Grid.visit``), cut
     where the box changes, so that no two threads write the same node: one grid, no per-thread copies to sum;
-    integer addition makes it the same grid, bit for bit, for any ``workers``."""
+    integer addition makes it the same grid, bit for bit, for any ``workers``.  ``visit``: ``grid.visit(Y, r0,
+    r1)`` if the caller has it."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     out = np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
     if r1 <= r0:
         return out
-    order, keys, Yv = grid.visit(Y, r0, r1)
+    order, keys, Yv = visit if visit is not None else grid.visit(Y, r0, r1)
     args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
     workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
     if workers == 1 or keys is None:
@@ -762,11 +763,11 @@ def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
     return total.astype(np.float64) / grid.charge_scale
 
 
-def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> np.ndarray:
+def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1, visit: tuple | None = None) -> np.ndarray:
     """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks),
-    spread by ``workers`` threads (``spread_fixed``); the fixed-point sum makes the result the same for any
-    ``workers``."""
-    return fixed_charges(grid, spread_fixed(grid, Y, r0, r1, workers=workers))
+    spread by ``workers`` threads (``spread_fixed``; ``visit`` as there); the fixed-point sum makes the result
+    the same for any ``workers``."""
+    return fixed_charges(grid, spread_fixed(grid, Y, r0, r1, workers=workers, visit=visit))
 
 
 def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
@@ -984,26 +985,74 @@ def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
     return NearCells(cell_size, n_cells, np.ascontiguousarray(Y[:, order]), np.ascontiguousarray(keys[order]))
 
 
+class GridRows(NamedTuple):
+    """The grid part of the interpolation at all rows at once (``interpolate_grid``): ``R`` ``(d, N)``, and per
+    row ``phi_z`` and whether it was interpolated (``interpolation.interpolate_range``)."""
+
+    R: np.ndarray
+    z_rows: np.ndarray
+    visited: np.ndarray
+
+
+def interpolate_grid(grid: Grid, Y: np.ndarray, potentials: np.ndarray, workers: int = 1,
+                     visit: tuple | None = None) -> GridRows:
+    """The grid part of ``interpolate`` at every row of ``Y`` in one pass (``visit``: ``grid.visit(Y, 0, N)``
+    if the caller has it, e.g. from ``spread``): the rows in their visit order split among ``workers`` threads
+    (each row writes only its own entries).  Where all rows are in one process, this replaces each row block's
+    own sort and pass (``interpolate``'s ``grid_rows``): box by box over all N rows, consecutive rows share
+    their boxes' nodes in cache, which a block's rows, spread over the whole layout, rarely do.  Each row's
+    values are the same either way, and ``interpolate`` sums Z over a block's rows in row order as before: the
+    results are the same bit for bit."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    n = Y.shape[1]
+    if potentials.shape != (grid.n_potentials, grid.n_nodes):
+        raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
+    order, _, Yv = visit if visit is not None else grid.visit(Y, 0, n)
+    plan = grid.plan
+    columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
+    maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
+    R = np.empty((grid.dims, n)) if grid.time_band is None else np.zeros((grid.dims, n))
+    z_rows = np.zeros(n)
+    visited = np.zeros(n, dtype=np.bool_)
+    args = (Yv, order)
+    rest = (0, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps, plan.z_output,
+            np.array(plan.force, dtype=np.int64), R, z_rows, visited)
+    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    cuts = np.linspace(0, order.size, workers + 1).astype(np.int64)
+    if workers == 1:
+        interpolate_range(*args, 0, order.size, *rest)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda k: interpolate_range(*args, int(cuts[k]), int(cuts[k + 1]), *rest), range(workers)))
+    return GridRows(R, z_rows, visited)
+
+
 def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: int,
-                cells: NearCells | None = None, reaction: np.ndarray | None = None):
+                cells: NearCells | None = None, reaction: np.ndarray | None = None,
+                grid_rows: GridRows | None = None):
     """Rows ``[r0, r1)`` of the repulsion ``R`` (``(d, r1 - r0)``) and their part of Z, from the potentials
     (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given).
     When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
     and Z is that summed over blocks plus ``Convolution.z``.  On a time-banded grid (``grid.outliers``) the rows'
     pairs with the outliers are summed directly (``interpolation.time_outlier_rows``) and their reactions on the
     outliers added to ``reaction`` (``(d, n_out)``, required then): summed over all row blocks, it is added to R's
-    outlier columns (``grid.outliers``) by the caller."""
+    outlier columns (``grid.outliers``) by the caller.  ``grid_rows``: ``interpolate_grid``'s pass over all rows,
+    whose rows ``[r0, r1)`` then replace this block's own (``potentials`` unused)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     if potentials.shape != (grid.n_potentials, grid.n_nodes):
         raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
     plan = grid.plan
-    columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
-    maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
-    R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
-    order, _, Yv = grid.visit(Y, r0, r1)
-    z = interpolate_visited(Yv, order, r0, *grid._loop_args(grid.time_out),
-                            np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
-                            np.array(plan.force, dtype=np.int64), R)
+    if grid_rows is not None:
+        R = grid_rows.R[:, r0:r1].copy()
+        z = z_sum(grid_rows.z_rows, grid_rows.visited, r0, r1, plan.z_output, grid.self_weight)
+    else:
+        columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
+        maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
+        R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
+        order, _, Yv = grid.visit(Y, r0, r1)
+        z = interpolate_visited(Yv, order, r0, *grid._loop_args(grid.time_out),
+                                np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
+                                np.array(plan.force, dtype=np.int64), R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims

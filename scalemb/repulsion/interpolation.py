@@ -231,11 +231,40 @@ def interpolate_visited(Yv, order, r0, axes, lo, inv_width, n_boxes, points, cou
                         inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns, output_maps,
                         z_output, self_weight, force_outputs, R):
     """Interpolate at rows ``order`` (all in ``[r0, r0 + R.shape[1])``; row ``order[j]`` at ``Yv[:, j]``) the
-    outputs ``phi_o`` (``o <
-    MAX_OUTPUTS``): row ``output_columns[o]`` of ``potentials`` (``(columns, n_nodes)``), read on the time axis
-    through time map ``output_maps[o]`` (0 or 1).  ``Z_i = phi_z(y_i) - w(0)`` (``-w(0)`` alone when
-    ``z_output < 0``: Z is then taken on the grid) and ``R[k, i - r0] = phi_{force_outputs[k]}(y_i)``.
-    Returns ``sum_i Z_i``, summed in row order (not visit order): the same for any ``order`` of the same rows.
+    outputs ``phi_o`` (``interpolate_range``) into ``R[k, i - r0]``.  Returns ``sum_i Z_i`` with ``Z_i = phi_z(y_i)
+    - w(0)`` (``-w(0)`` alone when ``z_output < 0``: Z is then taken on the grid), summed in row order
+    (``z_sum``), not visit order: the same for any ``order`` of the same rows."""
+    z_rows = np.zeros(R.shape[1])
+    visited = np.zeros(R.shape[1], dtype=np.bool_)
+    interpolate_range(Yv, order, 0, order.shape[0], r0, axes, lo, inv_width, n_boxes, points, counts, strides,
+                      positions, inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns,
+                      output_maps, z_output, force_outputs, R, z_rows, visited)
+    return z_sum(z_rows, visited, 0, R.shape[1], z_output, self_weight)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def z_sum(z_rows, visited, r0, r1, z_output, self_weight):
+    """``sum_i (phi_z(y_i) - w(0))`` over the visited rows of ``[r0, r1)`` in row order (``phi_z`` from
+    ``interpolate_range``'s ``z_rows``; only ``-w(0)`` when ``z_output < 0``), one row at a time: the same sum
+    whether the rows were interpolated per block or all at once."""
+    z = 0.0
+    for j in range(r0, r1):
+        if visited[j]:
+            if z_output >= 0:
+                z += z_rows[j]
+            z -= self_weight
+    return z
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def interpolate_range(Yv, order, j0, j1, r0, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
+                      inv_denominators, outer_offsets, time_maps, timed, potentials, output_columns, output_maps,
+                      z_output, force_outputs, R, z_rows, visited):
+    """Interpolate at the rows ``order[j0:j1]`` (row ``order[j]`` at ``Yv[:, j]``, all in ``[r0, r0 +
+    R.shape[1])``) the outputs ``phi_o`` (``o < MAX_OUTPUTS``): row ``output_columns[o]`` of ``potentials``
+    (``(columns, n_nodes)``), read on the time axis through time map ``output_maps[o]`` (0 or 1):
+    ``R[k, i - r0] = phi_{force_outputs[k]}(y_i)``, ``z_rows[i - r0] = phi_z(y_i)`` (``z_output >= 0``) and
+    ``visited[i - r0] = True``.  Rows touch only their own entries: disjoint ranges may run on threads at once.
     """
     dims = axes.shape[0]
     last = dims - 1
@@ -256,9 +285,7 @@ def interpolate_visited(Yv, order, r0, axes, lo, inv_width, n_boxes, points, cou
     m3 = output_maps[min(3, n_out - 1)] == 1
     m4 = output_maps[min(4, n_out - 1)] == 1
     phi = np.empty(MAX_OUTPUTS)
-    z_rows = np.zeros(R.shape[1])  # phi_z per row, summed in row order below: Z does not depend on the order
-    visited = np.zeros(R.shape[1], dtype=np.bool_)
-    for j in range(order.shape[0]):
+    for j in range(j0, j1):
         i = order[j]
         base = _point_weights(Yv, j, axes, lo, inv_width, n_boxes, points, counts, strides, positions,
                               inv_denominators, time_maps, timed, lagrange, axis_weights, outer_weights, scratch,
@@ -292,13 +319,6 @@ def interpolate_visited(Yv, order, r0, axes, lo, inv_width, n_boxes, points, cou
         visited[i - r0] = True
         for k in range(R.shape[0]):
             R[k, i - r0] = phi[force_outputs[k]]
-    z = 0.0
-    for j in range(R.shape[1]):
-        if visited[j]:
-            if z_output >= 0:
-                z += z_rows[j]
-            z -= self_weight
-    return z
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
