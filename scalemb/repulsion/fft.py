@@ -106,7 +106,7 @@ import scipy.fft
 from numba import njit
 
 from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, gather_columns, interpolate_range,
-                            interpolate_visited, near_rows, spread_visited, time_outlier_rows, z_sum)
+                            interpolate_visited, near_rows, spread_visited, time_outlier_rows, to_rows, z_sum)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -1014,16 +1014,23 @@ def interpolate_grid(grid: Grid, Y: np.ndarray, potentials: np.ndarray, workers:
     R = np.empty((grid.dims, n)) if grid.time_band is None else np.zeros((grid.dims, n))
     z_rows = np.zeros(n)
     visited = np.zeros(n, dtype=np.bool_)
-    args = (Yv, order)
-    rest = (0, *grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps, plan.z_output,
-            np.array(plan.force, dtype=np.int64), R, z_rows, visited)
+    Rv = np.empty((grid.dims, order.size))
+    zv = np.empty(order.size)
+    loop = (*grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps, plan.z_output,
+            np.array(plan.force, dtype=np.int64), Rv, zv)
+
+    def share(k):
+        j0, j1 = int(cuts[k]), int(cuts[k + 1])
+        interpolate_range(Yv, j0, j1, *loop)
+        to_rows(order, j0, j1, 0, Rv, zv, R, z_rows, visited)
+
     workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
     cuts = np.linspace(0, order.size, workers + 1).astype(np.int64)
     if workers == 1:
-        interpolate_range(*args, 0, order.size, *rest)
+        share(0)
     else:
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda k: interpolate_range(*args, int(cuts[k]), int(cuts[k + 1]), *rest), range(workers)))
+            list(pool.map(share, range(workers)))
     return GridRows(R, z_rows, visited)
 
 
