@@ -153,12 +153,13 @@ def child_main(args):
             force, z = accuracy()
             print(json.dumps({"force": force, "z": z}), flush=True)
             continue
-        times = []
+        times, cpu = [], []
         for _ in range(command["reps"]):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             evaluate(command["with_kl"])
             times.append(time.perf_counter() - t0)
-        print(json.dumps({"ms": 1e3 * float(np.median(times))}), flush=True)
+            cpu.append(time.process_time() - c0)
+        print(json.dumps({"ms": 1e3 * float(np.median(times)), "cpu_ms": 1e3 * float(np.median(cpu))}), flush=True)
 
 
 # --- parent
@@ -220,12 +221,14 @@ def main():
         children = [Child(c, n, args.threads, path) for c, path, _ in contenders]
         try:
             results = {(i, kl): [] for i in range(len(children)) for kl in (False, True)}
+            cpu = {(i, kl): [] for i in range(len(children)) for kl in (False, True)}
             for r in range(args.rounds):
                 shift = r % len(children)
                 for i in list(range(shift, len(children))) + list(range(shift)):
                     for with_kl in (False, True):
-                        results[i, with_kl].append(children[i].ask(what="time", with_kl=with_kl,
-                                                                   reps=args.reps)["ms"])
+                        answer = children[i].ask(what="time", with_kl=with_kl, reps=args.reps)
+                        results[i, with_kl].append(answer["ms"])
+                        cpu[i, with_kl].append(answer["cpu_ms"])
             accuracy = [child.ask(what="accuracy") for child in children]
         finally:
             for child in children:
@@ -235,14 +238,16 @@ def main():
         rows = []
         for i, (_, _, label) in enumerate(contenders):
             ratio = [np.median(np.array(results[i, kl]) / np.array(results[ref, kl])) for kl in (False, True)]
+            cpu_ratio = np.median(np.array(cpu[i, False]) / np.array(cpu[ref, False]))
             rows.append((label, f"{medians[i, False]:.1f}", f"{ratio[0]:.2f}", f"{medians[i, True]:.1f}",
-                         f"{ratio[1]:.2f}", f"{accuracy[i]['force']:.1e}", f"{accuracy[i]['z']:.1e}",
-                         children[i].info["grid"]))
+                         f"{ratio[1]:.2f}", f"{np.median(cpu[i, False]):.1f}", f"{cpu_ratio:.2f}",
+                         f"{accuracy[i]['force']:.1e}", f"{accuracy[i]['z']:.1e}", children[i].info["grid"]))
         lines.append(f"### N = {n}" + (" (random P, ~90 non-zeros per row)" if n not in STORES else
                                        f" ({STORES[n]}, {os.path.basename(STORES[n])})")
                      + f", layout extent {EXTENT.get(n, 50):.0f}")
         lines.append(markdown_table(["contender", "gradient ms", "/ openTSNE", "KL + gradient ms", "/ openTSNE",
-                                     f"force error ({SUBSET} subset)", "Z error", "grid"], rows))
+                                     "gradient CPU ms", "/ openTSNE", f"force error ({SUBSET} subset)", "Z error",
+                                     "grid"], rows))
         lines.append("")
         print("\n".join(lines[-3:]), flush=True)
     load_after = os.getloadavg()
@@ -250,8 +255,9 @@ def main():
               f"{machine_description()}",
               f"uname -a: {' '.join(platform.uname())}; nproc: {os.cpu_count()}; load average before "
               f"{load_before[0]:.2f}, after {load_after[0]:.2f}",
-              f"Medians over {args.rounds} rotated rounds of the median of {args.reps} evaluations; ratios: the median "
-              "over rounds of the same round's ratio.", ""]
+              f"Medians over {args.rounds} rotated rounds of the median of {args.reps} evaluations (wall ms; CPU ms: "
+              "user + system of the contender's process, all its threads); ratios: the median over rounds of the "
+              "same round's ratio.", ""]
     text = "\n".join(header + lines)
     if args.out:
         out = Path(args.out)

@@ -9,7 +9,7 @@ per evaluation.  When the blocks are in this process, the grid part of the inter
 all rows in the spreading's box order (``interpolate_grid``), and each block takes its rows of it: the same
 numbers as each block interpolating its own rows.
 
-The charges depend on the coordinates only, not on P, so they are spread once, over all rows in row order,
+The charges depend on the coordinates only, not on P, so they are spread once, over all rows (in box order),
 where the coordinates are: the result is a function of the coordinates alone, whatever the block layout, thread
 or worker count.  Spreading them per row block instead (a partial grid per block, summed in block order) cost a
 whole grid per block -- allocated, page-faulted, summed, and on Dask sent to the client: with the 16-64 blocks

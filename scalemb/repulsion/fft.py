@@ -120,9 +120,10 @@ FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 # boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
 # box_width then overflows float64 below ~1e-150), wider ones interpolate a kernel over a thousand of its widths.
 BOX_WIDTH_RANGE = (1e-3, 1e3)
-# Charge grids larger than this are visited box by box (``Grid.visit_order``), sorted into at most the rows'
-# count plus ``SORT_BUCKETS`` buckets of whole boxes (``interpolation.box_order``).
-SORT_ABOVE_BYTES = 2 ** 20
+# Charge grids larger than this (32768 nodes) are visited box by box (``Grid.visit_order``; then also spread on
+# threads), sorted into at most the rows' count plus ``SORT_BUCKETS`` buckets of whole boxes
+# (``interpolation.box_order``).
+SORT_ABOVE_BYTES = 2 ** 18
 SORT_BUCKETS = 2 ** 16
 
 
