@@ -96,6 +96,8 @@ the full ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 import functools
 import math
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -806,20 +808,34 @@ def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(kernel(deltas, sigma), padded))
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_spectrum(kernel, nodes, padded, spacings, sigma, workers) -> np.ndarray:
-    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
-    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
-    spectrum.flags.writeable = False
-    return spectrum
+# Kernel spectra kept (``kernel_spectrum``): two grids' worth for t-SNE and SNE (three kernels each), so that an
+# optimiser whose trial steps alternate between two box counts reuses both (~33 MB each at N = 7.7e5).
+SPECTRUM_CACHE = 6
+_spectra: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+_spectra_lock = threading.Lock()
 
 
 def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
     """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
     ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
-    (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged (two of an
-    evaluation's eight FFTs for t-SNE)."""
-    return _cached_spectrum(kernel, *_kernel_key(grid), workers)
+    (``make_grid``), so the last ``SPECTRUM_CACHE`` spectra are kept, keyed by the kernel and what its values
+    depend on (``_kernel_key``: node counts, FFT lengths, spacing, sigma), and reused while the box count is
+    unchanged (two of an evaluation's eight FFTs for t-SNE; every trial of a line search that keeps the box
+    count).  Not by ``workers``: scipy's transforms give the same values on any number of threads."""
+    key = (kernel, *_kernel_key(grid))
+    with _spectra_lock:
+        if key in _spectra:
+            _spectra.move_to_end(key)
+            return _spectra[key]
+    nodes, padded, spacings, sigma = key[1:]
+    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
+    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
+    spectrum.flags.writeable = False
+    with _spectra_lock:
+        _spectra[key] = spectrum
+        while len(_spectra) > SPECTRUM_CACHE:
+            _spectra.popitem(last=False)
+    return spectrum
 
 
 def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
