@@ -22,6 +22,13 @@ box_width=1, min_boxes=50)``); openTSNE ``openTSNE.tsne.kl_divergence_fft`` (its
 ``n_jobs=--threads``) with ``n_interpolation_points=3, min_num_intervals=50, ints_in_interval=1`` (its
 defaults).  Each without the KL (the gradient alone: most iterations of either optimiser) and with it.
 
+``--profile``: instead, the stages of one scalemb evaluation (default interpolation) at each size, CPU ms of
+one thread (``time.thread_time``, median of 5 after a warm-up; numba-compiled loops): the box-order sort
+(``Grid.visit``), spreading, the FFT convolution, the interpolation of all rows at once (``interpolate_grid``)
+and, for comparison, per row block (the Dask workers' path), the attraction over all row blocks, and the
+reduction of the blocks (``reduce_blocks``); openTSNE's ``estimate_negative_gradient_fft_2d`` and
+``estimate_positive_gradient_nn`` on one thread beside them.
+
 Accuracy: the repulsive force ``F_i = sum_j q_ij² (y_i - y_j) / Z`` and Z of a 5,000-point random subset of
 each layout, interpolated by each contender's settings against the exact sums (relative error of F over all
 points, of Z).
@@ -162,6 +169,61 @@ def child_main(args):
         print(json.dumps({"ms": 1e3 * float(np.median(times)), "cpu_ms": 1e3 * float(np.median(cpu))}), flush=True)
 
 
+def profile(n):
+    """Stage CPU ms of one thread (see the module docstring), as a dict."""
+    from scalemb.affinity import Affinity
+    from scalemb.engine import LocalExecutor
+    from scalemb.engine.blocks import evaluate_block_fft, point_major, reduce_blocks
+    from scalemb.models import get_model
+    from scalemb.repulsion import fft
+
+    P, Y = load_problem(n)
+    N = Y.shape[1]
+    model = get_model("tsne")
+    executor = LocalExecutor(Affinity(P, np.arange(N)), model, 2, 0, repulsion="fft", n_threads=1)
+    grid = fft.grid_for(model, 2, Y, executor.fft_params)
+
+    def cpu_ms(fn):
+        fn()
+        times = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t0)
+        return 1e3 * float(np.median(times))
+
+    visit = grid.visit(Y, 0, N)
+    charges = fft.spread(grid, Y, 0, N, visit=visit)
+    potentials = fft.convolve(grid, charges).potentials
+    Yt = point_major(Y)
+    A = np.zeros((N, 2))
+    results = [evaluate_block_fft(model, b, Y, 2, grid, potentials, None, False, Yt) for b in executor.blocks]
+    stages = {
+        "box-order sort (visit)": cpu_ms(lambda: grid.visit(Y, 0, N)),
+        "spread": cpu_ms(lambda: fft.spread(grid, Y, 0, N, visit=visit)),
+        "FFT convolution": cpu_ms(lambda: fft.convolve(grid, charges)),
+        "interpolation, all rows (interpolate_grid)": cpu_ms(lambda: fft.interpolate_grid(grid, Y, potentials, 1,
+                                                                                          visit)),
+        "interpolation per row block (Dask path)": cpu_ms(lambda: [fft.interpolate(grid, Y, potentials, b.r0, b.r1)
+                                                                   for b in executor.blocks]),
+        "attraction, all blocks": cpu_ms(lambda: [model.attraction(b.indptr, b.indices, b.data, b.r0, Yt, 2,
+                                                                   A[b.r0:b.r1], False) for b in executor.blocks]),
+        "reduce_blocks": cpu_ms(lambda: reduce_blocks(results, Y.shape, 0.0, with_kl=False)),
+    }
+    try:
+        from openTSNE import _tsne
+    except ImportError:
+        return stages, grid.describe(), len(executor.blocks)
+    Yo = np.ascontiguousarray(Y.T)
+    g = np.zeros_like(Yo)
+    stages["openTSNE negative gradient (FFT)"] = cpu_ms(
+        lambda: _tsne.estimate_negative_gradient_fft_2d(Yo, g, **OPENTSNE_PARAMS, dof=1))
+    stages["openTSNE positive gradient"] = cpu_ms(
+        lambda: _tsne.estimate_positive_gradient_nn(P.indices, P.indptr, P.data, Yo, Yo, g, 1, num_threads=1,
+                                                     should_eval_error=False))
+    return stages, grid.describe(), len(executor.blocks)
+
+
 # --- parent
 
 class Child:
@@ -197,6 +259,7 @@ def main():
     parser.add_argument("--baseline", help="another scalemb source tree to time beside this one")
     parser.add_argument("--settings", default="default,opentsne", help="scalemb interpolation settings to time")
     parser.add_argument("--out", help="prepend the results as a new top section of this Markdown file")
+    parser.add_argument("--profile", action="store_true", help="stage CPU times of one thread instead")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -207,6 +270,19 @@ def main():
     sys.path.insert(0, str(HERE))
     from common import machine_description, markdown_table
 
+    if args.profile:
+        lines = ["## Stages of one evaluation, CPU ms of one thread (benchmarks/repulsion_vs_opentsne.py --profile)",
+                 machine_description(), f"load average before {os.getloadavg()[0]:.2f}", ""]
+        table = {}
+        for size in (int(float(s)) for s in args.sizes.split(",")):
+            n = ALIASES.get(size, size)
+            stages, grid, blocks = profile(n)
+            table[f"N = {n} ({blocks} blocks; {grid})"] = stages
+        names = list(next(iter(table.values())))
+        lines.append(markdown_table(["stage"] + list(table), [[name] + [f"{t[name]:.1f}" for t in table.values()]
+                                                               for name in names]))
+        print("\n".join(lines))
+        return
     tree = str(HERE.parent)
     what = {"default": "default interpolation", "opentsne": "openTSNE's interpolation"}
     settings = args.settings.split(",")
