@@ -529,11 +529,11 @@ def _layout_with_time(n, spread):
 @pytest.mark.parametrize("model,ds,dt,max_nodes", [("tsne", 2, 0, None), ("sne", 2, 0, 4000),
                                                    ("snest", 2, 1, None), ("tsne", 3, 0, 5000)])
 def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, dt, max_nodes, buckets, monkeypatch):
-    """Rows visited box by box (``Grid.visit``: a counting sort, into coarse buckets of whole boxes when there
-    are more boxes than ``SORT_BUCKETS`` allows), spread by threads owning whole boxes of one grid, and
-    interpolated in one pass over all rows (``interpolate_grid``, on threads) give every row block the same
-    repulsion and Z, bit for bit, as the block's own pass in row order; also on a time-banded grid (SNEST) and
-    on capped ones (near field)."""
+    """Rows visited box by box (``Grid.visit``: a counting sort, on any number of threads, into coarse buckets of
+    whole boxes when there are more boxes than ``SORT_BUCKETS`` allows), spread by threads owning whole boxes of
+    one grid, and interpolated in one pass over all rows (``interpolate_grid``, on threads) give every row block
+    the same repulsion and Z, bit for bit, as the block's own pass in row order; also on a time-banded grid
+    (SNEST) and on capped ones (near field)."""
     from scalemb.repulsion import fft, grid_for
     from scalemb.repulsion.fft import interpolate_grid, near_cells
 
@@ -558,6 +558,8 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     assert (order != np.sort(order)).any() == (math.prod(grid.n_boxes) > 1)  # SNE's capped grid: one box
     for threads in (1, 2, 3):
         monkeypatch.setattr(fft, "_thread_count", lambda workers, t=threads: t)
+        for got, want in zip(grid.visit(Y, 0, n, workers=threads), (order, keys, Yv)):
+            np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(fft.spread_fixed(grid, Y, 0, n, workers=threads), as_given)
         rows = interpolate_grid(grid, Y, potentials, workers=threads)
         for (r0, r1), (R, z) in zip(bounds, expected):

@@ -85,7 +85,7 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
     if grid is None:
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
-    visit = grid.visit(coords, 0, coords.shape[1])  # the rows in box order, for spreading and interpolating
+    visit = grid.visit(coords, 0, coords.shape[1], fft_workers)  # rows in box order: spreading, interpolating
     charges = spread(grid, coords, 0, coords.shape[1], workers=fft_workers, visit=visit)
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     if cells is None:

@@ -107,8 +107,9 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_OUTPUTS, box_offsets, box_order, box_tables, gather_columns, interpolate_range,
-                            interpolate_visited, near_rows, spread_visited, time_outlier_rows, to_rows, z_sum)
+from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
+                            gather_columns, interpolate_range, interpolate_visited, near_rows, spread_visited,
+                            time_outlier_rows, to_rows, z_sum)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -124,7 +125,7 @@ FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 BOX_WIDTH_RANGE = (1e-3, 1e3)
 # Charge grids larger than this (32768 nodes) are visited box by box (``Grid.visit_order``; then also spread on
 # threads), sorted into at most the rows' count plus ``SORT_BUCKETS`` buckets of whole boxes
-# (``interpolation.box_order``).
+# (``Grid.visit``).
 SORT_ABOVE_BYTES = 2 ** 18
 SORT_BUCKETS = 2 ** 16
 
@@ -502,7 +503,7 @@ class Grid:
 
     def _loop_args(self, time_maps):
         """The grid arguments of ``interpolation.spread_rows``/``interpolate_rows`` (and the first four of
-        ``box_order``), per axis of the memory layout, with ``time_maps`` (``(maps, m, r)``) on the time axis."""
+        ``box_keys``), per axis of the memory layout, with ``time_maps`` (``(maps, m, r)``) on the time axis."""
         axes = np.array(self.axes, dtype=np.int64)
         counts = np.array(self.counts, dtype=np.int64)[axes]
         strides = np.cumprod((self.nodes[1:] + (1,))[::-1])[::-1].astype(np.int64)
@@ -515,21 +516,47 @@ class Grid:
 
     def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """The order the loops visit rows ``[r0, r1)`` in (those in the time band only, ``in_band``): box by
-        box (``interpolation.box_order``, a counting sort) when the charge grid is larger than
+        box (``visit``: a counting sort) when the charge grid is larger than
         ``SORT_ABOVE_BYTES``, else as given.  A layout's rows come in an order unrelated to their place (t-SNE
         R^2 at N = 7.7e5: 2 M nodes, 16 MB of charges, 8 MB per potential): visited as given, each point's box
         is a cache miss; box by box, the nodes in use stay in cache."""
         return self.visit(Y, r0, r1)[0]
 
-    def visit(self, Y: np.ndarray, r0: int, r1: int) -> tuple:
+    def visit(self, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> tuple:
         """``(order, keys, Yv)``: ``visit_order``, for each of its rows a key that changes only between disjoint
-        sets of boxes (``interpolation.box_order``; rows split where it changes touch disjoint nodes), None when
-        the rows are visited as given, and their coordinates in that order (``(d, rows)``, C-contiguous)."""
+        sets of boxes (``interpolation.box_keys``; rows split where it changes touch disjoint nodes), None when
+        the rows are visited as given, and their coordinates in that order (``(d, rows)``, C-contiguous).
+
+        The sort is a stable counting sort over at most the rows' count plus ``SORT_BUCKETS`` buckets, on
+        ``workers`` threads, each counting and then placing a contiguous share of the rows (``box_keys``,
+        ``box_scatter``) after the shares before it: the one stable order whatever ``workers``."""
         rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
             Yv = np.ascontiguousarray(Y[:, r0:r1]) if rows.size == r1 - r0 else gather_columns(Y, rows)
             return rows, None, Yv
-        return box_order(Y, rows, *self._loop_args(None)[:4], rows.size + SORT_BUCKETS)
+        axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
+        divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
+        n = rows.size
+        workers = max(1, min(_thread_count(workers), n // SPREAD_ROWS_PER_THREAD))
+        cuts = np.linspace(0, n, workers + 1).astype(np.int64)
+        keys = np.empty(n, dtype=np.int64)
+        counts = np.zeros((workers, n_buckets), dtype=np.int64)
+        order = np.empty(n, dtype=np.int64)
+        sorted_keys = np.empty(n, dtype=np.int64)
+        Yv = np.empty((Y.shape[0], n))
+
+        def count(t):
+            box_keys(Y, rows, int(cuts[t]), int(cuts[t + 1]), axes, lo, inv_width, n_boxes, divisor, keys, counts[t])
+
+        def place(t):
+            box_scatter(Y, rows, int(cuts[t]), int(cuts[t + 1]), keys, starts[t], order, sorted_keys, Yv)
+
+        _on_threads(count, workers)
+        # bucket b of share t starts after all rows of the buckets before b and share t's predecessors' rows in b
+        totals = counts.sum(axis=0)
+        starts = np.cumsum(counts, axis=0) - counts + (np.cumsum(totals) - totals)
+        _on_threads(place, workers)
+        return order, sorted_keys, Yv
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
@@ -926,6 +953,15 @@ class Convolution(NamedTuple):
 
     potentials: np.ndarray
     z: float
+
+
+def _on_threads(fn, workers: int) -> None:
+    """``fn(t)`` for ``t < workers``, on that many threads (here if one)."""
+    if workers == 1:
+        fn(0)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fn, range(workers)))
 
 
 def _thread_count(workers: int) -> int:

@@ -14,7 +14,7 @@ mapped to r component weights by an m x r matrix (one for spreading, one per tim
 Grids are flat, C order over the node multi-index of the loop axes (the time axis first, then the space axes):
 the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
 each time component is a contiguous space grid for the FFTs.  The loops visit the rows in the order they are
-given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_order``, on grids too large for the cache).
+given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
 Charges are spread in fixed point (int64 multiples of a power of two, ``spread_rows``) so that partial grids sum
 exactly; every other accumulation is float64; no ``fastmath``.
 A point's node weights are kept factorised (the weights per axis and their tensor product over the leading
@@ -125,46 +125,44 @@ def _buffers(dims, positions, counts, outer_offsets, time_maps, timed):
             np.empty(n_outer), width)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def box_order(Y, rows, axes, lo, inv_width, n_boxes, max_buckets):
-    """``(order, keys, Yv)``: ``rows`` sorted by their box, stably, the sort key of each entry of ``order``, and
-    the coordinates in that order, ``Yv[:, j] = Y[:, order[j]]`` (scattered while the rows are read in their
-    own order: a gather in box order would miss the cache once per point and coordinate).
+def bucket_divisor(n_boxes, max_buckets: int) -> tuple:
+    """``(divisor, n_buckets)`` of ``box_keys``: flat box indices divided by ``divisor`` so that there are at most
+    ``max_buckets`` buckets (runs of neighbouring boxes along the last axes share one)."""
+    n_keys = int(np.prod(n_boxes))
+    divisor = max(1, -(-n_keys // max_buckets))
+    return divisor, (n_keys - 1) // divisor + 1
 
-    The key is the flat box index (C order over the loop axes), or, when there are more than
-    ``max_buckets`` boxes, that index divided by ``ceil(boxes / max_buckets)`` (runs of neighbouring boxes
-    along the last axes share a bucket), so the counting sort costs O(rows + max_buckets) whatever the grid.
-    Boxes share no nodes, and a bucket is a set of whole boxes: rows split between buckets (where ``keys``
-    changes) touch disjoint nodes of the grid (``scalemb.repulsion.fft.spread``'s threads)."""
-    n = rows.shape[0]
-    n_keys = 1
-    for k in range(axes.shape[0]):
-        n_keys *= n_boxes[k]
-    divisor = max(1, (n_keys + max_buckets - 1) // max_buckets)
-    n_buckets = (n_keys - 1) // divisor + 1
-    keys = np.empty(n, dtype=np.int64)
-    counts = np.zeros(n_buckets + 1, dtype=np.int64)
-    for j in range(n):
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def box_keys(Y, rows, j0, j1, axes, lo, inv_width, n_boxes, divisor, keys, counts):
+    """The bucket of rows ``rows[j0:j1]`` into ``keys[j0:j1]``: the flat box index (C order over the loop axes)
+    divided by ``divisor`` (``bucket_divisor``); ``counts[b]`` += the rows in bucket b.  Boxes share no nodes,
+    and a bucket is a set of whole boxes: rows in different buckets touch disjoint nodes of the grid."""
+    for j in range(j0, j1):
         i = rows[j]
         key = 0
         for k in range(axes.shape[0]):
             key = key * n_boxes[k] + _box((Y[axes[k], i] - lo[k]) * inv_width[k], n_boxes[k])
         key //= divisor
         keys[j] = key
-        counts[key + 1] += 1
-    for b in range(n_buckets):
-        counts[b + 1] += counts[b]
-    order = np.empty(n, dtype=np.int64)
-    sorted_keys = np.empty(n, dtype=np.int64)
-    Yv = np.empty((Y.shape[0], n))
-    for j in range(n):
-        at = counts[keys[j]]
+        counts[key] += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def box_scatter(Y, rows, j0, j1, keys, starts, order, sorted_keys, Yv):
+    """The counting sort's second pass for ``rows[j0:j1]``: each row to position ``starts[key]`` (then
+    incremented) of ``order``, its key to ``sorted_keys`` and its coordinates to ``Yv`` (scattered while the rows
+    are read in their own order: a gather in box order would miss the cache once per point and coordinate).
+    With ``starts`` the bucket offsets plus the counts of the rows before ``j0``, shares of the rows sort on
+    threads into the one stable order."""
+    for j in range(j0, j1):
+        key = keys[j]
+        at = starts[key]
         order[at] = rows[j]
-        sorted_keys[at] = keys[j]
+        sorted_keys[at] = key
         for k in range(Y.shape[0]):
             Yv[k, at] = Y[k, rows[j]]
-        counts[keys[j]] = at + 1
-    return order, sorted_keys, Yv
+        starts[key] = at + 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
