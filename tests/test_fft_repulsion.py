@@ -523,3 +523,47 @@ def test_time_extent_past_the_kernels_range_is_a_blow_up_not_a_crash(coauthor_af
 def _layout_with_time(n, spread):
     rng = np.random.default_rng(2)
     return np.concatenate([rng.normal(size=(2, n)) * 3.0, rng.normal(size=(1, n)) * spread])
+
+
+@pytest.mark.parametrize("buckets", [2 ** 16, 3])
+@pytest.mark.parametrize("model,ds,dt,max_nodes", [("tsne", 2, 0, None), ("sne", 2, 0, 4000),
+                                                   ("snest", 2, 1, None), ("tsne", 3, 0, 5000)])
+def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, dt, max_nodes, buckets, monkeypatch):
+    """Rows visited box by box (``Grid.visit``: a counting sort, on any number of threads, into coarse buckets of
+    whole boxes when there are more boxes than ``SORT_BUCKETS`` allows), spread by threads owning whole boxes of
+    one grid, and interpolated in one pass over all rows (``interpolate_grid``, on threads) give every row block
+    the same repulsion and Z, bit for bit, as the block's own pass in row order; also on a time-banded grid
+    (SNEST) and on capped ones (near field)."""
+    from scalemb.repulsion import fft, grid_for
+    from scalemb.repulsion.fft import interpolate_grid, near_cells
+
+    n = 6000
+    rng = np.random.default_rng(7)
+    Y = _banded_layout(n, rng) if dt else _clustered_layout(n, ds, dt, 6.0, rng)
+    grid = grid_for(model, ds, Y, FFTParams(max_nodes=max_nodes))
+    assert grid.capped == (max_nodes is not None) and (grid.time_band is not None) == bool(dt)
+    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", 2 ** 62)
+    as_given = fft.spread_fixed(grid, Y, 0, n)
+    potentials = convolve(grid, fixed_charges(grid, as_given)).potentials
+    cells = near_cells(grid, Y)
+    bounds = [(0, 1), (1, 2500), (2500, 2500), (2500, n)]
+    reaction = np.zeros((Y.shape[0], grid.n_outliers))
+    expected = [interpolate(grid, Y, potentials, r0, r1, cells, reaction.copy()) for r0, r1 in bounds]
+    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", -1)
+    monkeypatch.setattr(fft, "SORT_BUCKETS", buckets)
+    monkeypatch.setattr(fft, "SPREAD_ROWS_PER_THREAD", 100)
+    order, keys, Yv = grid.visit(Y, 0, n)
+    assert np.array_equal(np.sort(order), grid.in_band(Y, np.arange(n)))
+    assert np.all(np.diff(keys) >= 0) and np.array_equal(Yv, Y[:, order])
+    assert (order != np.sort(order)).any() == (math.prod(grid.n_boxes) > 1)  # SNE's capped grid: one box
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(fft, "_thread_count", lambda workers, t=threads: t)
+        for got, want in zip(grid.visit(Y, 0, n, workers=threads), (order, keys, Yv)):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(fft.spread_fixed(grid, Y, 0, n, workers=threads), as_given)
+        rows = interpolate_grid(grid, Y, potentials, workers=threads)
+        for (r0, r1), (R, z) in zip(bounds, expected):
+            for grid_rows in (rows, None):
+                got = interpolate(grid, Y, potentials, r0, r1, cells, reaction.copy(), grid_rows)
+                np.testing.assert_array_equal(got[0], R)
+                assert got[1] == z

@@ -16,7 +16,7 @@ from ..affinity.affinity import RowBlock
 from ..models.base import Model
 from ..models.objective import KL, Objective
 from ..optim.base import Evaluation
-from ..repulsion.fft import Grid, NearCells, interpolate
+from ..repulsion.fft import Grid, GridRows, NearCells, interpolate
 from .laplacian import laplacian_rows
 
 
@@ -87,15 +87,16 @@ def evaluate_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims
 
 def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, grid: Grid,
                        potentials: np.ndarray, cells: NearCells | None = None, with_kl: bool = True,
-                       Yt: np.ndarray | None = None) -> BlockResult:
+                       Yt: np.ndarray | None = None, grid_rows: GridRows | None = None) -> BlockResult:
     """Rows ``[block.r0, block.r1)`` with the repulsion interpolated from ``potentials`` on ``grid``
     (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
-    index of a split grid; ``Yt`` as in ``evaluate_block``)."""
+    index of a split grid; ``Yt`` as in ``evaluate_block``; ``grid_rows``: the grid part of all rows, if already
+    interpolated, ``scalemb.repulsion.fft.interpolate_grid``)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
     Yt = point_major(coords) if Yt is None else Yt
     plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
     reaction = None if grid.time_band is None else np.zeros((coords.shape[0], grid.n_outliers))
-    R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells, reaction)
+    R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells, reaction, grid_rows)
     return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True, outlier_reaction=reaction)
 
 

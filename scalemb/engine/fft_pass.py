@@ -5,9 +5,11 @@ blocks live (threads of the local executor, Dask workers).  Steps (``scalemb.rep
 extent of the coordinates (here: the caller holds them) -> grid (small) -> the points' charges spread on it
 (here) -> one FFT convolution (here; for t-SNE it also gives Z's grid part) -> near-field cell index of a capped
 grid (here) -> attraction and interpolated repulsion per block -> ``reduce_blocks``: one pass over the blocks
-per evaluation.
+per evaluation.  When the blocks are in this process, the grid part of the interpolation runs here too, once for
+all rows in the spreading's box order (``interpolate_grid``), and each block takes its rows of it: the same
+numbers as each block interpolating its own rows.
 
-The charges depend on the coordinates only, not on P, so they are spread once, over all rows in row order,
+The charges depend on the coordinates only, not on P, so they are spread once, over all rows (in box order),
 where the coordinates are: the result is a function of the coordinates alone, whatever the block layout, thread
 or worker count.  Spreading them per row block instead (a partial grid per block, summed in block order) cost a
 whole grid per block -- allocated, page-faulted, summed, and on Dask sent to the client: with the 16-64 blocks
@@ -19,7 +21,7 @@ import logging
 import numpy as np
 
 from ..models import ModelRef
-from ..repulsion.fft import FFTParams, block_extent, convolve, grid_for, near_cells, spread
+from ..repulsion.fft import FFTParams, block_extent, convolve, grid_for, interpolate_grid, near_cells, spread
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
 
 logger = logging.getLogger("scalemb")
@@ -39,10 +41,11 @@ class CappedGridWarning:
             self.warned = True
 
 
-def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, cells, with_kl, Yt=None):
+def evaluate_block_on_grid(block, model, coords, space_dims, grid, potentials, cells, with_kl, Yt=None,
+                           grid_rows=None):
     """``evaluate_block_fft`` for a model passed as a ``Model`` or a ``ModelRef`` (on a Dask worker)."""
     model = model.model() if isinstance(model, ModelRef) else model
-    return evaluate_block_fft(model, block, coords, space_dims, grid, potentials, cells, with_kl, Yt)
+    return evaluate_block_fft(model, block, coords, space_dims, grid, potentials, cells, with_kl, Yt, grid_rows)
 
 
 def fft_grid(model, space_dims: int, coords: np.ndarray, params: FFTParams, grid=None, on_capped=None):
@@ -82,11 +85,14 @@ def evaluate_fft(map_blocks, model, space_dims: int, coords: np.ndarray, entropy
     if grid is None:
         nan = float("nan")
         return Evaluation(nan, nan, np.full(coords.shape, nan), nan)
-    charges = spread(grid, coords, 0, coords.shape[1], workers=fft_workers)
+    visit = grid.visit(coords, 0, coords.shape[1], fft_workers)  # rows in box order: spreading, interpolating
+    charges = spread(grid, coords, 0, coords.shape[1], workers=fft_workers, visit=visit)
     potentials, grid_z = convolve(grid, charges, workers=fft_workers)
     if cells is None:
         cells = near_cells(grid, coords)
-    extra = () if point_major_copy is None else (point_major_copy,)
+    extra = ()
+    if point_major_copy is not None:  # blocks in this process: the grid part of all rows at once, shared
+        extra = (point_major_copy, interpolate_grid(grid, coords, potentials, fft_workers, visit))
     results = map_blocks(evaluate_block_on_grid, model if block_model is None else block_model, coords, space_dims,
                          grid, potentials, cells, with_kl, *extra)
     return reduce_blocks(results, coords.shape, entropy, exaggeration, z_outside_blocks=grid_z, with_kl=with_kl,

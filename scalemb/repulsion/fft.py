@@ -96,6 +96,8 @@ the full ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 import functools
 import math
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -105,8 +107,9 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_tables, interpolate_rows, near_rows,
-                            spread_rows, time_outlier_rows)
+from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
+                            gather_columns, interpolate_range, interpolate_visited, near_rows, spread_visited,
+                            time_outlier_rows, to_rows, z_sum)
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -120,8 +123,11 @@ FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
 # boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
 # box_width then overflows float64 below ~1e-150), wider ones interpolate a kernel over a thousand of its widths.
 BOX_WIDTH_RANGE = (1e-3, 1e3)
-# Charge grids larger than this are visited box by box (``Grid.visit_order``).
-SORT_ABOVE_BYTES = 2 ** 25
+# Charge grids larger than this (32768 nodes) are visited box by box (``Grid.visit_order``; then also spread on
+# threads), sorted into at most the rows' count plus ``SORT_BUCKETS`` buckets of whole boxes
+# (``Grid.visit``).
+SORT_ABOVE_BYTES = 2 ** 18
+SORT_BUCKETS = 2 ** 16
 
 
 def _cauchy(d2s, sigma):
@@ -510,13 +516,47 @@ class Grid:
 
     def visit_order(self, Y: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """The order the loops visit rows ``[r0, r1)`` in (those in the time band only, ``in_band``): box by
-        box (``interpolation.box_keys``) when the charge grid is larger than ``SORT_ABOVE_BYTES`` (SNEST R^{2,1} at
-        N = 1e6, 47 M nodes: spreading and interpolation ~2x faster on a layout in random order), else as given (a
-        grid that stays in cache gains less than the sort costs: t-SNE R^2 at N = 1e5, 0.5 M nodes, 7 ms per sort
-        against ~60 ms per evaluation)."""
+        box (``visit``: a counting sort) when the charge grid is larger than
+        ``SORT_ABOVE_BYTES``, else as given.  A layout's rows come in an order unrelated to their place (t-SNE
+        R^2 at N = 7.7e5: 2 M nodes, 16 MB of charges, 8 MB per potential): visited as given, each point's box
+        is a cache miss; box by box, the nodes in use stay in cache."""
+        return self.visit(Y, r0, r1)[0]
+
+    def visit(self, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> tuple:
+        """``(order, keys, Yv)``: ``visit_order``, for each of its rows a key that changes only between disjoint
+        sets of boxes (``interpolation.box_keys``; rows split where it changes touch disjoint nodes), None when
+        the rows are visited as given, and their coordinates in that order (``(d, rows)``, C-contiguous).
+
+        The sort is a stable counting sort over at most the rows' count plus ``SORT_BUCKETS`` buckets, on
+        ``workers`` threads, each counting and then placing a contiguous share of the rows (``box_keys``,
+        ``box_scatter``) after the shares before it: the one stable order whatever ``workers``."""
+        rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
-            return self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
-        return self.in_band(Y, r0 + np.argsort(box_keys(Y, r0, r1, *self._loop_args(None)[:4]), kind="stable"))
+            Yv = np.ascontiguousarray(Y[:, r0:r1]) if rows.size == r1 - r0 else gather_columns(Y, rows)
+            return rows, None, Yv
+        axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
+        divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
+        n = rows.size
+        workers = max(1, min(_thread_count(workers), n // SPREAD_ROWS_PER_THREAD))
+        cuts = np.linspace(0, n, workers + 1).astype(np.int64)
+        keys = np.empty(n, dtype=np.int64)
+        counts = np.zeros((workers, n_buckets), dtype=np.int64)
+        order = np.empty(n, dtype=np.int64)
+        sorted_keys = np.empty(n, dtype=np.int64)
+        Yv = np.empty((Y.shape[0], n))
+
+        def count(t):
+            box_keys(Y, rows, int(cuts[t]), int(cuts[t + 1]), axes, lo, inv_width, n_boxes, divisor, keys, counts[t])
+
+        def place(t):
+            box_scatter(Y, rows, int(cuts[t]), int(cuts[t + 1]), keys, starts[t], order, sorted_keys, Yv)
+
+        _on_threads(count, workers)
+        # bucket b of share t starts after all rows of the buckets before b and share t's predecessors' rows in b
+        totals = counts.sum(axis=0)
+        starts = np.cumsum(counts, axis=0) - counts + (np.cumsum(totals) - totals)
+        _on_threads(place, workers)
+        return order, sorted_keys, Yv
 
     def describe(self) -> str:
         boxes = "x".join(str(int(n)) for n in self.n_boxes[:self.space_dims])
@@ -715,15 +755,37 @@ def charge_scale(n_points: int | None) -> float:
     return 2.0 ** min(40, max(8, bits))
 
 
-def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None,
+                 workers: int = 1, visit: tuple | None = None) -> np.ndarray:
     """Unit charges of rows ``[r0, r1)`` of ``Y`` added to ``out`` (int64 fixed point at ``grid.charge_scale``,
-    ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``)."""
+    ``(n_nodes,)``; new if None) and returned: a partial grid, summed exactly with other rows' (``+``).
+    ``workers`` threads spread contiguous shares of the rows in their visit order (``Grid.visit``), cut
+    where the box changes, so that no two threads write the same node: one grid, no per-thread copies to sum;
+    integer addition makes it the same grid, bit for bit, for any ``workers``.  ``visit``: ``grid.visit(Y, r0,
+    r1)`` if the caller has it."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     out = np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
-    if r1 > r0:
-        spread_rows(Y, grid.visit_order(Y, r0, r1),
-                    *grid._loop_args(None if grid.time_in is None else grid.time_in[None]), grid.charge_scale, out)
+    if r1 <= r0:
+        return out
+    order, keys, Yv = visit if visit is not None else grid.visit(Y, r0, r1)
+    args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
+    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    if workers == 1 or keys is None:
+        spread_visited(Yv, 0, order.size, *args, grid.charge_scale, out)
+        return out
+    cuts = [0]
+    for k in range(1, workers):  # each cut moved back to the first row of its key: threads own whole boxes
+        cut = int(np.searchsorted(keys, keys[k * order.size // workers], side="left"))
+        cuts.append(max(cuts[-1], cut))
+    cuts.append(order.size)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda k: spread_visited(Yv, cuts[k], cuts[k + 1], *args, grid.charge_scale, out),
+                      range(workers)))
     return out
+
+
+# Fewest rows per thread worth a thread of ``spread_fixed``.
+SPREAD_ROWS_PER_THREAD = 4096
 
 
 def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
@@ -731,21 +793,11 @@ def fixed_charges(grid: Grid, total: np.ndarray) -> np.ndarray:
     return total.astype(np.float64) / grid.charge_scale
 
 
-def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> np.ndarray:
-    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks).
-    ``workers`` threads each spread a contiguous share of the rows; the fixed-point sum makes the result the same
-    for any ``workers``."""
-    workers = max(1, min(_thread_count(workers), (r1 - r0) // 4096 or 1))
-    if workers == 1:
-        return fixed_charges(grid, spread_fixed(grid, Y, r0, r1))
-    Y = np.ascontiguousarray(Y, dtype=np.float64)
-    cuts = np.linspace(r0, r1, workers + 1).astype(np.int64)
-    with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(lambda k: spread_fixed(grid, Y, int(cuts[k]), int(cuts[k + 1])), range(workers)))
-    total = parts[0]
-    for part in parts[1:]:
-        total += part
-    return fixed_charges(grid, total)
+def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1, visit: tuple | None = None) -> np.ndarray:
+    """Unit charges of rows ``[r0, r1)`` on the grid nodes, ``(n_nodes,)`` float64: partial (sum over blocks),
+    spread by ``workers`` threads (``spread_fixed``; ``visit`` as there); the fixed-point sum makes the result
+    the same for any ``workers``."""
+    return fixed_charges(grid, spread_fixed(grid, Y, r0, r1, workers=workers, visit=visit))
 
 
 def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
@@ -783,20 +835,34 @@ def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(kernel(deltas, sigma), padded))
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_spectrum(kernel, nodes, padded, spacings, sigma, workers) -> np.ndarray:
-    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
-    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
-    spectrum.flags.writeable = False
-    return spectrum
+# Kernel spectra kept (``kernel_spectrum``): two grids' worth for t-SNE and SNE (three kernels each), so that an
+# optimiser whose trial steps alternate between two box counts reuses both (~33 MB each at N = 7.7e5).
+SPECTRUM_CACHE = 6
+_spectra: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+_spectra_lock = threading.Lock()
 
 
 def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
     """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
     ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
-    (``make_grid``), so the last few spectra are kept and reused while the box count is unchanged (two of an
-    evaluation's eight FFTs for t-SNE)."""
-    return _cached_spectrum(kernel, *_kernel_key(grid), workers)
+    (``make_grid``), so the last ``SPECTRUM_CACHE`` spectra are kept, keyed by the kernel and what its values
+    depend on (``_kernel_key``: node counts, FFT lengths, spacing, sigma), and reused while the box count is
+    unchanged (two of an evaluation's eight FFTs for t-SNE; every trial of a line search that keeps the box
+    count).  Not by ``workers``: scipy's transforms give the same values on any number of threads."""
+    key = (kernel, *_kernel_key(grid))
+    with _spectra_lock:
+        if key in _spectra:
+            _spectra.move_to_end(key)
+            return _spectra[key]
+    nodes, padded, spacings, sigma = key[1:]
+    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
+    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
+    spectrum.flags.writeable = False
+    with _spectra_lock:
+        _spectra[key] = spectrum
+        while len(_spectra) > SPECTRUM_CACHE:
+            _spectra.popitem(last=False)
+    return spectrum
 
 
 def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
@@ -889,6 +955,15 @@ class Convolution(NamedTuple):
     z: float
 
 
+def _on_threads(fn, workers: int) -> None:
+    """``fn(t)`` for ``t < workers``, on that many threads (here if one)."""
+    if workers == 1:
+        fn(0)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fn, range(workers)))
+
+
 def _thread_count(workers: int) -> int:
     """``workers`` as a thread count (scipy's ``-1``: every CPU this process may use)."""
     return len(os.sched_getaffinity(0)) if workers < 0 else max(1, int(workers))
@@ -963,25 +1038,81 @@ def near_cells(grid: Grid, Y: np.ndarray) -> NearCells | None:
     return NearCells(cell_size, n_cells, np.ascontiguousarray(Y[:, order]), np.ascontiguousarray(keys[order]))
 
 
+class GridRows(NamedTuple):
+    """The grid part of the interpolation at all rows at once (``interpolate_grid``): ``R`` ``(d, N)``, and per
+    row ``phi_z`` and whether it was interpolated (``interpolation.interpolate_range``)."""
+
+    R: np.ndarray
+    z_rows: np.ndarray
+    visited: np.ndarray
+
+
+def interpolate_grid(grid: Grid, Y: np.ndarray, potentials: np.ndarray, workers: int = 1,
+                     visit: tuple | None = None) -> GridRows:
+    """The grid part of ``interpolate`` at every row of ``Y`` in one pass (``visit``: ``grid.visit(Y, 0, N)``
+    if the caller has it, e.g. from ``spread``): the rows in their visit order split among ``workers`` threads
+    (each row writes only its own entries).  Where all rows are in one process, this replaces each row block's
+    own sort and pass (``interpolate``'s ``grid_rows``): box by box over all N rows, consecutive rows share
+    their boxes' nodes in cache, which a block's rows, spread over the whole layout, rarely do.  Each row's
+    values are the same either way, and ``interpolate`` sums Z over a block's rows in row order as before: the
+    results are the same bit for bit."""
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    n = Y.shape[1]
+    if potentials.shape != (grid.n_potentials, grid.n_nodes):
+        raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
+    order, _, Yv = visit if visit is not None else grid.visit(Y, 0, n)
+    plan = grid.plan
+    columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
+    maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
+    R = np.empty((grid.dims, n)) if grid.time_band is None else np.zeros((grid.dims, n))
+    z_rows = np.zeros(n)
+    visited = np.zeros(n, dtype=np.bool_)
+    Rv = np.empty((grid.dims, order.size))
+    zv = np.empty(order.size)
+    loop = (*grid._loop_args(grid.time_out), np.ascontiguousarray(potentials), columns, maps, plan.z_output,
+            np.array(plan.force, dtype=np.int64), Rv, zv)
+
+    def share(k):
+        j0, j1 = int(cuts[k]), int(cuts[k + 1])
+        interpolate_range(Yv, j0, j1, *loop)
+        to_rows(order, j0, j1, 0, Rv, zv, R, z_rows, visited)
+
+    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    cuts = np.linspace(0, order.size, workers + 1).astype(np.int64)
+    if workers == 1:
+        share(0)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(share, range(workers)))
+    return GridRows(R, z_rows, visited)
+
+
 def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: int,
-                cells: NearCells | None = None, reaction: np.ndarray | None = None):
+                cells: NearCells | None = None, reaction: np.ndarray | None = None,
+                grid_rows: GridRows | None = None):
     """Rows ``[r0, r1)`` of the repulsion ``R`` (``(d, r1 - r0)``) and their part of Z, from the potentials
     (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given).
     When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
     and Z is that summed over blocks plus ``Convolution.z``.  On a time-banded grid (``grid.outliers``) the rows'
     pairs with the outliers are summed directly (``interpolation.time_outlier_rows``) and their reactions on the
     outliers added to ``reaction`` (``(d, n_out)``, required then): summed over all row blocks, it is added to R's
-    outlier columns (``grid.outliers``) by the caller."""
+    outlier columns (``grid.outliers``) by the caller.  ``grid_rows``: ``interpolate_grid``'s pass over all rows,
+    whose rows ``[r0, r1)`` then replace this block's own (``potentials`` unused)."""
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     if potentials.shape != (grid.n_potentials, grid.n_nodes):
         raise ValueError(f"potentials must have shape {(grid.n_potentials, grid.n_nodes)}, got {potentials.shape}")
     plan = grid.plan
-    columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
-    maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
-    R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
-    z = interpolate_rows(Y, grid.visit_order(Y, r0, r1), r0, *grid._loop_args(grid.time_out),
-                         np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
-                         np.array(plan.force, dtype=np.int64), R)
+    if grid_rows is not None:
+        R = grid_rows.R[:, r0:r1].copy()
+        z = z_sum(grid_rows.z_rows, grid_rows.visited, r0, r1, plan.z_output, grid.self_weight)
+    else:
+        columns = np.array([column for column, _ in plan.outputs], dtype=np.int64)
+        maps = np.array([time_map for _, time_map in plan.outputs], dtype=np.int64)
+        R = np.empty((grid.dims, r1 - r0)) if grid.time_band is None else np.zeros((grid.dims, r1 - r0))
+        order, _, Yv = grid.visit(Y, r0, r1)
+        z = interpolate_visited(Yv, order, r0, *grid._loop_args(grid.time_out),
+                                np.ascontiguousarray(potentials), columns, maps, plan.z_output, grid.self_weight,
+                                np.array(plan.force, dtype=np.int64), R)
     if grid.capped:
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims
