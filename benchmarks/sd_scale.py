@@ -53,18 +53,21 @@ HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 10, "tol": 0.0, "window": 
 
 def candidate(spec: str):
     """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
-    (``SPECTRAL_AT_SCALE``) or ``hybrid`` (``HYBRID``), each optionally followed by ``:key=value,...`` overrides
-    (JSON values), e.g. ``hybrid:spectral_iterations=10,tol=1e-4``."""
+    (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``) or ``sd0`` (``LineSearchDescent``'s defaults), each
+    optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
+    ``hybrid:spectral_iterations=10,tol=1e-4``."""
     import json
 
     name, _, extra = spec.partition(":")
-    base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID}[name]
+    base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID,
+            "sd0": {"optimizer": "sd"}}[name]
     overrides = {}
     for item in [x for x in extra.split(",") if x]:
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value)
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
-              "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID"}
+              "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
+              "sd0": "scalemb sd, its defaults"}
     label = labels[name] + (f" {extra}" if extra else "")
     return label, {**base, **overrides}
 

@@ -63,6 +63,8 @@ AUTO_LU_MAX_POINTS = 20_000
 # PCG with a multigrid preconditioner rebuilds it (a set-up costs many V-cycles) only once CG needs more than
 # this many iterations, or when the curvature is refreshed (``refactor_every``).
 AMG_REFRESH_AFTER = 20
+# cg_tol='auto' (inexact Newton, ``LineSearchDescent._forcing``): the range of CG's relative tolerance.
+EW_MIN, EW_MAX = 1e-3, 0.5
 
 
 @dataclass
@@ -99,6 +101,8 @@ class DescentState(OptimizerState):
     factor_alpha: float | None
     factor_ordered: bool
     gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
+    forcing: float | None = None  # cg_tol='auto': the last CG tolerance (Eisenstat-Walker forcing term)
+    gradient_norm: float | None = None  # cg_tol='auto': the space gradient's norm at the last solve
 
     def evaluation(self):
         return Evaluation(self.kl, self.objective, self.gradient, self.z)
@@ -125,7 +129,7 @@ class LineSearchDescent:
     refresh_after: int = 4
     refactor_every: int | str = "auto"
     mu: float = 1e-5
-    cg_tol: float = 1e-3
+    cg_tol: float | str = 1e-3
     cg_maxiter: int = 50
     c: float = 1e-4
     rho: float = 0.5
@@ -160,6 +164,8 @@ class LineSearchDescent:
             raise ValueError(f"spectral_iterations must be an integer >= 0 or None, got {self.spectral_iterations!r}")
         if not 0 <= self.polish_momentum < 1:
             raise ValueError(f"polish_momentum must be in [0, 1), got {self.polish_momentum!r}")
+        if self.cg_tol != "auto" and not (isinstance(self.cg_tol, (int, float)) and self.cg_tol > 0):
+            raise ValueError(f"cg_tol must be a number > 0 or 'auto', got {self.cg_tol!r}")
         if self.direction == "gradient":
             self.name = "gd"
 
@@ -261,7 +267,31 @@ class LineSearchDescent:
         """What ``executor.factorize_curvature`` builds: the LU, or a multigrid hierarchy for PCG."""
         return "amg" if methods == ("cg", "amg") else "lu"
 
-    def _spectral(self, executor, coords, space_grad, alpha, state, previous, methods, should_stop=None):
+    def _forcing(self, s: "DescentState", space_grad: np.ndarray) -> float:
+        """CG's relative tolerance for this iteration's solve, and the state's record of it.
+
+        A number: ``cg_tol``.  ``'auto'``: inexact Newton with Eisenstat & Walker's (1996) choice 2, ``eta_k =
+        0.9 (|g_k| / |g_{k-1}|)^2``, safeguarded by ``0.9 eta_{k-1}^2`` where that exceeds 0.1 (no sudden
+        tightening) and clipped to ``[EW_MIN, EW_MAX]``: far from a minimiser the direction only needs to be
+        right to the first digit (solving to 1e-3 there bought nothing per iteration and cost many Laplacian
+        products), near one the tolerance follows the gradient's decrease, which keeps Newton-like convergence.
+        The first solve uses ``EW_MAX``."""
+        norm = float(np.linalg.norm(space_grad))
+        if self.cg_tol != "auto":
+            return float(self.cg_tol)
+        if s.forcing is None or not s.gradient_norm:
+            eta = EW_MAX
+        else:
+            eta = 0.9 * (norm / s.gradient_norm) ** 2
+            guard = 0.9 * s.forcing ** 2
+            if guard > 0.1:
+                eta = max(eta, guard)
+            eta = min(max(eta, EW_MIN), EW_MAX)
+        s.forcing, s.gradient_norm = eta, norm
+        return eta
+
+    def _spectral(self, executor, coords, space_grad, alpha, state, previous, methods, should_stop=None,
+                  tol=None):
         """Solve ``(L(C) + mu I) P = -G`` for the space block; ``state`` carries the solver between calls.
 
         ``solver='lu'``: factorise L(C) once (``curvature='fixed'``) or whenever ``state['stale']`` is set
@@ -298,7 +328,7 @@ class LineSearchDescent:
         else:
             precondition = state["factor"].solve
         cg = pcg(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
-                 tol=self.cg_tol, maxiter=self.cg_maxiter, should_stop=should_stop)
+                 tol=self.cg_tol if tol is None else tol, maxiter=self.cg_maxiter, should_stop=should_stop)
         if cg.iterations > (AMG_REFRESH_AFTER if preconditioner == "amg" else self.refresh_after):
             state.pop("factor", None)
         return cg.x
@@ -376,13 +406,16 @@ class _DescentRun(StepRun):
             before = (dict(solver_state), s.factored_at)
             if solver_state.get("stale"):
                 s.factored_at = it
+            forcing = (s.forcing, s.gradient_norm)
             try:
                 direction[:ds] = r._spectral(self.executor, s.coords, grad[:ds], s.alpha, solver_state,
-                                             s.previous_space, self.methods, self.should_stop)
+                                             s.previous_space, self.methods, self.should_stop,
+                                             tol=r._forcing(s, grad[:ds]))
             except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
                 solver_state.clear()
                 solver_state.update(before[0])
                 s.factored_at = before[1]
+                s.forcing, s.gradient_norm = forcing
                 self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
                 raise
             s.previous_space = direction[:ds].copy()
