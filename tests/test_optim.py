@@ -314,8 +314,9 @@ def test_estimator_on_features_runs_the_schedule_and_on_a_graph_the_spectral_dir
 
 
 def test_eisenstat_walker_forcing_term():
-    """``cg_tol='auto'``: the first solve at ``EW_MAX``; then ``0.9 (|g_k| / |g_k-1|)^2``, never tightened below
-    ``0.9 eta_k-1^2`` while that is above 0.1, clipped to ``[EW_MIN, EW_MAX]``; a number is used as given."""
+    """``cg_tol='auto'`` with Jacobi: the first solve at ``EW_MAX``; then ``0.9 (|g_k| / |g_k-1|)^2``, never
+    tightened below ``0.9 eta_k-1^2`` while that is above 0.1, clipped to ``[EW_MIN, EW_MAX]``; with another
+    preconditioner ``EW_MIN``; a number is used as given."""
     from scalemb.optim import DescentState, LineSearchDescent
     from scalemb.optim.descent import EW_MAX, EW_MIN
 
@@ -326,16 +327,17 @@ def test_eisenstat_walker_forcing_term():
     state = DescentState.__new__(DescentState)
     state.forcing = state.gradient_norm = None
     g = np.ones((2, 8))
-    assert rule._forcing(state, g) == EW_MAX and state.gradient_norm == pytest.approx(4.0)
-    assert rule._forcing(state, 0.5 * g) == pytest.approx(max(0.9 * 0.25, 0.9 * EW_MAX ** 2))
-    assert rule._forcing(state, 0.05 * g) == pytest.approx(0.9 * 0.01)  # 0.9 * 0.225^2 < 0.1: no safeguard
+    assert rule._forcing(state, g, "jacobi") == EW_MAX and state.gradient_norm == pytest.approx(4.0)
+    assert rule._forcing(state, 0.5 * g, "jacobi") == pytest.approx(max(0.9 * 0.25, 0.9 * EW_MAX ** 2))
+    assert rule._forcing(state, 0.05 * g, "jacobi") == pytest.approx(0.9 * 0.01)  # 0.9 * 0.225^2 < 0.1: no safeguard
     state.forcing = 0.5
-    assert rule._forcing(state, 0.005 * g) == pytest.approx(0.9 * 0.5 ** 2)  # the safeguard
+    assert rule._forcing(state, 0.005 * g, "jacobi") == pytest.approx(0.9 * 0.5 ** 2)  # the safeguard
     state.forcing = 0.01
-    assert rule._forcing(state, 1e-6 * g) == EW_MIN  # the floor
-    assert rule._forcing(state, 10 * g) == EW_MAX  # the ceiling
+    assert rule._forcing(state, 1e-6 * g, "jacobi") == EW_MIN  # the floor
+    assert rule._forcing(state, 10 * g, "jacobi") == EW_MAX  # the ceiling
     fixed = LineSearchDescent(cg_tol=0.2)
-    assert fixed._forcing(state, g) == 0.2
+    assert fixed._forcing(state, g, "jacobi") == 0.2
+    assert rule._forcing(state, g, "lu") == rule._forcing(state, g, "amg") == EW_MIN
 
 
 def test_inexact_newton_needs_fewer_cg_products_for_the_same_descent(school_affinity):

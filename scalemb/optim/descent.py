@@ -30,7 +30,9 @@ Defaults (measured on GrQc, benchmarks/optimizers.py): sparse LU of the current-
 lagged factorisation is reused: a factorisation costs ~1.5 evaluations, a solve ~0.1), unit step cap with growth
 1.2 (1.25 evaluations per iteration instead of 1.5 with the reference code's growth 1.5 and no cap), no early
 exaggeration.  ``solver='cg'`` is the matrix-free form
-(row-block Laplacian products) that a distributed executor runs.
+(row-block Laplacian products) that a distributed executor runs, and ``solver='auto'``'s from 2e4 points
+(Jacobi-preconditioned); with Jacobi it solves inexactly by default (``cg_tol='auto'``: CG's relative tolerance
+follows the gradient's decrease, Eisenstat & Walker's forcing term, ``LineSearchDescent._forcing``).
 
 At scale (issue 29): ``max_point_step = R`` bounds every point's space step to norm R (a per-point trust region,
 ``bounded_direction``): the solve moves loosely attached parts of the graph by their gradient over the smallest
@@ -129,7 +131,7 @@ class LineSearchDescent:
     refresh_after: int = 4
     refactor_every: int | str = "auto"
     mu: float = 1e-5
-    cg_tol: float | str = 1e-3
+    cg_tol: float | str = "auto"
     cg_maxiter: int = 50
     c: float = 1e-4
     rho: float = 0.5
@@ -185,12 +187,17 @@ class LineSearchDescent:
     def methods(self, n_points: int) -> tuple[str, str]:
         """``(solver, preconditioner)`` used for ``n_points`` points: ``solver='auto'`` is ``'lu'`` below
         ``AUTO_LU_MAX_POINTS`` points, otherwise ``'cg'`` preconditioned by ``preconditioner``, where the
-        default ``'lu'`` (a lagged factorisation: the size LU cannot handle) becomes ``'amg'``."""
+        default ``'lu'`` (a lagged factorisation: the size LU cannot handle) becomes ``'jacobi'``.
+
+        Jacobi, not multigrid: with the inexact solve (``cg_tol='auto'``) CG needs ~20 Laplacian products per
+        iteration with Jacobi and ~5 V-cycles with aggregation multigrid, but pyamg's V-cycle costs ~4 products
+        and its hierarchy is rebuilt as the curvature changes; per iteration the Jacobi solve was 5-36x cheaper
+        at 7.7e4 points, at an equal or lower KL per iteration (docs/design/optimisation.md)."""
         if self.solver != "auto":
             return self.solver, self.preconditioner
         if n_points < AUTO_LU_MAX_POINTS:
             return "lu", self.preconditioner
-        return "cg", "amg" if self.preconditioner == "lu" else self.preconditioner
+        return "cg", "jacobi" if self.preconditioner == "lu" else self.preconditioner
 
     def _refactor_every(self, n_points: int) -> int:
         """Iterations between factorisations.
@@ -267,18 +274,23 @@ class LineSearchDescent:
         """What ``executor.factorize_curvature`` builds: the LU, or a multigrid hierarchy for PCG."""
         return "amg" if methods == ("cg", "amg") else "lu"
 
-    def _forcing(self, s: "DescentState", space_grad: np.ndarray) -> float:
+    def _forcing(self, s: "DescentState", space_grad: np.ndarray, preconditioner: str) -> float:
         """CG's relative tolerance for this iteration's solve, and the state's record of it.
 
-        A number: ``cg_tol``.  ``'auto'``: inexact Newton with Eisenstat & Walker's (1996) choice 2, ``eta_k =
+        A number: ``cg_tol``.  ``'auto'`` with a factorisation or multigrid preconditioner: ``EW_MIN`` (1e-3:
+        CG reaches it in a few iterations there).  ``'auto'`` with Jacobi (each CG iteration a row-block Laplacian
+        product, dozens of them to 1e-3): inexact Newton with Eisenstat & Walker's (1996) choice 2, ``eta_k =
         0.9 (|g_k| / |g_{k-1}|)^2``, safeguarded by ``0.9 eta_{k-1}^2`` where that exceeds 0.1 (no sudden
-        tightening) and clipped to ``[EW_MIN, EW_MAX]``: far from a minimiser the direction only needs to be
-        right to the first digit (solving to 1e-3 there bought nothing per iteration and cost many Laplacian
-        products), near one the tolerance follows the gradient's decrease, which keeps Newton-like convergence.
-        The first solve uses ``EW_MAX``."""
+        tightening), clipped to ``[EW_MIN, EW_MAX]``; the first solve uses ``EW_MAX``.  Far from a minimiser the
+        direction only needs its first digit; at 7.7e4 points the inexact solve gave a lower KL per iteration than
+        the one to 1e-3 at 40 % of its products.  Not for the lagged-LU preconditioner: there the descent
+        converges linearly, choice 2 then stays at its ceiling and the direction degrades towards a scaled
+        gradient (SCHOOL, t-SNE: KL 0.640 after 100 iterations against 0.618 at 1e-3)."""
         norm = float(np.linalg.norm(space_grad))
         if self.cg_tol != "auto":
             return float(self.cg_tol)
+        if preconditioner != "jacobi":
+            return EW_MIN
         if s.forcing is None or not s.gradient_norm:
             eta = EW_MAX
         else:
@@ -287,8 +299,8 @@ class LineSearchDescent:
             if guard > 0.1:
                 eta = max(eta, guard)
             eta = min(max(eta, EW_MIN), EW_MAX)
-        s.forcing, s.gradient_norm = eta, norm
-        return eta
+        s.forcing, s.gradient_norm = float(eta), norm
+        return float(eta)
 
     def _spectral(self, executor, coords, space_grad, alpha, state, previous, methods, should_stop=None,
                   tol=None):
@@ -410,7 +422,7 @@ class _DescentRun(StepRun):
             try:
                 direction[:ds] = r._spectral(self.executor, s.coords, grad[:ds], s.alpha, solver_state,
                                              s.previous_space, self.methods, self.should_stop,
-                                             tol=r._forcing(s, grad[:ds]))
+                                             tol=r._forcing(s, grad[:ds], self.methods[1]))
             except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
                 solver_state.clear()
                 solver_state.update(before[0])
