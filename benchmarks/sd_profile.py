@@ -81,9 +81,24 @@ def main():
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--start", default=None, help=".npy of (2, N) start coordinates")
     parser.add_argument("--workdir", default="/tmp")
+    parser.add_argument("--fft", default=None,
+                        help="FFTParams for the executor as key=value,... (e.g. points=3,box_width=1.0: openTSNE's "
+                             "node density); default: scalemb's")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     affinity, make = load(args.store)
+    if args.fft:
+        import json
+
+        from scalemb.affinity.store import AffinityStore
+        from scalemb.engine.local import LocalExecutor
+        from scalemb.models import get_model
+        from scalemb.repulsion.fft import FFTParams
+
+        params = FFTParams(**{k: json.loads(v) for k, v in (kv.split("=") for kv in args.fft.split(","))})
+        partitions = AffinityStore(args.store).partitions
+        make = lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=partitions,  # noqa: E731
+                                     repulsion="auto", fft_params=params)
     n = affinity.n_points
     start = np.load(args.start) if args.start else start_layout(args.store, make, args.workdir)
     rows = []
@@ -122,7 +137,8 @@ def main():
         print(markdown_table(header, rows[-1:]), flush=True)
     import os
 
-    lines = [machine_description(), "", f"load average: {os.getloadavg()}", "", markdown_table(header, rows)]
+    lines = [machine_description(), "", f"load average: {os.getloadavg()}; FFT: {args.fft or 'defaults'}", "",
+             markdown_table(header, rows)]
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

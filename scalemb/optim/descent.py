@@ -67,6 +67,8 @@ AUTO_LU_MAX_POINTS = 20_000
 AMG_REFRESH_AFTER = 20
 # cg_tol='auto' (inexact Newton, ``LineSearchDescent._forcing``): the range of CG's relative tolerance.
 EW_MIN, EW_MAX = 1e-3, 0.5
+# cg_maxiter='auto': CG's iteration cap per preconditioner (``LineSearchDescent._cg_maxiter``).
+AUTO_CG_MAXITER = {"jacobi": 10, "lu": 50, "amg": 50}
 
 
 @dataclass
@@ -132,7 +134,7 @@ class LineSearchDescent:
     refactor_every: int | str = "auto"
     mu: float = 1e-5
     cg_tol: float | str = "auto"
-    cg_maxiter: int = 50
+    cg_maxiter: int | str = "auto"
     c: float = 1e-4
     rho: float = 0.5
     growth: float = 1.2
@@ -166,6 +168,8 @@ class LineSearchDescent:
             raise ValueError(f"spectral_iterations must be an integer >= 0 or None, got {self.spectral_iterations!r}")
         if not 0 <= self.polish_momentum < 1:
             raise ValueError(f"polish_momentum must be in [0, 1), got {self.polish_momentum!r}")
+        if self.cg_maxiter != "auto" and not (isinstance(self.cg_maxiter, int) and self.cg_maxiter >= 1):
+            raise ValueError(f"cg_maxiter must be an integer >= 1 or 'auto', got {self.cg_maxiter!r}")
         if self.cg_tol != "auto" and not (isinstance(self.cg_tol, (int, float)) and self.cg_tol > 0):
             raise ValueError(f"cg_tol must be a number > 0 or 'auto', got {self.cg_tol!r}")
         if self.direction == "gradient":
@@ -189,7 +193,7 @@ class LineSearchDescent:
         ``AUTO_LU_MAX_POINTS`` points, otherwise ``'cg'`` preconditioned by ``preconditioner``, where the
         default ``'lu'`` (a lagged factorisation: the size LU cannot handle) becomes ``'jacobi'``.
 
-        Jacobi, not multigrid: with the inexact solve (``cg_tol='auto'``) CG needs ~20 Laplacian products per
+        Jacobi, not multigrid: with the inexact solve (``cg_tol='auto'``) CG needs 10-20 Laplacian products per
         iteration with Jacobi and ~5 V-cycles with aggregation multigrid, but pyamg's V-cycle costs ~4 products
         and its hierarchy is rebuilt as the curvature changes; per iteration the Jacobi solve was 5-36x cheaper
         at 7.7e4 points, at an equal or lower KL per iteration (docs/design/optimisation.md)."""
@@ -274,6 +278,16 @@ class LineSearchDescent:
         """What ``executor.factorize_curvature`` builds: the LU, or a multigrid hierarchy for PCG."""
         return "amg" if methods == ("cg", "amg") else "lu"
 
+    def _cg_maxiter(self, preconditioner: str) -> int:
+        """CG's iteration cap: ``cg_maxiter``, or for ``'auto'`` ``AUTO_CG_MAXITER[preconditioner]`` (10 with
+        Jacobi: a truncated Newton solve; past a compact layout Jacobi-CG's residual does not fall below the
+        right-hand side's norm within 50 iterations -- the curvature of stretched edges is tiny and mu small --
+        and at 7.7e4 points 10 iterations reached a lower KL per iteration than 50, at a fifth of the products;
+        50 with a factorisation or multigrid, which reach ``EW_MIN`` in a few)."""
+        if self.cg_maxiter == "auto":
+            return AUTO_CG_MAXITER.get(preconditioner, 50)
+        return int(self.cg_maxiter)
+
     def _forcing(self, s: "DescentState", space_grad: np.ndarray, preconditioner: str) -> float:
         """CG's relative tolerance for this iteration's solve, and the state's record of it.
 
@@ -340,7 +354,8 @@ class LineSearchDescent:
         else:
             precondition = state["factor"].solve
         cg = pcg(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
-                 tol=self.cg_tol if tol is None else tol, maxiter=self.cg_maxiter, should_stop=should_stop)
+                 tol=self.cg_tol if tol is None else tol, maxiter=self._cg_maxiter(preconditioner),
+                 should_stop=should_stop)
         if cg.iterations > (AMG_REFRESH_AFTER if preconditioner == "amg" else self.refresh_after):
             state.pop("factor", None)
         return cg.x
