@@ -364,3 +364,24 @@ def test_inexact_newton_needs_fewer_cg_products_for_the_same_descent(school_affi
     assert np.all(np.diff(auto[0].kl_history) <= 1e-12)
     assert auto[1] < 0.7 * tight[1]
     assert auto[0].kl < tight[0].kl_history[5]
+
+
+def test_polish_with_a_spectral_step_every_k_iterations(school_affinity):
+    """``polish_spectral_every=k``: the hybrid's polish phase, with every k-th iteration a spectral step and its line
+    search (the KL not above that step's start); the same run as the hybrid up to the first of them."""
+    from scalemb.optim import LineSearchDescent
+
+    with pytest.raises(ValueError, match="polish_spectral_every"):
+        LineSearchDescent(polish_spectral_every=0)
+    kw = dict(exaggeration=12.0, exaggeration_iterations=20, exaggeration_steps="momentum", max_point_step=0.5,
+              spectral_iterations=10, tol=0.0)
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    runs = {}
+    for every in (None, 10):
+        ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+        runs[every] = LineSearchDescent(polish_spectral_every=every, **kw).optimize(ex, coords, 80)
+    plain, mixed = runs[None], runs[10]
+    assert np.array_equal(plain.kl_history[:40], mixed.kl_history[:40])  # iterations 0-39; 40 is the first
+    assert not np.array_equal(plain.kl_history[41:], mixed.kl_history[41:])
+    for i in (40, 50, 60, 70):  # the spectral steps' line search: the KL does not rise
+        assert mixed.kl_history[i + 1] <= mixed.kl_history[i] + 1e-12

@@ -147,6 +147,7 @@ class LineSearchDescent:
     exaggeration_momentum: float = 0.5
     spectral_iterations: int | None = None
     polish_momentum: float = 0.8
+    polish_spectral_every: int | None = None
     tol: float = 1e-5
     window: int = 50
     max_failures: int = 3
@@ -166,6 +167,10 @@ class LineSearchDescent:
         if self.spectral_iterations is not None and (int(self.spectral_iterations) != self.spectral_iterations
                                                      or self.spectral_iterations < 0):
             raise ValueError(f"spectral_iterations must be an integer >= 0 or None, got {self.spectral_iterations!r}")
+        if self.polish_spectral_every is not None and (int(self.polish_spectral_every) != self.polish_spectral_every
+                                                       or self.polish_spectral_every < 1):
+            raise ValueError(f"polish_spectral_every must be an integer >= 1 or None, got "
+                             f"{self.polish_spectral_every!r}")
         if not 0 <= self.polish_momentum < 1:
             raise ValueError(f"polish_momentum must be in [0, 1), got {self.polish_momentum!r}")
         if self.cg_maxiter != "auto" and not (isinstance(self.cg_maxiter, int) and self.cg_maxiter >= 1):
@@ -186,6 +191,7 @@ class LineSearchDescent:
                 "exaggeration": self.exaggeration, "exaggeration_iterations": self.exaggeration_iterations,
                 "exaggeration_steps": self.exaggeration_steps, "exaggeration_momentum": self.exaggeration_momentum,
                 "spectral_iterations": self.spectral_iterations, "polish_momentum": self.polish_momentum,
+                "polish_spectral_every": self.polish_spectral_every,
                 "tol": self.tol, "window": self.window}
 
     def methods(self, n_points: int) -> tuple[str, str]:
@@ -424,8 +430,12 @@ class _DescentRun(StepRun):
         rgrad = self.geometry.riemannian_gradient(s.coords, grad)
         if r.exaggeration_steps == "momentum" and it < r.exaggeration_iterations:
             return self._momentum_step(it, rgrad)
-        if r.spectral_iterations is not None and it >= r.exaggeration_iterations + r.spectral_iterations:
-            return self._polish_step(it, rgrad)
+        polishing = r.spectral_iterations is not None and it >= r.exaggeration_iterations + r.spectral_iterations
+        if polishing:
+            since = it - r.exaggeration_iterations - r.spectral_iterations
+            if not (r.polish_spectral_every and since > 0 and since % r.polish_spectral_every == 0):
+                return self._polish_step(it, rgrad)
+            s.previous_space = None  # the momentum buffer is no warm start for the solve
         direction = np.empty_like(s.coords)
         if r.direction == "spectral":
             if it - s.factored_at >= self.refactor_every:
@@ -445,7 +455,7 @@ class _DescentRun(StepRun):
                 s.forcing, s.gradient_norm = forcing
                 self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
                 raise
-            s.previous_space = direction[:ds].copy()
+            s.previous_space = direction[:ds].copy() if not polishing else np.zeros_like(direction[:ds])
             if r.max_point_step is not None:
                 direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
         else:
@@ -515,7 +525,9 @@ class _DescentRun(StepRun):
         gradient and last update disagree in sign, ``x0.8`` otherwise, floored at 0.01; ``u <- m u - lr gains g``,
         ``m = polish_momentum``, ``lr = max(1, N/12)`` times the model's ``learning_rate_scale``, each point's
         ``u`` bounded by ``max_point_step``), time ``-time_rate g``; one evaluation per iteration, no line search.
-        Its first step starts from unit gains and no momentum (the spectral direction is no momentum buffer)."""
+        Its first step starts from unit gains and no momentum (the spectral direction is no momentum buffer).
+        ``polish_spectral_every = k``: every k-th polish iteration is a spectral step with its line search instead
+        (the gains kept, the momentum buffer restarted at zero after it)."""
         r, s, ds = self.rule, self.state, self.space_dims
         if s.gains is None:
             s.gains = np.ones((ds, self.n_points))
