@@ -53,18 +53,21 @@ HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 10, "tol": 0.0, "window": 
 
 def candidate(spec: str):
     """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
-    (``SPECTRAL_AT_SCALE``) or ``hybrid`` (``HYBRID``), each optionally followed by ``:key=value,...`` overrides
-    (JSON values), e.g. ``hybrid:spectral_iterations=10,tol=1e-4``."""
+    (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``) or ``sd0`` (``LineSearchDescent``'s defaults), each
+    optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
+    ``hybrid:spectral_iterations=10,tol=1e-4``."""
     import json
 
     name, _, extra = spec.partition(":")
-    base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID}[name]
+    base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID,
+            "sd0": {"optimizer": "sd"}}[name]
     overrides = {}
     for item in [x for x in extra.split(",") if x]:
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value)
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
-              "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID"}
+              "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
+              "sd0": "scalemb sd, its defaults"}
     label = labels[name] + (f" {extra}" if extra else "")
     return label, {**base, **overrides}
 
@@ -85,27 +88,32 @@ def warm_up(ex, coords):
     ex.laplacian_matvec(coords)
 
 
-def run_scalemb(make, optimizer, iterations, every):
+def run_scalemb(make, optimizer, iterations, every, progress=None):
     """One run from the default random start (seed 0): ``(curve [(iteration, seconds, kl)], snapshots
-    [(iteration, seconds, coords)], result)``."""
+    [(iteration, seconds, coords)], result)``.  ``progress(label_free_row)``, if given, is called with each
+    snapshot as it is taken (``(iteration, seconds, coords)``); the clock is stopped while it runs."""
     curve, snaps = [], []
     with make() as ex:
         coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
         warm_up(ex, coords)
-        start = time.perf_counter()
+        start = [time.perf_counter()]
         last = [-np.inf]
 
         def callback(it, kl):
-            curve.append((it, time.perf_counter() - start, kl))
+            curve.append((it, time.perf_counter() - start[0], kl))
 
         def checkpoint(it, export):
-            now = time.perf_counter() - start
+            now = time.perf_counter() - start[0]
             if now - last[0] >= every:
                 last[0] = now
                 snaps.append((it, now, np.array(export().coords)))
+                if progress is not None:
+                    paused = time.perf_counter()
+                    progress(snaps[-1])
+                    start[0] += time.perf_counter() - paused
 
         result = optimizer.optimize(ex, coords, iterations, callback=callback, checkpoint=checkpoint)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start[0]
     snaps.append((result.iterations, seconds, np.array(result.coords)))
     curve.append((result.iterations, seconds, result.kl))
     return curve, snaps, result
@@ -178,11 +186,19 @@ def size_section(store, args, lines):
         if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
             continue  # auto is one of the explicit schedules
         budget = args.sd_iterations if "SPECTRAL_AT_SCALE" in label else args.iterations
-        curve, snaps, result = run_scalemb(make, opt, budget, args.every)
+        scored = {}
+
+        def progress(snap, label=label, scored=scored):
+            it, seconds, coords = snap
+            scored[it] = score(affinity, coords.T, args.sample)
+            print(f"{label} | {it} | {seconds:.1f} | {scored[it][0]:.4f} | {scored[it][1]:.3f} | "
+                  f"{scored[it][2]:.0f} | load {os.getloadavg()[0]:.1f}", flush=True)
+
+        curve, snaps, result = run_scalemb(make, opt, budget, args.every, progress)
         runs[label] = curve
         print(label, result.iterations, curve[-1], flush=True)
         for it, seconds, coords in snaps:
-            kl_value, np_deg, extent = score(affinity, coords.T, args.sample)
+            kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
         finals[label] = rows[-1]
     if child is not None:

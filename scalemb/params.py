@@ -205,7 +205,7 @@ PARAMS = (
           "search; auto: the model's default, e.g. sd for tsne/snest, dbd for sne (in Python also an optimiser "
           "instance)", OPTIMIZER_NAMES, "--optimizer", "optimizer"),
     Param("solver", None, "sd: lu (sparse factorisation of the curvature), cg (matrix-free preconditioned "
-          "conjugate gradient) or auto (lu below 20000 points, cg with the amg preconditioner from there); "
+          "conjugate gradient) or auto (lu below 20000 points, cg with the jacobi preconditioner from there); "
           "default auto", SOLVERS, "--solver", "solver"),
     Param("preconditioner", None, "sd with cg: lu (a lagged factorisation, default), amg (aggregation multigrid) "
           "or jacobi", PRECONDITIONERS, "--preconditioner", "preconditioner"),

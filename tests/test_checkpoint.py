@@ -59,6 +59,12 @@ def assert_same_result(a, b):
                           "exaggeration": 12.0, "exaggeration_iterations": 20, "exaggeration_steps": "momentum",
                           "spectral_iterations": 10, "tol": 0.0}),
     ("sd", "snest", 2, 1, {"spectral_iterations": 30, "tol": 0.0}),
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "max_point_step": 0.5, "exaggeration": 12.0,
+                          "exaggeration_iterations": 20, "exaggeration_steps": "momentum", "spectral_iterations": 10,
+                          "polish_spectral_every": 7, "tol": 0.0}),
+    # inexact Newton: CG's tolerance from the last solve's (Eisenstat-Walker), both kept in the state
+    ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "cg_tol": "auto", "max_point_step": 0.5,
+                          "tol": 0.0}),
     ("gd", "snest", 2, 1, {}),
 ])
 def test_optimizer_state_round_trip_is_exact(school_affinity, name, model, ds, dt, options):

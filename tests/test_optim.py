@@ -311,3 +311,77 @@ def test_estimator_on_features_runs_the_schedule_and_on_a_graph_the_spectral_dir
     P = grqc().P
     graph = scalemb.TSNE(max_iter=3, random_state=0, affinity="graph").fit(P)
     assert graph.result_.optimizer["optimizer"] == "sd"
+
+
+def test_eisenstat_walker_forcing_term():
+    """``cg_tol='auto'`` with Jacobi: the first solve at ``EW_MAX``; then ``0.9 (|g_k| / |g_k-1|)^2``, never
+    tightened below ``0.9 eta_k-1^2`` while that is above 0.1, clipped to ``[EW_MIN, EW_MAX]``; with another
+    preconditioner ``EW_MIN``; a number is used as given."""
+    from scalemb.optim import DescentState, LineSearchDescent
+    from scalemb.optim.descent import EW_MAX, EW_MIN
+
+    for bad in (0.0, -1.0, "tight", None):
+        with pytest.raises(ValueError, match="cg_tol"):
+            LineSearchDescent(cg_tol=bad)
+    rule = LineSearchDescent(cg_tol="auto")
+    state = DescentState.__new__(DescentState)
+    state.forcing = state.gradient_norm = None
+    g = np.ones((2, 8))
+    assert rule._forcing(state, g, "jacobi") == EW_MAX and state.gradient_norm == pytest.approx(4.0)
+    assert rule._forcing(state, 0.5 * g, "jacobi") == pytest.approx(max(0.9 * 0.25, 0.9 * EW_MAX ** 2))
+    assert rule._forcing(state, 0.05 * g, "jacobi") == pytest.approx(0.9 * 0.01)  # 0.9 * 0.225^2 < 0.1: no safeguard
+    state.forcing = 0.5
+    assert rule._forcing(state, 0.005 * g, "jacobi") == pytest.approx(0.9 * 0.5 ** 2)  # the safeguard
+    state.forcing = 0.01
+    assert rule._forcing(state, 1e-6 * g, "jacobi") == EW_MIN  # the floor
+    assert rule._forcing(state, 10 * g, "jacobi") == EW_MAX  # the ceiling
+    fixed = LineSearchDescent(cg_tol=0.2)
+    assert fixed._forcing(state, g, "jacobi") == 0.2
+    assert rule._forcing(state, g, "lu") == rule._forcing(state, g, "amg") == EW_MIN
+
+
+def test_inexact_newton_needs_fewer_cg_products_for_the_same_descent(school_affinity):
+    """``cg_tol='auto'`` on the matrix-free solver: the KL falls as with a tight fixed tolerance while CG runs
+    fewer Laplacian products per iteration."""
+    from scalemb.optim import LineSearchDescent
+
+    results = {}
+    for tol in (1e-6, "auto"):
+        ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+        calls = [0]
+        matvec = ex.laplacian_matvec
+
+        def counted(V, matvec=matvec, calls=calls):
+            calls[0] += 1
+            return matvec(V)
+
+        ex.laplacian_matvec = counted
+        coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+        run = LineSearchDescent(solver="cg", preconditioner="jacobi", cg_tol=tol, cg_maxiter=200,
+                                tol=0.0).optimize(ex, coords, 40)
+        results[tol] = (run, calls[0])
+    tight, auto = results[1e-6], results["auto"]
+    assert np.all(np.diff(auto[0].kl_history) <= 1e-12)
+    assert auto[1] < 0.7 * tight[1]
+    assert auto[0].kl < tight[0].kl_history[5]
+
+
+def test_polish_with_a_spectral_step_every_k_iterations(school_affinity):
+    """``polish_spectral_every=k``: the hybrid's polish phase, with every k-th iteration a spectral step and its line
+    search (the KL not above that step's start); the same run as the hybrid up to the first of them."""
+    from scalemb.optim import LineSearchDescent
+
+    with pytest.raises(ValueError, match="polish_spectral_every"):
+        LineSearchDescent(polish_spectral_every=0)
+    kw = dict(exaggeration=12.0, exaggeration_iterations=20, exaggeration_steps="momentum", max_point_step=0.5,
+              spectral_iterations=10, tol=0.0)
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    runs = {}
+    for every in (None, 10):
+        ex = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+        runs[every] = LineSearchDescent(polish_spectral_every=every, **kw).optimize(ex, coords, 80)
+    plain, mixed = runs[None], runs[10]
+    assert np.array_equal(plain.kl_history[:40], mixed.kl_history[:40])  # iterations 0-39; 40 is the first
+    assert not np.array_equal(plain.kl_history[41:], mixed.kl_history[41:])
+    for i in (40, 50, 60, 70):  # the spectral steps' line search: the KL does not rise
+        assert mixed.kl_history[i + 1] <= mixed.kl_history[i] + 1e-12

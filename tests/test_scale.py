@@ -25,12 +25,19 @@ def grqc():
     return load_affinity(None)
 
 
-def test_auto_solver_is_lu_at_grqc_size_and_multigrid_cg_beyond():
+def test_auto_solver_is_lu_at_grqc_size_and_jacobi_cg_beyond():
     sd = LineSearchDescent()
     assert sd.solver == "auto"
     assert sd.methods(5241) == ("lu", "lu")  # GrQc keeps its factorisation and its results
     assert sd.methods(AUTO_LU_MAX_POINTS - 1) == ("lu", "lu")
-    assert sd.methods(AUTO_LU_MAX_POINTS) == ("cg", "amg")
+    assert sd.methods(AUTO_LU_MAX_POINTS) == ("cg", "jacobi")
+    assert sd.cg_tol == "auto"  # inexact Newton
+    assert (sd._cg_maxiter("jacobi"), sd._cg_maxiter("amg"), LineSearchDescent(cg_maxiter=7)._cg_maxiter("jacobi")) \
+        == (10, 50, 7)  # truncated with Jacobi
+    for bad in (0, 2.5, "many"):
+        with pytest.raises(ValueError, match="cg_maxiter"):
+            LineSearchDescent(cg_maxiter=bad)
+    assert LineSearchDescent(preconditioner="amg").methods(10 ** 6) == ("cg", "amg")
     assert LineSearchDescent(preconditioner="jacobi").methods(10 ** 6) == ("cg", "jacobi")
     assert LineSearchDescent(solver="lu").methods(10 ** 6) == ("lu", "lu")
     assert LineSearchDescent(solver="cg").methods(100) == ("cg", "lu")

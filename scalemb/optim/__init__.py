@@ -9,8 +9,8 @@ from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (delta-bar-delta for t-SNE and
 # SNEST).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
-# iterations; from here on the LU fills in (PCG + multigrid instead: ~36 V-cycles per iteration at 7.7e4 points)
-# and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
+# iterations; from here on the LU fills in (Jacobi-preconditioned inexact CG instead: ~10-20 Laplacian products per
+# iteration) and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
 # gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
 # P made from distances between points (a kNN affinity of feature rows, a kNN pair, a distance matrix) gets the
