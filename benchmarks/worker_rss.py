@@ -13,7 +13,6 @@ object type (``gc.get_objects``) and by allocation site (``tracemalloc``, starte
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
