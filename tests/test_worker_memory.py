@@ -38,6 +38,10 @@ def _factor_bytes(dask_worker=None) -> int:
     return 0
 
 
+def _execute_digests(dask_worker=None) -> int:
+    return sum(1 for k in dask_worker.digests_total if isinstance(k, tuple) and k[0] == "execute")
+
+
 def _rss(client) -> int:
     (rss,) = client.run(_worker_rss).values()
     return rss
@@ -95,5 +99,9 @@ def test_a_workers_memory_is_bounded_over_many_spectral_direction_jobs(store, st
     results = [job(seed) for seed in range(8)]
     grown = _rss(processes.client) - before
     assert all(np.isfinite(r.embedding).all() for r in results)
+    (execute_keys,) = processes.client.run(_execute_digests).values()
+    # each ended job's per-span task statistics are dropped (~1,200 keys a job before): what is left is the last
+    # job's tail, the tasks that finished while it closed
+    assert execute_keys < 300, execute_keys
     assert grown < 4 * size, f"the worker grew by {grown / 2**20:.1f} MiB over 8 jobs (a factor: " \
                              f"{size / 2**20:.2f} MiB)"
