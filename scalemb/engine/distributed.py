@@ -39,6 +39,7 @@ import hashlib
 import logging
 import operator
 import pickle
+import threading
 import time
 import uuid
 from concurrent.futures import CancelledError
@@ -108,6 +109,42 @@ def entropy_partition(block: RowBlock) -> float:
     return block.entropy_term()
 
 
+_FACTOR_THREAD = None  # this process's one thread for SuperLU (``_factor_thread``)
+_FACTOR_LOCK = threading.Lock()
+
+
+def _factor_thread():
+    """The single thread in which this process builds, uses and frees every ``WorkerFactor``'s solver.
+
+    Why: SciPy's SuperLU (``splu``, and pyamg's coarsest level) records each block it allocates in a registry
+    of the *thread* that allocates it, and its free releases a block only if the *freeing* thread's registry holds
+    it (``scipy/sparse/linalg/_dsolve/_superlu_utils.c``; scipy issue 15921).  A Dask worker runs tasks in its
+    executor's threads but drops a released key's value in its event-loop thread: every factor's L and U were
+    never freed (measured: ~95 KB per factorisation of SCHOOL's 42-point Laplacian on a worker, 5-6 MB per
+    50-iteration job, a worker paused at 80 % of its memory limit after ~200 service jobs; in one process, a
+    factor built in one thread and dropped in another leaks as much, built and dropped in one thread nothing).
+    One thread for all of it, whatever thread Dask runs a task or releases a key in: every block is freed."""
+    global _FACTOR_THREAD
+    with _FACTOR_LOCK:
+        if _FACTOR_THREAD is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _FACTOR_THREAD = ThreadPoolExecutor(1, thread_name_prefix="scalemb-factor")
+        return _FACTOR_THREAD
+
+
+def _on_factor_thread(fn, *args):
+    """``fn(*args)`` on ``_factor_thread`` (directly when already there)."""
+    if threading.current_thread().name.startswith("scalemb-factor"):
+        return fn(*args)
+    return _factor_thread().submit(fn, *args).result()
+
+
+def _release(box: list) -> None:
+    """Drop the last reference, held in ``box``, in this thread (``_factor_thread``)."""
+    box.clear()
+
+
 class WorkerFactor:
     """A factorisation of ``L(C) + mu I`` (``solvers.factorize(kind, laplacian, mu, ordering)``) that can be
     pickled: it pickles as its inputs (the sparse matrix, ``mu``, the ordering it was given, ``kind``) and
@@ -120,18 +157,26 @@ class WorkerFactor:
     times, the jobs stuck).  The executor keeps the factor's dependents on its worker (``RemoteFactorization``),
     so a move should not happen; if one does, it costs one factorisation and gives the same numbers (the same
     inputs to the same deterministic factorisation), never a hang.  ``__sizeof__`` counts the arrays, so the
-    scheduler's cost of moving it is not a few bytes (which would invite work stealing)."""
+    scheduler's cost of moving it is not a few bytes (which would invite work stealing).
+
+    The solver is built, used and freed on ``_factor_thread`` only (SuperLU frees a block only in the thread
+    that allocated it: see there); the same calls in the same order, so the same numbers."""
 
     def __init__(self, kind: str, laplacian, mu: float, ordering):
         self.kind, self.laplacian, self.mu, self.given_ordering = kind, laplacian, float(mu), ordering
         self._solver = None
 
+    def _build(self):
+        from ..optim.solvers import factorize
+
+        if self._solver is None:
+            self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
+        return self._solver
+
     @property
     def solver(self):
         if self._solver is None:
-            from ..optim.solvers import factorize
-
-            self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
+            _on_factor_thread(self._build)
         return self._solver
 
     @property
@@ -139,7 +184,25 @@ class WorkerFactor:
         return self.solver.ordering
 
     def solve(self, G: np.ndarray) -> np.ndarray:
-        return self.solver.solve(G)
+        solver = self.solver
+        return _on_factor_thread(solver.solve, G)
+
+    def free(self) -> None:
+        """Free the solver now, on ``_factor_thread`` (also when the factor is garbage: ``__del__``)."""
+        box = [self.__dict__.pop("_solver", None)]
+        self._solver = None
+        if box[0] is None:
+            return
+        if threading.current_thread().name.startswith("scalemb-factor"):
+            box.clear()
+            return
+        try:
+            _factor_thread().submit(_release, box)
+        except RuntimeError:  # the interpreter is exiting (the executor refuses work): nothing to keep
+            pass
+
+    def __del__(self):
+        self.free()
 
     def __getstate__(self):
         return {"kind": self.kind, "laplacian": self.laplacian, "mu": self.mu, "given_ordering": self.given_ordering}
@@ -800,6 +863,16 @@ class DaskExecutor(Executor):
         return self._to_input(self._call(product))
 
     def close(self) -> None:
+        try:
+            self._release_futures()
+        finally:
+            try:  # statistics only: a lost scheduler or worker must not turn a finished run into a failure
+                if self.client.status == "running" and not self._holder_left():
+                    self.client.run(_forget_span_metrics, on_error="ignore")
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _release_futures(self) -> None:
         if self._halo is not None:
             _, views, needs = self._halo
             for f in list(views.values()) + list(needs.values()):
@@ -809,6 +882,27 @@ class DaskExecutor(Executor):
             for f in futures:
                 f.release()
         self._blocks, self._weights = [], None
+
+
+def _forget_span_metrics(dask_worker=None) -> int:
+    """Drop a worker's per-span task statistics of the spans none of its tasks belong to any more (runs on each
+    worker through ``client.run``, in its event loop, where they are written); returns how many.
+
+    Why: a worker adds every finished task's timings to ``digests_total`` and ``digests_max`` under
+    ``('execute', span id, task prefix, activity, unit)`` and never drops them; the scheduler opens a new
+    "default" span each time the cluster's unannotated tasks have all finished, so a run of many short waits (an
+    optimiser's iterations) opens one span per wait: a 50-iteration job left ~90 spans and ~1,200 keys, and a
+    worker grew by ~0.5 MB per job, without end (measured: 148,646 keys after ~120 service jobs).  Nothing reads
+    these on the worker (the heartbeats send ``digests_total_since_heartbeat``, a copy reset at each beat), so
+    dropping a finished span's keys loses no metric."""
+    live = {getattr(ts, "span_id", None) for ts in dask_worker.state.tasks.values()}
+    dropped = 0
+    for digests in (dask_worker.digests_total, dask_worker.digests_max):
+        stale = [k for k in digests if isinstance(k, tuple) and len(k) == 5 and k[0] == "execute" and k[1] not in live]
+        for k in stale:
+            del digests[k]
+        dropped += len(stale)
+    return dropped
 
 
 def _make_view(args, *blocks):
