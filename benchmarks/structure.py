@@ -241,9 +241,11 @@ def differing_bounds():
 
 
 def perplexity_literals():
-    out = subprocess.run(["grep", "-rn", r"30\.0\|perplexity=30", "scalemb"], cwd=ROOT, capture_output=True,
-                         text=True).stdout.splitlines()
-    return [line for line in out if "timeout" not in line]
+    """Lines writing the perplexity default 30: ``perplexity=30`` or a ``30.0`` on a line that names perplexity
+    (other 30-second constants, e.g. a lease or a log interval, are not the perplexity default)."""
+    out = subprocess.run(["grep", "-rn", "--include=*.py", r"30\.0\|perplexity=30", "scalemb"], cwd=ROOT,
+                         capture_output=True, text=True).stdout.splitlines()
+    return [line for line in out if "perplexity" in line.lower()]
 
 
 def neighbour_rules():
@@ -319,7 +321,7 @@ def main(argv=None):
         ("bounds or defaults differing between CLI and service", differing_bounds(),
          "probes each row's bounds, one step out, choices, 'bogus' on argparse and pydantic"),
         ("literal perplexity defaults", perplexity_literals(),
-         "`grep -rn \"30\\.0\\\\|perplexity=30\" scalemb \\| grep -v timeout`"),
+         "`grep -rn --include=*.py \"30\\.0\\\\|perplexity=30\" scalemb \\| grep -i perplexity`"),
         ("neighbour rule min(N-1, 3 perplexity) written", neighbour_rules(),
          "`grep -rnE \"3 \\* (self\\.)?perplexity\" scalemb` (code lines)"),
         ("functions deciding the input kind outside the resolver", input_kind_functions(),
