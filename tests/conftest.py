@@ -40,6 +40,13 @@ def dense_kl(P, coords, model, space_dims):
     return float(np.sum(P[mask] * np.log(P[mask] / Q[mask])))
 
 
+def _worker(address: str) -> subprocess.Popen:
+    """A single-threaded Dask worker process (no nanny: a killed worker stays dead) on loopback."""
+    return subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host",
+                             "127.0.0.1", "--memory-limit", "2GB"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class DaskProcesses:
     """A scheduler and ``n_workers`` single-threaded worker processes (no nanny: a killed worker stays dead)
     and a client connected to them (``client_timeout``: its connect and reconnect limit, seconds)."""
@@ -55,10 +62,7 @@ class DaskProcesses:
             time.sleep(0.1)
         time.sleep(0.2)
         self.address = json.loads(self.file.read_text())["address"]
-        self.workers = [subprocess.Popen(["dask", "worker", self.address, "--nthreads", "1", "--no-nanny",
-                                          "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "2GB"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                        for _ in range(n_workers)]
+        self.workers = [_worker(self.address) for _ in range(n_workers)]
         self.client = Client(self.address, timeout=client_timeout)
         self.client.wait_for_workers(n_workers, timeout=60)
 
@@ -101,6 +105,39 @@ def dask_cluster(tmp_path_factory):
     processes = DaskProcesses(tmp_path_factory.mktemp("dask-cluster"), 2)
     yield processes
     processes.close()
+
+
+@pytest.fixture
+def grow_dask(dask_cluster):
+    """``grow_dask(n)``: the session cluster (``dask_cluster``) with ``n`` more single-threaded worker processes of
+    this test's own (returned: the test may SIGKILL them), stopped after the test, which then leaves the session's
+    two workers as it found them.  A test that needs three workers, or one to kill, starts one process instead of
+    a scheduler and three workers (~1.5 CPU s and a second or more of wall each); tests that kill every worker or
+    the scheduler start their own cluster (``start_dask``)."""
+    session = set(dask_cluster.client.scheduler_info()["workers"])
+    assert len(session) == 2, "the session cluster lost a worker: a test killed one it does not own"
+    started = []
+
+    def grow(n_workers: int) -> list:
+        new = [_worker(dask_cluster.address) for _ in range(n_workers)]
+        started.extend(new)
+        dask_cluster.client.wait_for_workers(len(session) + len(started), timeout=60)
+        return new
+
+    yield grow
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in started:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 30  # the scheduler forgets the stopped workers before the next test
+    while set(dask_cluster.client.scheduler_info()["workers"]) != session:
+        assert time.monotonic() < deadline, "a test's own workers are still registered, or a session worker left"
+        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -76,13 +76,15 @@ def test_edge_list_and_default_store_give_the_same_run(edges):
 
 
 @pytest.mark.slow
-def test_dask_with_two_and_three_workers_gives_the_local_run(edges, dask_cluster, start_dask):
-    """A default store on the session's two workers, the edge list (a temporary store) on three: the in-process
-    run (one worker: test_distributed.test_scheduler_lost_raises_clear_error)."""
+def test_dask_with_two_and_three_workers_gives_the_local_run(edges, dask_cluster, grow_dask):
+    """A default store on the session's two workers, the edge list (a temporary store) on three (the session's
+    and one more): the in-process run (one worker: test_distributed.test_scheduler_lost_raises_clear_error)."""
     path, store = edges
     local = _run(path, n_threads=2, iterations=12, optimizer="dbd")
     _same(local, _run(store, scheduler=dask_cluster.address, iterations=12, optimizer="dbd"))
-    _same(local, _run(path, scheduler=start_dask(3).address, iterations=12, optimizer="dbd"))
+    grow_dask(1)
+    assert len(dask_cluster.client.scheduler_info()["workers"]) == 3
+    _same(local, _run(path, scheduler=dask_cluster.address, iterations=12, optimizer="dbd"))
 
 
 @pytest.mark.slow

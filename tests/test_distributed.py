@@ -105,14 +105,14 @@ def test_runs_identical_to_local(store, dask_cluster, name, options):
 
 
 @pytest.mark.slow
-def test_worker_killed_mid_run(store, start_dask):
-    """SIGKILL one of three workers mid-run: its partitions are reloaded elsewhere, same result."""
+def test_worker_killed_mid_run(store, dask_cluster, grow_dask):
+    """SIGKILL one of three workers (the session's two and one of this test's own) mid-run: its partitions are
+    reloaded elsewhere, same result."""
     with local_executor(store) as local:
         expected = run(local, make_optimizer("sd", "snest"), n_iter=60)
-    processes = start_dask(3)
+    [victim] = grow_dask(1)
+    processes = dask_cluster
     with DaskExecutor(store, get_model("snest"), 2, 1, processes.client) as dask:
-        victim = processes.workers[1]
-
         def kill_at(it, kl):
             if it == 20 and victim.poll() is None:
                 victim.send_signal(signal.SIGKILL)

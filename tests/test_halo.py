@@ -147,12 +147,12 @@ def _in_process_run(store, model, space, time_dims, seed, iterations):
 
 
 @pytest.mark.slow
-def test_three_workers_run_identical_to_local(store, start_dask):
+def test_three_workers_run_identical_to_local(store, dask_cluster, grow_dask):
     """A whole delta-bar-delta run with FFT repulsion on three workers (a two-round grid reduction and
     broadcast) ends where the in-process run ends, bit for bit."""
     start, expected = _in_process_run(store, "snest", 2, 1, seed=3, iterations=25)
-    processes = start_dask(3)
-    with DaskExecutor(store, get_model("snest"), 2, 1, processes.client, repulsion="fft") as dask:
+    grow_dask(1)
+    with DaskExecutor(store, get_model("snest"), 2, 1, dask_cluster.client, repulsion="fft") as dask:
         got = make_optimizer("dbd", "snest").optimize(dask, start, 25)
         assert len(dask._halo[0].workers) == 3
         assert dask.stats["halo_evaluations"] >= 25
@@ -162,16 +162,15 @@ def test_three_workers_run_identical_to_local(store, start_dask):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["take_columns", "add_grids", "relay"])
-def test_worker_killed_inside_the_exchange_recovers_identical(store, start_dask, monkeypatch, stage):
+def test_worker_killed_inside_the_exchange_recovers_identical(store, dask_cluster, grow_dask, monkeypatch, stage):
     """SIGKILL a worker in the middle of an evaluation's halo exchange (``take_columns``: workers cutting each
     other's halo pieces), its grid reduction (``add_grids``) or the potentials' broadcast (``relay``): the
     evaluation is repeated on the two workers left and the run ends where the in-process run ends, bit for bit."""
     import signal
 
     start, expected = _in_process_run(store, "tsne", 2, 0, seed=5, iterations=20)
-    processes = start_dask(3)
-    victim = processes.workers[1]
-    with DaskExecutor(store, get_model("tsne"), 2, 0, processes.client, repulsion="fft") as dask:
+    [victim] = grow_dask(1)  # three workers: the session's two and this one
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
         submit = dask._submit
         target = getattr(halo, stage)
 

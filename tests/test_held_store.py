@@ -113,12 +113,13 @@ def _runs_on_cluster(store, client, *, n_iter=40, checkpoint=None, callback=None
 
 
 @pytest.mark.slow
-def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, start_dask):
+def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, dask_cluster, grow_dask):
     """Before any checkpoint, a worker lost rewinds the run to its start, re-derived from the recipe it was
-    given (no copy kept): the run ends as the uninterrupted one."""
-    processes = start_dask(3)
+    given (no copy kept): the run ends as the uninterrupted one (three workers: the session's two and one of
+    this test's own, the one killed)."""
+    [victim] = grow_dask(1)
+    processes = dask_cluster
     expected, _ = _runs_on_cluster(store, processes.client, n_iter=25)
-    victim = processes.workers[2]
 
     def kill_at(it, kl):
         if it == 12 and victim.poll() is None:
@@ -134,12 +135,13 @@ def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, start_d
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["checkpoint", "final"])
 def test_a_worker_killed_while_rows_are_written_or_gathered_rewinds_to_the_checkpoint(
-        store, reference, start_dask, tmp_path, monkeypatch, moment):
+        store, reference, dask_cluster, grow_dask, tmp_path, monkeypatch, moment):
     """A worker SIGKILLed during a checkpoint's write (between its two rounds) or during the final export: the
     half-written version is removed, the run rewinds to the last complete checkpoint (read back by the workers
-    alive) and ends bit-identical to the uninterrupted run; nothing half-written stays in the store."""
-    processes = start_dask(3)
-    victim = processes.workers[1]
+    alive) and ends bit-identical to the uninterrupted run; nothing half-written stays in the store (three
+    workers: the session's two and one of this test's own, the one killed)."""
+    [victim] = grow_dask(1)
+    processes = dask_cluster
     seen = []
 
     def kill():
@@ -202,7 +204,7 @@ def test_a_worker_killed_while_rows_are_written_or_gathered_rewinds_to_the_check
 
 @pytest.mark.slow
 def test_the_scheduler_killed_mid_run_exits_clearly_and_resumes_from_the_checkpoint(store, reference, start_dask,
-                                                                                   tmp_path):
+                                                                                   dask_cluster, tmp_path):
     from dask import config as dask_config
 
     processes = start_dask(2, client_timeout=5)
@@ -231,7 +233,6 @@ def test_the_scheduler_killed_mid_run_exits_clearly_and_resumes_from_the_checkpo
     assert "lost the Dask scheduler" in done.stderr and "Traceback" not in done.stderr
     checkpoint = read_checkpoint(out)
     assert checkpoint is not None and checkpoint.iteration >= 10
-    others = start_dask(2)
-    resumed = run_cli("resume", out, "--scheduler", others.address, "--quiet")
+    resumed = run_cli("resume", out, "--scheduler", dask_cluster.address, "--quiet")  # on another cluster
     assert resumed.returncode == 0, resumed.stderr
     assert_same_result(scalemb.EmbeddingResult.load(out), reference)

@@ -271,9 +271,16 @@ def test_an_interrupted_run_publishes_nothing(s3, edges, tmp_path):
                              "--model", "tsne", "--iterations", "100000", "--tol", "0", "--checkpoint-every", "5"],
                             env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+    lines = []  # SIGINT once the optimisation has logged an iteration (checkpoints every 5): during the run
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        lines.append(proc.stderr.readline())
+        if " iteration " in lines[-1] or not lines[-1]:
+            break
+    assert proc.poll() is None, "".join(lines)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
+    err = "".join(lines) + err
     assert proc.returncode in (75, 130), err
     assert f"nothing published at {url}" in err
     assert fs.find(f"{s3.bucket[5:]}/stopped.zarr") == []
