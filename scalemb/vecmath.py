@@ -21,8 +21,7 @@ and then (placement's free phase, rows of 3-7 non-zeros, where a kernel's buffer
 So a kernel puts every buffer such a loop stores to in the rows of one ``scratch`` block, ``SCRATCH_GAP``
 doubles clear of each other and of anything allocated before, and copies there what such a loop reads while it
 stores to an array it was given: the test then always passes and the vector loop always runs.  (Summing in a
-loop of its own would not need the gaps, but cost the all-pairs repulsion kernel 1.2-1.5x: two more passes over
-each row.)
+loop of its own would need no gaps, but adds two passes over every row of the all-pairs kernel.)
 """
 import numpy as np
 from llvmlite import ir
