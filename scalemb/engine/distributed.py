@@ -119,11 +119,8 @@ def _factor_thread():
     Why: SciPy's SuperLU (``splu``, and pyamg's coarsest level) records each block it allocates in a registry
     of the *thread* that allocates it, and its free releases a block only if the *freeing* thread's registry holds
     it (``scipy/sparse/linalg/_dsolve/_superlu_utils.c``; scipy issue 15921).  A Dask worker runs tasks in its
-    executor's threads but drops a released key's value in its event-loop thread: every factor's L and U were
-    never freed (measured: ~95 KB per factorisation of SCHOOL's 42-point Laplacian on a worker, 5-6 MB per
-    50-iteration job, a worker paused at 80 % of its memory limit after ~200 service jobs; in one process, a
-    factor built in one thread and dropped in another leaks as much, built and dropped in one thread nothing).
-    One thread for all of it, whatever thread Dask runs a task or releases a key in: every block is freed."""
+    executor's threads but drops a released key's value in its event-loop thread, so no factor's L and U was
+    ever freed and a worker's memory grew with every job.  One thread for all of it, whatever thread Dask runs a task or releases a key in: every block is freed."""
     global _FACTOR_THREAD
     with _FACTOR_LOCK:
         if _FACTOR_THREAD is None:
@@ -891,8 +888,7 @@ def _forget_span_metrics(dask_worker=None) -> int:
     Why: a worker adds every finished task's timings to ``digests_total`` and ``digests_max`` under
     ``('execute', span id, task prefix, activity, unit)`` and never drops them; the scheduler opens a new
     "default" span each time the cluster's unannotated tasks have all finished, so a run of many short waits (an
-    optimiser's iterations) opens one span per wait: a 50-iteration job left ~90 spans and ~1,200 keys, and a
-    worker grew by ~0.5 MB per job, without end (measured: 148,646 keys after ~120 service jobs).  Nothing reads
+    optimiser's iterations) opens one span per wait and a worker's statistics grow with every job.  Nothing reads
     these on the worker (the heartbeats send ``digests_total_since_heartbeat``, a copy reset at each beat), so
     dropping a finished span's keys loses no metric."""
     live = {getattr(ts, "span_id", None) for ts in dask_worker.state.tasks.values()}
