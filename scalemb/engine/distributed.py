@@ -120,7 +120,8 @@ def _factor_thread():
     of the *thread* that allocates it, and its free releases a block only if the *freeing* thread's registry holds
     it (``scipy/sparse/linalg/_dsolve/_superlu_utils.c``; scipy issue 15921).  A Dask worker runs tasks in its
     executor's threads but drops a released key's value in its event-loop thread, so no factor's L and U was
-    ever freed and a worker's memory grew with every job.  One thread for all of it, whatever thread Dask runs a task or releases a key in: every block is freed."""
+    ever freed and a worker's memory grew with every job.  One thread for all of it, whatever thread Dask runs
+    a task or releases a key in: every block is freed."""
     global _FACTOR_THREAD
     with _FACTOR_LOCK:
         if _FACTOR_THREAD is None:
