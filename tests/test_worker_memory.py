@@ -1,5 +1,8 @@
 """A Dask worker's memory stays bounded over many jobs (issue 33: a worker grew by every job's curvature
 factorisations until it paused at 80 % of its memory limit).  Real scheduler and worker processes."""
+import sys
+
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -9,6 +12,10 @@ from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 
 from .test_distributed import store  # noqa: F401 - the module's store fixture
+
+# The probes below run on worker processes, which cannot import the ``tests`` package (CI runs pytest from the
+# repository root without putting it on the workers' path): ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _worker_rss(dask_worker=None) -> int:
