@@ -33,7 +33,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .._version import __version__
-from ..datasets import DATASETS
+from ..run.inputs import input_kind, is_dataset
 from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
@@ -262,7 +262,7 @@ def _affinity_kind(job, input_path: str) -> str:
     """The job's affinity once its input is known ('auto' resolved: ``scalemb.service.features``); a feature file
     is read and checked here, so bad input is refused (422, naming the field or the file and line) before
     anything is queued or written."""
-    from ..run.inputs import check_knn_settings, input_kind
+    from ..run.inputs import check_knn_settings
     from .features import check_features
 
     path = input_path if not Path(input_path).is_absolute() else Path(input_path)  # a dataset stays a name
@@ -279,12 +279,12 @@ def _affinity_kind(job, input_path: str) -> str:
 def _input_snapshot(root: Path, relative: str) -> dict:
     """The job-record fields of input ``relative`` (a confined path): ``input_path``, the snapshot the job
     reads, ``snapshot`` (the same: the reference that keeps it) and ``input_sha256``; 422 for a directory that
-    is not an affinity store."""
-    from ..affinity.store import is_affinity_store
-
+    is not an affinity store (``scalemb.run.inputs.input_kind``: the one rule)."""
     path = confine(root, relative)
-    if path.is_dir() and not is_affinity_store(path):
-        raise HTTPException(422, f"input {relative!r} is a directory but not an affinity store")
+    try:
+        input_kind(path, "auto", "service", shown=repr(relative))
+    except ValueError as exc:
+        raise HTTPException(422, f"input {exc}") from None
     key, copy = snapshot(root, path)
     return {"input_path": str(copy), "snapshot": str(copy), "input_sha256": key}
 
@@ -555,7 +555,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Queue an embedding job; 429 when the queue is full."""
         params = job.model_dump()
         with state["runner"].submit_lock.shared():
-            if job.input in DATASETS and not (root / job.input).exists():
+            if is_dataset(job.input, root):
                 params.update(input_path=job.input, input_sha256=None)  # package data: immutable
             elif is_url(job.input):
                 params.update(_remote_snapshot(root, job.input, config.storage))

@@ -41,9 +41,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..affinity.store import is_affinity_store
 from ..run import Runner, RunSpec
-from ..run.inputs import plan_of
+from ..run.inputs import input_kind, plan_of
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
 from .database import Database, database_error_types
@@ -497,7 +496,8 @@ class JobRunner:
             touch(Path(params["store_path"]))
             return params["store_path"]
         source, knn = params["input_path"], knn_settings(params)
-        if is_affinity_store(source) or (self.scheduler is None and knn is None):
+        if input_kind(source, params.get("affinity", "auto"), "service") == "precomputed" or (
+                self.scheduler is None and knn is None):
             return source
         path = str(ensure_store(self.data_root, source, params["graph_affinity"], knn=knn, n_jobs=self.n_threads))
         self.store.update(job_id, params={**params, "store_path": path})
