@@ -17,7 +17,6 @@ half-written.
 """
 import hmac
 import sys
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPBearer
 
 from .._version import __version__
+from ..errors import ScalembError
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
 from .inputs import STORAGE_STATUS
 from .jobs import LEASE_SECONDS, JobRunner, JobStore, disk_full
 from .jsonsafe import JSONResponse
 from .routes import Service, router
-from .uploads import DISK_FULL
+from .uploads import DISK_FULL, remove_cut_off
 
 PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
@@ -123,18 +123,54 @@ def _error(status: int, detail: str, headers=None) -> JSONResponse:
 
 
 
+async def _invalid(request: Request, exc: RequestValidationError):
+    return _error(422, _one_line(exc))
+
+
+async def _storage(request: Request, exc: Exception):
+    """A full disk anywhere in a request: 507 (the handlers leave nothing half-written); an unreachable
+    database: 503; else a 500."""
+    if disk_full(exc):
+        return _error(507, f"{DISK_FULL}; nothing was stored, retry once space is freed")
+    if isinstance(exc, DatabaseUnavailable):
+        return _error(503, f"{exc.args[0]}; retry shortly", {"Retry-After": "2"})
+    raise exc
+
+
+async def _object_storage(request: Request, exc: ScalembError):
+    """The object store failed while a result was read (``scalemb.io.storage``): one line naming the URL,
+    404/403/502 as for inputs (``STORAGE_STATUS``); any other ``ScalembError`` stays what it was."""
+    kind = getattr(exc, "kind", None)
+    if kind is None:
+        raise exc
+    return _error(STORAGE_STATUS.get(kind, 502), str(exc).splitlines()[0])
+
+
+async def _guard(request: Request, call_next):
+    """Every request but the public paths needs the bearer token (401); a declared body over its limit (the
+    upload limit under ``/uploads/``) is refused before it is read (413)."""
+    config = request.app.state.service.config
+    path = request.url.path
+    if config.token is not None and path not in PUBLIC_PATHS and not path.startswith(DOCS_STATIC):
+        header = request.headers.get("authorization", "")
+        scheme, _, supplied = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), config.token.encode()):
+            return _error(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
+                          {"WWW-Authenticate": "Bearer"})
+    limit = config.max_upload_bytes if path.startswith("/uploads/") else config.max_request_bytes
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        return _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+    return await call_next(request)
+
+
 def create_app(config: ServiceConfig) -> FastAPI:
     """The service's ASGI application; the job database is opened (and migrated) here, jobs start running when
     the application starts."""
     root = Path(config.data_root).resolve()
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     (root / "uploads").mkdir(exist_ok=True)
-    for partial in (root / "uploads").glob(".*.part"):  # uploads cut off by a killed service
-        try:
-            if config.database is None or partial.stat().st_mtime < time.time() - 3600:  # replicas: not theirs
-                partial.unlink(missing_ok=True)
-        except OSError:
-            pass
+    remove_cut_off(root, shared=config.database is not None)
     database = Database(config.database, root)
     service = Service(config, root)
 
@@ -155,51 +191,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.add_middleware(BodyLimit, limit=config.max_request_bytes)
     bearer = HTTPBearer(auto_error=False, description="the service's token ($SCALEMB_TOKEN or --token-file)")
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        return _error(422, _one_line(exc))
-
-    @app.exception_handler(OSError)
-    @app.exception_handler(DatabaseUnavailable)
-    async def storage(request: Request, exc: Exception):
-        """A full disk anywhere in a request: 507 (the handlers leave nothing half-written); an unreachable
-        database: 503; else a 500."""
-        if disk_full(exc):
-            return _error(507, f"{DISK_FULL}; nothing was stored, retry once space is freed")
-        if isinstance(exc, DatabaseUnavailable):
-            return _error(503, f"{exc.args[0]}; retry shortly", {"Retry-After": "2"})
-        raise exc
-
-    from ..errors import ScalembError
-
-    @app.exception_handler(ScalembError)
-    async def object_storage(request: Request, exc: ScalembError):
-        """The object store failed while a result was read (``scalemb.io.storage``): one line naming the URL,
-        404/403/502 as for inputs (``STORAGE_STATUS``); any other ``ScalembError`` stays what it was."""
-        kind = getattr(exc, "kind", None)
-        if kind is None:
-            raise exc
-        return _error(STORAGE_STATUS.get(kind, 502), str(exc).splitlines()[0])
-
-    for error_type in database_error_types():
-        if error_type is not DatabaseUnavailable:
-            app.add_exception_handler(error_type, storage)
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        if config.token is not None and path not in PUBLIC_PATHS and not path.startswith(DOCS_STATIC):
-            header = request.headers.get("authorization", "")
-            scheme, _, supplied = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), config.token.encode()):
-                return _error(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
-                              {"WWW-Authenticate": "Bearer"})
-        limit = config.max_upload_bytes if path.startswith("/uploads/") else config.max_request_bytes
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
-        return await call_next(request)
-
+    app.add_exception_handler(RequestValidationError, _invalid)
+    for error_type in (OSError, DatabaseUnavailable, *database_error_types()):
+        app.add_exception_handler(error_type, _storage)
+    app.add_exception_handler(ScalembError, _object_storage)
+    app.middleware("http")(_guard)
     _add_docs(app)
 
     @app.get("/health", response_model=schemas.Health)

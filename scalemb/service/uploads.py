@@ -15,6 +15,54 @@ UPLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DISK_FULL = "insufficient storage: the data root's file system is full"
 
 
+class _Sink:
+    """Where an upload's bytes go: the temporary file (until the disk is full: the rest is still read, so the
+    client gets the answer, not a reset), a running size checked against ``limit`` (413), the first 4 KiB for
+    ``_sniff`` and the SHA-256."""
+
+    def __init__(self, handle, limit: int):
+        self.handle, self.limit = handle, limit
+        self.size, self.full, self.head, self.digest = 0, None, bytearray(), hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise HTTPException(413, f"upload exceeds the limit of {self.limit} bytes")
+        if len(self.head) < 4096:
+            self.head.extend(chunk[:4096 - len(self.head)])
+        self.digest.update(chunk)
+        if self.full is None:
+            try:
+                self.handle.write(chunk)
+            except OSError as exc:
+                if not disk_full(exc):
+                    raise
+                self.full = exc
+
+    def sync(self) -> None:
+        """Flush to disk, or raise the full disk's error."""
+        if self.full is not None:
+            raise self.full
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+
+async def _receive(name: str, request: Request, sink: _Sink) -> None:
+    """Stream ``request``'s body into ``sink``: as is, or the one file part of a multipart form (400 for a
+    form refused by ``_Multipart``)."""
+    content_type = request.headers.get("content-type", "")
+    form = _Multipart(content_type, sink.write) if content_type.lower().startswith("multipart/") else None
+    async for chunk in request.stream():
+        if form is None:
+            sink.write(chunk)
+        elif form.error is None:
+            form.feed(chunk)
+    if form is not None:
+        form.finish()
+        if form.error is not None:
+            raise HTTPException(400, f"uploads/{name}: {form.error}")
+
+
 async def store_upload(root: Path, name: str, request: Request, limit: int) -> dict:
     """Store ``request``'s body as ``root/uploads/NAME`` (at most ``limit`` bytes): ``schemas.Upload``'s fields,
     or ``HTTPException`` 400 (a bad name, an empty body, a form without exactly one file part, a body that does
@@ -23,44 +71,14 @@ async def store_upload(root: Path, name: str, request: Request, limit: int) -> d
         raise HTTPException(400, f"upload name {name[:80]!r}: use letters, digits, '.', '_' and '-' only")
     target = Path(root) / "uploads" / name
     tmp = target.with_name(f".{name}.{time.monotonic_ns()}.part")
-    size, full, head, digest = 0, None, bytearray(), hashlib.sha256()
     try:
         with open(tmp, "wb") as handle:
-            def write(chunk):
-                nonlocal size, full
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPException(413, f"upload exceeds the limit of {limit} bytes")
-                if len(head) < 4096:
-                    head.extend(chunk[:4096 - len(head)])
-                digest.update(chunk)
-                if full is None:
-                    try:
-                        handle.write(chunk)
-                    except OSError as exc:  # read the rest, so the client gets the answer, not a reset
-                        if not disk_full(exc):
-                            raise
-                        full = exc
-
-            content_type = request.headers.get("content-type", "")
-            form = _Multipart(content_type, write) if content_type.lower().startswith("multipart/") else None
-            async for chunk in request.stream():
-                if form is None:
-                    write(chunk)
-                elif form.error is None:
-                    form.feed(chunk)
-            if form is not None:
-                form.finish()
-                if form.error is not None:
-                    raise HTTPException(400, f"uploads/{name}: {form.error}")
-            if full is None:
-                handle.flush()
-                os.fsync(handle.fileno())
-        if full is not None:
-            raise full
-        if size == 0:
+            sink = _Sink(handle, limit)
+            await _receive(name, request, sink)
+            sink.sync()
+        if sink.size == 0:
             raise HTTPException(400, f"uploads/{name}: the body is empty; nothing was stored")
-        mismatch = _sniff(name, bytes(head))
+        mismatch = _sniff(name, bytes(sink.head))
         if mismatch is not None:
             raise HTTPException(400, f"{mismatch}; nothing was stored")
         os.replace(tmp, target)
@@ -71,8 +89,18 @@ async def store_upload(root: Path, name: str, request: Request, limit: int) -> d
         raise
     finally:
         tmp.unlink(missing_ok=True)
-    return {"input": f"uploads/{name}", "bytes": size, "sha256": digest.hexdigest()}
+    return {"input": f"uploads/{name}", "bytes": sink.size, "sha256": sink.digest.hexdigest()}
 
+
+def remove_cut_off(root: Path, shared: bool) -> None:
+    """Remove the temporary files of uploads cut off by a killed service; with a ``shared`` database (other
+    replicas may be uploading into the same root) only those untouched for an hour."""
+    for partial in (Path(root) / "uploads").glob(".*.part"):
+        try:
+            if not shared or partial.stat().st_mtime < time.time() - 3600:
+                partial.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _sniff(name: str, head: bytes) -> str | None:
