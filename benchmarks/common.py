@@ -119,7 +119,7 @@ def local_dask_cluster(workers: int, directory=None, memory_limit: str | None = 
     import json
     import tempfile
 
-    from distributed import Client
+    from dask.distributed import Client  # (not "distributed": benchmarks/distributed.py is a benchmark)
 
     own = directory is None
     d = Path(tempfile.mkdtemp(prefix="bench-dask-") if own else directory)
