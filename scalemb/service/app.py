@@ -30,7 +30,8 @@ from ..errors import ScalembError
 from . import schemas
 from .database import Database, DatabaseUnavailable, database_error_types, describe
 from .inputs import STORAGE_STATUS
-from .jobs import LEASE_SECONDS, JobRunner, JobStore, disk_full
+from .jobs import LEASE_SECONDS, JobStore, disk_full
+from .runner import JobRunner
 from .jsonsafe import JSONResponse
 from .routes import Service, router
 from .uploads import DISK_FULL, remove_cut_off

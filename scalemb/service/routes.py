@@ -16,7 +16,8 @@ from ..io.storage import is_url
 from ..run.inputs import is_dataset
 from . import schemas
 from .inputs import affinity_kind, input_snapshot, remote_snapshot
-from .jobs import ENDED, InUse, JobRunner, JobStore, QueueFull
+from .jobs import ENDED, InUse, JobStore, QueueFull
+from .runner import JobRunner
 from .requests import JobRequest, TransformRequest
 from .uploads import store_upload
 
