@@ -253,17 +253,7 @@ class JobRunner:
         while not self._stopping.wait(self.store.lease / 10):
             with self._lock:
                 held, evaluating = set(self._held), set(self._evaluating)
-            try:
-                lost, cancel = self.store.heartbeat(self.owner, held)
-                for job_id in evaluating:
-                    self.store.renew(job_id)
-                self._last_renewal = time.monotonic()
-                self.store.retry_pending()
-            except self.store._errors as exc:
-                logger.warning("renewing job leases: %s", str(exc).splitlines()[0])
-                lost, cancel = set(), set()
-                if time.monotonic() - self._last_renewal > self.store.lease * 2 / 3:
-                    lost = held  # another service may take them at the lease's end: stop writing now
+            lost, cancel = self._renew(held, evaluating)
             with self._lock:
                 for job_id in lost | cancel:
                     if job_id in cancel:
@@ -273,13 +263,32 @@ class JobRunner:
                         checkpointer.request_stop()
                 if lost:
                     self.store.lost |= lost
-            if self.retention_hours is not None and time.monotonic() - last_sweep > min(60.0, self.retention_hours
-                                                                                         * 360):
+            if self.retention_hours is not None and \
+                    time.monotonic() - last_sweep > min(60.0, self.retention_hours * 360):
                 last_sweep = time.monotonic()
-                try:
-                    self.sweep()
-                except (OSError,) + self.store._errors as exc:
-                    logger.warning("retention: %s", str(exc).splitlines()[0])
+                self._sweep_quietly()
+
+    def _renew(self, held: set, evaluating: set) -> tuple[set, set]:
+        """Renew the leases of the jobs held (and of those whose metrics are being computed): ``(lost, cancel)``,
+        the jobs another service took and those whose cancellation another replica passed on.  When the database
+        has refused renewals for two thirds of the lease, every held job counts as lost: another service may take
+        them at the lease's end, so this one stops writing now."""
+        try:
+            lost, cancel = self.store.heartbeat(self.owner, held)
+            for job_id in evaluating:
+                self.store.renew(job_id)
+            self._last_renewal = time.monotonic()
+            self.store.retry_pending()
+            return lost, cancel
+        except self.store._errors as exc:
+            logger.warning("renewing job leases: %s", str(exc).splitlines()[0])
+            return (held if time.monotonic() - self._last_renewal > self.store.lease * 2 / 3 else set()), set()
+
+    def _sweep_quietly(self) -> None:
+        try:
+            self.sweep()
+        except (OSError,) + self.store._errors as exc:
+            logger.warning("retention: %s", str(exc).splitlines()[0])
 
     def _loop(self):
         while not self._stopping.is_set():
@@ -297,37 +306,62 @@ class JobRunner:
                 self._held.add(job_id)
             self._current.job = job_id
             try:
-                self.store.log(job_id, f"claimed by {self.owner} (claim {record['claim']})")
-                if record["cancel_requested"]:
-                    shutil.rmtree(self.run_dir(job_id) / "run.zarr", ignore_errors=True)
-                    self.store.update(job_id, state="cancelled", finished=record["finished"] or time.time())
-                    self.store.log(job_id, "cancelled")
-                else:
-                    self._run(job_id)
-            except Exception as exc:  # never lose a runner thread, never leave a job "running"
-                if disk_full(exc):
-                    self._fail(job_id, exc, {})
-                else:
-                    logger.exception("job %s: runner error", job_id)
-                    if job_id not in self.store.lost:
-                        shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
-                        self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
-                                          finished=time.time())
+                self._execute(record)
             finally:
                 self._current.job = None
-                try:
-                    final = self.store.get(job_id) or {}
-                except self.store._errors:  # the database is away: the log line is not worth a runner thread
-                    final = {}
-                if final.get("state") in ENDED:
-                    self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error")
-                                                                   else ""))
-                if final.get("state") == "done" and job_id not in self.store.lost:
-                    self._start_evaluation(job_id)  # after the "done" line: the log reads in order
-                with self._lock:
-                    self._held.discard(job_id)
-                self.store.release(job_id)
+                self._release(job_id)
             self.clean_stores()
+
+    def _execute(self, record: dict) -> None:
+        """Run a claimed job (or end one cancelled while queued); any exception fails it: a runner thread is never
+        lost and a job never left "running"."""
+        job_id = record["id"]
+        try:
+            self.store.log(job_id, f"claimed by {self.owner} (claim {record['claim']})")
+            if record["cancel_requested"]:
+                shutil.rmtree(self.run_dir(job_id) / "run.zarr", ignore_errors=True)
+                self.store.update(job_id, state="cancelled", finished=record["finished"] or time.time())
+                self.store.log(job_id, "cancelled")
+            else:
+                self._run(job_id)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if disk_full(exc):
+                self._fail(job_id, exc, {})
+            else:
+                logger.exception("job %s: runner error", job_id)
+                if job_id not in self.store.lost:
+                    shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+                    self.store.update(job_id, state="failed", error=f"internal error ({type(exc).__name__})",
+                                      finished=time.time())
+
+    def _release(self, job_id: str) -> None:
+        """After a job's run: its end in its log, its metrics phase started once done, its claim released."""
+        try:
+            final = self.store.get(job_id) or {}
+        except self.store._errors:  # the database is away: the log line is not worth a runner thread
+            final = {}
+        if final.get("state") in ENDED:
+            self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error") else ""))
+        if final.get("state") == "done" and job_id not in self.store.lost:
+            self._start_evaluation(job_id)  # after the "done" line: the log reads in order
+        with self._lock:
+            self._held.discard(job_id)
+        self.store.release(job_id)
+
+    def _resume_point(self, job_id: str, run: Path):
+        """The iteration a job's existing output store resumes from (None: start afresh, an unreadable store
+        removed), or ``"finished"`` when the previous service died after the result was written."""
+        if not run.exists():
+            return None
+        try:
+            read_config(run)
+            checkpoint = read_checkpoint(run)
+            return 0 if checkpoint is None else checkpoint.iteration
+        except ScalembError as exc:
+            if "has finished" in str(exc):
+                return "finished"
+            shutil.rmtree(run, ignore_errors=True)
+            return None
 
     def _run(self, job_id: str):
         params = self.store.get(job_id)["params"]
@@ -336,19 +370,10 @@ class JobRunner:
         out_dir = self.run_dir(job_id)
         out_dir.mkdir(parents=True, exist_ok=True)
         run = out_dir / "run.zarr"
-        resume, resumed_from = False, None
-        if run.exists():
-            try:
-                read_config(run)
-                checkpoint = read_checkpoint(run)
-                resume = True
-                resumed_from = 0 if checkpoint is None else checkpoint.iteration
-            except ScalembError as exc:
-                if "has finished" in str(exc):  # the previous service died after the result was written
-                    self._finish(job_id, run)
-                    return
-                shutil.rmtree(run, ignore_errors=True)
-        if resume:
+        resumed_from = self._resume_point(job_id, run)
+        if resumed_from == "finished":
+            return self._finish(job_id, run)
+        if resumed_from is not None:
             record = self.store.get(job_id)
             self.store.update(job_id, resumed_from=resumed_from, kl_history=record["kl_history"][:resumed_from])
             self.store.log(job_id, f"resuming from the checkpoint at iteration {resumed_from}")
@@ -363,7 +388,8 @@ class JobRunner:
                 self.store.flush(job_id)
 
         embedder.on_iteration = on_iteration
-        checkpointer = Checkpointer(run, every=self.checkpoint_every, resume=resume, handle_signals=False)
+        checkpointer = Checkpointer(run, every=self.checkpoint_every, resume=resumed_from is not None,
+                                    handle_signals=False)
         with self._lock:
             if job_id in self._cancelled:
                 self.store.update(job_id, state="cancelled", finished=time.time())
@@ -373,22 +399,25 @@ class JobRunner:
             with checkpointer:
                 embedder.fit(plan_of(self._source(job_id, params), params["graph_affinity"]), checkpoint=checkpointer)
         except RunInterrupted:
-            if job_id in self.store.lost:  # another service runs it now: leave everything to it
-                return
-            if job_id in self._cancelled:
-                shutil.rmtree(run, ignore_errors=True)
-                self.store.update(job_id, state="cancelled", finished=time.time())
-            else:
-                self.store.flush(job_id)  # service stopping: stays "running", resumed on the next start
-                self.store.log(job_id, "interrupted: the service stopped; the job resumes from its checkpoint")
-            return
+            return self._interrupted(job_id, run)
         except Exception as exc:
-            self._fail(job_id, exc, params)
-            return
+            return self._fail(job_id, exc, params)
         finally:
             with self._lock:
                 self._active.pop(job_id, None)
         self._finish(job_id, run)
+
+    def _interrupted(self, job_id: str, run: Path) -> None:
+        """A run stopped between iterations: lost to another service (left to it), cancelled (removed), or this
+        service stopping (stays "running": resumed from its checkpoint on the next start)."""
+        if job_id in self.store.lost:
+            return
+        if job_id in self._cancelled:
+            shutil.rmtree(run, ignore_errors=True)
+            self.store.update(job_id, state="cancelled", finished=time.time())
+        else:
+            self.store.flush(job_id)
+            self.store.log(job_id, "interrupted: the service stopped; the job resumes from its checkpoint")
 
     def metrics(self, record: dict):
         """The done job's metrics (``metrics.json``), or ``None`` while they are computed (a background thread
