@@ -6,7 +6,7 @@ import pytest
 from scalemb.affinity import AffinityStore
 from scalemb.engine import LocalExecutor
 from scalemb.engine import halo
-from scalemb.engine.blocks import evaluate_block_fft
+from scalemb.engine.blocks import curvature_block, evaluate_block_fft, laplacian_block
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
@@ -76,6 +76,14 @@ def test_worker_functions_rebuild_the_blocks_results(store):
             assert (res.r0, res.r1) == bounds[k]
             assert np.array_equal(res.attraction, want.attraction) and np.array_equal(res.repulsion, want.repulsion)
             assert res.z == want.z and res.plogw == want.plogw
+    # a Laplacian product from the compact columns the client sends (own rows and halo): the global rows' numbers
+    V = _layout(n, 2, seed=5)
+    for w in plan.workers:
+        view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
+        weights = [curvature_block(model, blocks[k], Y, 2, 1.0, False) for k in parts[w]]
+        got = halo.laplacian_compact(view, np.ascontiguousarray(V[:, plan.columns[w]]), *weights)
+        for k, rows, c in zip(parts[w], got, weights):
+            assert np.array_equal(rows, laplacian_block(blocks[k], c, V))
 
 
 @pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0), ("snest", 2, 1)])
@@ -107,7 +115,14 @@ def test_halo_evaluation_sends_each_row_once_and_matches_local(store, dask_clust
         for ex in (local, dask):
             ex.set_curvature(Y)
         V = _layout(n, space, seed=2)
+        submitted, submit = [], dask._submit
+        dask._submit = lambda fn, *args, **kwargs: submitted.append(fn.__name__) or submit(fn, *args, **kwargs)
+        sent = dask.stats["bytes_sent"]
         assert np.array_equal(local.laplacian_matvec(V), dask.laplacian_matvec(V))
+        # one task round: a task per worker, each sent its own rows and its halo (no cutting on other workers)
+        assert submitted == ["laplacian_compact"] * 2
+        assert dask.stats["bytes_sent"] - sent == (n + halo_rows) * space * 8
+        del dask._submit
         assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
 
 
