@@ -206,6 +206,40 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, dask_cluste
 
 
 @pytest.mark.slow
+def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluster, grow_dask, monkeypatch):
+    """SIGKILL a worker while a spectral-direction CG solve's Laplacian product is in flight (its compact columns
+    scattered, its one-round task submitted): the product is repeated on the two workers left (curvature
+    recomputed where it was set) and the run ends where the in-process run ends, bit for bit."""
+    import signal
+
+    st = AffinityStore(store)
+    start = np.random.default_rng(6).normal(size=(2, st.n_points)) * 1e-4
+    options = dict(solver="cg", preconditioner="jacobi")
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local:
+        expected = make_optimizer("sd", "tsne", **options).optimize(local, start, 12)
+    [victim] = grow_dask(1)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        submit, products = dask._submit, []
+
+        def submit_and_kill(fn, *args, **kwargs):
+            if fn is halo.laplacian_compact:
+                products.append(fn)
+                if len(products) == 12 and victim.poll() is None:  # a few iterations in, mid-solve
+                    victim.send_signal(signal.SIGKILL)
+                    victim.wait()
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(dask, "_submit", submit_and_kill)
+        got = make_optimizer("sd", "tsne", **options).optimize(dask, start, 12)
+        assert victim.poll() is not None and len(products) > 12
+        assert dask.stats["recoveries"] >= 1
+        assert len(dask._halo[0].workers) == 2
+    assert np.array_equal(expected.coords, got.coords)
+    assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
+
+
+@pytest.mark.slow
 def test_task_keys_name_the_operation_and_a_users_client_stays_open(store, dask_cluster):
     """The dashboard reads as the algorithm: keys are grouped by operation (``gradient``, ``repulsion-spread``,
     ``laplacian`` ...), never by the generic per-worker wrapper.  A client handed in is used, not closed."""
