@@ -14,7 +14,8 @@ them apart.
   halo from the workers that own them.  With FFT repulsion each worker spreads its own rows' charges (fixed
   point: partial grids sum exactly in any order), the grids are summed pairwise among the workers, one worker
   convolves, the potentials go back down a tree, and each worker interpolates its own rows.  The curvature
-  weights and the Laplacian products of the spectral direction use the same exchange.  The exact all-pairs
+  weights use the same exchange; a Laplacian product of the spectral direction is one task round instead (the
+  client sends each worker its own rows and its halo of V: ``laplacian_matvec``).  The exact all-pairs
   repulsion and a capped FFT grid (whose near field reads every point) still send all of Y to every worker,
   as one scattered key *per worker*: a single ``scatter(..., broadcast=True)`` key would be thinned out by the
   Active Memory Manager's ReduceReplicas policy, after which tasks fetch it again from the one remaining holder.
