@@ -206,6 +206,27 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, dask_cluste
 
 
 @pytest.mark.slow
+def test_laplacian_product_of_a_one_worker_layout_matches_local(tmp_path, dask_cluster):
+    """A store of one partition lives on one worker (W = 1: no halo, no piece from anyone): its one-round product,
+    curvature diagonal and evaluation are the in-process numbers bit for bit (W = 2: above; W = 3: the kill test
+    below runs on three workers until the kill)."""
+    one = coauthor_store(tmp_path, 800, seed=3, n_partitions=1)
+    st = AffinityStore(one)
+    Y, V = _layout(st.n_points, 2, seed=6), _layout(st.n_points, 2, seed=7)
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local, \
+            DaskExecutor(one, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        a, b = local.evaluate(Y), dask.evaluate(Y)
+        assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
+        for ex in (local, dask):
+            ex.set_curvature(Y)
+        sent = dask.stats["bytes_sent"]
+        assert np.array_equal(local.laplacian_matvec(V), dask.laplacian_matvec(V))
+        assert len(dask._halo[0].workers) == 1 and dask.stats["bytes_sent"] - sent == V.nbytes
+        assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
+
+
+@pytest.mark.slow
 def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluster, grow_dask, monkeypatch):
     """SIGKILL a worker while a spectral-direction CG solve's Laplacian product is in flight (its compact columns
     scattered, its one-round task submitted): the product is repeated on the two workers left (curvature
