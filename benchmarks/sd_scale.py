@@ -34,6 +34,7 @@ from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.models.base import OPENTSNE_SCHEDULE
 from scalemb.optim import make_optimizer
+from scalemb.repulsion.fft import FFTParams
 
 
 # The spectral-direction candidate at scale measured here (issue 29), all of it ``LineSearchDescent`` options:
@@ -55,7 +56,8 @@ def candidate(spec: str):
     """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
     (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``) or ``sd0`` (``LineSearchDescent``'s defaults), each
     optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
-    ``hybrid:spectral_iterations=10,tol=1e-4``."""
+    ``hybrid:spectral_iterations=10,tol=1e-4``; keys ``fft_points``, ``fft_box_width``, ``fft_accuracy`` set the
+    run's FFT grid (``FFTParams``; the rest are the optimiser's)."""
     import json
 
     name, _, extra = spec.partition(":")
@@ -64,7 +66,10 @@ def candidate(spec: str):
     overrides = {}
     for item in [x for x in extra.split(",") if x]:
         key, _, value = item.partition("=")
-        overrides[key] = json.loads(value)
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:  # a bare word: the text itself (fft_accuracy=fast)
+            overrides[key] = value
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
               "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
               "sd0": "scalemb sd, its defaults"}
@@ -72,14 +77,26 @@ def candidate(spec: str):
     return label, {**base, **overrides}
 
 
-def load(store):
-    """``(affinity, executor factory)`` for a store path or ``grqc``."""
+FFT_KEYS = {"fft_points": "points", "fft_box_width": "box_width", "fft_accuracy": "accuracy"}
+
+
+def split_fft(options):
+    """``(optimiser options, FFTParams or None)`` of a candidate's options (``FFT_KEYS``)."""
+    fft = {FFT_KEYS[k]: v for k, v in options.items() if k in FFT_KEYS}
+    rest = {k: v for k, v in options.items() if k not in FFT_KEYS}
+    return rest, (FFTParams(**fft) if fft else None)
+
+
+def load(store, fft_params=None):
+    """``(affinity, executor factory)`` for a store path or ``grqc``; ``fft_params``: the executor's FFT grid
+    (None: its defaults)."""
     if store == "grqc":
         from scalemb.datasets import grqc
 
         affinity = grqc()
-        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto")
-    return AffinityStore(store).to_affinity(), lambda: executor_for(store)
+        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto",
+                                               fft_params=fft_params)
+    return AffinityStore(store).to_affinity(), lambda: executor_for(store, fft_params=fft_params)
 
 
 def warm_up(ex, coords):
@@ -169,21 +186,22 @@ def size_section(store, args, lines):
     n = affinity.n_points
     name = "ca-GrQc" if store == "grqc" else Path(store).name
     lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
-    rows, finals = [], {}
+    rows, finals, scored_curves = [], {}, {}
     options = lambda schedule: {k: v for k, v in schedule.items() if k != "optimizer"}  # noqa: E731
     candidates = []
     for spec in args.candidates.split(";"):
         label, opts = candidate(spec)
+        opts, fft_params = split_fft(opts)
         opt = make_optimizer(opts["optimizer"], "tsne", n, **options(opts))
-        candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt))
+        candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt, fft_params))
     runs = {}
     child = None
     if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
         out = Path(args.workdir) / f"opentsne_{name}.npz"
         child = subprocess.Popen([sys.executable, __file__, "--opentsne-child", store, str(out),
                                   str(args.opentsne_every)])
-    for label, opt in candidates:
-        if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
+    for index, (label, opt, fft_params) in enumerate(candidates):
+        if any((opt, fft_params) == (other, fft) for _, other, fft in candidates[:index]):
             continue  # auto is one of the explicit schedules
         budget = args.sd_iterations if "SPECTRAL_AT_SCALE" in label else args.iterations
         scored = {}
@@ -194,13 +212,14 @@ def size_section(store, args, lines):
             print(f"{label} | {it} | {seconds:.1f} | {scored[it][0]:.4f} | {scored[it][1]:.3f} | "
                   f"{scored[it][2]:.0f} | load {os.getloadavg()[0]:.1f}", flush=True)
 
-        curve, snaps, result = run_scalemb(make, opt, budget, args.every, progress)
+        curve, snaps, result = run_scalemb(load(store, fft_params)[1], opt, budget, args.every, progress)
         runs[label] = curve
         print(label, result.iterations, curve[-1], flush=True)
         for it, seconds, coords in snaps:
             kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
         finals[label] = rows[-1]
+        scored_curves[label] = [r[1:] for r in rows if r[0] == label]
     if child is not None:
         if child.wait() != 0:
             raise RuntimeError(f"openTSNE failed ({child.returncode})")
@@ -212,18 +231,24 @@ def size_section(store, args, lines):
             rows.append((label, int(it), float(seconds), kl_value, np_deg, extent))
             curve.append((int(it), float(seconds), kl_value))
         runs[label] = curve
+        scored_curves[label] = [r[1:] for r in rows if r[0] == label]
         finals[label] = rows[-1]
     lines += ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |" for r in rows]
     lines += ["", "| run | final KL | final NP@deg | wall s | first reaches the reference's final KL at "
-              "(iteration, s) | time ratio to the reference |", "|---|---|---|---|---|---|"]
+              "(iteration, s) | time ratio to the reference | first scored snapshot at or below it (iteration, s, "
+              "NP@deg) | its time ratio |", "|---|---|---|---|---|---|---|---|"]
     reference = next((k for k in finals if k.startswith("openTSNE")), None) or list(finals)[-1]
     target, ref_seconds = finals[reference][3], finals[reference][2]
     for label, final in finals.items():
         hit = first_time_below(runs[label], target)
         reach = f"{hit[0]}, {hit[1]:.1f}" if hit else "not reached"
         ratio = f"{hit[1] / ref_seconds:.2f}" if hit else "-"
-        lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} |")
+        snap = next((r for r in scored_curves[label] if r[2] <= target), None)
+        at = f"{snap[0]}, {snap[1]:.1f}, {snap[3]:.3f}" if snap else "not reached"
+        snap_ratio = f"{snap[1] / ref_seconds:.2f}" if snap else "-"
+        lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} | {at} | "
+                     f"{snap_ratio} |")
     lines += ["", f"reference: {reference} (final KL {target:.4f}); KL of scalemb's runs in the reach column: the "
               "optimiser's per-iteration value; NP@deg over "
               f"{args.sample} sampled rows (seed 0).", ""]
