@@ -114,6 +114,7 @@ def run_scalemb(make, optimizer, iterations, every, progress=None):
         coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
         warm_up(ex, coords)
         start = [time.perf_counter()]
+        cpu = [time.process_time()]
         last = [-np.inf]
 
         def callback(it, kl):
@@ -125,12 +126,14 @@ def run_scalemb(make, optimizer, iterations, every, progress=None):
                 last[0] = now
                 snaps.append((it, now, np.array(export().coords)))
                 if progress is not None:
-                    paused = time.perf_counter()
+                    paused, paused_cpu = time.perf_counter(), time.process_time()
                     progress(snaps[-1])
                     start[0] += time.perf_counter() - paused
+                    cpu[0] += time.process_time() - paused_cpu
 
         result = optimizer.optimize(ex, coords, iterations, callback=callback, checkpoint=checkpoint)
         seconds = time.perf_counter() - start[0]
+        result.cpu_seconds = time.process_time() - cpu[0]  # this process's CPU (all threads), scoring excluded
     snaps.append((result.iterations, seconds, np.array(result.coords)))
     curve.append((result.iterations, seconds, result.kl))
     return curve, snaps, result
@@ -151,8 +154,10 @@ def opentsne_child(store, out, every):
     tsne = TSNE(n_jobs=len(os.sched_getaffinity(0)), random_state=0, callbacks=snapshot,
                 callbacks_every_iters=every)
     start[0] = time.perf_counter()
+    cpu = time.process_time()
     Y = np.asarray(tsne.fit(affinities=PrecomputedAffinities(affinity.P)))
     seconds = time.perf_counter() - start[0]
+    cpu = time.process_time() - cpu  # the fit's CPU, all its threads (the callback's copies included)
     # openTSNE counts the exaggeration phase's iterations and the rest separately: number them in one sequence
     its = [s[0] for s in snaps]
     offset = [0] * len(its)
@@ -162,7 +167,7 @@ def opentsne_child(store, out, every):
     keep = [k for k, i in enumerate(numbered) if i < 750]  # the last one is the fit's result, timed at its end
     np.savez(out, iterations=np.array([numbered[k] for k in keep] + [750]),
              seconds=np.array([snaps[k][1] for k in keep] + [seconds]),
-             layouts=np.stack([snaps[k][2] for k in keep] + [Y]))
+             layouts=np.stack([snaps[k][2] for k in keep] + [Y]), cpu=cpu)
 
 
 def score(affinity, coords_n2, sample):
@@ -186,7 +191,7 @@ def size_section(store, args, lines):
     n = affinity.n_points
     name = "ca-GrQc" if store == "grqc" else Path(store).name
     lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
-    rows, finals, scored_curves = [], {}, {}
+    rows, finals, scored_curves, cpus = [], {}, {}, {}
     options = lambda schedule: {k: v for k, v in schedule.items() if k != "optimizer"}  # noqa: E731
     candidates = []
     for spec in args.candidates.split(";"):
@@ -214,7 +219,8 @@ def size_section(store, args, lines):
 
         curve, snaps, result = run_scalemb(load(store, fft_params)[1], opt, budget, args.every, progress)
         runs[label] = curve
-        print(label, result.iterations, curve[-1], flush=True)
+        cpus[label] = result.cpu_seconds
+        print(label, result.iterations, curve[-1], f"cpu {result.cpu_seconds:.1f} s", flush=True)
         for it, seconds, coords in snaps:
             kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
@@ -231,13 +237,14 @@ def size_section(store, args, lines):
             rows.append((label, int(it), float(seconds), kl_value, np_deg, extent))
             curve.append((int(it), float(seconds), kl_value))
         runs[label] = curve
+        cpus[label] = float(data["cpu"]) if "cpu" in data else float("nan")
         scored_curves[label] = [r[1:] for r in rows if r[0] == label]
         finals[label] = rows[-1]
     lines += ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |" for r in rows]
     lines += ["", "| run | final KL | final NP@deg | wall s | first reaches the reference's final KL at "
               "(iteration, s) | time ratio to the reference | first scored snapshot at or below it (iteration, s, "
-              "NP@deg) | its time ratio |", "|---|---|---|---|---|---|---|---|"]
+              "NP@deg) | its time ratio | CPU s (whole run) |", "|---|---|---|---|---|---|---|---|---|"]
     reference = next((k for k in finals if k.startswith("openTSNE")), None) or list(finals)[-1]
     target, ref_seconds = finals[reference][3], finals[reference][2]
     for label, final in finals.items():
@@ -248,7 +255,7 @@ def size_section(store, args, lines):
         at = f"{snap[0]}, {snap[1]:.1f}, {snap[3]:.3f}" if snap else "not reached"
         snap_ratio = f"{snap[1] / ref_seconds:.2f}" if snap else "-"
         lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} | {at} | "
-                     f"{snap_ratio} |")
+                     f"{snap_ratio} | {cpus.get(label, float('nan')):.1f} |")
     lines += ["", f"reference: {reference} (final KL {target:.4f}); KL of scalemb's runs in the reach column: the "
               "optimiser's per-iteration value; NP@deg over "
               f"{args.sample} sampled rows (seed 0).", ""]
