@@ -262,6 +262,47 @@ def size_section(store, args, lines):
     print("\n".join(lines[-12:]), flush=True)
 
 
+def combine(paths, step=0.0):
+    """One run's tables from the outputs of its processes started together (``--out`` files, or the progress log
+    of a process that did not finish): every snapshot (with ``step`` > 0 the first one in each ``step`` seconds
+    and the last, openTSNE's all), then per run its last snapshot and the first ones at openTSNE's final KL and at
+    that KL with NP@deg >= openTSNE's + 0.02 (issue 29's goal), with their time ratios to openTSNE's wall time."""
+    import re
+
+    rows = []
+    for path in paths:
+        for line in open(path):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if str(path).endswith(".log") and len(cells) == 7 and cells[6].startswith("load"):
+                rows.append((cells[0], int(cells[1]), *map(float, cells[2:6])))
+            elif (not str(path).endswith(".log") and len(cells) == 6 and re.fullmatch(r"\d+", cells[1])):
+                rows.append((cells[0], int(cells[1]), *map(float, cells[2:6])))
+    rows = list({(r[0], r[1]): r for r in rows}.values())
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    ref = next(label for label in labels if label.startswith("openTSNE"))
+    target, ref_seconds, ref_np = (lambda r: (r[3], r[2], r[4]))([r for r in rows if r[0] == ref][-1])
+    out = ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
+    for label in labels:
+        mine = [r for r in rows if r[0] == label]
+        for k, r in enumerate(mine):
+            if step and not label.startswith("openTSNE") and 0 < k < len(mine) - 1 and \
+                    int(mine[k - 1][2] // step) == int(r[2] // step):
+                continue
+            out.append(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |")
+    out += ["", f"| run | last snapshot: iteration, wall s, KL, NP@deg | first snapshot with KL <= openTSNE's final "
+            f"({target:.4f}): iteration, s, NP@deg | its time ratio | first with that KL and NP@deg >= openTSNE's + "
+            f"0.02 ({ref_np + 0.02:.3f}): iteration, s | its time ratio |", "|---|---|---|---|---|---|"]
+    for label in labels:
+        mine = [r for r in rows if r[0] == label]
+        hit = next((r for r in mine if r[3] <= target), None)
+        both = next((r for r in mine if r[3] <= target and r[4] >= ref_np + 0.02 - 1e-9), None)
+        last = mine[-1]
+        reach = f"{hit[1]}, {hit[2]:.1f}, {hit[4]:.3f} | {hit[2] / ref_seconds:.2f}" if hit else "not reached | -"
+        goal = f"{both[1]}, {both[2]:.1f} | {both[2] / ref_seconds:.2f}" if both else "not reached | -"
+        out.append(f"| {label} | {last[1]}, {last[2]:.1f}, {last[3]:.4f}, {last[4]:.3f} | {reach} | {goal} |")
+    return "\n".join(out)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stores", default="grqc")
@@ -277,7 +318,12 @@ def main():
     parser.add_argument("--workdir", default="/tmp")
     parser.add_argument("--opentsne-child", nargs=3, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--combine", nargs="+", default=None,
+                        help="print one run's tables from the --out files / progress logs of its processes")
+    parser.add_argument("--combine-every", type=float, default=0.0, help="with --combine: a snapshot per this many s")
     args = parser.parse_args()
+    if args.combine:
+        return print(combine(args.combine, args.combine_every))
     if args.opentsne_child:
         store, out, every = args.opentsne_child
         return opentsne_child(store, out, int(every))
