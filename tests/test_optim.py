@@ -394,3 +394,22 @@ def test_polish_with_a_spectral_step_every_k_iterations(school_affinity):
     assert not np.array_equal(plain.kl_history[41:], mixed.kl_history[41:])
     for i in (40, 50, 60, 70):  # the spectral steps' line search: the KL does not rise
         assert mixed.kl_history[i + 1] <= mixed.kl_history[i] + 1e-12
+
+
+def test_spectral_schedule_budget_caps_the_run_and_continue_lifts_it(school_affinity):
+    """``LineSearchDescent.max_iterations`` (the spectral schedule at scale's own budget): a run asked for more
+    makes at most that many iterations, its config round-trips, and ``continue`` (the runner's
+    ``replace(optimizer, max_iterations=None)``) goes on from the state past it."""
+    from dataclasses import replace
+
+    from scalemb.optim import LineSearchDescent, optimizer_config, optimizer_from_config
+
+    opt = LineSearchDescent(max_iterations=6, tol=0.0)
+    assert optimizer_from_config(optimizer_config(opt)) == opt and opt.params()["max_iterations"] == 6
+    assert "max_iterations" not in LineSearchDescent().params()  # results without a budget record as before
+    with LocalExecutor(school_affinity, get_model("tsne"), 2, 0) as ex:
+        start = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+        first = opt.optimize(ex, start, 20)
+        assert first.iterations == 6
+        more = replace(opt, max_iterations=None).optimize(ex, start, 10, state=first.state)
+        assert more.iterations > 6 and more.kl <= first.kl
