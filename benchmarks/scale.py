@@ -57,10 +57,11 @@ from scalemb.repulsion.fft import FFTParams
 from scalemb.repulsion.method import AUTO_FFT_MIN_POINTS, AutoRepulsion
 
 
-def executor_for(path, repulsion="auto"):
+def executor_for(path, repulsion="auto", fft_params=None):
     store = AffinityStore(path)
     affinity = store.to_affinity()
-    return LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=store.partitions, repulsion=repulsion)
+    return LocalExecutor(affinity, get_model("tsne"), 2, 0, partitions=store.partitions, repulsion=repulsion,
+                         fft_params=fft_params)
 
 
 def _lu_child(L, mu, queue):

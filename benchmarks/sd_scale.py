@@ -34,6 +34,7 @@ from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.models.base import OPENTSNE_SCHEDULE
 from scalemb.optim import make_optimizer
+from scalemb.repulsion.fft import FFTParams
 
 
 # The spectral-direction candidate at scale measured here (issue 29), all of it ``LineSearchDescent`` options:
@@ -55,7 +56,8 @@ def candidate(spec: str):
     """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
     (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``) or ``sd0`` (``LineSearchDescent``'s defaults), each
     optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
-    ``hybrid:spectral_iterations=10,tol=1e-4``."""
+    ``hybrid:spectral_iterations=10,tol=1e-4``; keys ``fft_points``, ``fft_box_width``, ``fft_accuracy`` set the
+    run's FFT grid (``FFTParams``; the rest are the optimiser's)."""
     import json
 
     name, _, extra = spec.partition(":")
@@ -64,7 +66,10 @@ def candidate(spec: str):
     overrides = {}
     for item in [x for x in extra.split(",") if x]:
         key, _, value = item.partition("=")
-        overrides[key] = json.loads(value)
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:  # a bare word: the text itself (fft_accuracy=fast)
+            overrides[key] = value
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
               "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
               "sd0": "scalemb sd, its defaults"}
@@ -72,14 +77,26 @@ def candidate(spec: str):
     return label, {**base, **overrides}
 
 
-def load(store):
-    """``(affinity, executor factory)`` for a store path or ``grqc``."""
+FFT_KEYS = {"fft_points": "points", "fft_box_width": "box_width", "fft_accuracy": "accuracy"}
+
+
+def split_fft(options):
+    """``(optimiser options, FFTParams or None)`` of a candidate's options (``FFT_KEYS``)."""
+    fft = {FFT_KEYS[k]: v for k, v in options.items() if k in FFT_KEYS}
+    rest = {k: v for k, v in options.items() if k not in FFT_KEYS}
+    return rest, (FFTParams(**fft) if fft else None)
+
+
+def load(store, fft_params=None):
+    """``(affinity, executor factory)`` for a store path or ``grqc``; ``fft_params``: the executor's FFT grid
+    (None: its defaults)."""
     if store == "grqc":
         from scalemb.datasets import grqc
 
         affinity = grqc()
-        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto")
-    return AffinityStore(store).to_affinity(), lambda: executor_for(store)
+        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto",
+                                               fft_params=fft_params)
+    return AffinityStore(store).to_affinity(), lambda: executor_for(store, fft_params=fft_params)
 
 
 def warm_up(ex, coords):
@@ -97,6 +114,7 @@ def run_scalemb(make, optimizer, iterations, every, progress=None):
         coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
         warm_up(ex, coords)
         start = [time.perf_counter()]
+        cpu = [time.process_time()]
         last = [-np.inf]
 
         def callback(it, kl):
@@ -108,12 +126,14 @@ def run_scalemb(make, optimizer, iterations, every, progress=None):
                 last[0] = now
                 snaps.append((it, now, np.array(export().coords)))
                 if progress is not None:
-                    paused = time.perf_counter()
+                    paused, paused_cpu = time.perf_counter(), time.process_time()
                     progress(snaps[-1])
                     start[0] += time.perf_counter() - paused
+                    cpu[0] += time.process_time() - paused_cpu
 
         result = optimizer.optimize(ex, coords, iterations, callback=callback, checkpoint=checkpoint)
         seconds = time.perf_counter() - start[0]
+        result.cpu_seconds = time.process_time() - cpu[0]  # this process's CPU (all threads), scoring excluded
     snaps.append((result.iterations, seconds, np.array(result.coords)))
     curve.append((result.iterations, seconds, result.kl))
     return curve, snaps, result
@@ -134,8 +154,10 @@ def opentsne_child(store, out, every):
     tsne = TSNE(n_jobs=len(os.sched_getaffinity(0)), random_state=0, callbacks=snapshot,
                 callbacks_every_iters=every)
     start[0] = time.perf_counter()
+    cpu = time.process_time()
     Y = np.asarray(tsne.fit(affinities=PrecomputedAffinities(affinity.P)))
     seconds = time.perf_counter() - start[0]
+    cpu = time.process_time() - cpu  # the fit's CPU, all its threads (the callback's copies included)
     # openTSNE counts the exaggeration phase's iterations and the rest separately: number them in one sequence
     its = [s[0] for s in snaps]
     offset = [0] * len(its)
@@ -145,7 +167,7 @@ def opentsne_child(store, out, every):
     keep = [k for k, i in enumerate(numbered) if i < 750]  # the last one is the fit's result, timed at its end
     np.savez(out, iterations=np.array([numbered[k] for k in keep] + [750]),
              seconds=np.array([snaps[k][1] for k in keep] + [seconds]),
-             layouts=np.stack([snaps[k][2] for k in keep] + [Y]))
+             layouts=np.stack([snaps[k][2] for k in keep] + [Y]), cpu=cpu)
 
 
 def score(affinity, coords_n2, sample):
@@ -169,21 +191,22 @@ def size_section(store, args, lines):
     n = affinity.n_points
     name = "ca-GrQc" if store == "grqc" else Path(store).name
     lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
-    rows, finals = [], {}
+    rows, finals, scored_curves, cpus = [], {}, {}, {}
     options = lambda schedule: {k: v for k, v in schedule.items() if k != "optimizer"}  # noqa: E731
     candidates = []
     for spec in args.candidates.split(";"):
         label, opts = candidate(spec)
+        opts, fft_params = split_fft(opts)
         opt = make_optimizer(opts["optimizer"], "tsne", n, **options(opts))
-        candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt))
+        candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt, fft_params))
     runs = {}
     child = None
     if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
         out = Path(args.workdir) / f"opentsne_{name}.npz"
         child = subprocess.Popen([sys.executable, __file__, "--opentsne-child", store, str(out),
                                   str(args.opentsne_every)])
-    for label, opt in candidates:
-        if any(opt == other for _, other in candidates[:candidates.index((label, opt))]):
+    for index, (label, opt, fft_params) in enumerate(candidates):
+        if any((opt, fft_params) == (other, fft) for _, other, fft in candidates[:index]):
             continue  # auto is one of the explicit schedules
         budget = args.sd_iterations if "SPECTRAL_AT_SCALE" in label else args.iterations
         scored = {}
@@ -194,13 +217,15 @@ def size_section(store, args, lines):
             print(f"{label} | {it} | {seconds:.1f} | {scored[it][0]:.4f} | {scored[it][1]:.3f} | "
                   f"{scored[it][2]:.0f} | load {os.getloadavg()[0]:.1f}", flush=True)
 
-        curve, snaps, result = run_scalemb(make, opt, budget, args.every, progress)
+        curve, snaps, result = run_scalemb(load(store, fft_params)[1], opt, budget, args.every, progress)
         runs[label] = curve
-        print(label, result.iterations, curve[-1], flush=True)
+        cpus[label] = result.cpu_seconds
+        print(label, result.iterations, curve[-1], f"cpu {result.cpu_seconds:.1f} s", flush=True)
         for it, seconds, coords in snaps:
             kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
         finals[label] = rows[-1]
+        scored_curves[label] = [r[1:] for r in rows if r[0] == label]
     if child is not None:
         if child.wait() != 0:
             raise RuntimeError(f"openTSNE failed ({child.returncode})")
@@ -212,22 +237,70 @@ def size_section(store, args, lines):
             rows.append((label, int(it), float(seconds), kl_value, np_deg, extent))
             curve.append((int(it), float(seconds), kl_value))
         runs[label] = curve
+        cpus[label] = float(data["cpu"]) if "cpu" in data else float("nan")
+        scored_curves[label] = [r[1:] for r in rows if r[0] == label]
         finals[label] = rows[-1]
     lines += ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |" for r in rows]
     lines += ["", "| run | final KL | final NP@deg | wall s | first reaches the reference's final KL at "
-              "(iteration, s) | time ratio to the reference |", "|---|---|---|---|---|---|"]
+              "(iteration, s) | time ratio to the reference | first scored snapshot at or below it (iteration, s, "
+              "NP@deg) | its time ratio | CPU s (whole run) |", "|---|---|---|---|---|---|---|---|---|"]
     reference = next((k for k in finals if k.startswith("openTSNE")), None) or list(finals)[-1]
     target, ref_seconds = finals[reference][3], finals[reference][2]
     for label, final in finals.items():
         hit = first_time_below(runs[label], target)
         reach = f"{hit[0]}, {hit[1]:.1f}" if hit else "not reached"
         ratio = f"{hit[1] / ref_seconds:.2f}" if hit else "-"
-        lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} |")
+        snap = next((r for r in scored_curves[label] if r[2] <= target), None)
+        at = f"{snap[0]}, {snap[1]:.1f}, {snap[3]:.3f}" if snap else "not reached"
+        snap_ratio = f"{snap[1] / ref_seconds:.2f}" if snap else "-"
+        lines.append(f"| {label} | {final[3]:.4f} | {final[4]:.3f} | {final[2]:.1f} | {reach} | {ratio} | {at} | "
+                     f"{snap_ratio} | {cpus.get(label, float('nan')):.1f} |")
     lines += ["", f"reference: {reference} (final KL {target:.4f}); KL of scalemb's runs in the reach column: the "
               "optimiser's per-iteration value; NP@deg over "
               f"{args.sample} sampled rows (seed 0).", ""]
     print("\n".join(lines[-12:]), flush=True)
+
+
+def combine(paths, step=0.0):
+    """One run's tables from the outputs of its processes started together (``--out`` files, or the progress log
+    of a process that did not finish): every snapshot (with ``step`` > 0 the first one in each ``step`` seconds
+    and the last, openTSNE's all), then per run its last snapshot and the first ones at openTSNE's final KL and at
+    that KL with NP@deg >= openTSNE's + 0.02 (issue 29's goal), with their time ratios to openTSNE's wall time."""
+    import re
+
+    rows = []
+    for path in paths:
+        for line in open(path):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if str(path).endswith(".log") and len(cells) == 7 and cells[6].startswith("load"):
+                rows.append((cells[0], int(cells[1]), *map(float, cells[2:6])))
+            elif (not str(path).endswith(".log") and len(cells) == 6 and re.fullmatch(r"\d+", cells[1])):
+                rows.append((cells[0], int(cells[1]), *map(float, cells[2:6])))
+    rows = list({(r[0], r[1]): r for r in rows}.values())
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    ref = next(label for label in labels if label.startswith("openTSNE"))
+    target, ref_seconds, ref_np = (lambda r: (r[3], r[2], r[4]))([r for r in rows if r[0] == ref][-1])
+    out = ["| run | iteration | wall s | KL | NP@deg (sampled) | x extent |", "|---|---|---|---|---|---|"]
+    for label in labels:
+        mine = [r for r in rows if r[0] == label]
+        for k, r in enumerate(mine):
+            if step and not label.startswith("openTSNE") and 0 < k < len(mine) - 1 and \
+                    int(mine[k - 1][2] // step) == int(r[2] // step):
+                continue
+            out.append(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.4f} | {r[4]:.3f} | {r[5]:.0f} |")
+    out += ["", f"| run | last snapshot: iteration, wall s, KL, NP@deg | first snapshot with KL <= openTSNE's final "
+            f"({target:.4f}): iteration, s, NP@deg | its time ratio | first with that KL and NP@deg >= openTSNE's + "
+            f"0.02 ({ref_np + 0.02:.3f}): iteration, s | its time ratio |", "|---|---|---|---|---|---|"]
+    for label in labels:
+        mine = [r for r in rows if r[0] == label]
+        hit = next((r for r in mine if r[3] <= target), None)
+        both = next((r for r in mine if r[3] <= target and r[4] >= ref_np + 0.02 - 1e-9), None)
+        last = mine[-1]
+        reach = f"{hit[1]}, {hit[2]:.1f}, {hit[4]:.3f} | {hit[2] / ref_seconds:.2f}" if hit else "not reached | -"
+        goal = f"{both[1]}, {both[2]:.1f} | {both[2] / ref_seconds:.2f}" if both else "not reached | -"
+        out.append(f"| {label} | {last[1]}, {last[2]:.1f}, {last[3]:.4f}, {last[4]:.3f} | {reach} | {goal} |")
+    return "\n".join(out)
 
 
 def main():
@@ -245,7 +318,12 @@ def main():
     parser.add_argument("--workdir", default="/tmp")
     parser.add_argument("--opentsne-child", nargs=3, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--combine", nargs="+", default=None,
+                        help="print one run's tables from the --out files / progress logs of its processes")
+    parser.add_argument("--combine-every", type=float, default=0.0, help="with --combine: a snapshot per this many s")
     args = parser.parse_args()
+    if args.combine:
+        return print(combine(args.combine, args.combine_every))
     if args.opentsne_child:
         store, out, every = args.opentsne_child
         return opentsne_child(store, out, int(every))

@@ -24,7 +24,7 @@ from .models import DEFAULT_MODEL, ESTIMATOR_MODEL, ModelChoices
 from .optim import OPTIMIZER_NAMES
 from .optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from .repulsion import REPULSION_METHODS
-from .repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY
+from .repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY_CHOICES
 
 _SAME = object()
 _BAD = object()
@@ -238,8 +238,9 @@ PARAMS = (
     Param("fft_max_nodes", None, "fft: cap on the grid's node count (default min(2^23, max(2^14, 64 N)) without "
           "time, min(2^23, max(2^14, 16 N)) r with r time components)", None, "--fft-max-nodes", "fft_max_nodes",
           int | None, {"ge": 1, "le": 2 ** 31}),
-    Param("fft_accuracy", "default", "fft: how the default grid is chosen: fast (wider boxes), default, high (one "
-          "more point per box)", tuple(FFT_ACCURACY), "--fft-accuracy", "fft_accuracy"),
+    Param("fft_accuracy", "auto", "fft: how the default grid is chosen: fast (wider boxes), default, high (one "
+          "more point per box), auto (by the model and size, e.g. fast for tsne from 20000 points, else default)",
+          FFT_ACCURACY_CHOICES, "--fft-accuracy", "fft_accuracy"),
     Param("fft_time_points", None, "fft: Chebyshev nodes on the time axis (default 8 + 5 T for time extent T)",
           type=int | None, bounds={"ge": 2, "le": 1024}),
     Param("fft_min_boxes", 1, "fft: fewest boxes per space dimension", type=int, bounds={"ge": 1, "le": 4096}),

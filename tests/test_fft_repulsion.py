@@ -448,6 +448,7 @@ def test_cli_repulsion_fft(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 0
     res = EmbeddingResult.load(out)
     assert res.repulsion["method"] == "fft" and res.repulsion["points"] == DEFAULT_INTERPOLATION["tsne", 2][0]
+    assert "accuracy" not in res.repulsion  # 'auto' below t-SNE's threshold: the default level, as before
     assert res.kl < 0.75
     with pytest.raises(SystemExit) as refused:  # the table's bound, checked where the flag is parsed
         main(["embed", "school", "--repulsion", "fft", "--fft-points", "1", "--out", str(tmp_path / "x.zarr"),
@@ -475,7 +476,8 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
     assert set(FFT_ACCURACY) == {"fast", "default", "high"}
     with pytest.raises(ValueError, match="fft accuracy"):
         FFTParams(accuracy="medium")
-    assert "accuracy" not in FFTParams().as_dict() and FFTParams(accuracy="high").as_dict()["accuracy"] == "high"
+    assert "accuracy" not in FFTParams(accuracy="default").as_dict()
+    assert FFTParams(accuracy="high").as_dict()["accuracy"] == "high" and FFTParams().as_dict()["accuracy"] == "auto"
     with LocalExecutor(coauthor_affinity, get_model("tsne"), 2, 0, repulsion="exact") as ex:
         start = initial_coords(coauthor_affinity.n_points, 2, 0, np.random.default_rng(0))
         Y = make_optimizer("dbd", "tsne", **OPENTSNE_SCHEDULE).optimize(ex, start, 300).coords
@@ -488,6 +490,44 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
             errors[accuracy] = _rel(ex.evaluate(Y).gradient, exact.gradient)
     assert errors["fast"] > errors["default"] > errors["high"]
     assert errors["fast"] < 5e-2 and errors["default"] < 1e-2 and errors["high"] < 2e-3
+
+
+def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
+    """``FFTParams(accuracy='auto')`` (the default, and ``fft_accuracy``'s) is 'fast' for t-SNE from its
+    ``FFTSpec.fast_from_points`` (20 000) points and 'default' below it, or where the point count is unknown;
+    models without a threshold (SNEST, SNE) keep 'default' at any size; an explicit level is kept at any size.
+    Resolution writes the level it chose, so results below the threshold keep the attributes they always had,
+    and an executor's grid (``resolve_repulsion_settings``, from the input's size) follows the rule."""
+    from scalemb.params import BY_NAME
+    from scalemb.repulsion.method import resolve_repulsion_settings
+
+    threshold = get_model("tsne").fft.fast_from_points
+    assert threshold == 20_000 and FFTParams().accuracy == "auto" and BY_NAME["fft_accuracy"].default == "auto"
+    points, width = DEFAULT_INTERPOLATION["tsne", 2]
+    assert FFTParams().resolved("tsne", 2, threshold) == FFTParams(points=points, box_width=width * 9 / 7,
+                                                                    accuracy="fast")
+    below = FFTParams().resolved("tsne", 2, threshold - 1)
+    assert below == FFTParams(points=points, box_width=width, accuracy="default")
+    assert "accuracy" not in below.as_dict()
+    assert FFTParams().resolved("tsne", 2).accuracy == "default"  # no count: the default level
+    assert FFTParams().accuracy_for("tsne", 10 ** 6) == "fast"
+    for model in ("snest", "sne"):
+        assert get_model(model).fft.fast_from_points is None
+        assert FFTParams().accuracy_for(model, 10 ** 7) == "default"
+    for level in ("fast", "default", "high"):
+        assert FFTParams(accuracy=level).accuracy_for("tsne", 10) == level
+        assert FFTParams(accuracy=level).accuracy_for("tsne", 10 ** 7) == level
+    assert FFTParams(box_width=0.7).resolved("tsne", 2, 10 ** 6).box_width == 0.7  # given values are kept
+    with pytest.raises(ValueError, match="auto, fast, default, high"):
+        FFTParams(accuracy="coarse")
+    for n, level in ((threshold - 1, "default"), (threshold, "fast")):
+        for method in ("fft", "auto"):
+            assert resolve_repulsion_settings(method, "tsne", 2, 0, n)[1].accuracy == level
+    assert resolve_repulsion_settings("auto", "snest", 2, 1, 10 ** 6)[1].accuracy == "default"
+    with LocalExecutor(_random_affinity(threshold, 0), get_model("tsne"), 2, 0, repulsion="fft") as ex:
+        assert ex.fft_params.accuracy == "fast" and ex.fft_params.box_width == pytest.approx(0.9)
+    with pytest.raises(SystemExit):  # the table's choices, checked where the flag is parsed
+        main(["embed", "school", "--fft-accuracy", "coarse", "--out", str(tmp_path / "x.zarr"), "--quiet"])
 
 
 def test_time_extent_past_the_kernels_range_is_a_blow_up_not_a_crash(coauthor_affinity, caplog):

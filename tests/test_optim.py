@@ -125,24 +125,29 @@ def test_stalled_reaches_back_over_entries_not_computed():
 
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
-    t-SNE switches from the spectral direction to delta-bar-delta with openTSNE's schedule, SNEST to its own dbd
-    schedule with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
-    from scalemb.models.base import OPENTSNE_SCHEDULE
+    t-SNE keeps the spectral direction but with its schedule at scale (openTSNE's exaggeration phase, 60 spectral
+    steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, 370 iterations in
+    all), SNEST switches to its own dbd schedule with a 750-iteration budget (user options win); SNE and EE keep
+    their default at every size."""
+    from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
 
     auto = make_optimizer("auto", "tsne")
     assert isinstance(auto, AutoOptimizer)
-    assert isinstance(resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1), LineSearchDescent)
+    assert resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS - 1).spectral_iterations is None
     big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
-    assert isinstance(big, DeltaBarDelta)
-    assert (big.exaggeration, big.exaggeration_iterations, big.max_step_norm, big.max_iterations) == (12.0, 250, 5.0,
-                                                                                                        750)
-    assert big.momentum == OPENTSNE_SCHEDULE["momentum"]
+    assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k != "optimizer"})
+    assert (big.exaggeration, big.exaggeration_iterations, big.exaggeration_steps, big.spectral_iterations,
+            big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 250, "momentum", 60, 2.0,
+                                                                                   25, 370)
+    assert big.budget(750) == 370 and big.budget(100) == 100 and LineSearchDescent().budget(750) == 750
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == DeltaBarDelta(max_iterations=750)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
-    assert isinstance(mine, DeltaBarDelta) and mine.exaggeration == 4.0 and mine.max_step_norm == 5.0
+    assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
+    with pytest.raises(ValueError, match="max_iterations"):
+        LineSearchDescent(max_iterations=0)
     # from AUTO_SCHEDULE_MIN_POINTS (below the size at scale) the spectral direction after a momentum
     # exaggeration phase for t-SNE (x12) and SNEST (x4); below it the spectral direction alone
     from scalemb.optim import AUTO_SCHEDULE_MIN_POINTS
@@ -164,7 +169,8 @@ def test_auto_optimizer_depends_on_the_input_size():
 
 
 def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
-    """A t-SNE fit of a graph above the threshold runs and records delta-bar-delta with the schedule at scale."""
+    """A t-SNE fit of a graph above the threshold runs and records the spectral direction with the schedule at
+    scale (its own budget recorded too)."""
     from scalemb.affinity import coauthorship_affinity
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
     from scalemb.io.edgelist import read_edge_list
@@ -174,8 +180,9 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
     affinity = coauthorship_affinity(read_edge_list(path))
     assert affinity.node_ids.size >= AUTO_SCALE_MIN_POINTS
     embedder = scalemb.Embedder(model="tsne", iterations=3, quiet=True).fit(affinity)
-    assert embedder.result_.optimizer["optimizer"] == "dbd"
-    assert embedder.result_.optimizer["exaggeration"] == 12.0
+    assert embedder.result_.optimizer["optimizer"] == "sd"
+    assert embedder.result_.optimizer["exaggeration"] == 12.0 and embedder.result_.optimizer["max_iterations"] == 370
+    assert embedder.result_.optimizer["spectral_iterations"] == 60
 
 
 def test_bounded_direction_scales_long_steps_and_stays_a_descent_direction():
@@ -280,16 +287,18 @@ def test_hybrid_spectral_then_polish_steps(school_affinity):
 
 
 def test_auto_takes_the_schedule_at_scale_for_p_from_points_at_every_size():
-    """'auto' for t-SNE: the spectral direction on a mid-size graph, openTSNE's schedule (delta-bar-delta) from
-    2e4 points and, for P made from distances between points (features, a kNN pair, a distance matrix), at every
-    size; a budget below the schedule's 750 iterations shortens its exaggeration phase and momentum switch in
-    proportion (a third of the budget), so a short run ends on the objective itself."""
+    """'auto' for t-SNE: the spectral direction on a graph (from 2e4 points with its schedule at scale), and for P
+    made from distances between points (features, a kNN pair, a distance matrix) openTSNE's schedule
+    (delta-bar-delta) at every size; a budget below the schedule's 750 iterations shortens its exaggeration phase
+    and momentum switch in proportion (a third of the budget), so a short run ends on the objective itself."""
     from scalemb.optim import AUTO_SCALE_MIN_POINTS, default_optimizer_name, fitted_schedule, make_optimizer
     from scalemb.models.base import OPENTSNE_SCHEDULE
 
     assert default_optimizer_name("tsne", 5000) == "sd"
     assert default_optimizer_name("tsne", 5000, from_points=True) == "dbd"
-    assert default_optimizer_name("tsne", AUTO_SCALE_MIN_POINTS) == "dbd"
+    assert default_optimizer_name("tsne", AUTO_SCALE_MIN_POINTS) == "sd"  # a graph: the spectral schedule
+    assert default_optimizer_name("tsne", AUTO_SCALE_MIN_POINTS, from_points=True) == "dbd"
+    assert make_optimizer("auto", "tsne", 10 ** 6, from_points=True).max_iterations == 750
     assert default_optimizer_name("sne", 500, from_points=True) == "dbd"  # SNE's default at every size
     short = make_optimizer("auto", "tsne", 500, from_points=True, iterations=300)
     assert (short.exaggeration_iterations, tuple(short.momentum_switch)) == (100, (100,))
@@ -385,3 +394,22 @@ def test_polish_with_a_spectral_step_every_k_iterations(school_affinity):
     assert not np.array_equal(plain.kl_history[41:], mixed.kl_history[41:])
     for i in (40, 50, 60, 70):  # the spectral steps' line search: the KL does not rise
         assert mixed.kl_history[i + 1] <= mixed.kl_history[i] + 1e-12
+
+
+def test_spectral_schedule_budget_caps_the_run_and_continue_lifts_it(school_affinity):
+    """``LineSearchDescent.max_iterations`` (the spectral schedule at scale's own budget): a run asked for more
+    makes at most that many iterations, its config round-trips, and ``continue`` (the runner's
+    ``replace(optimizer, max_iterations=None)``) goes on from the state past it."""
+    from dataclasses import replace
+
+    from scalemb.optim import LineSearchDescent, optimizer_config, optimizer_from_config
+
+    opt = LineSearchDescent(max_iterations=6, tol=0.0)
+    assert optimizer_from_config(optimizer_config(opt)) == opt and opt.params()["max_iterations"] == 6
+    assert "max_iterations" not in LineSearchDescent().params()  # results without a budget record as before
+    with LocalExecutor(school_affinity, get_model("tsne"), 2, 0) as ex:
+        start = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+        first = opt.optimize(ex, start, 20)
+        assert first.iterations == 6
+        more = replace(opt, max_iterations=None).optimize(ex, start, 10, state=first.state)
+        assert more.iterations > 6 and more.kl <= first.kl

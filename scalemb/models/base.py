@@ -15,7 +15,9 @@ A model owns
   means from ``scalemb.optim.AUTO_SCALE_MIN_POINTS`` points on: ``{"optimizer": name, **options}`` (options
   the user gives win), None: ``default_optimizer`` at every size; ``default_optimizer_options``: options 'auto'
   gives ``default_optimizer`` from ``scalemb.optim.AUTO_SCHEDULE_MIN_POINTS`` points on, below the size at scale
-  (options the user gives win), e.g. ``MOMENTUM_EXAGGERATION``,
+  (options the user gives win), e.g. ``MOMENTUM_EXAGGERATION``; ``default_optimizer_for_points``: what
+  ``'auto'`` means at every size for P made from distances between points (features, a kNN pair, a distance
+  matrix), None: ``default_optimizer_at_scale`` there too,
 * ``point_term``: an optional O(N) per-point term added after the reduction, on the client:
   ``point_term(coords, iteration, affinity) -> (value, gradient)`` with ``coords`` ``(d, N)`` and ``affinity``
   in the executor's internal point order (see ``scalemb.engine.base.Executor.evaluate``),
@@ -72,6 +74,7 @@ class Model:
     default_optimizer: str = "sd"
     default_optimizer_at_scale: dict | None = field(default=None, compare=False)
     default_optimizer_options: dict | None = field(default=None, compare=False)
+    default_optimizer_for_points: dict | None = field(default=None, compare=False)
     point_term: Callable = field(default=None, repr=False)
     learning_rate_scale: float = 1.0
     params: dict = field(default_factory=dict, compare=False)

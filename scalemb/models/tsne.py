@@ -29,11 +29,26 @@ def pair(d2s, d2t):
 # force error 3.3e-4 over the layouts; 7.9e-4 with 6 points in unit boxes, 1.3e-3 with 4 in boxes of 2/3):
 # 25 weights per point against 36 with 6 points at the same accuracy.  R^1: 5 in 0.6 (2.4e-4; 4 in 0.5:
 # 5.8e-4), R^3: 4 in 0.5 (3.3e-4).  A split grid's far boxes are 1 sigma wide (gradient error 2e-5 on GrQc).
-FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY, cauchy_self_weight)
+# From 20 000 points FFTParams(accuracy='auto') is 'fast' (5 points in boxes 9/7 as wide: 0.6x the nodes, gradient
+# error ~2e-2 on a converged layout against ~7e-3): there the layouts are wide, an evaluation's time is the grid's,
+# and whole runs at 'fast' end at the KL and neighbourhood preservation of the default grid
+# (docs/design/repulsion.md).
+FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY, cauchy_self_weight,
+              fast_from_points=20_000)
 
-# 'auto' optimizer: the spectral direction (far fewer iterations than delta-bar-delta); from 20 000 points
-# openTSNE's schedule for large data (its steps spread the layout there, where repulsion costs ~N²):
-# docs/design/optimisation.md
+# 'auto' optimizer from 20 000 points on a graph: openTSNE's exaggeration phase (x12 for 250 momentum steps), then
+# 60 spectral steps (10 Jacobi-preconditioned CG iterations, relative tolerance 0.1) with every point's step bounded
+# to norm 2 (unbounded, they spread loosely attached parts over ~1e5 units, where the FFT grid is capped), then
+# delta-bar-delta polish steps (momentum 0.8, steps <= 2) with a spectral step every 25, 370 iterations in all.  The
+# spectral phase takes the KL below openTSNE's final value in ~60 iterations; its neighbourhoods are worse than the
+# KL says (sampled NP@deg ~0.5 at 7.7e4 co-authors) and the polish steps restore them within ~40 iterations, past
+# openTSNE's: docs/design/optimisation.md.  Below 20 000 points the spectral direction with its sparse LU and a
+# shorter exaggeration phase; P made from distances between points: openTSNE's schedule at every size.
+SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
+                        "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 12.0, "exaggeration_iterations": 250,
+                        "exaggeration_steps": "momentum", "spectral_iterations": 60, "polish_spectral_every": 25,
+                        "tol": 0.0, "window": 50, "max_iterations": 370}
 MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair),
               similarity=euclidean_similarity, fft=FFT, default_optimizer="sd",
-              default_optimizer_at_scale=OPENTSNE_SCHEDULE, default_optimizer_options=MOMENTUM_EXAGGERATION)
+              default_optimizer_at_scale=SPECTRAL_THEN_POLISH, default_optimizer_options=MOMENTUM_EXAGGERATION,
+              default_optimizer_for_points=OPENTSNE_SCHEDULE)

@@ -7,16 +7,18 @@ from .dbd import DBDState, DeltaBarDelta
 from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
-# 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (delta-bar-delta for t-SNE and
-# SNEST).  Below it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer
-# iterations; from here on the LU fills in (Jacobi-preconditioned inexact CG instead: ~10-20 Laplacian products per
-# iteration) and, worse, its Newton-like steps spread the layout (components and loosely attached parts move by
-# gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
+# 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (t-SNE: an exaggeration phase, a
+# bounded spectral phase, then delta-bar-delta polish steps; SNEST: delta-bar-delta).  Below it the spectral
+# direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer iterations; from here on the LU fills in
+# (Jacobi-preconditioned inexact CG instead: ~10-20 Laplacian products per iteration) and its Newton-like steps
+# spread the layout unless each point's step is bounded (components and loosely attached parts move by gradient /
+# mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
 # P made from distances between points (a kNN affinity of feature rows, a kNN pair, a distance matrix) gets the
-# model's ``default_optimizer_at_scale`` at every size: on feature data (digits, a single-cell set, a 2e4 x 50
-# Gaussian mixture) openTSNE's schedule gave equal or better trustworthiness than the spectral direction at less
-# CPU (5x less on the mixture, whose separated clusters the Newton-like steps spread over thousands of units),
+# model's ``default_optimizer_for_points`` (else its ``default_optimizer_at_scale``) at every size: on feature
+# data (digits, a single-cell set, a 2e4 x 50 Gaussian mixture) openTSNE's schedule gave equal or better
+# trustworthiness than the spectral direction at less CPU (5x less on the mixture, whose separated clusters the
+# Newton-like steps spread over thousands of units),
 # while on co-authorship graphs (GrQc) the spectral direction reaches far lower KL and better neighbourhoods
 # (NP@deg 0.84 against 0.75) -- docs/design/optimisation.md.
 # 'auto' from this many points on (below AUTO_SCALE_MIN_POINTS): the model's ``default_optimizer`` with its
@@ -37,7 +39,7 @@ def default_optimizer_name(model=None, n_points: int | None = None, from_points:
         small = Model.__dataclass_fields__["default_optimizer"].default
     else:
         small = (get_model(model) if isinstance(model, str) else model).default_optimizer
-    at_scale = _at_scale(model)
+    at_scale = _at_scale(model, from_points)
     if _scale_rule(n_points, from_points) and at_scale is not None:
         return at_scale["optimizer"]
     return small
@@ -71,6 +73,7 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_p
     if name == "auto":
         name = default_optimizer_name(model, n_points, from_points)
         if at_scale is not None and _scale_rule(n_points, from_points):  # the model's schedule at scale
+            at_scale = _at_scale(model, from_points)
             schedule = fitted_schedule({k: v for k, v in at_scale.items() if k != "optimizer"}, iterations)
             options = {**schedule, **{k: v for k, v in options.items() if v is not None}}
         elif mid is not None and n_points >= AUTO_SCHEDULE_MIN_POINTS:  # its default's options at this size
@@ -109,13 +112,17 @@ def fitted_schedule(schedule: dict, iterations: int | None) -> dict:
     return fitted
 
 
-def _at_scale(model) -> dict | None:
-    """The model's ``default_optimizer_at_scale`` (``{"optimizer": name, **options}``) or None."""
+def _at_scale(model, from_points: bool = False) -> dict | None:
+    """The model's ``default_optimizer_at_scale`` (``{"optimizer": name, **options}``) or None; ``from_points``
+    (P made from distances between points): its ``default_optimizer_for_points`` where it has one."""
     from ..models import get_model
 
     if model is None:
         return None
-    return (get_model(model) if isinstance(model, str) else model).default_optimizer_at_scale
+    model = get_model(model) if isinstance(model, str) else model
+    if from_points and model.default_optimizer_for_points is not None:
+        return model.default_optimizer_for_points
+    return model.default_optimizer_at_scale
 
 
 def _schedule(model) -> dict | None:

@@ -39,7 +39,8 @@ At scale (issue 29): ``max_point_step = R`` bounds every point's space step to n
 eigenvalues of ``L(C)``, which spread a layout of 7.7e4 co-authors to ~800 units in 5 iterations, where the FFT
 grid is capped.  ``exaggeration_steps='momentum'`` makes the exaggeration phase openTSNE's (bounded momentum steps
 ``u <- m u - lr g``, ``lr = max(1, N/12)``, one evaluation per iteration, no line search) instead of spectral
-steps on the exaggerated objective; the spectral steps follow.
+steps on the exaggerated objective; the spectral steps follow.  ``max_iterations``: the schedule's own budget
+(as delta-bar-delta's), on top of the run's; ``budget``.
 """
 import logging
 from dataclasses import dataclass, field, replace
@@ -151,6 +152,7 @@ class LineSearchDescent:
     tol: float = 1e-5
     window: int = 50
     max_failures: int = 3
+    max_iterations: int | None = None
     name: str = field(default="sd", init=False)
 
     def __post_init__(self):
@@ -177,8 +179,16 @@ class LineSearchDescent:
             raise ValueError(f"cg_maxiter must be an integer >= 1 or 'auto', got {self.cg_maxiter!r}")
         if self.cg_tol != "auto" and not (isinstance(self.cg_tol, (int, float)) and self.cg_tol > 0):
             raise ValueError(f"cg_tol must be a number > 0 or 'auto', got {self.cg_tol!r}")
+        if self.max_iterations is not None and (int(self.max_iterations) != self.max_iterations
+                                                or self.max_iterations < 1):
+            raise ValueError(f"max_iterations must be an integer >= 1 or None, got {self.max_iterations!r}")
         if self.direction == "gradient":
             self.name = "gd"
+
+    def budget(self, n_iter: int) -> int:
+        """Iterations a run asked for ``n_iter`` makes: at most ``max_iterations`` (the schedule's own budget),
+        None: ``n_iter``.  ``Embedder.continue_run`` lifts it."""
+        return int(n_iter) if self.max_iterations is None else min(int(n_iter), int(self.max_iterations))
 
     def params(self) -> dict:
         return {"optimizer": self.name, "direction": self.direction, "solver": self.solver,
@@ -192,7 +202,8 @@ class LineSearchDescent:
                 "exaggeration_steps": self.exaggeration_steps, "exaggeration_momentum": self.exaggeration_momentum,
                 "spectral_iterations": self.spectral_iterations, "polish_momentum": self.polish_momentum,
                 "polish_spectral_every": self.polish_spectral_every,
-                "tol": self.tol, "window": self.window}
+                "tol": self.tol, "window": self.window,
+                **({} if self.max_iterations is None else {"max_iterations": self.max_iterations})}
 
     def methods(self, n_points: int) -> tuple[str, str]:
         """``(solver, preconditioner)`` used for ``n_points`` points: ``solver='auto'`` is ``'lu'`` below
@@ -256,8 +267,8 @@ class LineSearchDescent:
             s = self.initial_state(executor, coords)
         else:
             s = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
-        return run_loop(_DescentRun(self, executor, s, state is not None, checkpoint), n_iter, state, callback,
-                        checkpoint, stop)
+        return run_loop(_DescentRun(self, executor, s, state is not None, checkpoint), self.budget(n_iter), state,
+                        callback, checkpoint, stop)
 
     def _restore_solver(self, executor, s: "DescentState", methods: tuple[str, str]) -> dict:
         """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged

@@ -119,6 +119,9 @@ CHARGE_HEADROOM_BITS = 8
 # interpolation where the user gave none: more points per box and narrower boxes lower the gradient's error
 # (measured errors per level: docs/design/repulsion.md).
 FFT_ACCURACY = {"fast": (0, 9 / 7), "default": (0, 1.0), "high": (1, 6 / 7)}
+# FFTParams.accuracy's values: a level of FFT_ACCURACY, or 'auto': the model's rule by the point count
+# (``FFTSpec.fast_from_points``; ``FFTParams.accuracy_for``).
+FFT_ACCURACY_CHOICES = ("auto", *FFT_ACCURACY)
 # FFTParams.box_width's range, in units of the kernels' length scale (1; the defaults are 0.5-1.0): narrower
 # boxes would need more nodes than any node cap allows (the cap widens them, and a split kernel's sigma = width /
 # box_width then overflows float64 below ~1e-150), wider ones interpolate a kernel over a thousand of its widths.
@@ -172,9 +175,10 @@ class FFTParams:
     time extent T, at most ``MAX_TIME_POINTS``); ``max_nodes``: cap on the grid's total node count (None:
     ``node_cap(N)``); ``min_boxes``: fewest boxes per space dimension; ``accuracy``: 'fast', 'default' or 'high',
     how the defaults for ``points``/``box_width`` are chosen (``FFT_ACCURACY``: wider boxes, or one more point in
-    narrower boxes; values given explicitly are kept).  ``time_band``: with a time axis, let ``grid_for`` span
-    only the time band that makes the evaluation cheapest and sum the points outside it directly ("Time band" in
-    the module docstring); False: the grid spans the whole time extent.
+    narrower boxes; values given explicitly are kept), or 'auto' (the default): 'fast' from the model's
+    ``FFTSpec.fast_from_points`` points, 'default' below it (``accuracy_for``).  ``time_band``: with a time
+    axis, let ``grid_for`` span only the time band that makes the evaluation cheapest and sum the points outside
+    it directly ("Time band" in the module docstring); False: the grid spans the whole time extent.
     """
 
     points: int | None = None
@@ -182,7 +186,7 @@ class FFTParams:
     time_points: int | None = None
     max_nodes: int | None = None
     min_boxes: int = 1
-    accuracy: str = "default"
+    accuracy: str = "auto"
     time_band: bool = True
 
     def node_cap(self, n_points: int | None, time_slices: int | None = None) -> int:
@@ -205,24 +209,45 @@ class FFTParams:
             raise ValueError(f"box_width must be in [{low:g}, {high:g}], got {self.box_width}")
         if self.time_points is not None and (int(self.time_points) != self.time_points or self.time_points < 2):
             raise ValueError(f"time_points must be an integer >= 2, got {self.time_points}")
-        if self.accuracy not in FFT_ACCURACY:
-            raise ValueError(f"unknown fft accuracy {self.accuracy!r}; choose one of {', '.join(FFT_ACCURACY)}")
+        if self.accuracy not in FFT_ACCURACY_CHOICES:
+            raise ValueError(f"unknown fft accuracy {self.accuracy!r}; choose one of "
+                             f"{', '.join(FFT_ACCURACY_CHOICES)}")
         if int(self.min_boxes) != self.min_boxes or self.min_boxes < 1:
             raise ValueError(f"min_boxes must be an integer >= 1, got {self.min_boxes}")
         if self.max_nodes is not None and (int(self.max_nodes) != self.max_nodes or self.max_nodes < 1):
             raise ValueError(f"max_nodes must be a positive integer, got {self.max_nodes}")
 
-    def resolved(self, model, space_dims: int) -> "FFTParams":
+    def accuracy_for(self, model, n_points: int | None) -> str:
+        """The level of ``FFT_ACCURACY`` these settings mean for ``n_points`` points of ``model`` (a name,
+        ``Model`` or ``FFTSpec``): ``accuracy`` itself, or for 'auto' 'fast' from ``FFTSpec.fast_from_points``
+        points (None: never) and 'default' below it or where the count is not known (``n_points`` None).
+
+        Why a coarser grid at scale: an evaluation's cost follows the grid's node count, and the layouts of large
+        inputs are wide (their extent grows with N), so the default grid's nodes, not the points, dominate an
+        evaluation there; 'fast' has (7/9)² = 0.6 of its nodes.  Its gradient error (a few 1e-2 of the whole
+        gradient on a converged layout, where attraction and repulsion nearly cancel) is below what the
+        optimisers' steps resolve at that size: whole runs end at the same KL and neighbourhood preservation.
+        Each model sets its own threshold from its own measurements (none: not measured, 'default')."""
+        if self.accuracy != "auto":
+            return self.accuracy
+        threshold = fft_spec(model).fast_from_points
+        return "fast" if threshold is not None and n_points is not None and n_points >= threshold else "default"
+
+    def resolved(self, model, space_dims: int, n_points: int | None = None) -> "FFTParams":
         """These settings with ``points`` and ``box_width`` filled in from the model's defaults (``model``: a
-        name, ``Model`` or ``FFTSpec``; ``FFTSpec.interpolation``)."""
-        points, width = fft_spec(model).interpolation[space_dims]
-        extra, factor = FFT_ACCURACY[self.accuracy]
-        return replace(self, points=self.points or points + extra, box_width=self.box_width or width * factor)
+        name, ``Model`` or ``FFTSpec``; ``FFTSpec.interpolation``) and ``accuracy`` by ``accuracy_for`` (an
+        'auto' accuracy becomes the level it means for ``n_points`` points)."""
+        spec = fft_spec(model)
+        points, width = spec.interpolation[space_dims]
+        accuracy = self.accuracy_for(spec, n_points)
+        extra, factor = FFT_ACCURACY[accuracy]
+        return replace(self, points=self.points or points + extra, box_width=self.box_width or width * factor,
+                       accuracy=accuracy)
 
     def as_dict(self) -> dict:
         values = {"points": self.points, "box_width": self.box_width, "time_points": self.time_points,
                   "max_nodes": self.max_nodes, "min_boxes": self.min_boxes}
-        if self.accuracy != "default":  # runs at the default keep the attributes they always had
+        if self.accuracy != "default":  # runs at the default level keep the attributes they always had
             values["accuracy"] = self.accuracy
         if not self.time_band:
             values["time_band"] = False
@@ -321,7 +346,9 @@ class FFTSpec:
     * ``near_cutoff``: a kernel without a far part (the Gaussian): a capped grid is one box and the near field
       within this cutoff is all of it; None: the kernel is split at sigma and summed directly within
       ``_CUTOFF_SIGMAS`` sigma;
-    * ``far_box_width``: widest box of a split grid in units of sigma (None: the box width).
+    * ``far_box_width``: widest box of a split grid in units of sigma (None: the box width);
+    * ``fast_from_points``: from this many points ``FFTParams(accuracy='auto')`` means 'fast' (``accuracy_for``);
+      None: 'auto' is always 'default'.
     """
 
     plan: object
@@ -331,6 +358,7 @@ class FFTSpec:
     time_dims: int = 0
     near_cutoff: float | None = None
     far_box_width: float | None = None
+    fast_from_points: int | None = None
 
     def check(self, name: str, space_dims: int, time_dims: int) -> None:
         """Raise ValueError unless this spec supports R^{space_dims, time_dims} (``name``: the model's)."""
@@ -591,7 +619,7 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
     ds = space_dims
     extent = hi - lo
     time_width = np.where(extent[ds:] > 0, extent[ds:], 1.0)  # one box spans the time axis
-    params = params.resolved(spec, ds)
+    params = params.resolved(spec, ds, n_points)
     plan = spec.plan(ds)
     p = int(params.points)
     points = [p] * ds

@@ -169,12 +169,12 @@ def resolve_repulsion_settings(method: str, model, space_dims: int, time_dims: i
     """``(method, params)`` for an executor: ``resolve_repulsion``'s method, except ``'auto'`` where that is
     ``fft``: the executor then chooses per evaluation (``AutoRepulsion``); for ``fft`` and ``auto`` (checked to
     be supported: ValueError naming the model if it has no FFT repulsion) ``fft_params`` with the model's
-    defaults filled in (``FFTParams.resolved``)."""
+    defaults filled in for ``n_points`` points (``FFTParams.resolved``)."""
     resolved = resolve_repulsion(method, model, space_dims, time_dims, n_points)
     if method == "auto" and resolved == "fft":
         resolved = "auto"
     params = fft_params or FFTParams()
     if resolved in ("fft", "auto"):
         check_supported(model, space_dims, time_dims)
-        params = params.resolved(fft_spec(model), space_dims)
+        params = params.resolved(fft_spec(model), space_dims, n_points)
     return resolved, params
