@@ -239,7 +239,7 @@ PARAMS = (
           "time, min(2^23, max(2^14, 16 N)) r with r time components)", None, "--fft-max-nodes", "fft_max_nodes",
           int | None, {"ge": 1, "le": 2 ** 31}),
     Param("fft_accuracy", "auto", "fft: how the default grid is chosen: fast (wider boxes), default, high (one "
-          "more point per box), auto (by the model and size, e.g. fast for tsne from 20000 points, else default)",
+          "more point per box), auto (by the model and size, e.g. fast for tsne from 10000 points, else default)",
           FFT_ACCURACY_CHOICES, "--fft-accuracy", "fft_accuracy"),
     Param("fft_time_points", None, "fft: Chebyshev nodes on the time axis (default 8 + 5 T for time extent T)",
           type=int | None, bounds={"ge": 2, "le": 1024}),

@@ -494,7 +494,7 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
 
 def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     """``FFTParams(accuracy='auto')`` (the default, and ``fft_accuracy``'s) is 'fast' for t-SNE from its
-    ``FFTSpec.fast_from_points`` (20 000) points and 'default' below it, or where the point count is unknown;
+    ``FFTSpec.fast_from_points`` (10 000) points and 'default' below it, or where the point count is unknown;
     models without a threshold (SNEST, SNE) keep 'default' at any size; an explicit level is kept at any size.
     Resolution writes the level it chose, so results below the threshold keep the attributes they always had,
     and an executor's grid (``resolve_repulsion_settings``, from the input's size) follows the rule."""
@@ -502,7 +502,7 @@ def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     from scalemb.repulsion.method import resolve_repulsion_settings
 
     threshold = get_model("tsne").fft.fast_from_points
-    assert threshold == 20_000 and FFTParams().accuracy == "auto" and BY_NAME["fft_accuracy"].default == "auto"
+    assert threshold == 10_000 and FFTParams().accuracy == "auto" and BY_NAME["fft_accuracy"].default == "auto"
     points, width = DEFAULT_INTERPOLATION["tsne", 2]
     assert FFTParams().resolved("tsne", 2, threshold) == FFTParams(points=points, box_width=width * 9 / 7,
                                                                     accuracy="fast")
@@ -521,8 +521,10 @@ def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     with pytest.raises(ValueError, match="auto, fast, default, high"):
         FFTParams(accuracy="coarse")
     for n, level in ((threshold - 1, "default"), (threshold, "fast")):
-        for method in ("fft", "auto"):
-            assert resolve_repulsion_settings(method, "tsne", 2, 0, n)[1].accuracy == level
+        assert resolve_repulsion_settings("fft", "tsne", 2, 0, n)[1].accuracy == level
+    # 'auto' repulsion: exact below the threshold (t-SNE's is where R^2 turns to the FFT), 'fast' FFT from it
+    assert resolve_repulsion_settings("auto", "tsne", 2, 0, threshold - 1)[0] == "exact"
+    assert resolve_repulsion_settings("auto", "tsne", 2, 0, threshold)[1].accuracy == "fast"
     assert resolve_repulsion_settings("auto", "snest", 2, 1, 10 ** 6)[1].accuracy == "default"
     with LocalExecutor(_random_affinity(threshold, 0), get_model("tsne"), 2, 0, repulsion="fft") as ex:
         assert ex.fft_params.accuracy == "fast" and ex.fft_params.box_width == pytest.approx(0.9)

@@ -29,12 +29,12 @@ def pair(d2s, d2t):
 # force error 3.3e-4 over the layouts; 7.9e-4 with 6 points in unit boxes, 1.3e-3 with 4 in boxes of 2/3):
 # 25 weights per point against 36 with 6 points at the same accuracy.  R^1: 5 in 0.6 (2.4e-4; 4 in 0.5:
 # 5.8e-4), R^3: 4 in 0.5 (3.3e-4).  A split grid's far boxes are 1 sigma wide (gradient error 2e-5 on GrQc).
-# From 20 000 points FFTParams(accuracy='auto') is 'fast' (5 points in boxes 9/7 as wide: 0.6x the nodes, gradient
-# error ~2e-2 on a converged layout against ~7e-3): there the layouts are wide, an evaluation's time is the grid's,
-# and whole runs at 'fast' end at the KL and neighbourhood preservation of the default grid
+# From 10 000 points (where 'auto' repulsion turns to the FFT in R^2) FFTParams(accuracy='auto') is 'fast' (5 points
+# in boxes 9/7 as wide: 0.6x the nodes, gradient error ~2e-2 on a converged layout against ~7e-3): whole runs at
+# 'fast' end at the KL, neighbourhood preservation and trustworthiness of the default grid at less CPU
 # (docs/design/repulsion.md).
 FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY, cauchy_self_weight,
-              fast_from_points=20_000)
+              fast_from_points=10_000)
 
 # 'auto' optimizer from 20 000 points on a graph: openTSNE's exaggeration phase (x12 for 250 momentum steps), then
 # 60 spectral steps (10 Jacobi-preconditioned CG iterations, relative tolerance 0.1) with every point's step bounded
