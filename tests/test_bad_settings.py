@@ -69,15 +69,11 @@ def test_cli_and_estimator_say_the_same(p, value, text, tmp_path):
     assert cli.startswith("must be ") and cli.endswith(f"got {text}")
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    """One ``scalemb serve`` for the two tests below, instead of conftest's one per test: they only send settings
-    it refuses (no job is created)."""
-    from .test_service import Service
-
-    svc = Service(tmp_path_factory.mktemp("bad-settings-root"))
-    yield svc
-    svc.stop()
+@pytest.fixture
+def service(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the two tests below, instead of
+    conftest's one per test: they only send settings it refuses (no job is created)."""
+    return shared_service
 
 
 @pytest.mark.slow

@@ -92,14 +92,12 @@ class Service:
         raise AssertionError(f"job {job_id} still {record['state']} at iteration {record['iteration']}")
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    """One ``scalemb serve`` for the tests of this module that neither stop it nor start it with options of
-    their own (``service.root``: its data root).  Each test names its own uploads and checks what it added to
-    the listing, the jobs and stores directories and the database: the jobs of the others stay out of it."""
-    svc = Service(tmp_path_factory.mktemp("service-root"))
-    yield svc
-    svc.stop()
+@pytest.fixture
+def service(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the tests of this module that neither
+    stop it nor start it with options of their own (``service.root``: its data root).  Each test names its own
+    uploads and checks what it added to the listing, the jobs and stores directories and the database."""
+    return shared_service
 
 
 def _job_ids(service) -> set:
@@ -208,32 +206,35 @@ def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(serv
 @pytest.mark.slow
 def test_auth_paths_and_limits_are_refused(service, monkeypatch):
     root = service.root
-    outside = root.parent / f"{root.name}-outside"
+    outside = root.parent / f"{root.name}-outside-auth"
     outside.mkdir()
     (outside / "edges.txt").write_text("1 2\n")
-    (root / "escape").symlink_to(outside)
-    (root / "inside.txt").write_text("1 2\n2 3\n")
-    body = {"input": "inside.txt", "iterations": 5}
-    status, err = service.json("POST", "/jobs", body, auth=False)
-    assert status == 401 and "bearer token" in err["detail"]
-    assert service.json("POST", "/jobs", body, token="wrong")[0] == 401
-    assert service.json("GET", "/jobs", auth=False)[0] == 401
-    for path, code, fragment in ((str(outside / "edges.txt"), 400, "absolute"), ("../x/edges.txt", 400, "'..'"),
-                                 ("sub/../../edges.txt", 400, "'..'"), ("escape/edges.txt", 403, "outside"),
-                                 ("missing.txt", 404, "no such file")):
-        status, err = service.json("POST", "/jobs", {"input": path})
-        assert (status, fragment in err["detail"]) == (code, True), (path, status, err)
-    assert service.json("PUT", "/uploads/..hidden", raw=b"1 2\n")[0] == 400
-    assert service.json("POST", "/jobs", {"input": "inside.txt", "bogus": 1})[0] == 422
-    status, err = service.json("POST", "/jobs", raw=b"{" + b" " * 70000 + b"}",
-                               headers={"Content-Type": "application/json"})
-    assert status == 413 and "exceeds the limit" in err["detail"]
-    assert service.json("POST", "/jobs", body)[0] == 201  # the confined path itself is accepted
-    # no token configured: refuses to start, one line, status 2 (the command line in this process: a ``serve``
-    # that got past the check would stop at once on the data root the service above holds)
-    monkeypatch.delenv("SCALEMB_TOKEN", raising=False)
-    proc = run_cli("serve", "--data-root", root)
-    assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
+    (root / "escape").symlink_to(outside)  # removed at the end: it is the session service's data root
+    try:
+        (root / "inside.txt").write_text("1 2\n2 3\n")
+        body = {"input": "inside.txt", "iterations": 5}
+        status, err = service.json("POST", "/jobs", body, auth=False)
+        assert status == 401 and "bearer token" in err["detail"]
+        assert service.json("POST", "/jobs", body, token="wrong")[0] == 401
+        assert service.json("GET", "/jobs", auth=False)[0] == 401
+        for path, code, fragment in ((str(outside / "edges.txt"), 400, "absolute"), ("../x/edges.txt", 400, "'..'"),
+                                     ("sub/../../edges.txt", 400, "'..'"), ("escape/edges.txt", 403, "outside"),
+                                     ("missing.txt", 404, "no such file")):
+            status, err = service.json("POST", "/jobs", {"input": path})
+            assert (status, fragment in err["detail"]) == (code, True), (path, status, err)
+        assert service.json("PUT", "/uploads/..hidden", raw=b"1 2\n")[0] == 400
+        assert service.json("POST", "/jobs", {"input": "inside.txt", "bogus": 1})[0] == 422
+        status, err = service.json("POST", "/jobs", raw=b"{" + b" " * 70000 + b"}",
+                                   headers={"Content-Type": "application/json"})
+        assert status == 413 and "exceeds the limit" in err["detail"]
+        assert service.json("POST", "/jobs", body)[0] == 201  # the confined path itself is accepted
+        # no token configured: refuses to start, one line, status 2 (the command line in this process: a ``serve``
+        # that got past the check would stop at once on the data root the service above holds)
+        monkeypatch.delenv("SCALEMB_TOKEN", raising=False)
+        proc = run_cli("serve", "--data-root", root)
+        assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
+    finally:
+        (root / "escape").unlink()
 
 
 @pytest.mark.slow
