@@ -17,6 +17,7 @@ from scalemb.affinity.store import write_affinity_store
 from scalemb.embedding import EmbeddingResult
 from scalemb.service.stores import clean_stores
 
+from .cli_runner import run_cli
 from .test_service import TOKEN, Service, _free_port
 
 
@@ -59,7 +60,16 @@ def test_busy_port_is_one_line_status_2_and_runs_no_job(shared, tmp_path):
 
 @pytest.mark.slow
 def test_no_auth_on_a_non_loopback_host_needs_a_second_flag(tmp_path):
-    proc = serve_once(tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port", str(_free_port()))
+    # the command line in this process, the data root locked by the test: a ``serve`` that got past the check
+    # would stop at once there ("in use by another scalemb serve") instead of serving
+    from scalemb.service.app import lock_data_root
+
+    held = lock_data_root(tmp_path)
+    try:
+        proc = run_cli("serve", "--data-root", tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port",
+                       _free_port())
+    finally:
+        held.close()
     assert proc.returncode == 2 and "--allow-remote-no-auth" in proc.stderr and proc.stderr.count("\n") == 1
     assert not (tmp_path / "jobs.sqlite3").exists()
 
