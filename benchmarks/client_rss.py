@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -99,30 +98,14 @@ def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_
     out = workdir / "run.zarr"
     samples = workdir / "samples.json"
     env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-    scheduler_file = workdir / "scheduler.json"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-    processes = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                   "--scheduler-file", str(scheduler_file)], **quiet)]
-    try:
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            time.sleep(0.1)
-        time.sleep(0.3)
-        address = json.loads(scheduler_file.read_text())["address"]
-        processes += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                                        "--host", "127.0.0.1", "--memory-limit", "6GB"], **quiet) for _ in range(2)]
+    from common import local_dask_cluster  # main() puts benchmarks/ at the end of the path
+
+    with local_dask_cluster(2, memory_limit="6GB", env=env) as address:
         argv = ["embed", store, "--out", str(out), "--scheduler", address, "--optimizer", "dbd", "--repulsion",
                 "fft", "--iterations", str(iterations), "--checkpoint-every", str(every), "--seed", "0", "--quiet",
                 "--overwrite"]
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", str(samples), str(out),
                         str(min_bytes), *argv], env=env, check=True)
-    finally:
-        for proc in processes[::-1]:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
     data = json.loads(samples.read_text())
     import numpy as np
     import zarr

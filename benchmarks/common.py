@@ -1,4 +1,5 @@
 """Helpers shared by the benchmarks: machine description and Markdown tables."""
+import contextlib
 import os
 import platform
 import subprocess
@@ -106,3 +107,52 @@ def adjacency_lists(graph) -> list:
         adjacency[a].append(b)
         adjacency[b].append(a)
     return adjacency
+
+
+@contextlib.contextmanager
+def local_dask_cluster(workers: int, directory=None, memory_limit: str | None = None, env: dict | None = None,
+                       timeout: float = 120.0):
+    """A real ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, no
+    dashboard) on 127.0.0.1; yields the scheduler's address once every worker has joined, and stops them all
+    (terminate, then kill after 10 s) on the way out.  Logs go to ``directory`` when it is given, else nowhere.
+    ``env``: the processes' environment (e.g. a ``PYTHONPATH`` that makes them import another tree)."""
+    import json
+    import tempfile
+
+    from dask.distributed import Client  # (not "distributed": benchmarks/distributed.py is a benchmark)
+
+    own = directory is None
+    d = Path(tempfile.mkdtemp(prefix="bench-dask-") if own else directory)
+    d.mkdir(parents=True, exist_ok=True)
+    file = d / "scheduler.json"
+    file.unlink(missing_ok=True)
+
+    def log(name):
+        return subprocess.DEVNULL if own else open(d / f"{name}.log", "w")
+
+    spawn = {"stdout": subprocess.DEVNULL, "env": env}
+    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(file)], stderr=log("scheduler"), **spawn)]
+    try:
+        deadline = time.monotonic() + timeout
+        while not file.exists() or not file.read_text().strip():
+            if procs[0].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the dask scheduler did not start (logs: {d})")
+            time.sleep(0.1)
+        time.sleep(0.3)
+        address = json.loads(file.read_text())["address"]
+        limit = ["--memory-limit", memory_limit] if memory_limit else []
+        procs += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                                    "--host", "127.0.0.1", *limit], stderr=log(f"worker{i}"), **spawn)
+                  for i in range(workers)]
+        with Client(address) as client:
+            client.wait_for_workers(workers, timeout=timeout)
+        yield address
+    finally:
+        for proc in procs[::-1]:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -8,9 +8,7 @@ curvature factorisation that failed to move between workers).
     PYTHONPATH=$PWD python benchmarks/dask_shared_sd.py --jobs 4 --input /work/shared/data/ca-GrQc.txt
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,7 +16,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # benchmarks/distributed.py would shadow it
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]  # distributed.py: a benchmark
+from common import local_dask_cluster  # noqa: E402
 
 
 def main():
@@ -32,23 +31,10 @@ def main():
     args = ap.parse_args()
 
     import scalemb
-    from distributed import Client
 
     d = Path(args.dir or tempfile.mkdtemp(prefix="dask-shared-sd-"))
-    d.mkdir(parents=True, exist_ok=True)
-    file = d / "scheduler.json"
-    file.unlink(missing_ok=True)
-    scheduler = subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                  "--scheduler-file", str(file)], stdout=subprocess.DEVNULL,
-                                 stderr=open(d / "scheduler.log", "w"))
-    while not file.exists() or not file.read_text().strip():
-        time.sleep(0.1)
-    time.sleep(0.3)
-    address = json.loads(file.read_text())["address"]
-    workers = [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                                 "--host", "127.0.0.1", "--memory-limit", "2GB"], stdout=subprocess.DEVNULL,
-                                stderr=open(d / f"worker{i}.log", "w")) for i in range(2)]
-    Client(address).wait_for_workers(2)
+    cluster = local_dask_cluster(2, d, "2GB")
+    address = cluster.__enter__()  # left running: the process ends with os._exit below
     done, errors = [], []
 
     def job(seed):
@@ -73,8 +59,7 @@ def main():
           f"{superlu} | {time.monotonic() - start:.0f} |", flush=True)
     for err in errors[:3]:
         print(err)
-    for proc in workers + [scheduler]:
-        proc.kill()
+    cluster.__exit__(None, None, None)
     os._exit(0)  # threads stuck in a hang must not keep the process
 
 

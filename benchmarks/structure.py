@@ -177,7 +177,7 @@ def hand_flags():
     followed by its default, as ``add_param_arguments`` writes it), and service fields of table rows declared by
     hand on the request's base class."""
     from scalemb.params import PARAMS
-    from scalemb.service.app import JobRequest
+    from scalemb.service.requests import JobRequest
 
     embed = _embed_parser()
     by_flag = {s: a for a in embed._actions for s in a.option_strings}
@@ -215,7 +215,7 @@ def differing_bounds():
     """Table rows with both a CLI flag and a service field whose defaults differ or that accept different values
     among the probes (the bounds, one step outside them, each choice and a bogus one)."""
     from scalemb.params import PARAMS
-    from scalemb.service.app import JobRequest
+    from scalemb.service.requests import JobRequest
 
     embed = _embed_parser()
     differ = []

@@ -13,7 +13,6 @@ object type (``gc.get_objects``) and by allocation site (``tracemalloc``, starte
 """
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -21,7 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # benchmarks/distributed.py would shadow it
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]  # distributed.py: a benchmark
+from common import local_dask_cluster  # noqa: E402
 
 
 def worker_state(dask_worker=None, trim=False):
@@ -157,23 +157,7 @@ def main():
     from distributed import Client
 
     d = Path(args.dir or tempfile.mkdtemp(prefix="worker-rss-"))
-    d.mkdir(parents=True, exist_ok=True)
-    file = d / "scheduler.json"
-    file.unlink(missing_ok=True)
-    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                               "--scheduler-file", str(file)], stdout=subprocess.DEVNULL,
-                              stderr=open(d / "scheduler.log", "w"))]
-    try:
-        while not file.exists() or not file.read_text().strip():
-            time.sleep(0.1)
-        time.sleep(0.3)
-        address = json.loads(file.read_text())["address"]
-        procs += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                                    "--host", "127.0.0.1", "--memory-limit", args.memory_limit],
-                                   stdout=subprocess.DEVNULL, stderr=open(d / f"worker{i}.log", "w"))
-                  for i in range(args.workers)]
-        monitor = Client(address)
-        monitor.wait_for_workers(args.workers)
+    with local_dask_cluster(args.workers, d, args.memory_limit) as address, Client(address) as monitor:
         options = {k: v for k, v in (("optimizer", args.optimizer), ("repulsion", args.repulsion)) if v}
         curve = []
 
@@ -249,13 +233,6 @@ def main():
             print(err)
         if args.json:
             Path(args.json).write_text(json.dumps(curve))
-        monitor.close()
-    finally:
-        for proc in reversed(procs):
-            proc.kill()
-        for proc in procs:
-            proc.wait()
-
 
 if __name__ == "__main__":
     main()

@@ -93,7 +93,8 @@ def _knn_pair(pair, perplexity, n_jobs):
 class Embedder(TransformerMixin, BaseEstimator):
     """SNE-family embedding as a scikit-learn estimator (parameters: ``scalemb.params.PARAMS``).
 
-    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_``, ``kl_history_``, ``n_iter_``,
+    After ``fit``: ``embedding_`` (N x (ds + dt), space columns first), ``kl_`` (also ``kl_divergence_``,
+    scikit-learn's ``TSNE`` name), ``kl_history_``, ``n_iter_``,
     ``result_`` (a ``scalemb.EmbeddingResult``), ``node_ids_`` (the input's node of each row),
     ``n_features_in_`` for feature arrays.  ``optimize(n_iter, **overrides)`` continues the fitted run.
     """
@@ -554,7 +555,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         self._fitted_metric = self.metric
         self.result_ = runner.result_
         self.embedding_ = self.result_.embedding
-        self.kl_ = self.result_.kl
+        self.kl_ = self.kl_divergence_ = self.result_.kl
         self.kl_history_ = self.result_.kl_history
         self.n_iter_ = int(self.result_.iterations)
         self.node_ids_ = self.result_.node_ids if node_ids is None else node_ids

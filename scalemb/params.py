@@ -1,6 +1,6 @@
 """The one table of embedding settings.  Every front is generated from it: the estimator's parameters
 (``scalemb.Embedder``), the ``scalemb embed`` flags (``scalemb.cli.main.add_param_arguments``), the service's job
-fields (``scalemb.service.app.JobRequest``: type, default, help, choices -> Literal, bounds) and the run's value
+fields (``scalemb.service.requests.JobRequest``: type, default, help, choices -> Literal, bounds) and the run's value
 ``scalemb.run.RunSpec`` (one field per row marked ``run``), which is what checkpoints, job records and results store.
 
 Each ``Param`` names a setting once: its default, a one-line help, the choices or bounds, and the CLI flag /

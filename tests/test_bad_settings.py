@@ -122,3 +122,30 @@ def test_misfit_inputs_read_the_same_on_the_service(service):
 
 
 PARAMS_BY = {p.name: p for p in PARAMS}
+
+
+DIRECTORY = "is a directory but not an affinity store (a Zarr group written by scalemb affinity)"
+
+
+def test_a_directory_that_is_no_affinity_store_reads_the_same_on_the_cli_and_the_estimator(tmp_path):
+    """``scalemb.run.inputs.input_kind`` refuses it for every front (before: 'not a regular file' from the edge-list
+    reader on the CLI and the estimator, the service's own check)."""
+    folder = tmp_path / "edges"
+    folder.mkdir()
+    (folder / "part-0.txt").write_text("1 2\n2 3\n")
+    proc = run_cli("embed", folder, "--iterations", "2", "--out", tmp_path / "r.zarr", "--quiet")
+    assert proc.returncode == 2 and proc.stderr.strip() == f"scalemb: error: {folder} {DIRECTORY}", proc.stderr
+    assert not (tmp_path / "r.zarr").exists()
+    with pytest.raises(ValueError) as refused:
+        scalemb.Embedder(max_iter=2).fit(str(folder))
+    assert str(refused.value) == f"{folder} {DIRECTORY}"
+
+
+@pytest.mark.slow
+def test_a_directory_that_is_no_affinity_store_is_a_422_on_the_service(service):
+    (service.root / "edges").mkdir()
+    (service.root / "edges" / "part-0.txt").write_text("1 2\n2 3\n")
+    status, answer = service.json("POST", "/jobs", {"input": "edges"})
+    assert status == 422 and answer["detail"] == f"input 'edges' {DIRECTORY}", answer
+    snapshots = service.root / "snapshots"  # refused before anything is copied
+    assert not snapshots.exists() or not any(snapshots.iterdir())

@@ -139,7 +139,7 @@ def test_service_job_model_params_carry_lambda():
     pytest.importorskip("fastapi")
     from pydantic import ValidationError
 
-    from scalemb.service.app import JobRequest
+    from scalemb.service.requests import JobRequest
 
     assert JobRequest(input="school", model="ee", model_params={"lam": 0.5}).constructor_params() == {"lam": 0.5}
     assert JobRequest(input="school", model="ee").constructor_params() == {}

@@ -215,6 +215,7 @@ def test_callbacks_see_the_embedding_and_can_stop(optimizer):
     est = scalemb.TSNE(max_iter=100, optimizer=optimizer, callbacks=[watch], callbacks_every_iters=5).fit("school")
     assert [s[0] for s in seen] == [0, 5, 10]
     assert est.result_.iterations == 10 and len(est.kl_history_) == 11
+    assert est.kl_divergence_ == est.kl_ == est.kl_history_[-1]  # scikit-learn's TSNE name too
     assert np.array_equal(seen[-1][2], est.embedding_) and seen[-1][1] == est.kl_history_[-1]
 
 
@@ -227,6 +228,7 @@ def test_optimize_continues_as_one_longer_run(optimizer):
     assert np.array_equal(part.embedding_, whole.embedding_)
     part.optimize(5, tol=0.0)
     assert len(part.kl_history_) == 56 and part.result_.iterations == 55
+    assert part.kl_divergence_ == part.kl_history_[-1]
 
 
 def _digits(n=500):

@@ -6,7 +6,7 @@ import pytest
 from scalemb.affinity import AffinityStore
 from scalemb.engine import LocalExecutor
 from scalemb.engine import halo
-from scalemb.engine.blocks import evaluate_block_fft
+from scalemb.engine.blocks import curvature_block, evaluate_block_fft, laplacian_block
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
@@ -76,6 +76,14 @@ def test_worker_functions_rebuild_the_blocks_results(store):
             assert (res.r0, res.r1) == bounds[k]
             assert np.array_equal(res.attraction, want.attraction) and np.array_equal(res.repulsion, want.repulsion)
             assert res.z == want.z and res.plogw == want.plogw
+    # a Laplacian product from the compact columns the client sends (own rows and halo): the global rows' numbers
+    V = _layout(n, 2, seed=5)
+    for w in plan.workers:
+        view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
+        weights = [curvature_block(model, blocks[k], Y, 2, 1.0, False) for k in parts[w]]
+        got = halo.laplacian_compact(view, np.ascontiguousarray(V[:, plan.columns[w]]), *weights)
+        for k, rows, c in zip(parts[w], got, weights):
+            assert np.array_equal(rows, laplacian_block(blocks[k], c, V))
 
 
 @pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0), ("snest", 2, 1)])
@@ -107,7 +115,14 @@ def test_halo_evaluation_sends_each_row_once_and_matches_local(store, dask_clust
         for ex in (local, dask):
             ex.set_curvature(Y)
         V = _layout(n, space, seed=2)
+        submitted, submit = [], dask._submit
+        dask._submit = lambda fn, *args, **kwargs: submitted.append(fn.__name__) or submit(fn, *args, **kwargs)
+        sent = dask.stats["bytes_sent"]
         assert np.array_equal(local.laplacian_matvec(V), dask.laplacian_matvec(V))
+        # one task round: a task per worker, each sent its own rows and its halo (no cutting on other workers)
+        assert submitted == ["laplacian_compact"] * 2
+        assert dask.stats["bytes_sent"] - sent == (n + halo_rows) * space * 8
+        del dask._submit
         assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
 
 
@@ -184,6 +199,61 @@ def test_worker_killed_inside_the_exchange_recovers_identical(store, dask_cluste
         monkeypatch.setattr(dask, "_submit", submit_and_kill)
         got = make_optimizer("dbd", "tsne").optimize(dask, start, 20)
         assert victim.poll() is not None
+        assert dask.stats["recoveries"] >= 1
+        assert len(dask._halo[0].workers) == 2
+    assert np.array_equal(expected.coords, got.coords)
+    assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
+
+
+@pytest.mark.slow
+def test_laplacian_product_of_a_one_worker_layout_matches_local(tmp_path, dask_cluster):
+    """A store of one partition lives on one worker (W = 1: no halo, no piece from anyone): its one-round product,
+    curvature diagonal and evaluation are the in-process numbers bit for bit (W = 2: above; W = 3: the kill test
+    below runs on three workers until the kill)."""
+    one = coauthor_store(tmp_path, 800, seed=3, n_partitions=1)
+    st = AffinityStore(one)
+    Y, V = _layout(st.n_points, 2, seed=6), _layout(st.n_points, 2, seed=7)
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local, \
+            DaskExecutor(one, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        a, b = local.evaluate(Y), dask.evaluate(Y)
+        assert a.kl == b.kl and np.array_equal(a.gradient, b.gradient)
+        for ex in (local, dask):
+            ex.set_curvature(Y)
+        sent = dask.stats["bytes_sent"]
+        assert np.array_equal(local.laplacian_matvec(V), dask.laplacian_matvec(V))
+        assert len(dask._halo[0].workers) == 1 and dask.stats["bytes_sent"] - sent == V.nbytes
+        assert np.array_equal(local.curvature_diagonal(), dask.curvature_diagonal())
+
+
+@pytest.mark.slow
+def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluster, grow_dask, monkeypatch):
+    """SIGKILL a worker while a spectral-direction CG solve's Laplacian product is in flight (its compact columns
+    scattered, its one-round task submitted): the product is repeated on the two workers left (curvature
+    recomputed where it was set) and the run ends where the in-process run ends, bit for bit."""
+    import signal
+
+    st = AffinityStore(store)
+    start = np.random.default_rng(6).normal(size=(2, st.n_points)) * 1e-4
+    options = dict(solver="cg", preconditioner="jacobi")
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions,
+                       repulsion="fft") as local:
+        expected = make_optimizer("sd", "tsne", **options).optimize(local, start, 12)
+    [victim] = grow_dask(1)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
+        submit, products = dask._submit, []
+
+        def submit_and_kill(fn, *args, **kwargs):
+            if fn is halo.laplacian_compact:
+                products.append(fn)
+                if len(products) == 12 and victim.poll() is None:  # a few iterations in, mid-solve
+                    victim.send_signal(signal.SIGKILL)
+                    victim.wait()
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(dask, "_submit", submit_and_kill)
+        got = make_optimizer("sd", "tsne", **options).optimize(dask, start, 12)
+        assert victim.poll() is not None and len(products) > 12
         assert dask.stats["recoveries"] >= 1
         assert len(dask._halo[0].workers) == 2
     assert np.array_equal(expected.coords, got.coords)

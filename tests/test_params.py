@@ -63,7 +63,7 @@ def test_cli_flags_agree_with_the_table():
 
 def test_service_fields_agree_with_the_table():
     pytest.importorskip("fastapi")
-    from scalemb.service.app import JobRequest
+    from scalemb.service.requests import JobRequest
 
     fields = JobRequest.model_fields
     for p in PARAMS:

@@ -582,7 +582,7 @@ def test_placement_defaults_are_one_table_every_front_reads():
     """The placement's defaults are written once (scalemb.placement, scalemb.placement.optimize) and the CLI, the
     service and the run's transform take them from there; maps with time coordinates are not exaggerated."""
     from scalemb.cli.main import build_parser
-    from scalemb.service.app import TransformRequest
+    from scalemb.service.requests import TransformRequest
 
     space, timed = PlacementOptimizer().resolved(with_time=False), PlacementOptimizer().resolved(with_time=True)
     assert (space.exaggeration, space.exaggeration_iterations, space.final_exaggeration, space.iterations) == \

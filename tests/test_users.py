@@ -28,7 +28,7 @@ def test_embedder_defaults_to_2d_tsne_while_the_cli_and_service_keep_snest(digit
     assert scalemb.Embedder().get_params()["model"] == "tsne" == ESTIMATOR_DEFAULTS["model"]
     assert DEFAULTS["model"] == "snest"  # the run's (CLI, service, scalemb.embed) default
     assert build_parser().parse_args(["embed", "x.txt"]).model == "snest"
-    from scalemb.service.app import JobRequest
+    from scalemb.service.requests import JobRequest
 
     assert JobRequest.model_fields["model"].default == "snest"
     X, _ = digits

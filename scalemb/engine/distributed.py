@@ -14,7 +14,8 @@ them apart.
   halo from the workers that own them.  With FFT repulsion each worker spreads its own rows' charges (fixed
   point: partial grids sum exactly in any order), the grids are summed pairwise among the workers, one worker
   convolves, the potentials go back down a tree, and each worker interpolates its own rows.  The curvature
-  weights and the Laplacian products of the spectral direction use the same exchange.  The exact all-pairs
+  weights use the same exchange; a Laplacian product of the spectral direction is one task round instead (the
+  client sends each worker its own rows and its halo of V: ``laplacian_matvec``).  The exact all-pairs
   repulsion and a capped FFT grid (whose near field reads every point) still send all of Y to every worker,
   as one scattered key *per worker*: a single ``scatter(..., broadcast=True)`` key would be thinned out by the
   Active Memory Manager's ReduceReplicas policy, after which tasks fetch it again from the one remaining holder.
@@ -75,7 +76,7 @@ _OPERATIONS = {
     "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft", "evaluate_view": "gradient",
     "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids", "convolve_total": "repulsion-convolution",
     "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",
-    "laplacian_block": "laplacian", "laplacian_view": "laplacian", "diagonal_partition": "curvature-diag",
+    "laplacian_block": "laplacian", "laplacian_compact": "laplacian", "diagonal_partition": "curvature-diag",
     "own_halo": "halo-own-rows", "make_view": "halo-view", "_make_view": "halo-view", "take_columns": "halo-cut",
     "assemble": "halo-join", "relay": "halo-relay", "factorize_partitions": "curvature-factorize",
     "factor_ordering": "curvature-ordering", "entropy_partition": "entropy", "solve_factorized": "curvature-solve",
@@ -735,15 +736,26 @@ class DaskExecutor(Executor):
         self._halo = (plan, views, needs)
         return self._halo
 
+    def _scatter_each(self, values: dict) -> dict:
+        """``{w: future}``: each ``values[w]`` scattered to worker ``w`` only, all in one wait (``client.scatter``
+        one worker at a time waits W times)."""
+        import asyncio
+
+        async def scatter_all():
+            return await asyncio.gather(*[self.client._scatter(value, workers=[w], hash=False)
+                                          for w, value in values.items()])
+
+        futures = dict(zip(values, self.client.sync(scatter_all)))
+        self.stats["bytes_sent"] += sum(_nbytes(v) for v in values.values())
+        return futures
+
     def _exchange(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> tuple:
         """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client -- or ``own``, futures
         of those rows already on the workers (``d = dims``) -- and the pieces of each worker's halo, cut by the
         workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
         plan, views, needs = self._halo_state()
         if own is None:
-            own = {w: self.client.scatter(np.ascontiguousarray(X[:, plan.own[w]]), workers=[w], hash=False)
-                   for w in plan.workers}
-            self.stats["bytes_sent"] += X.nbytes
+            own = self._scatter_each({w: np.ascontiguousarray(X[:, plan.own[w]]) for w in plan.workers})
             dims = X.shape[0]
         pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
                   for key in needs}
@@ -837,7 +849,8 @@ class DaskExecutor(Executor):
         self._weights = weights
 
     def laplacian_matvec(self, V: np.ndarray) -> np.ndarray:
-        """``L(C) V`` by row blocks, each worker receiving its own rows of V and its halo (``_assemble``)."""
+        """``L(C) V`` by row blocks in one task round: the client sends each worker its compact columns of V (own
+        rows and halo, ``halo.laplacian_compact``), all at once, then one task per worker multiplies."""
         if not self.halo:
             return super().laplacian_matvec(V)
         self._check_curvature()
@@ -845,9 +858,8 @@ class DaskExecutor(Executor):
 
         def product():
             plan, views, _ = self._halo_state()
-            own, pieces = self._exchange(V)
-            futures = [self._submit(halo_fns.laplacian_view, views[w], own[w], len(plan.sources(w)),
-                                    *[pieces[v, w] for v in plan.sources(w)],
+            compact = self._scatter_each({w: np.ascontiguousarray(V[:, plan.columns[w]]) for w in plan.workers})
+            futures = [self._submit(halo_fns.laplacian_compact, views[w], compact[w],
                                     *[self._weights[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
             self.stats["calls"] += 1
             out = np.empty_like(V)
@@ -855,6 +867,8 @@ class DaskExecutor(Executor):
                 for k, rows in zip(plan.parts[w], batch):
                     r0, r1 = self.partitions[k]
                     out[:, r0:r1] = rows
+            for f in compact.values():
+                f.release()
             self.stats["bytes_received"] += out.nbytes
             return out
 

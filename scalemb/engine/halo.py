@@ -14,6 +14,9 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
    interpolates its own rows (``evaluate_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
+A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
+its compact columns of V, own rows and halo together (``laplacian_compact``).
+
 The worker's partitions are relabelled once (``make_view``): column indices into ``U_w`` (sorted, so a
 partition's own rows are a contiguous run of it) and ``r0`` its position there; the block kernels run unchanged
 on the compact array (``scalemb.engine.blocks``), in the same order on the same numbers, so the result is bit
@@ -136,12 +139,14 @@ def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exag
     return [curvature_block(model, b, X, space_dims, exaggeration, fixed) for b in view.blocks]
 
 
-def laplacian_view(view: WorkerView, own: np.ndarray, n_pieces: int, *pieces_and_weights: np.ndarray) -> list:
-    """Rows of ``L(C) V`` of each of the worker's partitions: ``V``'s compact columns assembled from the worker's
-    own rows and its ``n_pieces`` halo pieces (in one task: a Laplacian product is too cheap to pay for a
-    separate assembly step), then the partitions' curvature weights (the rest of ``pieces_and_weights``)."""
-    V = assemble(view, own, *pieces_and_weights[:n_pieces])
-    return [laplacian_block(b, w, V) for b, w in zip(view.blocks, pieces_and_weights[n_pieces:])]
+def laplacian_compact(view: WorkerView, V: np.ndarray, *weights: np.ndarray) -> list:
+    """Rows of ``L(C) V`` of each of the worker's partitions from ``V``'s compact columns ``V[:, view.columns]``
+    (its own rows and its halo, sent with the task) and the partitions' curvature weights ``weights``.
+
+    Why the client sends the halo too: a product is a few tens of milliseconds of work, and cutting the halo on
+    the workers that own it costs two more dependent task rounds (own rows to each worker, the pieces cut there,
+    then the product), each a scheduler round trip; the halo's bytes (``sum_w h_w d 8``) cost less than those."""
+    return [laplacian_block(b, w, V) for b, w in zip(view.blocks, weights)]
 
 
 # ------------------------------------------------------------------------------------------------ client

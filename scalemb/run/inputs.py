@@ -30,9 +30,10 @@ from ..progress import phase
 from .spec import front_name
 
 
-def is_dataset(source) -> bool:
-    """A built-in dataset's name (a file of that name in the working directory is a file)."""
-    return isinstance(source, str) and source in DATASETS and not Path(source).exists()
+def is_dataset(source, root=None) -> bool:
+    """A built-in dataset's name (a file of that name in the working directory, or under ``root`` when the
+    front reads names relative to a data root, is that file)."""
+    return isinstance(source, str) and source in DATASETS and not (Path(root or ".") / source).exists()
 
 
 def _is_anndata(X) -> bool:
@@ -82,6 +83,9 @@ def input_kind(source, affinity: str = "auto", front: str = "python", shown=None
     input cannot take; ``shown``: the input as the user named it."""
     name, shown = front_name(BY_NAME["affinity"], front), shown or source or "grqc"
     store = isinstance(source, Affinity) or (isinstance(source, (str, Path)) and is_affinity_store(source))
+    if not store and isinstance(source, (str, Path)) and not is_dataset(source) and Path(source).is_dir():
+        raise ValueError(f"{shown} is a directory but not an affinity store (a Zarr group written by scalemb "
+                         "affinity)")
     features = not store and source is not None and not is_dataset(source) and \
         isinstance(source, (str, Path)) and looks_like_features(source)
     kind = affinity
@@ -128,20 +132,25 @@ class InputPlan:
         if self.store_path is not None:
             yield self.store_path
             return
-        from ..affinity.store import write_affinity_store
-
         tmp = Path(tempfile.mkdtemp(prefix="scalemb-P-"))
         try:
             out = tmp / "P.zarr"
-            if isinstance(self.data, (str, Path)) and Path(self.data).is_file():
-                from ..affinity.ingest import ingest_edge_list
-
-                ingest_edge_list(self.data, out, affinity=self.graph_affinity, n_partitions=n_partitions)
-            else:
-                write_affinity_store(out, load_affinity(self.data, self.graph_affinity), n_partitions=n_partitions)
+            self.write_store(out, n_partitions)
             yield out
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def write_store(self, out, n_partitions: int | None = None) -> None:
+        """Write P into a new affinity store at ``out``: an edge-list file streamed (``ingest_edge_list``: the
+        edges and P are never held whole), anything else through ``load_affinity``."""
+        from ..affinity.store import write_affinity_store
+
+        if isinstance(self.data, (str, Path)) and Path(self.data).is_file():
+            from ..affinity.ingest import ingest_edge_list
+
+            ingest_edge_list(self.data, out, affinity=self.graph_affinity, n_partitions=n_partitions)
+        else:
+            write_affinity_store(out, load_affinity(self.data, self.graph_affinity), n_partitions=n_partitions)
 
 
 def plan_of(data, graph_affinity: str = "coauthorship") -> InputPlan:

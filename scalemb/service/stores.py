@@ -52,7 +52,8 @@ def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int
     """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there; ``n_partitions``
     None: the data-determined row-block layout every run uses, so cluster jobs equal in-process ones bit for bit.
     ``knn``: ``source`` is a feature file; P is its kNN affinity with these settings (``n_jobs`` threads)."""
-    from ..embedding import load_affinity
+    from ..run.inputs import InputPlan
+    from .features import knn_affinity_of
 
     folder = Path(root) / DIRECTORY
     folder.mkdir(exist_ok=True)
@@ -60,20 +61,9 @@ def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int
     path = folder / f"{key}.zarr"
     with open(folder / f"{key}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_affinity_store(path):
-            if knn is not None:
-                from ..affinity.store import write_affinity_store
-                from .features import knn_affinity_of
-
-                write_affinity_store(path, knn_affinity_of(source, knn, n_jobs), n_partitions=n_partitions)
-            elif Path(source).is_file():
-                from ..affinity.ingest import ingest_edge_list
-
-                ingest_edge_list(source, path, affinity=graph_affinity, n_partitions=n_partitions)
-            else:
-                from ..affinity.store import write_affinity_store
-
-                write_affinity_store(path, load_affinity(source, graph_affinity), n_partitions=n_partitions)
+        if not is_affinity_store(path):  # not cached yet (a store is written whole or not at all)
+            data = source if knn is None else knn_affinity_of(source, knn, n_jobs)
+            InputPlan("graph" if knn is None else "knn", source, data, graph_affinity).write_store(path, n_partitions)
         touch(path)
     return path
 
