@@ -152,6 +152,19 @@ def service(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def shared_service(tmp_path_factory):
+    """One ``scalemb serve`` with the default options (``Service`` of tests/test_service.py) for the tests of
+    every module that neither stop it nor start it with options of their own nor need a data root to themselves
+    (``shared_service.root``: its data root): each names its own files and checks only what it added to the
+    listing and the data root.  Five modules' services are one start."""
+    from .test_service import Service
+
+    svc = Service(tmp_path_factory.mktemp("shared-service-root"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server (``tests/postgres_server.py``) for the session; the tests using it skip, naming
     the package, where Debian's ``postgresql`` is not installed (``.ci/run`` installs it)."""

@@ -69,15 +69,11 @@ def test_cli_and_estimator_say_the_same(p, value, text, tmp_path):
     assert cli.startswith("must be ") and cli.endswith(f"got {text}")
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    """One ``scalemb serve`` for the two tests below, instead of conftest's one per test: they only send settings
-    it refuses (no job is created)."""
-    from .test_service import Service
-
-    svc = Service(tmp_path_factory.mktemp("bad-settings-root"))
-    yield svc
-    svc.stop()
+@pytest.fixture
+def service(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the two tests below, instead of
+    conftest's one per test: they only send settings it refuses (no job is created)."""
+    return shared_service
 
 
 @pytest.mark.slow
@@ -149,7 +145,8 @@ def test_a_directory_that_is_no_affinity_store_reads_the_same_on_the_cli_and_the
 def test_a_directory_that_is_no_affinity_store_is_a_422_on_the_service(service):
     (service.root / "edges").mkdir()
     (service.root / "edges" / "part-0.txt").write_text("1 2\n2 3\n")
+    snapshots = service.root / "snapshots"  # the session service's: what other tests' jobs copied stays
+    before = set(snapshots.iterdir()) if snapshots.exists() else set()
     status, answer = service.json("POST", "/jobs", {"input": "edges"})
     assert status == 422 and answer["detail"] == f"input 'edges' {DIRECTORY}", answer
-    snapshots = service.root / "snapshots"  # refused before anything is copied
-    assert not snapshots.exists() or not any(snapshots.iterdir())
+    assert (set(snapshots.iterdir()) if snapshots.exists() else set()) == before  # refused before any copy

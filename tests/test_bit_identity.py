@@ -135,21 +135,22 @@ def test_estimator_runs_are_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-def test_service_jobs_are_unchanged(service, tmp_path):
+def test_service_jobs_are_unchanged(shared_service, tmp_path):
     """The service's job path gives the CLI's results: a dataset job and a feature-file job."""
+    service = shared_service
     status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 60,
                                                      "seed": 3})
     assert status == 201, created
     assert service.wait(created["id"])["state"] == "done"
-    result = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    result = EmbeddingResult.load(service.root / "jobs" / created["id"] / "run.zarr")
     assert result_hash(result) == RECORDED["cli-school-snest"]
-    status, up = service.json("PUT", "/uploads/features.npy", raw=_features_bytes())
+    status, up = service.json("PUT", "/uploads/bit-identity-features.npy", raw=_features_bytes())
     assert status == 201, up
     status, created = service.json("POST", "/jobs", {"input": up["input"], "model": "tsne", "perplexity": 5,
                                                      "iterations": 40, "seed": 7})
     assert status == 201, created
     assert service.wait(created["id"])["state"] == "done"
-    result = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    result = EmbeddingResult.load(service.root / "jobs" / created["id"] / "run.zarr")
     assert np.array_equal(result.embedding, _cli_features_embedding(tmp_path))
 
 

@@ -91,11 +91,11 @@ def test_sigkill_during_final_write_leaves_a_loadable_identical_result(tmp_path)
 
 
 @pytest.mark.slow
-def test_worker_killed_during_cluster_ingestion_loses_no_job(tmp_path, start_dask):
+def test_worker_killed_during_cluster_ingestion_loses_no_job(tmp_path, dask_cluster, grow_dask):
     root, private, outside = _layout(tmp_path)
     before = _snapshot(outside)
-    dask = start_dask(2)
-    svc = Service(root, "--scheduler", dask.address, env={"TMPDIR": str(private)})
+    (victim,) = grow_dask(1)  # the session cluster and a worker of this test's own, one of the three ingesting
+    svc = Service(root, "--scheduler", dask_cluster.address, env={"TMPDIR": str(private)})
     try:
         assert svc.json("PUT", "/uploads/s.txt", raw=b"".join(
             f"{a} {b}\n".encode() for a, b in zip(*scalemb.datasets.school_edges())))[0] == 201
@@ -103,7 +103,7 @@ def test_worker_killed_during_cluster_ingestion_loses_no_job(tmp_path, start_das
         deadline = time.monotonic() + 60
         while not (root / "stores").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
-        dask.workers[0].kill()
+        victim.kill()
         record = svc.wait(job["id"], timeout=120)
         assert record["state"] == "done", record
         result = EmbeddingResult.load(root / "jobs" / job["id"] / "run.zarr")

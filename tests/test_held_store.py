@@ -51,6 +51,7 @@ def _interrupted(out, store, at: int, **params):
             scalemb.Embedder(**SETTINGS, **params).fit(str(store), checkpoint=checkpointer)
 
 
+@pytest.mark.slow
 def test_a_cluster_checkpoint_is_written_by_the_workers_and_resumes_in_process(store, reference, dask_cluster,
                                                                                tmp_path):
     out = tmp_path / "run.zarr"
@@ -72,6 +73,7 @@ def test_a_cluster_checkpoint_is_written_by_the_workers_and_resumes_in_process(s
     assert_same_result(scalemb.resume(out, in_process=True), reference)  # bit for bit
 
 
+@pytest.mark.slow
 def test_an_in_process_checkpoint_resumes_on_the_cluster(store, reference, dask_cluster, tmp_path):
     out = tmp_path / "run.zarr"
     _interrupted(out, store, 20)
@@ -80,6 +82,7 @@ def test_an_in_process_checkpoint_resumes_on_the_cluster(store, reference, dask_
     assert_same_result(resumed, reference)
 
 
+@pytest.mark.slow
 def test_a_tampered_worker_written_checkpoint_is_refused(store, dask_cluster, tmp_path):
     out = tmp_path / "run.zarr"
     _interrupted(out, store, 20, scheduler=dask_cluster.address)
@@ -89,6 +92,7 @@ def test_a_tampered_worker_written_checkpoint_is_refused(store, dask_cluster, tm
         read_checkpoint(out)
 
 
+@pytest.mark.slow
 def test_workers_that_cannot_see_the_store_leave_the_checkpoints_to_the_client(store, reference, dask_cluster,
                                                                                 tmp_path, monkeypatch, caplog):
     """A worker on a host without the client's file system finds no version directory: the checkpoint is written

@@ -17,6 +17,8 @@ import pytest
 import scalemb
 from scalemb.embedding import EmbeddingResult
 
+from .cli_runner import run_cli
+
 TOKEN = "test-token-7"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,8 +92,23 @@ class Service:
         raise AssertionError(f"job {job_id} still {record['state']} at iteration {record['iteration']}")
 
 
+@pytest.fixture
+def service(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the tests of this module that neither
+    stop it nor start it with options of their own (``service.root``: its data root).  Each test names its own
+    uploads and checks what it added to the listing, the jobs and stores directories and the database."""
+    return shared_service
+
+
+def _job_ids(service) -> set:
+    status, listing = service.json("GET", "/jobs")
+    assert status == 200 and listing["total"] < 100, listing  # one page holds them all
+    return {j["id"] for j in listing["jobs"]}
+
+
 @pytest.mark.slow
-def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
+def test_submit_poll_fetch_embedding_and_plot(service):
+    root, before = service.root, _job_ids(service)
     status, created = service.json("POST", "/jobs", {"input": "school", "model": "snest", "iterations": 120,
                                                      "seed": 2})
     assert status == 201 and created["state"] == "queued"
@@ -99,7 +116,7 @@ def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     assert record["state"] == "done", record
     assert record["iteration"] == 120 and len(record["kl_history"]) == 121 and record["n_points"] == 42
     assert record["timing"]["elapsed_s"] > 0
-    stored = EmbeddingResult.load(tmp_path / "jobs" / created["id"] / "run.zarr")
+    stored = EmbeddingResult.load(root / "jobs" / created["id"] / "run.zarr")
     # the same run in-process gives the same embedding
     assert np.array_equal(stored.embedding, scalemb.embed("school", iterations=120, seed=2).embedding)
     assert record["kl"] == pytest.approx(stored.kl) and record["kl_history"] == pytest.approx(stored.kl_history)
@@ -121,11 +138,12 @@ def test_submit_poll_fetch_embedding_and_plot(service, tmp_path):
     assert [line.split(",")[0] for line in csv2[1:]] == ["10", "20", "30", "40"]
     # listing, OpenAPI, the SQLite records
     status, listing = service.json("GET", "/jobs")
-    assert {j["id"] for j in listing["jobs"]} == {created["id"], job2["id"]}
+    assert {j["id"] for j in listing["jobs"]} - before == {created["id"], job2["id"]}
     status, spec = service.json("GET", "/openapi.json", auth=False)
     assert status == 200 and {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/embedding"} <= set(spec["paths"])
-    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-        assert dict(db.execute("SELECT id, state FROM jobs")) == {created["id"]: "done", job2["id"]: "done"}
+    with sqlite3.connect(root / "jobs.sqlite3") as db:
+        rows = {job_id: state for job_id, state in db.execute("SELECT id, state FROM jobs") if job_id not in before}
+    assert rows == {created["id"]: "done", job2["id"]: "done"}
     assert service.json("GET", "/jobs/nope")[0] == 404
 
 
@@ -136,7 +154,10 @@ def _npy(array) -> bytes:
 
 
 @pytest.mark.slow
-def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(service, tmp_path):
+def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(service):
+    root, before = service.root, _job_ids(service)
+    dirs_before = {p.name for p in (root / "jobs").iterdir()} if (root / "jobs").is_dir() else set()
+    stores_before = set((root / "stores").glob("*.zarr"))
     X = np.random.default_rng(5).normal(size=(60, 5))
     assert service.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
     text = "a,b,c,d,e\n" + "".join(",".join(repr(float(v)) for v in row) + "\n" for row in X)
@@ -152,7 +173,7 @@ def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(serv
         record = service.wait(job_id)
         assert record["state"] == "done", record
         assert record["n_points"] == 60 and record["params"]["affinity"] == "knn"
-        stored = EmbeddingResult.load(tmp_path / "jobs" / job_id / "run.zarr")
+        stored = EmbeddingResult.load(root / "jobs" / job_id / "run.zarr")
         assert np.array_equal(stored.embedding, here.embedding_)
         assert np.array_equal(stored.kl_history, here.kl_history_)
     # bad input: 422, one line naming the field or the file (and line), nothing queued or written
@@ -177,39 +198,43 @@ def test_feature_uploads_embed_with_knn_affinities_and_bad_input_is_refused(serv
                                                                          "store")):
         status, err = service.json("POST", "/jobs", request)
         assert status == 422 and err["detail"].startswith(fragment) and "\n" not in err["detail"], (request, err)
-    assert {j["id"] for j in service.json("GET", "/jobs")[1]["jobs"]} == set(jobs)
-    assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == sorted(jobs)
-    assert len(list((tmp_path / "stores").glob("*.zarr"))) == 2  # the two good jobs' kNN P, nothing else
+    assert _job_ids(service) - before == set(jobs)
+    assert sorted(p.name for p in (root / "jobs").iterdir() if p.name not in dirs_before) == sorted(jobs)
+    assert len(set((root / "stores").glob("*.zarr")) - stores_before) == 2  # the two good jobs' kNN P, no more
 
 
 @pytest.mark.slow
-def test_auth_paths_and_limits_are_refused(service, tmp_path):
-    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+def test_auth_paths_and_limits_are_refused(service, monkeypatch):
+    root = service.root
+    outside = root.parent / f"{root.name}-outside-auth"
     outside.mkdir()
     (outside / "edges.txt").write_text("1 2\n")
-    (tmp_path / "escape").symlink_to(outside)
-    (tmp_path / "inside.txt").write_text("1 2\n2 3\n")
-    body = {"input": "inside.txt", "iterations": 5}
-    status, err = service.json("POST", "/jobs", body, auth=False)
-    assert status == 401 and "bearer token" in err["detail"]
-    assert service.json("POST", "/jobs", body, token="wrong")[0] == 401
-    assert service.json("GET", "/jobs", auth=False)[0] == 401
-    for path, code, fragment in ((str(outside / "edges.txt"), 400, "absolute"), ("../x/edges.txt", 400, "'..'"),
-                                 ("sub/../../edges.txt", 400, "'..'"), ("escape/edges.txt", 403, "outside"),
-                                 ("missing.txt", 404, "no such file")):
-        status, err = service.json("POST", "/jobs", {"input": path})
-        assert (status, fragment in err["detail"]) == (code, True), (path, status, err)
-    assert service.json("PUT", "/uploads/..hidden", raw=b"1 2\n")[0] == 400
-    assert service.json("POST", "/jobs", {"input": "inside.txt", "bogus": 1})[0] == 422
-    status, err = service.json("POST", "/jobs", raw=b"{" + b" " * 70000 + b"}",
-                               headers={"Content-Type": "application/json"})
-    assert status == 413 and "exceeds the limit" in err["detail"]
-    assert service.json("POST", "/jobs", body)[0] == 201  # the confined path itself is accepted
-    # no token configured: refuses to start, one line, status 2
-    env = {k: v for k, v in os.environ.items() if k != "SCALEMB_TOKEN"}
-    proc = subprocess.run([sys.executable, "-m", "scalemb", "serve", "--data-root", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
+    (root / "escape").symlink_to(outside)  # removed at the end: it is the session service's data root
+    try:
+        (root / "inside.txt").write_text("1 2\n2 3\n")
+        body = {"input": "inside.txt", "iterations": 5}
+        status, err = service.json("POST", "/jobs", body, auth=False)
+        assert status == 401 and "bearer token" in err["detail"]
+        assert service.json("POST", "/jobs", body, token="wrong")[0] == 401
+        assert service.json("GET", "/jobs", auth=False)[0] == 401
+        for path, code, fragment in ((str(outside / "edges.txt"), 400, "absolute"), ("../x/edges.txt", 400, "'..'"),
+                                     ("sub/../../edges.txt", 400, "'..'"), ("escape/edges.txt", 403, "outside"),
+                                     ("missing.txt", 404, "no such file")):
+            status, err = service.json("POST", "/jobs", {"input": path})
+            assert (status, fragment in err["detail"]) == (code, True), (path, status, err)
+        assert service.json("PUT", "/uploads/..hidden", raw=b"1 2\n")[0] == 400
+        assert service.json("POST", "/jobs", {"input": "inside.txt", "bogus": 1})[0] == 422
+        status, err = service.json("POST", "/jobs", raw=b"{" + b" " * 70000 + b"}",
+                                   headers={"Content-Type": "application/json"})
+        assert status == 413 and "exceeds the limit" in err["detail"]
+        assert service.json("POST", "/jobs", body)[0] == 201  # the confined path itself is accepted
+        # no token configured: refuses to start, one line, status 2 (the command line in this process: a ``serve``
+        # that got past the check would stop at once on the data root the service above holds)
+        monkeypatch.delenv("SCALEMB_TOKEN", raising=False)
+        proc = run_cli("serve", "--data-root", root)
+        assert proc.returncode == 2 and "no bearer token" in proc.stderr and proc.stderr.count("\n") == 1
+    finally:
+        (root / "escape").unlink()
 
 
 @pytest.mark.slow
@@ -271,12 +296,14 @@ def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(se
     from scalemb.placement import transform_run
     from scalemb.placement.optimize import PlacementOptimizer
 
+    root = service.root
+
     rng = np.random.default_rng(8)
     X = np.concatenate([rng.normal(size=(40, 5)) + 8 * k for k in range(2)])  # two clusters, rows 0-39 and 40-79
     new = X[[3, 45]] + 0.01 * rng.normal(size=(2, 5))
-    assert service.json("PUT", "/uploads/feats.npy", raw=_npy(X))[0] == 201
+    assert service.json("PUT", "/uploads/clusters.npy", raw=_npy(X))[0] == 201
     assert service.json("PUT", "/uploads/new.npy", raw=_npy(new))[0] == 201
-    _, job = service.json("POST", "/jobs", {"input": "uploads/feats.npy", "model": "tsne", "iterations": 150,
+    _, job = service.json("POST", "/jobs", {"input": "uploads/clusters.npy", "model": "tsne", "iterations": 150,
                                             "seed": 1, "perplexity": 10.0})
     assert service.wait(job["id"])["state"] == "done"
     status, placed = service.json("POST", f"/jobs/{job['id']}/transform", {"new": "uploads/new.npy",
@@ -286,8 +313,8 @@ def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(se
     assert record["state"] == "done" and record["n_points"] == 82, record
     csv = service.request("GET", f"/jobs/{placed['id']}/embedding")[1].decode().splitlines()
     assert [line.split(",")[0] for line in csv[-2:]] == ["80", "81"]  # new ids after the old ones
-    source = EmbeddingResult.load(tmp_path / "jobs" / job["id"] / "run.zarr")
-    result = EmbeddingResult.load(tmp_path / "jobs" / placed["id"] / "run.zarr")
+    source = EmbeddingResult.load(root / "jobs" / job["id"] / "run.zarr")
+    result = EmbeddingResult.load(root / "jobs" / placed["id"] / "run.zarr")
     assert np.array_equal(result.embedding[:80], source.embedding)  # the old map stays fixed
     Y = source.embedding
     for row, twin in ((80, 3), (81, 45)):  # a new row lands in its twin's cluster, nearer the twin than most
@@ -295,7 +322,7 @@ def test_transform_job_places_new_feature_rows_into_an_in_process_feature_job(se
         other = np.setdiff1d(np.arange(80), own)
         d = np.linalg.norm(Y - result.embedding[row], axis=1)
         assert d[other].min() > d[own].max() / 2 and d[twin] < np.median(d[own])
-    direct = transform_run(tmp_path / "jobs" / job["id"] / "run.zarr", tmp_path / "uploads" / "new.npy",
+    direct = transform_run(root / "jobs" / job["id"] / "run.zarr", root / "uploads" / "new.npy",
                            tmp_path / "direct.zarr", optimizer=PlacementOptimizer(iterations=100), n_threads=2)
     assert np.array_equal(direct.embedding, result.embedding)
 

@@ -29,12 +29,11 @@ _SCHEMA = MIGRATIONS[1][0].format(real="REAL")  # the first release's table: the
 INF, NAN = float("inf"), float("nan")
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One ``scalemb serve`` for the tests that need no data root of their own."""
-    svc = Service(tmp_path_factory.mktemp("faults-root"))
-    yield svc
-    svc.stop()
+@pytest.fixture
+def shared(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the tests that need no data root of
+    their own."""
+    return shared_service
 
 
 @pytest.mark.parametrize("value, expected", [

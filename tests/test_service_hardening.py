@@ -17,6 +17,7 @@ from scalemb.affinity.store import write_affinity_store
 from scalemb.embedding import EmbeddingResult
 from scalemb.service.stores import clean_stores
 
+from .cli_runner import run_cli
 from .test_service import TOKEN, Service, _free_port
 
 
@@ -27,13 +28,11 @@ def serve_once(root, *args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One ``scalemb serve`` for the tests below that neither stop it nor need a data root of their own
-    (each leaves no job running): ``service.root`` is its data root."""
-    svc = Service(tmp_path_factory.mktemp("shared-root"))
-    yield svc
-    svc.stop()
+@pytest.fixture
+def shared(shared_service):
+    """The session's ``scalemb serve`` (conftest's ``shared_service``) for the tests below that neither stop it
+    nor need a data root of their own (each leaves no job running): ``service.root`` is its data root."""
+    return shared_service
 
 
 @pytest.mark.slow
@@ -61,7 +60,16 @@ def test_busy_port_is_one_line_status_2_and_runs_no_job(shared, tmp_path):
 
 @pytest.mark.slow
 def test_no_auth_on_a_non_loopback_host_needs_a_second_flag(tmp_path):
-    proc = serve_once(tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port", str(_free_port()))
+    # the command line in this process, the data root locked by the test: a ``serve`` that got past the check
+    # would stop at once there ("in use by another scalemb serve") instead of serving
+    from scalemb.service.app import lock_data_root
+
+    held = lock_data_root(tmp_path)
+    try:
+        proc = run_cli("serve", "--data-root", tmp_path, "--insecure-no-auth", "--host", "0.0.0.0", "--port",
+                       _free_port())
+    finally:
+        held.close()
     assert proc.returncode == 2 and "--allow-remote-no-auth" in proc.stderr and proc.stderr.count("\n") == 1
     assert not (tmp_path / "jobs.sqlite3").exists()
 
@@ -153,33 +161,37 @@ def test_limits_and_validation_are_early_one_line_and_never_echo(shared):
         status, content, headers = service.request("POST", "/jobs", raw=raw,
                                                    headers={"Content-Type": "application/json"})
         assert status == 400 and headers["content-type"] == "application/json", (status, content[:200])
+    uploads = set((tmp_path / "uploads").iterdir()) if (tmp_path / "uploads").is_dir() else set()
     assert service.request("PUT", "/uploads/nl.txt%0A", raw=b"1 2\n")[0] == 400
-    assert not list((tmp_path / "uploads").iterdir())
+    assert (set((tmp_path / "uploads").iterdir()) if (tmp_path / "uploads").is_dir() else set()) == uploads
     # a failing job's error names the input relative to the data root
-    assert service.json("PUT", "/uploads/bad.txt", raw=b"1 2\n2 x\n")[0] == 201
-    _, job = service.json("POST", "/jobs", {"input": "uploads/bad.txt", "iterations": 5})
+    assert service.json("PUT", "/uploads/bad-cell.txt", raw=b"1 2\n2 x\n")[0] == 201
+    _, job = service.json("POST", "/jobs", {"input": "uploads/bad-cell.txt", "iterations": 5})
     record = service.wait(job["id"])
-    assert record["state"] == "failed" and "uploads/bad.txt:2" in record["error"]
+    assert record["state"] == "failed" and "uploads/bad-cell.txt:2" in record["error"]
     assert str(tmp_path) not in json.dumps(record)
 
 
 @pytest.mark.slow
 def test_store_with_arrays_symlinked_outside_the_data_root_is_refused(shared, school_affinity):
     service, tmp_path = shared, shared.root
-    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside-store"
     outside.mkdir()
     write_affinity_store(outside / "P.zarr", school_affinity, n_partitions=2)
     inside = tmp_path / "P.zarr"
     inside.mkdir()
-    for entry in (outside / "P.zarr").iterdir():
-        if entry.name == "data":
-            (inside / "data").symlink_to(entry)
-        elif entry.is_dir():
-            shutil.copytree(entry, inside / entry.name)
-        else:
-            shutil.copy(entry, inside / entry.name)
-    status, err = service.json("POST", "/jobs", {"input": "P.zarr", "iterations": 5})
-    assert status == 403 and "outside the data root" in err["detail"]
+    try:  # removed at the end: the data root is the session service's, and its other tests see no escaping link
+        for entry in (outside / "P.zarr").iterdir():
+            if entry.name == "data":
+                (inside / "data").symlink_to(entry)
+            elif entry.is_dir():
+                shutil.copytree(entry, inside / entry.name)
+            else:
+                shutil.copy(entry, inside / entry.name)
+        status, err = service.json("POST", "/jobs", {"input": "P.zarr", "iterations": 5})
+        assert status == 403 and "outside the data root" in err["detail"]
+    finally:
+        shutil.rmtree(inside)
 
 
 @pytest.mark.slow

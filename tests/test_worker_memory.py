@@ -11,6 +11,7 @@ from scalemb.affinity.store import AffinityStore
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 
+from .conftest import DaskProcesses
 from .test_distributed import store  # noqa: F401 - the module's store fixture
 
 # The probes below run on worker processes, which cannot import the ``tests`` package (CI runs pytest from the
@@ -54,13 +55,23 @@ def _rss(client) -> int:
     return rss
 
 
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    """A scheduler and one worker process of this module's own (not the session cluster: the tests read the
+    worker's memory), shared by its two tests: each measures the growth over its own work from a baseline taken
+    after its own warm-up."""
+    processes = DaskProcesses(tmp_path_factory.mktemp("one-worker"), 1)
+    yield processes
+    processes.close()
+
+
 @pytest.mark.slow
-def test_curvature_factorisations_do_not_accumulate_on_the_worker(store, start_dask):  # noqa: F811
+def test_curvature_factorisations_do_not_accumulate_on_the_worker(store, one_worker):  # noqa: F811
     """Each spectral-direction iteration factorises ``L(C) + mu I`` on a worker (a Dask task, run in the worker's
     executor thread) and the factor is dropped when the client releases it (in the worker's event-loop thread).
     SciPy's SuperLU frees a block only in the thread that allocated it, so before the fix every factor's L and U
     stayed in the worker: 60 factorisations kept ~60 factors' bytes.  Now: less than 6 factors' worth."""
-    processes = start_dask(1)
+    processes = one_worker
     with DaskExecutor(store, get_model("tsne"), 2, 0, processes.client) as dask:
         rng = np.random.default_rng(0)
         Y = rng.normal(size=(2, dask.n_points))
@@ -83,11 +94,11 @@ def test_curvature_factorisations_do_not_accumulate_on_the_worker(store, start_d
 
 
 @pytest.mark.slow
-def test_a_workers_memory_is_bounded_over_many_spectral_direction_jobs(store, start_dask):  # noqa: F811
+def test_a_workers_memory_is_bounded_over_many_spectral_direction_jobs(store, one_worker):  # noqa: F811
     """Jobs as the service runs them (``scalemb.embed(..., scheduler=address)``: a client per job, t-SNE with
     the spectral direction): after a few warm-up jobs, 8 more leave the worker within 4 factors' bytes of where
     it was (before the fix, each 15-iteration job left ~15 factors behind)."""
-    processes = start_dask(1)
+    processes = one_worker
     address = processes.address
     n = AffinityStore(store).n_points
 
