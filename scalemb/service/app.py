@@ -15,7 +15,9 @@ replaced at any time without changing what a queued, running or done job reads. 
 ``scalemb.service.jsonsafe`` (non-finite floats as ``null``).  A full disk answers 507 and leaves nothing
 half-written.
 """
+import fcntl
 import hmac
+import socket
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,7 +43,6 @@ PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/
 DOCS_STATIC = "/docs/static/"
 
 REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"  # the only Internet URL ReDoc's bundle loads by itself
-
 
 
 @dataclass
@@ -72,7 +73,6 @@ class ServiceConfig:
             raise ValueError(f"lease_seconds must be in [1, 3600], got {self.lease_seconds!r}")
 
 
-
 def _one_line(exc: RequestValidationError) -> str:
     """The first validation error as one line naming the field, never echoing the submitted value."""
     errors = exc.errors()
@@ -83,7 +83,6 @@ def _one_line(exc: RequestValidationError) -> str:
     message = str(first.get("msg", "invalid")).replace("Value error, ", "").splitlines()[0][:300]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {message}{more}"
-
 
 
 class BodyLimit:
@@ -118,10 +117,8 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
-
 def _error(status: int, detail: str, headers=None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
-
 
 
 async def _invalid(request: Request, exc: RequestValidationError):
@@ -257,14 +254,10 @@ def _add_docs(app: FastAPI) -> None:
                               redoc_favicon_url=f"{DOCS_STATIC}favicon.png", with_google_fonts=False)
 
 
-
 def lock_data_root(root: Path):
     """An exclusive, non-blocking ``flock`` on ``DATA_ROOT/.scalemb-serve.lock`` held for the process's life
     (the returned file object); ``ScalembError`` if another ``scalemb serve`` holds it.  Two services on one
     data root would requeue and resume each other's jobs."""
-    import fcntl
-
-    from ..errors import ScalembError
 
     handle = open(Path(root) / ".scalemb-serve.lock", "a+")
     try:
@@ -276,12 +269,8 @@ def lock_data_root(root: Path):
     return handle
 
 
-
 def bind_socket(host: str, port: int):
     """A listening TCP socket on ``host:port``, bound before any job runs; ``ScalembError`` if it is busy."""
-    import socket
-
-    from ..errors import ScalembError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -296,7 +285,6 @@ def bind_socket(host: str, port: int):
         sock.close()
         raise ScalembError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
-
 
 
 def serve(config: ServiceConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -317,7 +305,6 @@ def serve(config: ServiceConfig, host: str = "127.0.0.1", port: int = 8000) -> N
         sock.close()
         if lock is not None:
             lock.close()
-
 
 
 def _shared_database(url: str | None) -> bool:

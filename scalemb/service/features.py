@@ -11,13 +11,14 @@ this rule reads as an edge list (two or three integer columns) needs ``affinity=
 from pathlib import Path
 
 from ..affinity.knn import FEATURE_SUFFIXES, looks_like_features  # noqa: F401 - the rule lives there
+from ..affinity.knn import read_features
+from ..errors import InputError
+from ..run.inputs import knn_features_affinity
 
 
 def check_features(path: Path, shown: str) -> int:
     """The number of rows of feature file ``path``; ``ValueError`` naming ``shown`` (the path the user gave) and
     the line for a file ``scalemb.affinity.knn.read_features`` refuses, or one of fewer than 2 rows."""
-    from ..affinity.knn import read_features
-    from ..errors import InputError
 
     try:
         X = read_features(path)
@@ -39,8 +40,6 @@ def knn_settings(params: dict) -> dict | None:
 
 def knn_affinity_of(path, settings: dict, n_jobs=None):
     """The kNN ``Affinity`` of feature file ``path`` (``scalemb.estimator.knn_features_affinity``)."""
-    from ..affinity.knn import read_features
-    from ..run.inputs import knn_features_affinity
 
     return knn_features_affinity(read_features(path), settings["perplexity"], settings["n_neighbors"],
                                  settings["metric"], settings["seed"], n_jobs, source=path)

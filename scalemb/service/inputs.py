@@ -3,12 +3,16 @@ symlinks leading out or the service's own files), snapshot when the job is submi
 under ``--storage`` downloaded and snapshot; its affinity kind decided by ``scalemb.run.inputs`` (the one rule)
 and a feature file checked before anything is queued."""
 import os
+import shutil
 import time
 from pathlib import Path
 
 from fastapi import HTTPException
 
-from ..run.inputs import input_kind
+from ..errors import ScalembError
+from ..io.storage import download, within
+from ..run.inputs import check_knn_settings, input_kind
+from .features import check_features
 from .snapshots import snapshot
 
 MAX_PATH_CHARS = 1024
@@ -17,7 +21,6 @@ MAX_PATH_CHARS = 1024
 SERVICE_ENTRIES = ("jobs", "stores", "snapshots", "jobs.sqlite3")
 
 STORAGE_STATUS = {"missing": 404, "denied": 403, "credentials": 502, "unreachable": 502}
-
 
 
 def confine(root: Path, relative: str) -> Path:
@@ -52,7 +55,6 @@ def confine(root: Path, relative: str) -> Path:
     return resolved
 
 
-
 def _escaping_link(root: Path, path: Path) -> bool:
     """Whether a directory input (an affinity store) holds a symlink leading outside ``root``."""
     if not path.is_dir():
@@ -65,13 +67,10 @@ def _escaping_link(root: Path, path: Path) -> bool:
     return False
 
 
-
 def affinity_kind(job, input_path: str) -> str:
     """The job's affinity once its input is known ('auto' resolved: ``scalemb.service.features``); a feature file
     is read and checked here, so bad input is refused (422, naming the field or the file and line) before
     anything is queued or written."""
-    from ..run.inputs import check_knn_settings
-    from .features import check_features
 
     path = input_path if not Path(input_path).is_absolute() else Path(input_path)  # a dataset stays a name
     try:
@@ -82,7 +81,6 @@ def affinity_kind(job, input_path: str) -> str:
     except ValueError as exc:
         raise HTTPException(422, str(exc).splitlines()[0][:500]) from None
     return kind
-
 
 
 def input_snapshot(root: Path, relative: str) -> dict:
@@ -98,16 +96,11 @@ def input_snapshot(root: Path, relative: str) -> dict:
     return {"input_path": str(copy), "snapshot": str(copy), "input_sha256": key}
 
 
-
 def remote_snapshot(root: Path, url: str, storage: str | None) -> dict:
     """``_input_snapshot`` of an object-storage input: ``url`` must lie under the service's ``--storage`` prefix
     (as a path must lie under the data root; 400 without one, 403 outside it); its objects are downloaded into a
     temporary directory of ``DATA_ROOT/snapshots`` and snapshot from there.  An unusable URL, a missing object
     or bucket, refused or missing credentials: one line naming the URL (400, 404, 403, 502)."""
-    import shutil
-
-    from ..errors import ScalembError
-    from ..io.storage import download, within
 
     try:
         if storage is None:

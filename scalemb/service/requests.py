@@ -4,6 +4,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from ..params import PARAMS
+from ..run import Runner, RunSpec
+
 
 class _JobBase(BaseModel):
     """The service-only fields of a job and its checks; the embedding settings are added from the parameter table
@@ -20,7 +23,6 @@ class _JobBase(BaseModel):
     def _table_row(cls, value, info):
         """A setting's one check (``scalemb.params.Param.check``): the message every front gives, after the
         field's name."""
-        from ..params import PARAMS
 
         row = next((p for p in PARAMS if p.service == info.field_name), None)
         if row is None:
@@ -36,24 +38,20 @@ class _JobBase(BaseModel):
 
     def spec(self):
         """The job's ``scalemb.run.RunSpec`` (the table's fields of the request)."""
-        from ..run import RunSpec
 
         return RunSpec.from_front(self.model_dump(), "service")
 
     @model_validator(mode="after")
     def _runner_accepts(self):
         """The runner's own checks (dimensions per model, fft support) at submission, not when the job runs."""
-        from ..run import Runner
 
         Runner(self.spec())._check()
         return self
 
 
-
 def _job_request():
     """``JobRequest``: ``_JobBase`` plus one field per ``PARAMS`` row with a service name: its type (choices ->
     ``Literal``), default (``Param.outer_default``), description (the help) and bounds."""
-    from ..params import PARAMS
 
     fields = {}
     for p in PARAMS:
@@ -71,9 +69,7 @@ def _job_request():
     return request
 
 
-
 JobRequest = _job_request()
-
 
 
 class TransformRequest(BaseModel):

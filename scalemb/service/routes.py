@@ -11,7 +11,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from .._version import __version__
-from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES
+from ..errors import ScalembError
+from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES, write_embedding
 from ..io.storage import is_url
 from ..run.inputs import is_dataset
 from . import schemas
@@ -24,7 +25,6 @@ from .uploads import store_upload
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
-
 
 
 @dataclass
@@ -59,7 +59,6 @@ class Service:
 
     def page(self, job_id: str, name: str, build) -> HTMLResponse:
         """A cached HTML page of a done job (built once, written atomically)."""
-        from ..errors import ScalembError
         from ..report.page import write_text_atomic
 
         self.done(job_id)
@@ -70,7 +69,6 @@ class Service:
             except ScalembError as exc:
                 raise HTTPException(422, str(exc).splitlines()[0]) from None
         return HTMLResponse(cached.read_text(encoding="utf-8"))
-
 
 
 def service(request: Request) -> Service:
@@ -98,7 +96,6 @@ def prometheus_text(store: JobStore, runner) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def _public(record: dict, history: bool = True) -> dict:
     """A job record as ``schemas.JobSummary`` (``history``: ``schemas.Job``, without its metrics)."""
     hidden = ("input_path", "store_path", "snapshot", "cancel_requested", "spec")
@@ -115,7 +112,6 @@ def _public(record: dict, history: bool = True) -> dict:
     if history:
         out["kl_history"] = record["kl_history"]
     return out
-
 
 
 @router.get("/metrics", response_class=Response,
@@ -214,7 +210,6 @@ def embedding(svc: ServiceDep, job_id: str,
               "group in a zip store")):
     """The embedding (N x (space + time)) as ``scalemb export`` writes it (``scalemb.io.export``)."""
     svc.done(job_id)
-    from ..io.export import write_embedding
 
     run_dir = svc.runner.run_dir(job_id)
     cached = run_dir / f"embedding{SUFFIXES[format]}"

@@ -25,8 +25,12 @@ import traceback
 import uuid
 from pathlib import Path
 
+import numpy as np
+
+from ..embedding import EmbeddingResult
 from ..errors import ScalembError
 from ..io.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from ..io.storage import join, local_input, publish, remove_output
 from ..run import Runner, RunSpec
 from ..run.inputs import input_kind, plan_of
 from .features import knn_settings
@@ -156,7 +160,6 @@ class JobRunner:
 
     def result_url(self, job_id: str) -> str | None:
         """Where a done job's result is published with ``--storage`` (``STORAGE/jobs/<id>/run.zarr``), else None."""
-        from ..io.storage import join
 
         return None if self.storage is None else join(self.storage, "jobs", job_id, "run.zarr")
 
@@ -166,7 +169,6 @@ class JobRunner:
         directory, so it goes with the job)."""
         if self.storage is None:
             return self.run_dir(job_id) / "run.zarr"
-        from ..io.storage import local_input
 
         return Path(local_input(self.result_url(job_id), cache=self.run_dir(job_id) / ".objects"))
 
@@ -207,7 +209,6 @@ class JobRunner:
                 return False
             shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
             if self.storage is not None and record["state"] == "done":
-                from ..io.storage import remove_output
 
                 try:
                     remove_output(self.result_url(job_id))
@@ -494,9 +495,6 @@ class JobRunner:
     def _finish(self, job_id: str, run: Path):
         """Mark the job done with its result's KL, or failed if the result is not finite (a diverged run that
         did not raise on the way: its numbers would be garbage)."""
-        import numpy as np
-
-        from ..embedding import EmbeddingResult
 
         result = EmbeddingResult.load(run)
         if not (np.isfinite(result.kl) and np.isfinite(result.embedding).all()):
@@ -506,7 +504,6 @@ class JobRunner:
         if self.storage is not None:  # published before the job is done: a done job's result is there
             if job_id in self.store.lost:
                 return
-            from ..io.storage import publish
 
             try:
                 publish(run, self.result_url(job_id), overwrite=True)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from .._version import __version__
 from ..affinity.store import is_affinity_store
+from ..run.inputs import InputPlan
+from .features import knn_affinity_of
 
 DIRECTORY = "stores"
 _READ = 1 << 20
@@ -52,8 +54,6 @@ def ensure_store(root: Path, source: str, graph_affinity: str, n_partitions: int
     """``DATA_ROOT/stores/<key>.zarr`` holding ``source``'s P, ingested now unless already there; ``n_partitions``
     None: the data-determined row-block layout every run uses, so cluster jobs equal in-process ones bit for bit.
     ``knn``: ``source`` is a feature file; P is its kNN affinity with these settings (``n_jobs`` threads)."""
-    from ..run.inputs import InputPlan
-    from .features import knn_affinity_of
 
     folder = Path(root) / DIRECTORY
     folder.mkdir(exist_ok=True)
