@@ -64,7 +64,7 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_p
     ``from_points``: the input's P was made from distances between points, which takes the schedule at scale at
     every size.  ``iterations``: the run's budget; a schedule at scale longer than it (``max_iterations``) is
     shortened in proportion (``fitted_schedule``)."""
-    at_scale = _at_scale(model)
+    at_scale = _at_scale(model, from_points)
     mid = _schedule(model)
     if name == "auto" and n_points is None and (at_scale is not None or mid is not None):
         _check_options(options)
@@ -73,7 +73,6 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_p
     if name == "auto":
         name = default_optimizer_name(model, n_points, from_points)
         if at_scale is not None and _scale_rule(n_points, from_points):  # the model's schedule at scale
-            at_scale = _at_scale(model, from_points)
             schedule = fitted_schedule({k: v for k, v in at_scale.items() if k != "optimizer"}, iterations)
             options = {**schedule, **{k: v for k, v in options.items() if v is not None}}
         elif mid is not None and n_points >= AUTO_SCHEDULE_MIN_POINTS:  # its default's options at this size
