@@ -90,6 +90,79 @@ def rank_of(s, i, j):
     return r
 
 
+@njit(inline="always")
+def _degree(indptr, indices, i):
+    """Non-zeros of row ``i`` other than ``i`` itself."""
+    deg = 0
+    for idx in range(indptr[i], indptr[i + 1]):
+        if indices[idx] != i:
+            deg += 1
+    return deg
+
+
+@njit(inline="always")
+def _marked_neighbours(indptr, indices, i, hi, deg, mark):
+    """How many of row ``i``'s graph neighbours are among ``hi[:deg]`` (``mark`` is all False on entry and on
+    return)."""
+    for m in range(deg):
+        mark[hi[m]] = True
+    h = 0
+    for idx in range(indptr[i], indptr[i + 1]):
+        j = indices[idx]
+        if j != i and mark[j]:
+            h += 1
+    for m in range(deg):
+        mark[hi[m]] = False
+    return h
+
+
+@njit(inline="always")
+def _intrusions(sx, sy, i, k, hix, hiy, markx, marky):
+    """Row ``i``'s trustworthiness and continuity terms ``sum (r - k)`` over the intruders into Y's k-ary
+    neighbourhood and the extruders from X's, and how many of Y's k nearest are among X's (``markx``/``marky``:
+    1-based ranks of the kept lists, 0 outside them, where the rank is counted directly)."""
+    t = 0.0
+    c = 0.0
+    p = 0
+    for m in range(k):
+        j = hiy[m]  # in Y's k-ary neighbourhood: an intruder unless in X's
+        rx = markx[j]
+        if rx == 0:
+            rx = rank_of(sx, i, j)
+        if rx > k:
+            t += rx - k
+        else:
+            p += 1
+        j = hix[m]  # in X's: an extrusion unless in Y's
+        ry = marky[j]
+        if ry == 0:
+            ry = rank_of(sy, i, j)
+        if ry > k:
+            c += ry - k
+    return t, c, p
+
+
+@njit(inline="always")
+def _rnx_area(n, kk, kmax, hiy, markx, row_hist, hist):
+    """The row's area under R_NX(K), K = 1..kmax, unnormalised; its co-ranking counts (pairs with ``max(rank_X,
+    rank_Y) = m``) are added into ``hist``."""
+    row_hist[:] = 0.0
+    for m in range(kk):
+        j = hiy[m]
+        rx = markx[j]
+        if rx > 0:
+            top = max(rx, m + 1)
+            if top <= kmax:
+                row_hist[top] += 1.0
+    area = 0.0
+    q = 0.0
+    for K in range(1, kmax + 1):
+        q += row_hist[K]
+        hist[K] += row_hist[K]
+        area += ((n - 1) * q / K - K) / (n - 1 - K) / K
+    return area
+
+
 @functools.cache
 def scores_kernel(similarity):
     """``scores(Zt, sd, i, d2s, d2t, out)``: ``out[j] = similarity(|s_i - s_j|², |t_i - t_j|²)`` for all j."""
@@ -134,29 +207,14 @@ def graph_kernel(similarity):
         hi = np.empty(longest, dtype=np.int64)
         for r in range(b0, b1):
             i = rows[r]
-            deg = 0
-            for idx in range(indptr[i], indptr[i + 1]):
-                if indices[idx] != i:
-                    deg += 1
+            deg = _degree(indptr, indices, i)
             out_deg[r] = deg
-            if deg == 0:
-                out_hits[r] = 0
-                continue
-            if deg >= n - 1:
+            if deg == 0 or deg >= n - 1:
                 out_hits[r] = deg
                 continue
             scores(Zt, sd, i, d2s, d2t, s)
             top_k(s, deg, i, hs, hi)
-            for m in range(deg):
-                mark[hi[m]] = True
-            h = 0
-            for idx in range(indptr[i], indptr[i + 1]):
-                j = indices[idx]
-                if j != i and mark[j]:
-                    h += 1
-            for m in range(deg):
-                mark[hi[m]] = False
-            out_hits[r] = h
+            out_hits[r] = _marked_neighbours(indptr, indices, i, hi, deg, mark)
 
     return disk_cached(hits)
 
@@ -197,38 +255,8 @@ def feature_kernel(similarity_x, similarity_y):
             for m in range(kk):
                 markx[hix[m]] = m + 1
                 marky[hiy[m]] = m + 1
-            t = 0.0
-            c = 0.0
-            p = 0
-            for m in range(k):
-                j = hiy[m]  # in Y's k-ary neighbourhood: an intruder unless in X's
-                rx = markx[j]
-                if rx == 0:
-                    rx = rank_of(sx, i, j)
-                if rx > k:
-                    t += rx - k
-                else:
-                    p += 1
-                j = hix[m]  # in X's: an extrusion unless in Y's
-                ry = marky[j]
-                if ry == 0:
-                    ry = rank_of(sy, i, j)
-                if ry > k:
-                    c += ry - k
-            row_hist[:] = 0.0
-            for m in range(kk):
-                j = hiy[m]
-                rx = markx[j]
-                if rx > 0:
-                    top = max(rx, m + 1)
-                    if top <= kmax:
-                        row_hist[top] += 1.0
-            area = 0.0
-            q = 0.0
-            for K in range(1, kmax + 1):
-                q += row_hist[K]
-                hist[K] += row_hist[K]
-                area += ((n - 1) * q / K - K) / (n - 1 - K) / K
+            t, c, p = _intrusions(sx, sy, i, k, hix, hiy, markx, marky)
+            area = _rnx_area(n, kk, kmax, hiy, markx, row_hist, hist)
             for m in range(kk):
                 markx[hix[m]] = 0
                 marky[hiy[m]] = 0
