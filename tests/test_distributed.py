@@ -105,6 +105,25 @@ def test_runs_identical_to_local(store, dask_cluster, name, options):
 
 
 @pytest.mark.slow
+def test_the_spectral_schedule_at_scale_runs_identically_on_dask(store, dask_cluster):
+    """t-SNE's 'auto' optimiser from 2e4 points (momentum exaggeration, bounded spectral steps solved by
+    Jacobi-preconditioned CG on the executor's Laplacian products, delta-bar-delta polish steps with a spectral step
+    every k), shortened to this store's size: the Dask run is the in-process run bit for bit."""
+    from scalemb.models.tsne import SPECTRAL_THEN_POLISH
+
+    options = {**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k != "optimizer"}, "exaggeration_iterations": 15,
+               "spectral_iterations": 10, "polish_spectral_every": 6, "max_iterations": 45}
+    coords = np.random.default_rng(2).normal(size=(2, AffinityStore(store).n_points)) * 1e-4
+    with local_executor(store, "tsne", 2, 0) as local:
+        expected = make_optimizer("sd", "tsne", **options).optimize(local, coords, 100)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client) as dask:
+        got = make_optimizer("sd", "tsne", **options).optimize(dask, coords, 100)
+    assert expected.iterations == got.iterations <= 45
+    assert np.array_equal(expected.coords, got.coords)
+    assert np.array_equal(expected.kl_history, got.kl_history, equal_nan=True)
+
+
+@pytest.mark.slow
 def test_worker_killed_mid_run(store, dask_cluster, grow_dask):
     """SIGKILL one of three workers (the session's two and one of this test's own) mid-run: its partitions are
     reloaded elsewhere, same result."""

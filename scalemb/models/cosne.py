@@ -51,6 +51,7 @@ from numba import njit
 from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
+from .kernels import pair_segment, partners_of, scatter_forces
 from ..vecmath import fast_log, scratch, scratch_row
 
 DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
@@ -127,6 +128,29 @@ def make_kernels(gamma: float):
     """The four row-block kernels (``kernels.make_kernels`` signatures) for scale ``gamma`` (compiled once per
     value in a process, cached on disk as ``kernels.make_kernels``' are)."""
     inv_g2 = 1.0 / (gamma * gamma)
+    kernels = (_attraction(inv_g2), _repulsion(inv_g2), _curvature(inv_g2), _cross_repulsion(inv_g2))
+    return tuple(disk_cached(kernel) for kernel in kernels)
+
+
+@njit(inline="always")
+def _inverse_alphas(Y, out):
+    """``out[p] = 1 / (1 - |y_p|²)`` for every column of ``Y``."""
+    for p in range(Y.shape[1]):
+        out[p] = _inverse_alpha(Y, p)
+
+
+@njit(inline="always")
+def _add_radial(R, radial, ia, Y):
+    """The radial parts of the all-pairs forces, ``R[:, p] += radial_p / alpha_p y_p``, added once per point."""
+    for p in range(Y.shape[1]):
+        if radial[p] != 0.0:
+            s = radial[p] * ia[p]
+            for k in range(Y.shape[0]):
+                R[k, p] += s * Y[k, p]
+
+
+def _attraction(inv_g2):
+    """The attraction kernel for ``1 / gamma²`` = ``inv_g2``."""
 
     @njit(nogil=True, fastmath=True, error_model="numpy")
     def attraction(indptr, indices, data, r0, Yt, space_dims, A, with_kl):
@@ -160,6 +184,12 @@ def make_kernels(gamma: float):
                 A[row, k] += radial * ia_i * Yt[i, k]
         return plogw
 
+    return attraction
+
+
+def _curvature(inv_g2):
+    """The curvature kernel for ``1 / gamma²`` = ``inv_g2``."""
+
     @njit(nogil=True, error_model="numpy")
     def curvature(indptr, indices, data, r0, Yt, space_dims, out):
         # weights of the Laplacian part -a (y_i - y_j) of the attractive term (its radial part is left out)
@@ -180,6 +210,12 @@ def make_kernels(gamma: float):
                 a = pair_terms(d2, 1.0 / (1.0 - ni), 1.0 / (1.0 - nj), inv_g2)[2]
                 out[idx] = -2.0 * a * data[idx]
 
+    return curvature
+
+
+def _repulsion(inv_g2):
+    """The all-pairs repulsion kernel for ``1 / gamma²`` = ``inv_g2``."""
+
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
         dims, n_points = Y.shape
@@ -187,8 +223,7 @@ def make_kernels(gamma: float):
         # the pair loops store while summing: scratch rows and a copy of Y (kernels' module docstring)
         block = scratch(4 + dims, n_points)
         ia = scratch_row(block, 0, n_points)
-        for p in range(n_points):
-            ia[p] = _inverse_alpha(Y, p)
+        _inverse_alphas(Y, ia)
         radial = scratch_row(block, 1, n_points)
         radial[:] = 0.0
         d2 = scratch_row(block, 2, n_points)
@@ -197,14 +232,11 @@ def make_kernels(gamma: float):
             scratch_row(block, 4 + k, n_points)[:] = Y[k]
         z = 0.0
         for i in range(r0, r1):
-            partners = half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
+            partners = partners_of(i, n_points, half)
             ia_i = ia[i]
             rad_i = 0.0
             for segment in range(2):
-                if segment == 0:
-                    a, b = i + 1, min(i + 1 + partners, n_points)
-                else:
-                    a, b = 0, i + 1 + partners - n_points
+                a, b = pair_segment(i, partners, n_points, segment)
                 n = b - a
                 if n <= 0:
                     continue
@@ -228,30 +260,23 @@ def make_kernels(gamma: float):
                     rad_i += rd
                     radj[jj] += rd
                 for k in range(dims):
-                    yk = scratch_row(block, 4 + k, n_points)[a:b]
-                    rk = R[k, a:b]
-                    yik = Y[k, i]
-                    acc = 0.0
-                    for jj in range(n):
-                        f = bc[jj] * (yik - yk[jj])
-                        acc += f
-                        rk[jj] -= f
-                    R[k, i] += acc
+                    scatter_forces(bc, scratch_row(block, 4 + k, n_points)[a:b], Y[k, i], R[k], i, a, b)
             radial[i] += rad_i
-        for p in range(n_points):
-            if radial[p] != 0.0:
-                s = radial[p] * ia[p]
-                for k in range(dims):
-                    R[k, p] += s * Y[k, p]
+        _add_radial(R, radial, ia, Y)
         return 2.0 * z
+
+    return repulsion
+
+
+def _cross_repulsion(inv_g2):
+    """The cross repulsion kernel for ``1 / gamma²`` = ``inv_g2``."""
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
         dims, n_sources = Ys.shape
         block = scratch(3, n_sources)  # the pair loop stores to c while summing (kernels' module docstring)
         ia = scratch_row(block, 0, n_sources)
-        for p in range(n_sources):
-            ia[p] = _inverse_alpha(Ys, p)
+        _inverse_alphas(Ys, ia)
         d2 = scratch_row(block, 1, n_sources)
         c = scratch_row(block, 2, n_sources)
         z = 0.0
@@ -283,7 +308,7 @@ def make_kernels(gamma: float):
                 R[k, i - r0] += acc
         return z
 
-    return tuple(disk_cached(kernel) for kernel in (attraction, repulsion, curvature, cross_repulsion))
+    return cross_repulsion
 
 
 def norm_loss(coords: np.ndarray, radii: np.ndarray):

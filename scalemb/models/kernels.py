@@ -74,11 +74,48 @@ def make_kernels(log_pair, pair):
     in every new process), so a new process (a Dask worker, the CLI, the service) loads them instead of
     compiling them again.
     """
+    kernels = (attraction_kernel(log_pair), repulsion_kernel(pair), curvature_kernel(log_pair),
+               cross_repulsion_kernel(pair))
+    return tuple(disk_cached(kernel) for kernel in kernels)
+
+
+@njit(inline="always")
+def partners_of(i, n_points, half):
+    """How many rows after ``i`` (cyclically) it is paired with in the all-pairs loops: ``floor((N-1)/2)``, one
+    more for ``i < N/2`` when N is even, so every unordered pair is visited once."""
+    return half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
+
+
+@njit(inline="always")
+def pair_segment(i, partners, n_points, segment):
+    """Columns ``[a, b)`` of row ``i``'s partners: segment 0 the ones after ``i``, segment 1 the ones wrapped
+    around to column 0 (empty, ``b <= a``, when none are)."""
+    if segment == 0:
+        return i + 1, min(i + 1 + partners, n_points)
+    return 0, i + 1 + partners - n_points
+
+
+@njit(inline="always")
+def scatter_forces(c, yk, yik, rk, i, a, b):
+    """Coordinate ``k`` of the forces ``c_j (y_i - y_j)`` between row ``i`` and columns ``[a, b)``: added to
+    ``rk[i]`` (summed in a register), subtracted from ``rk[a:b]`` (``yk``: coordinate k of those columns, a copy
+    clear of ``rk``)."""
+    seg = rk[a:b]
+    acc = 0.0
+    for jj in range(b - a):
+        f = c[jj] * (yik - yk[jj])
+        acc += f
+        seg[jj] -= f
+    rk[i] += acc
+
+
+def row_log_weights_of(log_pair):
+    """``row_log_weights(p, d2s, d2t, ca, cb, with_kl)`` for ``log_pair``: one row of P's ``sum_j p_j log w_j``
+    (0 without ``with_kl``), and ``ca = p a``, ``cb = p b`` (one vectorised loop each way; the unused ``log w``
+    is compiled away in the second)."""
 
     @njit(inline="always", error_model="numpy")
     def row_log_weights(p, d2s, d2t, ca, cb, with_kl):
-        """One row of P: ``sum_j p_j log w_j`` (0 without ``with_kl``), and ``ca = p a``, ``cb = p b`` (one
-        vectorised loop each way; the unused ``log w`` is compiled away in the second)."""
         plogw = 0.0
         if with_kl:
             for jj in range(p.shape[0]):
@@ -92,6 +129,15 @@ def make_kernels(log_pair, pair):
                 ca[jj] = p[jj] * a
                 cb[jj] = p[jj] * b
         return plogw
+
+    return row_log_weights
+
+
+def attraction_kernel(log_pair):
+    """``attraction(indptr, indices, data, r0, Yt, ds, A, with_kl)`` of the model with ``log_pair`` (module
+    docstring), not yet cached on disk."""
+
+    row_log_weights = row_log_weights_of(log_pair)
 
     @njit(nogil=True, fastmath=True, error_model="numpy")
     def attraction(indptr, indices, data, r0, Yt, space_dims, A, with_kl):
@@ -132,6 +178,12 @@ def make_kernels(log_pair, pair):
                 A[row, k] += acc
         return plogw
 
+    return attraction
+
+
+def curvature_kernel(log_pair):
+    """``curvature(indptr, indices, data, r0, Yt, ds, out)`` of the model with ``log_pair`` (module docstring)."""
+
     @njit(nogil=True, error_model="numpy")
     def curvature(indptr, indices, data, r0, Yt, space_dims, out):
         for row in range(indptr.shape[0] - 1):
@@ -149,6 +201,12 @@ def make_kernels(log_pair, pair):
                 a = log_pair(d2s, d2t)[1]
                 out[idx] = -2.0 * a * data[idx]
 
+    return curvature
+
+
+def repulsion_kernel(pair):
+    """``repulsion(Y, ds, r0, r1, R)`` of the model with ``pair`` (module docstring)."""
+
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
         dims, n_points = Y.shape
@@ -162,12 +220,9 @@ def make_kernels(log_pair, pair):
             scratch_row(block, 4 + k, n_points)[:] = Y[k]
         z = 0.0
         for i in range(r0, r1):
-            partners = half + 1 if (n_points % 2 == 0 and i < n_points // 2) else half
+            partners = partners_of(i, n_points, half)
             for segment in range(2):
-                if segment == 0:
-                    a, b = i + 1, min(i + 1 + partners, n_points)
-                else:
-                    a, b = 0, i + 1 + partners - n_points
+                a, b = pair_segment(i, partners, n_points, segment)
                 n = b - a
                 if n <= 0:
                     continue
@@ -190,17 +245,15 @@ def make_kernels(log_pair, pair):
                     c1[jj] = ca
                     c2[jj] = cb
                 for k in range(dims):
-                    c = cs[:n] if k < space_dims else ct[:n]
-                    yk = scratch_row(block, 4 + k, n_points)[a:b]
-                    rk = R[k, a:b]
-                    yik = Y[k, i]
-                    acc = 0.0
-                    for jj in range(n):
-                        f = c[jj] * (yik - yk[jj])
-                        acc += f
-                        rk[jj] -= f
-                    R[k, i] += acc
+                    scatter_forces(cs[:n] if k < space_dims else ct[:n], scratch_row(block, 4 + k, n_points)[a:b],
+                                   Y[k, i], R[k], i, a, b)
         return 2.0 * z
+
+    return repulsion
+
+
+def cross_repulsion_kernel(pair):
+    """``cross_repulsion(Yq, r0, r1, Ys, ds, skip_self, R)`` of the model with ``pair`` (module docstring)."""
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
@@ -241,4 +294,4 @@ def make_kernels(log_pair, pair):
                 R[k, i - r0] += acc
         return z
 
-    return tuple(disk_cached(kernel) for kernel in (attraction, repulsion, curvature, cross_repulsion))
+    return cross_repulsion
