@@ -126,9 +126,9 @@ def test_stalled_reaches_back_over_entries_not_computed():
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
     t-SNE keeps the spectral direction but with its schedule at scale (openTSNE's exaggeration phase, 60 spectral
-    steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, 370 iterations in
-    all), SNEST switches to its own dbd schedule with a 750-iteration budget (user options win); SNE and EE keep
-    their default at every size."""
+    steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, until the KL falls by
+    less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST switches to its own dbd schedule
+    with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
     from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
@@ -140,8 +140,9 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k != "optimizer"})
     assert (big.exaggeration, big.exaggeration_iterations, big.exaggeration_steps, big.spectral_iterations,
             big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 250, "momentum", 60, 2.0,
-                                                                                   25, 370)
-    assert big.budget(750) == 370 and big.budget(100) == 100 and LineSearchDescent().budget(750) == 750
+                                                                                   25, 750)
+    assert (big.tol, big.window) == (2e-4, 25)
+    assert big.budget(1000) == 750 and big.budget(100) == 100 and LineSearchDescent().budget(1000) == 1000
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == DeltaBarDelta(max_iterations=750)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
@@ -181,7 +182,7 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
     assert affinity.node_ids.size >= AUTO_SCALE_MIN_POINTS
     embedder = scalemb.Embedder(model="tsne", iterations=3, quiet=True).fit(affinity)
     assert embedder.result_.optimizer["optimizer"] == "sd"
-    assert embedder.result_.optimizer["exaggeration"] == 12.0 and embedder.result_.optimizer["max_iterations"] == 370
+    assert embedder.result_.optimizer["exaggeration"] == 12.0 and embedder.result_.optimizer["max_iterations"] == 750
     assert embedder.result_.optimizer["spectral_iterations"] == 60
 
 
@@ -394,6 +395,30 @@ def test_polish_with_a_spectral_step_every_k_iterations(school_affinity):
     assert not np.array_equal(plain.kl_history[41:], mixed.kl_history[41:])
     for i in (40, 50, 60, 70):  # the spectral steps' line search: the KL does not rise
         assert mixed.kl_history[i + 1] <= mixed.kl_history[i] + 1e-12
+
+
+def test_the_spectral_schedule_stops_when_the_kl_flattens(school_affinity):
+    """t-SNE's schedule at scale ends by its relative-KL rule (``tol`` of the KL per iteration, averaged over
+    ``window`` iterations: opt-SNE's), not at its cap, once the polish steps flatten the KL: the run is marked
+    converged, the rule holds at its last iteration and at none before it, and without the rule the same run goes on
+    to the cap through the same iterates."""
+    from scalemb.models.tsne import SPECTRAL_THEN_POLISH
+    from scalemb.optim import LineSearchDescent
+    from scalemb.optim.base import stalled
+
+    kw = {**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k not in ("optimizer", "solver", "preconditioner")},
+          "exaggeration_iterations": 20, "spectral_iterations": 10, "polish_spectral_every": 6, "window": 10,
+          "max_iterations": 300}
+    coords = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    ruled = LineSearchDescent(**kw).optimize(LocalExecutor(school_affinity, get_model("tsne"), 2, 0), coords, 1000)
+    assert ruled.converged and ruled.iterations < 300
+    h, end = ruled.kl_history, ruled.iterations
+    assert stalled(h, end, 20, 10, kw["tol"])
+    assert not any(stalled(h, it, 20, 10, kw["tol"]) for it in range(end))
+    capped = LineSearchDescent(**{**kw, "tol": 0.0}).optimize(LocalExecutor(school_affinity, get_model("tsne"), 2, 0),
+                                                               coords, 1000)
+    assert capped.iterations == 300 and not capped.converged
+    assert np.array_equal(capped.kl_history[:end + 1], h[:end + 1])
 
 
 def test_spectral_schedule_budget_caps_the_run_and_continue_lifts_it(school_affinity):
