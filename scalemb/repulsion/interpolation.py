@@ -333,6 +333,37 @@ def interpolate_range(Yv, j0, j1, axes, lo, inv_width, n_boxes, points, counts, 
             Rv[k, j] = phi[force_outputs[k]]
 
 
+@njit(inline="always", error_model="numpy")
+def _cell_of(Y, i, lo, cell_size, space_dims, cell):
+    """``cell[k]``: point i's cell along space axis k, counted from 1 (cell 0 is the empty margin below)."""
+    for k in range(space_dims):
+        cell[k] = np.int64(np.floor((Y[k, i] - lo[k]) / cell_size)) + 1
+
+
+@njit(inline="always")
+def _cell_range(cell, offset, n_cells, space_dims, sorted_keys):
+    """``[a, b)``: the points (sorted by cell key) of the cell at ``cell + offset``."""
+    key = 0
+    for k in range(space_dims):
+        key = key * n_cells[k] + cell[k] + offset[k]
+    return np.searchsorted(sorted_keys, key), np.searchsorted(sorted_keys, key + 1)
+
+
+@njit(inline="always", fastmath=True, error_model="numpy")
+def _near_pair(d2s, d2t, kind, cutoff2, s2, inv_s2):
+    """``(w, c_s, c_t)`` of one pair in the near field (``near_rows``' ``kind``): the kernel's weight minus its far
+    part and the space and time force coefficients, zero beyond ``cutoff2``."""
+    inside = 1.0 if d2s < cutoff2 else 0.0
+    if kind == 1:
+        w = inside * fast_exp(-d2s)
+        return w, -2.0 * w, 0.0
+    q = 1.0 / (1.0 + d2s)
+    qf = 1.0 / (1.0 + d2s + s2 * fast_exp(-d2s * inv_s2))
+    et = inside * (fast_exp(d2t) if kind == 2 else 1.0)
+    w = et * (q - qf)
+    return w, -2.0 * et * (q * q - qf * qf), 2.0 * w
+
+
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, kind, sigma, cutoff,
               R, band_lo=-np.inf, band_hi=np.inf):
@@ -365,15 +396,10 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
     for i in range(r0, r1):
         if dims > space_dims and (Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi):
             continue
-        for k in range(space_dims):
-            cell[k] = np.int64(np.floor((Y[k, i] - lo[k]) / cell_size)) + 1
+        _cell_of(Y, i, lo, cell_size, space_dims, cell)
         zi = 0.0
         for nb in range(neighbours.shape[0]):
-            key = 0
-            for k in range(space_dims):
-                key = key * n_cells[k] + cell[k] + neighbours[nb, k]
-            a = np.searchsorted(sorted_keys, key)
-            b = np.searchsorted(sorted_keys, key + 1)
+            a, b = _cell_range(cell, neighbours[nb], n_cells, space_dims, sorted_keys)
             n = b - a
             if n <= 0:
                 continue
@@ -391,18 +417,9 @@ def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, ne
             c1 = cs[:n]
             c2 = ct[:n]
             for jj in range(n):
-                inside = 1.0 if bs[jj] < cutoff2 else 0.0
-                if kind == 1:
-                    w = inside * fast_exp(-bs[jj])
-                    c1[jj] = -2.0 * w
-                    c2[jj] = 0.0
-                else:
-                    q = 1.0 / (1.0 + bs[jj])
-                    qf = 1.0 / (1.0 + bs[jj] + s2 * fast_exp(-bs[jj] * inv_s2))
-                    et = inside * (fast_exp(bt[jj]) if kind == 2 else 1.0)
-                    w = et * (q - qf)
-                    c1[jj] = -2.0 * et * (q * q - qf * qf)
-                    c2[jj] = 2.0 * w
+                w, f1, f2 = _near_pair(bs[jj], bt[jj], kind, cutoff2, s2, inv_s2)
+                c1[jj] = f1
+                c2[jj] = f2
                 zi += w
             for k in range(dims):
                 c = c1 if k < space_dims else c2
