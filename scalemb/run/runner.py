@@ -75,6 +75,16 @@ def _start(initializer, seed: int, restart: int) -> np.ndarray:
     return initializer.coords(np.random.default_rng([seed, restart]))
 
 
+def row_blocks(executor, n: int) -> list:
+    """The result's hash blocks (``scalemb.io.results``): the executor's row blocks where they are row ranges of
+    the input's order (an affinity store's partitions, or the layout partitions), else one block of all rows;
+    the same for either executor on the same store."""
+    bounds = getattr(executor, "bounds", None)
+    if getattr(executor, "point_order", "given") != "given" or not bounds:
+        return [[0, int(n)]]
+    return [[int(a), int(b)] for a, b in bounds]
+
+
 def stop_rule(optimizer):
     """``(start, window, tol)`` of ``optimizer``'s stalled rule (``scalemb.optim.base.stalled``), from which the
     progress bar estimates the iterations a run makes; None for an optimiser without one."""
@@ -203,12 +213,14 @@ class Runner:
                 restart_kls.append(run.kl)
                 if best is None or run.kl < best.kl:
                     best = run
+            blocks = row_blocks(executor, len(node_ids))
         self.result_ = EmbeddingResult(
             embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
             kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=spec.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=provenance,
-            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params))
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params),
+            row_blocks=blocks)
         self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
@@ -242,13 +254,14 @@ class Runner:
                 progress.close(interrupted=exc)
                 raise
             progress.close(run.kl)
+            blocks = row_blocks(executor, len(node_ids))
         restart_kls = [run.kl if kl == previous.kl else kl for kl in previous.restart_kls]
         self.result_ = EmbeddingResult(
             embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
             model=model.name, space_dims=self.spec.space_dims, time_dims=time_dims, iterations=run.iterations,
             seed=self.spec.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
             provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
-            model_params=dict(model.params))
+            model_params=dict(model.params), row_blocks=blocks)
         self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
         self.run_, self.optimizer_ = run, optimizer
         return self
