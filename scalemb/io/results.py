@@ -246,6 +246,11 @@ class EmbeddingResult:
                                    "kl_history": self.kl_history}, self.attrs(), overwrite=overwrite,
                             row_blocks=self.row_blocks)
 
+    def stored_at(self, path) -> None:
+        """The result now lives in the store ``path``: an embedding this object does not hold (None: the workers
+        wrote it there) is read from it when first asked for (``embedding``), checked against its hash."""
+        self.__dict__["_store"] = Path(path)
+
     @classmethod
     def load(cls, path) -> "EmbeddingResult":
         arrays, attrs = read_result(path)
@@ -254,3 +259,20 @@ class EmbeddingResult:
                    attrs.get("restart_kls", []), attrs.get("wall_time_s", 0.0), attrs.get("provenance", {}),
                    attrs.get("optimizer", {}), attrs.get("repulsion", {}), model_params=attrs.get("model_params", {}),
                    row_blocks=attrs.get("row_blocks") if attrs.get("blocked") is not None else None)
+
+
+def _embedding(self):
+    """``embedding``: held, or read from the store it was written to (``stored_at``) on first use."""
+    value = self.__dict__.get("_embedding")
+    if value is None and self.__dict__.get("_store") is not None:
+        value = self.__dict__["_embedding"] = read_result(self.__dict__["_store"])[0]["embedding"]
+    return value
+
+
+def _set_embedding(self, value) -> None:
+    self.__dict__["_embedding"] = value
+
+
+# a property beside the dataclass field (set after the class is built, so the field keeps no default): a result
+# whose embedding the workers wrote into its store reads it only when asked (``scalemb embed --out`` never does)
+EmbeddingResult.embedding = property(_embedding, _set_embedding)

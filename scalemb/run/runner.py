@@ -106,6 +106,7 @@ class Runner:
 
     on_iteration = None
     stop = None
+    embedding_ = property(lambda self: self.result_.embedding)  # read from the output store if the workers wrote it
 
     def __init__(self, spec: RunSpec, init=None, optimizer=None, quiet: bool = True, client=None):
         self.spec = spec
@@ -204,8 +205,11 @@ class Runner:
                         run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, **extra)
                     else:
                         state = resumed.state if resumed is not None and k == resumed.restart else None
+                        # one restart: the workers holding the rows write the result (more: the best is chosen
+                        # by the client, which holds each finished restart's coordinates)
+                        hook = checkpoint.hook(k, restart_kls, best, start, final_rows=spec.restarts == 1)
                         run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, state=state,
-                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start), **extra)
+                                                 checkpoint=hook, **extra)
                 except BaseException as exc:
                     progress.close(interrupted=exc)
                     raise
@@ -214,14 +218,13 @@ class Runner:
                 if best is None or run.kl < best.kl:
                     best = run
             blocks = row_blocks(executor, len(node_ids))
-        self.result_ = EmbeddingResult(
-            embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
-            kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
+        self.result_ = EmbeddingResult(  # the workers wrote the embedding (``best.written``): read when asked
+            embedding=None if best.coords is None else np.ascontiguousarray(best.coords.T), node_ids=node_ids,
+            kl=best.kl, kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=spec.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=provenance,
             optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params),
             row_blocks=blocks)
-        self.embedding_ = self.result_.embedding
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
         self._fit_data = data  # what transform places new points against
@@ -262,7 +265,7 @@ class Runner:
             seed=self.spec.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
             provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
             model_params=dict(model.params), row_blocks=blocks)
-        self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
+        self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = run, optimizer
         return self
 
