@@ -100,3 +100,18 @@ def test_each_continues_on_the_other_executor_bit_for_bit(in_process, on_cluster
     _same_final_state(tmp_path / "cluster", tmp_path / "local")
     _same_final_state(tmp_path / "both", tmp_path / "local")
     assert main(["continue", str(tmp_path / "cluster"), "--iterations", "2", "--in-process", "--quiet"]) == 0
+
+
+@pytest.mark.slow
+def test_an_embedder_whose_result_the_workers_wrote_optimizes_on(store, in_process, dask_cluster, tmp_path):
+    """``Embedder.optimize`` after a checkpointed cluster fit continues from the final state the workers wrote
+    (read back from the output store): as the in-process result continued."""
+    from scalemb.io.checkpoint import Checkpointer
+
+    with Checkpointer(tmp_path / "run.zarr", every=10) as checkpointer:
+        embedder = scalemb.Embedder(model="tsne", max_iter=30, random_state=3, optimizer="dbd", repulsion="fft",
+                                    scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    assert np.array_equal(embedder.embedding_, read_result(in_process)[0]["embedding"])
+    shutil.copytree(in_process, tmp_path / "local")
+    expected = continue_finished(tmp_path / "local", 10, in_process=True)
+    assert_same_result(embedder.optimize(10).result_, expected)

@@ -242,6 +242,10 @@ class Runner:
             optimizer = replace(optimizer, max_iterations=None)
         previous = self.result_
         state = self.run_.state
+        if getattr(self.run_, "written", None) is not None:  # the workers wrote its arrays into the result's store
+            from ..io.checkpoint import read_final_state
+
+            state = read_final_state(previous.__dict__["_store"])[1]
         total = int(state.iteration) + int(n_iter)
         start = time.perf_counter()
         with self._executor(data, graph_affinity or self.spec.graph_affinity, model, time_dims) as \
@@ -321,4 +325,12 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
         every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
         with output_target(out, overwrite) as target, \
                 Checkpointer(target, every=every, overwrite=overwrite) as checkpoint:
-            return runner.fit(plan, checkpoint=checkpoint).result_
+            return held_in_memory(runner.fit(plan, checkpoint=checkpoint).result_, target != out)
+
+
+def held_in_memory(result: EmbeddingResult, staged: bool) -> EmbeddingResult:
+    """``result``, its embedding read now if the workers wrote it into a ``staged`` local copy of an
+    object-storage output, which is removed once published (``io.storage.output_target``)."""
+    if staged:
+        result.embedding  # noqa: B018 - the read is the point
+    return result
