@@ -115,3 +115,25 @@ def test_an_embedder_whose_result_the_workers_wrote_optimizes_on(store, in_proce
     shutil.copytree(in_process, tmp_path / "local")
     expected = continue_finished(tmp_path / "local", 10, in_process=True)
     assert_same_result(embedder.optimize(10).result_, expected)
+
+
+@pytest.mark.slow
+def test_workers_that_cannot_see_the_output_leave_the_result_to_the_client(store, in_process, dask_cluster, tmp_path,
+                                                                            monkeypatch, caplog):
+    """A worker on a host without the client's file system finds no staged result: the client gathers and writes
+    it (a warning), the same result; nothing is left beside the output."""
+    from scalemb.optim.held import RowsExport
+
+    original = RowsExport.write_result
+    monkeypatch.setattr(RowsExport, "write_result",
+                        lambda self, directory, group: original(self, directory + ".elsewhere", group))
+    out = tmp_path / "run.zarr"
+    result = _embed(out, store, scheduler=dask_cluster.address)
+    assert "not visible here" in caplog.text and "the client writes the result" in caplog.text
+    assert result.__dict__["_embedding"] is not None  # gathered
+    arrays, attrs = read_result(out)
+    local_arrays, local_attrs = read_result(in_process)
+    assert attrs["content_hash"] == local_attrs["content_hash"]
+    assert np.array_equal(arrays["embedding"], local_arrays["embedding"])
+    _same_final_state(out, in_process)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
