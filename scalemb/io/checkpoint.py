@@ -21,9 +21,12 @@ of the version's state arrays (``(d, N)``, chunked by at most the narrowest part
 creates the empty arrays, writes the small ones (KL history, seconds) and, once every worker has reported, the
 version's attributes and the pointer.  Its ``record_hash`` then covers each array as the SHA-256 digests of its
 row blocks (``row_blocks``, attribute ``blocked``: name, dtype, shape), which any reader recomputes from the
-arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  A crash at any point
-leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
-write.  Durability against power loss (fsync) is not attempted.
+arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  Such a run's
+result (one restart) is written the same way (``Checkpointer.stage_final``): the workers write their rows of the
+embedding and of the final state into the staged result group, the client the small arrays and the attributes
+(the result's blocked ``content_hash``: ``scalemb.io.results``), then the group replaces the store.  A crash at
+any point leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the
+next write.  Durability against power loss (fsync) is not attempted.
 """
 import logging
 import shutil
@@ -585,7 +588,7 @@ class Checkpointer:
         try:
             n, dims, chunk = rows.held.n_points, rows.shapes["coords"][0], store_chunk(rows.bounds)
             group = zarr.open_group(store=str(group_path), mode="w", zarr_format=3)
-            group.create_array("embedding", shape=(n, dims), chunks=(min(chunk, max(n, 1)), dims), dtype="float64",
+            group.create_array("embedding", shape=(n, dims), chunks=(chunk, dims), dtype="float64",
                                fill_value=0.0, dimension_names=DIMENSIONS["embedding"])
             state = group.create_group(FINAL_GROUP)
             for key, shape in rows.shapes.items():
@@ -634,7 +637,6 @@ class Checkpointer:
         self.path = self.target
         self._unlock()
         return self.target
-
 
     def _finish_staged(self, result, run: OptimizeResult, staged: "StagedResult", keep_state) -> Path:
         """``finish`` of a result whose rows the workers wrote (``stage_final``): the client adds the small
