@@ -15,9 +15,10 @@ not reported), sampling every 4 s the NumPy buffers alive (``numpy.lib.tracemall
 ``4 N`` bytes (half a float64 row of N points: every O(N) array of the optimiser) with where each was allocated.
 Both split the run into phases by the output store and the loop: ``set-up`` (input, executor, start, until the
 first checkpoint is current), ``run`` (iterations and checkpoints, until the loop's last KL) and ``end`` (the final
-state gathered, the result written).  Reported per tree, medians over rounds: the peak resident set per phase and
-overall, and the most O(N) bytes alive at once per phase, also as (d x N) float64 arrays.  The final embeddings
-are checked equal.
+state gathered, or written by the workers, and the result written); the bytes the client's executor sent and
+received in the ``end`` phase are counted too.  Reported per tree, medians over rounds: the peak resident set per
+phase and overall, and the most O(N) bytes alive at once per phase, also as (d x N) float64 arrays.  The final
+embeddings are checked equal.
 
 Usage: ``python benchmarks/client_rss.py --store P200000.zarr --trees before=/tmp/old,after=. --rounds 2``
 """
@@ -50,10 +51,25 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
     final_kl = dbd._DBDRun.final_kl
 
     def marked_final_kl(self, *args):  # the loop's end: the final state is exported right after
+        if not ending.is_set():
+            at_end.update(traffic())
         ending.set()
         return final_kl(self, *args)
 
     dbd._DBDRun.final_kl = marked_final_kl
+    import scalemb.engine.distributed as distributed
+
+    executors, at_end = [], {}
+    init = distributed.DaskExecutor.__init__
+
+    def recorded_init(self, *args, **kwargs):  # the run's executor, whose stats count the client's Dask bytes
+        init(self, *args, **kwargs)
+        executors.append(self)
+
+    distributed.DaskExecutor.__init__ = recorded_init
+
+    def traffic() -> dict:
+        return {key: sum(ex.stats.get(key, 0) for ex in executors) for key in ("bytes_sent", "bytes_received")}
 
     def phase() -> str:
         if ending.is_set():
@@ -88,7 +104,10 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
     code = main(argv)
     done.set()
     thread.join()
-    Path(samples_path).write_text(json.dumps({"samples": samples, "hwm": status("VmHWM:"), "code": code}))
+    total = traffic()
+    end = {key: total[key] - at_end.get(key, 0) for key in total}
+    Path(samples_path).write_text(json.dumps({"samples": samples, "hwm": status("VmHWM:"), "code": code,
+                                              "end_bytes": end}))
     return code
 
 
@@ -121,7 +140,7 @@ def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_
         peaks = {}
         for phase, rss in data["samples"]:
             peaks[phase] = max(peaks.get(phase, 0), rss)
-        result.update(rss=peaks, hwm=data["hwm"])
+        result.update(rss=peaks, hwm=data["hwm"], end_bytes=data.get("end_bytes", {}))
     return result
 
 
@@ -160,7 +179,7 @@ def main(argv=None) -> None:
                             f"{b / 2**20:.2f} MB {at}" for b, at in arrays), flush=True)
                 else:
                     print(name, {k: f"{v / 2**20:.0f} MB" for k, v in got["rss"].items()},
-                          f"VmHWM {got['hwm'] / 2**20:.0f} MB", flush=True)
+                          f"VmHWM {got['hwm'] / 2**20:.0f} MB", "Dask bytes at the end", got["end_bytes"], flush=True)
     first = plain[names[0]][0]["embedding"]
     d = first.shape[1]
     array = d * n * 8  # one (d, N) float64 array: coordinates, increments, best iterate
@@ -172,7 +191,10 @@ def main(argv=None) -> None:
         big = {p: statistics.median(sum(b for b, _ in run["big"].get(p, [])) for run in traced[name])
                for p in PHASES}
         hwm = statistics.median(run["hwm"] for run in plain[name])
+        end_in, end_out = (statistics.median(run["end_bytes"].get(key, 0) for run in plain[name])
+                           for key in ("bytes_received", "bytes_sent"))
         rows.append([name, *[f"{rss[p] / 2**20:.0f}" for p in PHASES], f"{hwm / 2**20:.0f}",
+                     f"{end_in / 2**10:,.1f} / {end_out / 2**10:,.1f}",
                      *[f"{big[p] / 2**20:.1f} ({big[p] / array:.1f})" for p in PHASES]])
         for phase in ("run", "end"):
             last = traced[name][-1]["big"].get(phase, [])
@@ -185,10 +207,12 @@ def main(argv=None) -> None:
         run_description() + "  ",
         f"command: `python benchmarks/client_rss.py {' '.join(argv)}`",
         "",
-        markdown_table(["tree", *[f"peak RSS MB, {p}" for p in PHASES], "VmHWM MB",
+        markdown_table(["tree", *[f"peak RSS MB, {p}" for p in PHASES], "VmHWM MB", "client KB in / out, end",
                         *[f"O(N) NumPy MB, {p} ({d} x N arrays)" for p in PHASES]], rows),
         "",
-        f"Medians of {args.rounds} rounds.  O(N) NumPy: the most bytes in NumPy buffers of at least 4 N bytes alive "
+        f"Medians of {args.rounds} rounds.  Client KB in / out, end: what the client received from and sent to "
+        "the Dask workers after the loop's last KL (the executor's byte counts: pickled task arguments and "
+        "results).  O(N) NumPy: the most bytes in NumPy buffers of at least 4 N bytes alive "
         f"at once (traced runs, sampled every 4 s), in brackets as ({d} x N) float64 arrays of {array / 2**20:.2f} MB. "
         f" Final embeddings {'identical' if identical else 'DIFFERENT'} across trees, rounds and runs.  The O(N) "
         f"buffers of the last traced round's fullest sample, with where they were allocated:",

@@ -7,7 +7,7 @@ from .io.results import EmbeddingResult
 from .models import DEFAULT_MODEL
 from .params import GRAPH_AFFINITIES
 from .run.inputs import load_affinity, plan_of
-from .run.runner import Runner
+from .run.runner import Runner, held_in_memory
 from .run.spec import RunSpec, fft_settings
 
 __all__ = ["GRAPH_AFFINITIES", "Embedder", "EmbeddingResult", "embed", "initial_coords", "load_affinity"]
@@ -77,4 +77,4 @@ def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
 
     with output_target(out, overwrite) as target, \
             Checkpointer(target, every=checkpoint_every, overwrite=overwrite) as checkpoint:
-        return runner.fit(plan_of(data, graph_affinity), checkpoint=checkpoint).result_
+        return held_in_memory(runner.fit(plan_of(data, graph_affinity), checkpoint=checkpoint).result_, target != out)

@@ -72,17 +72,21 @@ def _on_cluster(path, spec: RunSpec, scheduler: str | None) -> RunSpec:
 
 
 def continue_finished(path, iterations: int, quiet: bool = True, data=None,
-                      scheduler: str | None = None) -> EmbeddingResult:
+                      scheduler: str | None = None, in_process: bool = False) -> EmbeddingResult:
     """Continue the finished run stored in ``path`` for ``iterations`` more iterations of its best restart,
     from its final optimiser state (the result is what one run of that many more iterations gives), and
     write the new result (with its final state) over the old one.  The input must have the stored content
-    hash.  ``ScalembError`` if ``path`` holds no finished run with its state."""
+    hash.  ``ScalembError`` if ``path`` holds no finished run with its state.  A run on a Dask cluster goes on
+    on the ``scheduler`` given, or with ``in_process`` in this process (the executors agree bit for bit)."""
     from types import SimpleNamespace
 
     if int(iterations) < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if in_process and scheduler:
+        raise ValueError("in_process: give a scheduler or in_process, not both")
     config, state = read_final_state(path)
-    spec = _on_cluster(path, stored_spec(config), scheduler)
+    spec = stored_spec(config)
+    spec = spec.replace(scheduler=None, workers=None) if in_process else _on_cluster(path, spec, scheduler)
     optimizer = optimizer_from_config(config["optimizer"])
     runner = Runner(spec, optimizer=optimizer, quiet=quiet)
     runner.result_ = EmbeddingResult.load(path)

@@ -140,8 +140,9 @@ def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, dask_cl
 @pytest.mark.parametrize("moment", ["checkpoint", "final"])
 def test_a_worker_killed_while_rows_are_written_or_gathered_rewinds_to_the_checkpoint(
         store, reference, dask_cluster, grow_dask, tmp_path, monkeypatch, moment):
-    """A worker SIGKILLed during a checkpoint's write (between its two rounds) or during the final export: the
-    half-written version is removed, the run rewinds to the last complete checkpoint (read back by the workers
+    """A worker SIGKILLed during a checkpoint's write (between its two rounds) or during the final write (the
+    workers writing the result's rows into the staged result, between its two rounds): the half-written version
+    or staged result is removed, the run rewinds to the last complete checkpoint (read back by the workers
     alive) and ends bit-identical to the uninterrupted run; nothing half-written stays in the store (three
     workers: the session's two and one of this test's own, the one killed)."""
     [victim] = grow_dask(1)
@@ -175,16 +176,28 @@ def test_a_worker_killed_while_rows_are_written_or_gathered_rewinds_to_the_check
 
         monkeypatch.setattr(DaskHeld, "write_rows", write_rows)
         monkeypatch.setattr(DaskHeld, "_gather", gather_then_kill)
-    else:
-        original_gather = DaskHeld.gather
+    else:  # the final write: the workers write the result's rows (the client gathers nothing)
+        writing = []
+        original_write, original_gather = DaskHeld.write_result_rows, DaskHeld._gather
 
-        def gather_after_kill(self, *names):
-            seen.append(names)
-            if len(seen) == 1:
-                kill()
-            return original_gather(self, *names)
+        def write_result_rows(self, directory, fields):
+            writing.append(directory)
+            try:
+                return original_write(self, directory, fields)
+            finally:
+                writing.remove(directory)
 
-        monkeypatch.setattr(DaskHeld, "gather", gather_after_kill)
+        def gather_then_kill(self, futures):
+            result = original_gather(self, futures)
+            if writing:
+                seen.append(writing[0])
+                if len(seen) == 2:  # the pending shift applied, the even partitions written: the odd ones not
+                    kill()
+            return result
+
+        monkeypatch.setattr(DaskHeld, "write_result_rows", write_result_rows)
+        monkeypatch.setattr(DaskHeld, "_gather", gather_then_kill)
+        monkeypatch.setattr(DaskHeld, "gather", lambda self, *names: pytest.fail(f"the client gathered {names}"))
     reads, versions = [], []
     original_load = DaskHeld.load_rows
 

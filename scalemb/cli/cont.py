@@ -12,13 +12,16 @@ def add_parser(commands) -> None:
     con.add_argument("--scheduler", metavar="ADDRESS",
                      help="the Dask scheduler to continue on (required for a run that used one: the address stored "
                           "in the run is never connected to on its own)")
+    con.add_argument("--in-process", action="store_true",
+                     help="continue a run that used a Dask cluster in this process (the same result, bit for bit)")
 
 
 def run(args) -> int:
     from ..methods import method_of
     from ..resume import continue_finished
 
-    result = continue_finished(args.run, args.iterations, quiet=args.quiet, scheduler=args.scheduler)
-    print(f"wrote {args.run}: {result.model}, N={result.embedding.shape[0]}, "
+    result = continue_finished(args.run, args.iterations, quiet=args.quiet, scheduler=args.scheduler,
+                                in_process=args.in_process)
+    print(f"wrote {args.run}: {result.model}, N={len(result.node_ids)}, "
           f"{method_of(result.model).describe(result)}")
     return 0

@@ -368,7 +368,7 @@ def _embed(args) -> int:
 
 def _report(out, result) -> int:
     dims = f"R^{result.space_dims}" + (f",{result.time_dims}" if result.time_dims else "")
-    print(f"wrote {out}: {result.model} {dims}, N={result.embedding.shape[0]}, "
+    print(f"wrote {out}: {result.model} {dims}, N={len(result.node_ids)}, "
           f"{method_of(result.model).describe(result)}, {result.wall_time:.1f} s")
     return 0
 

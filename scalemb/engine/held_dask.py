@@ -44,7 +44,7 @@ import numpy as np
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, sum_partials
 from .faults import SchedulerLostError, WorkersLostError
-from ..optim.held import HeldRowsLost, digest_block, read_block, shift_rows, write_block
+from ..optim.held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -190,16 +190,24 @@ class DaskHeld:
         """Each worker writes its partitions' rows into ``directory/field`` (even partitions, then odd ones:
         ``optim.held``); ``{field: [digest per partition]}``.  Returns only once every task has ended, so that
         nothing writes into ``directory`` after a failure is raised (the caller removes it)."""
+        return self._write(directory, fields, write_block)
+
+    def write_result_rows(self, directory: str, fields: dict) -> dict:
+        """``write_rows`` with ``optim.held.write_result_block``: also each partition's coordinates into the
+        result's ``directory/embedding`` (a finished run's final write); its digests under ``embedding``."""
+        return self._write(directory, fields, write_result_block)
+
+    def _write(self, directory: str, fields: dict, writer) -> dict:
         extent = self._extent  # the writes move no point: the extent hint stays valid
         self.map(_noop)  # the pending shift applied first (as every later task would)
-        digests = {field: [None] * len(self.bounds) for field in fields.values()}
+        digests = {}
         for parity in (0, 1):
             starts = frozenset(r0 for k, (r0, _) in enumerate(self.bounds) if k % 2 == parity)
             plan = self.ex._halo_state()[0]
             if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
                 raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
                                       "rows stayed with the old ones")
-            futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, write_block,
+            futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, writer,
                                        (directory, fields, starts), worker=w) for w in plan.workers]
             self.ex.stats["bytes_sent"] += len(futures) * _size((directory, fields, starts))
             try:
@@ -211,7 +219,7 @@ class DaskHeld:
             for k, result in enumerate(self._by_partition(batches)):
                 if result is not None:
                     for field, digest in result.items():
-                        digests[field][k] = digest
+                        digests.setdefault(field, [None] * len(self.bounds))[k] = digest
         self._extent = extent
         return digests
 

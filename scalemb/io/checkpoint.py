@@ -21,9 +21,12 @@ of the version's state arrays (``(d, N)``, chunked by at most the narrowest part
 creates the empty arrays, writes the small ones (KL history, seconds) and, once every worker has reported, the
 version's attributes and the pointer.  Its ``record_hash`` then covers each array as the SHA-256 digests of its
 row blocks (``row_blocks``, attribute ``blocked``: name, dtype, shape), which any reader recomputes from the
-arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  A crash at any point
-leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the next
-write.  Durability against power loss (fsync) is not attempted.
+arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  Such a run's
+result (one restart) is written the same way (``Checkpointer.stage_final``): the workers write their rows of the
+embedding and of the final state into the staged result group, the client the small arrays and the attributes
+(the result's blocked ``content_hash``: ``scalemb.io.results``), then the group replaces the store.  A crash at
+any point leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the
+next write.  Durability against power loss (fsync) is not attempted.
 """
 import logging
 import shutil
@@ -41,9 +44,10 @@ from ..errors import ScalembError
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
 from ..optim.held import rows_digest, store_chunk
-from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, recover_directory,
-                     replace_directory, unlock_output)
-from .results import _json_safe, arrays_hash
+from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, make_temporary,
+                     recover_directory, replace_directory, unlock_output)
+from .nodeids import to_stored
+from .results import DIMENSIONS, _json_safe, arrays_hash, hash_attrs
 
 logger = logging.getLogger("scalemb")
 
@@ -380,6 +384,7 @@ def _check_same_run(path, stored: dict, config: dict) -> None:
 
 
 FINAL_ATTR = "scalemb_final"
+FINAL_GROUP = "final_state"
 
 
 def write_final_state(path, config: dict, state: OptimizerState) -> None:
@@ -449,6 +454,7 @@ class Checkpointer:
         self._locked = []  # outputs whose advisory lock this run holds (``scalemb.io.atomic.lock_output``)
         self.target = None  # the store a run started with ``overwrite`` replaces once it has finished
         self.client_writes = False  # True once the workers could not see the store: the client writes the rows
+        self._staged = []  # results the workers wrote (``stage_final``), removed at exit unless renamed into place
 
     # -- signals ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -475,6 +481,9 @@ class Checkpointer:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
         self._unlock()
+        for staged in self._staged:  # a restart not the best, or a run stopped before ``finish``
+            staged.discard()
+        self._staged = []
         if exc_type is not None and issubclass(exc_type, FloatingPointError) and self._created:
             shutil.rmtree(self.path, ignore_errors=True)  # a diverging run leaves nothing, as without checkpoints
         return False
@@ -534,9 +543,10 @@ class Checkpointer:
             unlock_output(path)
         self._locked = []
 
-    def hook(self, restart: int, restart_kls: list, best, started: float):
+    def hook(self, restart: int, restart_kls: list, best, started: float, final_rows: bool = False):
         """The ``checkpoint(it, export)`` callable for restart ``restart`` (``started``: the run's
-        ``time.perf_counter()`` origin)."""
+        ``time.perf_counter()`` origin).  ``final_rows``: rows held by workers are written by them into the
+        staged result at the end (``checkpoint.final_rows``: ``stage_final``), not gathered to the client."""
         def checkpoint(iteration, export):
             stopping = self._stop.is_set()
             if not stopping and not (self.every and iteration % self.every == 0):
@@ -559,7 +569,43 @@ class Checkpointer:
             if stopping or self._stop.is_set():
                 raise RunInterrupted(self.path, restart, iteration)
         checkpoint.stop_requested = self._stop.is_set  # polled by long solver set-ups (optim.solvers.interruptible)
+        if final_rows:
+            checkpoint.final_rows = self.stage_final
         return checkpoint
+
+    def stage_final(self, rows):
+        """A finished run's held rows written by their holders (``rows``: an ``optim.held.RowsExport``) into a
+        new result group in a temporary beside the output (``atomic.make_temporary``): the embedding ``(N, d)``
+        chunked by rows and the final state's per-point arrays ``(d, N)``, both at ``store_chunk`` of the blocks;
+        the ``StagedResult`` that ``finish`` completes and renames into place.  None where the workers cannot
+        see the output (the client then gathers and writes, as it does the checkpoints).  A failure (a worker
+        lost: ``HeldRowsLost``) removes the temporary: nothing half-written stays."""
+        if self.client_writes:
+            return None
+        final = self.target if self.target is not None else self.path
+        tmp = make_temporary(final, "tmp")
+        group_path = tmp / final.name
+        try:
+            n, dims, chunk = rows.held.n_points, rows.shapes["coords"][0], store_chunk(rows.bounds)
+            group = zarr.open_group(store=str(group_path), mode="w", zarr_format=3)
+            group.create_array("embedding", shape=(n, dims), chunks=(chunk, dims), dtype="float64",
+                               fill_value=0.0, dimension_names=DIMENSIONS["embedding"])
+            state = group.create_group(FINAL_GROUP)
+            for key, shape in rows.shapes.items():
+                state.create_array(key, shape=shape, chunks=(shape[0], chunk), dtype="float64", fill_value=0.0)
+            digests = rows.write_result(str(group_path), FINAL_GROUP)
+        except FileNotFoundError as exc:  # workers on hosts without this file system
+            shutil.rmtree(tmp, ignore_errors=True)
+            logger.warning("%s; the client writes the result", exc)
+            self.client_writes = True
+            return None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        staged = StagedResult(tmp, group_path, digests, [[int(a), int(b)] for a, b in rows.bounds],
+                              {key: list(shape) for key, shape in rows.shapes.items()})
+        self._staged.append(staged)
+        return staged
 
     def write(self, checkpoint: Checkpoint, rows=None) -> str:
         name = write_checkpoint(self.path, checkpoint, rows)
@@ -572,6 +618,9 @@ class Checkpointer:
         started with ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in
         one atomic step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""
         keep_state = run is not None and getattr(run, "state", None) is not None and getattr(self, "config", None)
+        staged = getattr(run, "written", None)
+        if staged is not None:
+            return self._finish_staged(result, run, staged, keep_state)
         if self.target is None:
             path = result.save(self.path, overwrite=True)
             if keep_state:
@@ -588,6 +637,57 @@ class Checkpointer:
         self.path = self.target
         self._unlock()
         return self.target
+
+    def _finish_staged(self, result, run: OptimizeResult, staged: "StagedResult", keep_state) -> Path:
+        """``finish`` of a result whose rows the workers wrote (``stage_final``): the client adds the small
+        arrays (node ids, KL history; the final state's scalars and histories) and the attributes, with the
+        content hashes composed from the workers' block digests, then renames the group into place."""
+        final = self.target if self.target is not None else self.path
+        group = zarr.open_group(store=str(staged.group), mode="r+")
+        small = {"node_ids": result.node_ids, "kl_history": np.ascontiguousarray(result.kl_history)}
+        for name, value in small.items():
+            group.create_array(name, data=to_stored(value) if name == "node_ids" else value,
+                               dimension_names=DIMENSIONS[name])
+        n, dims = staged.shapes["coords"][1], staged.shapes["coords"][0]
+        attrs = hash_attrs(small, {**result.attrs(), "blocked": {"embedding": ["<f8", [n, dims]]}}, staged.bounds,
+                           {"embedding": staged.digests["embedding"]})
+        group.attrs.update(_json_safe(attrs))
+        if keep_state:
+            arrays, scalars = run.state.split()
+            state = group[FINAL_GROUP]
+            for key in staged.shapes:
+                scalars.pop(key, None)
+            for key, value in arrays.items():
+                state.create_array(key, data=np.ascontiguousarray(value))
+            meta = _json_safe({"format": FORMAT, "config": self.config, "state": scalars, "row_blocks": staged.bounds,
+                               "blocked": {key: ["<f8", shape] for key, shape in staged.shapes.items()}})
+            digests = {key: staged.digests[f"{FINAL_GROUP}/{key}"] for key in staged.shapes}
+            group.attrs[FINAL_ATTR] = {**meta, "record_hash": record_hash(arrays, meta, digests)}
+        check_output_path(final, True)
+        replace_directory(staged.group, final)
+        staged.discard()
+        if self.target is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = self.target
+        self._unlock()
+        result.stored_at(final)
+        return final
+
+
+@dataclass
+class StagedResult:
+    """A finished run's rows written by the workers holding them (``Checkpointer.stage_final``): the result group
+    ``group`` inside the temporary ``tmp``, the block digests ``{path: [hex, ...]}`` (``embedding``,
+    ``final_state/<field>``), the blocks and the final state's per-point arrays' shapes."""
+
+    tmp: Path
+    group: Path
+    digests: dict
+    bounds: list
+    shapes: dict
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def own_target(path, replaces) -> Path:

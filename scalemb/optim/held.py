@@ -24,6 +24,8 @@ A state held away from the client (``remote``: ``DaskHeld``) also writes and rea
   with each block's SHA-256 (``rows_digest``) so the client can hash a record it never saw.  Arrays are
   ``(d, N)``, chunked by at most the narrowest block's width, so a chunk spans at most two neighbouring blocks:
   blocks of even index write first, then the odd ones, and no two writers ever share a chunk at the same time;
+* ``write_result_rows(directory, fields)``: as ``write_rows``, and the coordinates transposed into the result's
+  ``(N, d)`` array ``directory/embedding`` (``write_result_block``): a finished run's final write;
 * ``load_rows(directory, fields)``: hold those arrays again, each block reading its own rows (a rewind to a
   checkpoint after a lost worker); the blocks' digests of what was read.
 
@@ -78,6 +80,25 @@ def write_block(rows: dict, directory: str, fields: dict, starts) -> dict | None
             block = rows[name]
             zarr.open_array(store=os.path.join(directory, field), mode="r+")[:, r0:r0 + block.shape[1]] = block
             digests[field] = rows_digest(block)
+    return digests
+
+
+def write_result_block(rows: dict, directory: str, fields: dict, starts) -> dict | None:
+    """``write_block`` of the held arrays ``fields``, and the block's coordinates transposed into the result's
+    ``(N, d)`` array ``directory/embedding`` at its rows (chunked by rows as ``write_rows``' arrays are by
+    columns): a finished run's final state and embedding, written by the process holding them; the digests,
+    ``embedding``'s that of the ``(r1 - r0, d)`` rows as stored (``scalemb.io.results.blocked_hash``)."""
+    import os
+
+    import zarr
+
+    digests = write_block(rows, directory, fields, starts)
+    if digests is None:
+        return None
+    r0, block = rows["_r0"], np.ascontiguousarray(rows["coords"].T)
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        zarr.open_array(store=os.path.join(directory, "embedding"), mode="r+")[r0:r0 + block.shape[0], :] = block
+    digests["embedding"] = rows_digest(block)
     return digests
 
 
@@ -176,3 +197,10 @@ class RowsExport:
 
     def write(self, directory: str) -> dict:
         return self.held.write_rows(directory, self.fields)
+
+    def write_result(self, directory: str, group: str) -> dict:
+        """The held arrays into ``directory/group/field`` and the coordinates into ``directory/embedding``
+        (``write_result_block``), by their holders; ``{path: [digest per block]}`` (``group/field``,
+        ``embedding``)."""
+        fields = {name: f"{group}/{field}" for name, field in self.fields.items()}
+        return self.held.write_result_rows(directory, fields)

@@ -16,8 +16,10 @@ the same way, a step rule owns only how it evaluates and how it moves.  Per iter
 
 A fresh run first checks its start (``geometry.validate``: finite, inside the domain).
 After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
-the final state is exported.  Held rows lost with a worker (``optim.held.HeldRowsLost``), in an iteration, a
-checkpoint's write or the final export, rewind the run to its last checkpoint or its start (``run.rewind``) and
+the final state is exported; a checkpointed run whose rows are held elsewhere has their holders write them into
+the staged result first (``checkpoint.final_rows``) and exports only the scalars (``OptimizeResult.written``).
+Held rows lost with a worker (``optim.held.HeldRowsLost``), in an iteration, a checkpoint's write, the final
+write or the final export, rewind the run to its last checkpoint or its start (``run.rewind``) and
 the iterations are replayed: the result is the uninterrupted run's.  The geometry comes from
 ``executor.model.geometry`` (``EUCLIDEAN`` for a model without one): the rules call only
 ``riemannian_gradient``, ``retract`` and the loop ``recentre``, so nothing here assumes R^d, and for Euclidean
@@ -159,7 +161,9 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
             if kl is not None:
                 history[it] = kl
                 seconds[it] = time.perf_counter() - start
-            final = export()  # rows lost while they are gathered: rewound and replayed like any other loss
+            staged = _write_final(run, checkpoint, export)
+            # rows lost while they are gathered or written: rewound and replayed like any other loss
+            final = export(light=True) if staged is not None else export()
             break
         except HeldRowsLost as lost:
             rewinds += 1
@@ -170,4 +174,16 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
             s = run.state
             converged = stopped = False
     return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged,
-                          getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final)
+                          getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final, staged)
+
+
+def _write_final(run: StepRun, checkpoint, export):
+    """The final rows written by the processes holding them (``checkpoint.final_rows(rows)``, a hook of a
+    checkpointed run whose output store they can see: a staged result, ``io.checkpoint.StagedResult``), or None
+    (the final state is then gathered: ``export()``).  Only a rule whose rows are held elsewhere
+    (``run.held_rows()``) has them written there; the light export first applies what is pending to the rows."""
+    final_rows = getattr(checkpoint, "final_rows", None)
+    if final_rows is None or run.held_rows() is None:
+        return None
+    export(light=True)  # a best iterate observed but not yet copied is copied where it is held
+    return final_rows(run.held_rows())

@@ -75,6 +75,16 @@ def _start(initializer, seed: int, restart: int) -> np.ndarray:
     return initializer.coords(np.random.default_rng([seed, restart]))
 
 
+def row_blocks(executor, n: int) -> list:
+    """The result's hash blocks (``scalemb.io.results``): the executor's row blocks where they are row ranges of
+    the input's order (an affinity store's partitions, or the layout partitions), else one block of all rows;
+    the same for either executor on the same store."""
+    bounds = getattr(executor, "bounds", None)
+    if getattr(executor, "point_order", "given") != "given" or not bounds:
+        return [[0, int(n)]]
+    return [[int(a), int(b)] for a, b in bounds]
+
+
 def stop_rule(optimizer):
     """``(start, window, tol)`` of ``optimizer``'s stalled rule (``scalemb.optim.base.stalled``), from which the
     progress bar estimates the iterations a run makes; None for an optimiser without one."""
@@ -96,6 +106,7 @@ class Runner:
 
     on_iteration = None
     stop = None
+    embedding_ = property(lambda self: self.result_.embedding)  # read from the output store if the workers wrote it
 
     def __init__(self, spec: RunSpec, init=None, optimizer=None, quiet: bool = True, client=None):
         self.spec = spec
@@ -194,8 +205,11 @@ class Runner:
                         run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, **extra)
                     else:
                         state = resumed.state if resumed is not None and k == resumed.restart else None
+                        # one restart: the workers holding the rows write the result (more: the best is chosen
+                        # by the client, which holds each finished restart's coordinates)
+                        hook = checkpoint.hook(k, restart_kls, best, start, final_rows=spec.restarts == 1)
                         run = optimizer.optimize(executor, coords, spec.iterations, callback=progress, state=state,
-                                                 checkpoint=checkpoint.hook(k, restart_kls, best, start), **extra)
+                                                 checkpoint=hook, **extra)
                 except BaseException as exc:
                     progress.close(interrupted=exc)
                     raise
@@ -203,13 +217,14 @@ class Runner:
                 restart_kls.append(run.kl)
                 if best is None or run.kl < best.kl:
                     best = run
-        self.result_ = EmbeddingResult(
-            embedding=np.ascontiguousarray(best.coords.T), node_ids=node_ids, kl=best.kl,
-            kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
+            blocks = row_blocks(executor, len(node_ids))
+        self.result_ = EmbeddingResult(  # the workers wrote the embedding (``best.written``): read when asked
+            embedding=None if best.coords is None else np.ascontiguousarray(best.coords.T), node_ids=node_ids,
+            kl=best.kl, kl_history=best.kl_history, model=model.name, space_dims=spec.space_dims, time_dims=time_dims,
             iterations=best.iterations, seed=spec.seed, restart_kls=restart_kls,
             wall_time=time.perf_counter() - start, provenance=provenance,
-            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params))
-        self.embedding_ = self.result_.embedding
+            optimizer=optimizer.params(), repulsion=repulsion, seconds=best.seconds, model_params=dict(model.params),
+            row_blocks=blocks)
         self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = best, optimizer  # the best restart's run (its final state continues it)
         self._fit_data = data  # what transform places new points against
@@ -227,6 +242,10 @@ class Runner:
             optimizer = replace(optimizer, max_iterations=None)
         previous = self.result_
         state = self.run_.state
+        if getattr(self.run_, "written", None) is not None:  # the workers wrote its arrays into the result's store
+            from ..io.checkpoint import read_final_state
+
+            state = read_final_state(previous.__dict__["_store"])[1]
         total = int(state.iteration) + int(n_iter)
         start = time.perf_counter()
         with self._executor(data, graph_affinity or self.spec.graph_affinity, model, time_dims) as \
@@ -242,14 +261,15 @@ class Runner:
                 progress.close(interrupted=exc)
                 raise
             progress.close(run.kl)
+            blocks = row_blocks(executor, len(node_ids))
         restart_kls = [run.kl if kl == previous.kl else kl for kl in previous.restart_kls]
         self.result_ = EmbeddingResult(
             embedding=np.ascontiguousarray(run.coords.T), node_ids=node_ids, kl=run.kl, kl_history=run.kl_history,
             model=model.name, space_dims=self.spec.space_dims, time_dims=time_dims, iterations=run.iterations,
             seed=self.spec.seed, restart_kls=restart_kls, wall_time=previous.wall_time + time.perf_counter() - start,
             provenance=provenance, optimizer=optimizer.params(), repulsion=previous.repulsion, seconds=run.seconds,
-            model_params=dict(model.params))
-        self.embedding_, self.kl_ = self.result_.embedding, self.result_.kl
+            model_params=dict(model.params), row_blocks=blocks)
+        self.kl_ = self.result_.kl
         self.run_, self.optimizer_ = run, optimizer
         return self
 
@@ -305,4 +325,12 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
         every = DEFAULT_EVERY if checkpoint_every is None else checkpoint_every
         with output_target(out, overwrite) as target, \
                 Checkpointer(target, every=every, overwrite=overwrite) as checkpoint:
-            return runner.fit(plan, checkpoint=checkpoint).result_
+            return held_in_memory(runner.fit(plan, checkpoint=checkpoint).result_, target != out)
+
+
+def held_in_memory(result: EmbeddingResult, staged: bool) -> EmbeddingResult:
+    """``result``, its embedding read now if the workers wrote it into a ``staged`` local copy of an
+    object-storage output, which is removed once published (``io.storage.output_target``)."""
+    if staged:
+        result.embedding  # noqa: B018 - the read is the point
+    return result
