@@ -4,10 +4,10 @@
 """
 from numba import njit
 
-from ..repulsion.fft import NEAR_CAUCHY, FFTSpec, cauchy_plan, cauchy_self_weight
+from ..repulsion.fft import FFTSpec, cauchy_plan, cauchy_self_weight
 from .base import MOMENTUM_EXAGGERATION, OPENTSNE_SCHEDULE, Model
 from .kernels import euclidean_similarity, make_kernels
-from ..vecmath import fast_log
+from ..vecmath import fast_exp, fast_log
 
 
 @njit(inline="always", error_model="numpy")
@@ -22,6 +22,19 @@ def pair(d2s, d2t):
     return q, -2.0 * q * q, 0.0
 
 
+@njit(inline="always", fastmath=True, error_model="numpy")
+def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
+    """The near field of the split FFT grid (``FFTSpec.near_pair``): ``(q - q_far, -2 (q² - q_far²), 2 (q -
+    q_far))`` within the cutoff, 0 beyond, with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))`` the grid's far
+    part (``repulsion.fft.cauchy_plan``)."""
+    inside = 1.0 if d2s < cutoff2 else 0.0
+    q = 1.0 / (1.0 + d2s)
+    qf = 1.0 / (1.0 + d2s + s2 * fast_exp(-d2s * inv_s2))
+    et = inside * 1.0
+    w = et * (q - qf)
+    return w, -2.0 * et * (q * q - qf * qf), 2.0 * w
+
+
 # FFT interpolation defaults (points per box p, box width) per space dimension, i.e. p / width nodes per unit
 # length: measured on clustered (uncapped) and converged layouts to keep the relative errors of Z and of the
 # gradient a few times below 1e-3, which tests/test_fft_repulsion.py checks (openTSNE's defaults, p = 3 and
@@ -33,7 +46,7 @@ def pair(d2s, d2t):
 # in boxes 9/7 as wide: 0.6x the nodes, gradient error ~2e-2 on a converged layout against ~7e-3): whole runs at
 # 'fast' end at the KL, neighbourhood preservation and trustworthiness of the default grid at less CPU
 # (docs/design/repulsion.md).
-FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, NEAR_CAUCHY, cauchy_self_weight,
+FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, near_pair, cauchy_self_weight,
               fast_from_points=10_000)
 
 # 'auto' optimizer from 20 000 points on a graph: openTSNE's exaggeration phase (x12 for 250 momentum steps), then

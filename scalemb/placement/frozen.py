@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..repulsion.fft import FFTParams, convolve, fft_repulsion, fft_spec, make_grid, near_cells, spread
-from ..repulsion.interpolation import interpolate_rows, near_rows
+from ..repulsion.interpolation import interpolate_rows, near_kernel, near_self_weight
 
 MARGIN = 1.25
 
@@ -103,9 +103,11 @@ class FrozenField:
         Xn = np.ascontiguousarray(Xin[:, near])
         Rn = np.zeros_like(Xn)
         neighbours = np.array(np.unravel_index(np.arange(3 ** ds), (3,) * ds), dtype=np.int64).T - 1
-        self_term = 1.0 if grid.spec.near_kind == 1 else 1.0 - 1.0 / (1.0 + grid.sigma ** 2)
-        z = near_rows(Xn, cells.sorted_coords, 0, near.size, ds, np.ascontiguousarray(grid.lo[:ds]),
-                      cells.cell_size, cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours),
-                      grid.spec.near_kind, float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, Rn)
+        sigma = float(grid.sigma) if np.isfinite(grid.sigma) else 0.0
+        self_term = near_self_weight(grid.spec.near_pair, sigma)
+        z = near_kernel(grid.spec.near_pair)(Xn, cells.sorted_coords, 0, near.size, ds,
+                                             np.ascontiguousarray(grid.lo[:ds]), cells.cell_size, cells.n_cells,
+                                             cells.sorted_keys, np.ascontiguousarray(neighbours), sigma, grid.cutoff,
+                                             Rn)
         R[:, rows[near]] += Rn
         return float(z) + near.size * self_term  # near_rows removes a self pair a new point does not have

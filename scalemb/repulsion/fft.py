@@ -108,7 +108,7 @@ import scipy.fft
 from numba import njit
 
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
-                            gather_columns, interpolate_range, interpolate_visited, near_rows, spread_visited,
+                            gather_columns, interpolate_range, interpolate_visited, near_kernel, spread_visited,
                             time_outlier_rows, to_rows, z_sum)
 
 MAX_TIME_POINTS = 64
@@ -269,7 +269,7 @@ class SpaceKernel:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """Which kernels to convolve, and how the outputs combine (see module docstring).
 
     The charge is the unit charge.  Column c of the potentials is the convolution with space kernel
@@ -289,29 +289,29 @@ class _Plan:
     z_kernel: int | None = None
 
 
-def cauchy_plan(space_dims: int) -> _Plan:
+def cauchy_plan(space_dims: int) -> Plan:
     """t-SNE's ``q = 1/(1+|Δs|²)``: columns the force kernels ``-2 Δ_k q²``; Z from kernel 0 (q) by Parseval."""
     space = tuple(range(space_dims))
     kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
-    return _Plan(kernels, time_kernels=(), potentials=tuple(1 + k for k in space),
+    return Plan(kernels, time_kernels=(), potentials=tuple(1 + k for k in space),
                  outputs=tuple((k, 0) for k in space), z_output=-1, force=space, z_kernel=0)
 
 
-def gauss_plan(space_dims: int) -> _Plan:
+def gauss_plan(space_dims: int) -> Plan:
     """The Gaussian ``exp(-|Δs|²)``: columns w, then the force kernels ``-2 Δ_k w``."""
     space = tuple(range(space_dims))
     kernels = (SpaceKernel(_gauss),) + tuple(SpaceKernel(_gauss, k) for k in space)
-    return _Plan(kernels, time_kernels=(), potentials=(0,) + tuple(1 + k for k in space),
+    return Plan(kernels, time_kernels=(), potentials=(0,) + tuple(1 + k for k in space),
                  outputs=((0, 0),) + tuple((1 + k, 0) for k in space), z_output=0,
                  force=tuple(1 + k for k in space))
 
 
-def cauchy_time_plan(space_dims: int) -> _Plan:
+def cauchy_time_plan(space_dims: int) -> Plan:
     """SNEST's ``exp(|Δt|²) q(|Δs|²)`` (one time dimension): columns q, then the force kernels; outputs Z (q
     through ``exp(Δt²)``), the time force (q through ``2Δt exp(Δt²)``), the space forces (through ``exp(Δt²)``)."""
     space = tuple(range(space_dims))
     kernels = (SpaceKernel(_cauchy),) + tuple(SpaceKernel(_cauchy2, k) for k in space)
-    return _Plan(kernels, time_kernels=(_time_growth, _time_force), potentials=(0,) + tuple(1 + k for k in space),
+    return Plan(kernels, time_kernels=(_time_growth, _time_force), potentials=(0,) + tuple(1 + k for k in space),
                  outputs=((0, 0), (0, 1)) + tuple((1 + k, 0) for k in space), z_output=0,
                  force=tuple(2 + k for k in space) + (1,))
 
@@ -326,21 +326,17 @@ def gauss_self_weight(sigma: float) -> float:
     return 0.0 if sigma > 0 else 1.0
 
 
-# Near-field kernel families of ``interpolation.near_rows`` (the part of the kernel a split grid leaves to the
-# direct sum; see its docstring).
-NEAR_CAUCHY, NEAR_GAUSS, NEAR_CAUCHY_TIME = 0, 1, 2
-
-
 @dataclass(frozen=True)
 class FFTSpec:
     """A model's FFT-interpolated repulsion (``Model.fft``): everything this module needs to know of it.
 
-    * ``plan(space_dims) -> _Plan``: the convolutions and outputs (``cauchy_plan``, ``gauss_plan``,
+    * ``plan(space_dims) -> Plan``: the convolutions and outputs (``cauchy_plan``, ``gauss_plan``,
       ``cauchy_time_plan``, or the model's own);
     * ``interpolation``: ``{space_dims: (points per box, box width)}``, the defaults measured for the model
       (``FFTParams.resolved``); the supported space dimensions are its keys;
-    * ``near_kind``: the near-field family of ``interpolation.near_rows`` (``NEAR_CAUCHY``, ``NEAR_GAUSS``,
-      ``NEAR_CAUCHY_TIME``);
+    * ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) -> (w, c_s, c_t)``: the part of the kernel a split grid leaves
+      to the direct sum, a numba ``inline='always'`` function of the model's module (``interpolation.near_kernel``
+      compiles the near field from it);
     * ``self_weight(sigma)``: the grid kernel's ``w(0)`` at split scale sigma (0: unsplit), removed from Z;
     * ``time_dims``: the time dimensions it supports (0, or 1 with a time kernel);
     * ``near_cutoff``: a kernel without a far part (the Gaussian): a capped grid is one box and the near field
@@ -353,7 +349,7 @@ class FFTSpec:
 
     plan: object
     interpolation: dict = field(compare=False)
-    near_kind: int
+    near_pair: object
     self_weight: object
     time_dims: int = 0
     near_cutoff: float | None = None
@@ -462,7 +458,7 @@ class Grid:
     box_width: np.ndarray
     n_boxes: np.ndarray
     capped: bool
-    plan: _Plan = field(repr=False)
+    plan: Plan = field(repr=False)
     sigma: float = 0.0
     cutoff: float = 0.0
     time_in: np.ndarray | None = field(default=None, repr=False)
@@ -977,7 +973,7 @@ def _weighted_power(kernel, spectrum, weights):
 
 class Convolution(NamedTuple):
     """``convolve``'s result: ``potentials`` at the nodes, ``(n_potentials, n_nodes)``, and ``z``, the part of
-    Z taken on the grid (``_Plan.z_kernel``; 0 when Z is interpolated from an output)."""
+    Z taken on the grid (``Plan.z_kernel``; 0 when Z is interpolated from an output)."""
 
     potentials: np.ndarray
     z: float
@@ -1145,8 +1141,9 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
         cells = cells or near_cells(grid, Y)
         ds = grid.space_dims
         neighbours = np.array(np.unravel_index(np.arange(3 ** ds), (3,) * ds), dtype=np.int64).T - 1
+        near_rows = near_kernel(grid.spec.near_pair)
         z += near_rows(Y, cells.sorted_coords, r0, r1, ds, np.ascontiguousarray(grid.lo[:ds]), cells.cell_size,
-                       cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours), grid.spec.near_kind,
+                       cells.n_cells, cells.sorted_keys, np.ascontiguousarray(neighbours),
                        float(grid.sigma) if np.isfinite(grid.sigma) else 0.0, grid.cutoff, R,
                        *(grid.time_band or ()))
     if grid.time_band is not None:

@@ -20,9 +20,12 @@ exactly; every other accumulation is float64; no ``fastmath``.
 A point's node weights are kept factorised (the weights per axis and their tensor product over the leading
 axes), so the loops over its box run along the last axis, contiguous in the grid.
 """
+import functools
+
 import numpy as np
 from numba import njit
 
+from ..numba_cache import disk_cached
 from ..vecmath import fast_exp, scratch, scratch_row
 
 
@@ -349,94 +352,94 @@ def _cell_range(cell, offset, n_cells, space_dims, sorted_keys):
     return np.searchsorted(sorted_keys, key), np.searchsorted(sorted_keys, key + 1)
 
 
-@njit(inline="always", fastmath=True, error_model="numpy")
-def _near_pair(d2s, d2t, kind, cutoff2, s2, inv_s2):
-    """``(w, c_s, c_t)`` of one pair in the near field (``near_rows``' ``kind``): the kernel's weight minus its far
-    part and the space and time force coefficients, zero beyond ``cutoff2``."""
-    inside = 1.0 if d2s < cutoff2 else 0.0
-    if kind == 1:
-        w = inside * fast_exp(-d2s)
-        return w, -2.0 * w, 0.0
-    q = 1.0 / (1.0 + d2s)
-    qf = 1.0 / (1.0 + d2s + s2 * fast_exp(-d2s * inv_s2))
-    et = inside * (fast_exp(d2t) if kind == 2 else 1.0)
-    w = et * (q - qf)
-    return w, -2.0 * et * (q * q - qf * qf), 2.0 * w
+@functools.cache
+def near_kernel(near_pair):
+    """``near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, sigma, cutoff, R,
+    band_lo=-inf, band_hi=inf)`` compiled for one kernel's near pair (a model's ``FFTSpec.near_pair``, numba
+    ``inline='always'``): ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) -> (w, c_s, c_t)``, the part of the kernel a
+    split grid at scale sigma (``s2 = sigma²``, ``inv_s2 = 1/s2`` or 0) leaves to the direct sum, zero beyond
+    ``cutoff2``, and its space and time force coefficients (t-SNE: ``q - q_far`` and ``-2 (q² - q_far²)`` with
+    ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``).  One kernel per near pair in a process, cached on disk
+    as ``models.kernels.make_kernels``' are, so a new kernel shape is its model's module alone.
 
-
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, kind, sigma, cutoff,
-              R, band_lo=-np.inf, band_hi=np.inf):
-    """Near-field correction for rows ``[r0, r1)``: ``sum_{j != i} (K - K_far)(y_i - y_j)`` over the points
-    within ``cutoff`` in space, added to ``R``; returns the rows' part of Z.  ``Ys`` holds the coordinates
-    sorted by cell key (``sorted_keys``; cells of side ``cell_size >= cutoff``), so each neighbour cell is a
-    contiguous, vectorisable range; the self pair is included there and its Z term subtracted exactly.
-
-    ``kind``: the kernel family of the grid's ``FFTSpec.near_kind`` (``scalemb.repulsion.fft``): 0
-    ``NEAR_CAUCHY`` (``q - q_far``, force ``-2 (q² - q_far²)``; t-SNE's), 1 ``NEAR_GAUSS`` (the whole Gaussian, no
-    far part; SNE's), 2 ``NEAR_CAUCHY_TIME`` (``exp(Δt²)`` times the Cauchy terms; time force
-    ``2 exp(Δt²)(q - q_far)``; SNEST's), with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``.
-    ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).  Rows whose time
-    coordinate (row ``space_dims``) lies outside ``[band_lo, band_hi]`` are skipped: a time-banded grid's
-    outliers (``time_outlier_rows``; ``Ys`` then holds the band's points only).
+    ``near_rows``: the near-field correction for rows ``[r0, r1)``: ``sum_{j != i} (K - K_far)(y_i - y_j)`` over
+    the points within ``cutoff`` in space, added to ``R``; returns the rows' part of Z.  ``Ys`` holds the
+    coordinates sorted by cell key (``sorted_keys``; cells of side ``cell_size >= cutoff``), so each neighbour cell
+    is a contiguous, vectorisable range; the self pair is included there and its Z term (``near_self_weight``)
+    subtracted exactly.  ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).
+    Rows whose time coordinate (row ``space_dims``) lies outside ``[band_lo, band_hi]`` are skipped: a time-banded
+    grid's outliers (``time_outlier_rows``; ``Ys`` then holds the band's points only).
     """
-    dims = Y.shape[0]
-    n_points = Ys.shape[1]
-    cell = np.empty(space_dims, dtype=np.int64)
-    cutoff2 = cutoff * cutoff
-    s2 = sigma * sigma
-    inv_s2 = 1.0 / s2 if s2 > 0 else 0.0
-    self_term = 1.0 if kind == 1 else 1.0 - 1.0 / (1.0 + s2)
-    block = scratch(4, n_points)  # the pair loop stores to cs, ct while summing: vecmath's module docstring
-    d2s = scratch_row(block, 0, n_points)
-    d2t = scratch_row(block, 1, n_points)
-    cs = scratch_row(block, 2, n_points)
-    ct = scratch_row(block, 3, n_points)
-    z = 0.0
-    for i in range(r0, r1):
-        if dims > space_dims and (Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi):
-            continue
-        _cell_of(Y, i, lo, cell_size, space_dims, cell)
-        zi = 0.0
-        for nb in range(neighbours.shape[0]):
-            a, b = _cell_range(cell, neighbours[nb], n_cells, space_dims, sorted_keys)
-            n = b - a
-            if n <= 0:
+
+    @njit(nogil=True, fastmath=True, error_model="numpy")
+    def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, sigma, cutoff, R,
+                  band_lo=-np.inf, band_hi=np.inf):
+        dims = Y.shape[0]
+        n_points = Ys.shape[1]
+        cell = np.empty(space_dims, dtype=np.int64)
+        cutoff2 = cutoff * cutoff
+        s2 = sigma * sigma
+        inv_s2 = 1.0 / s2 if s2 > 0 else 0.0
+        self_term = near_pair(0.0, 0.0, np.inf, s2, inv_s2)[0]
+        block = scratch(4, n_points)  # the pair loop stores to cs, ct while summing: vecmath's module docstring
+        d2s = scratch_row(block, 0, n_points)
+        d2t = scratch_row(block, 1, n_points)
+        cs = scratch_row(block, 2, n_points)
+        ct = scratch_row(block, 3, n_points)
+        z = 0.0
+        for i in range(r0, r1):
+            if dims > space_dims and (Y[space_dims, i] < band_lo or Y[space_dims, i] > band_hi):
                 continue
-            bs = d2s[:n]
-            bt = d2t[:n]
-            bs[:] = 0.0
-            bt[:] = 0.0
-            for k in range(dims):  # contiguous loops over the cell's points, vectorised like the exact kernel
-                d2 = bs if k < space_dims else bt
-                yk = Ys[k, a:b]
-                yik = Y[k, i]
+            _cell_of(Y, i, lo, cell_size, space_dims, cell)
+            zi = 0.0
+            for nb in range(neighbours.shape[0]):
+                a, b = _cell_range(cell, neighbours[nb], n_cells, space_dims, sorted_keys)
+                n = b - a
+                if n <= 0:
+                    continue
+                bs = d2s[:n]
+                bt = d2t[:n]
+                bs[:] = 0.0
+                bt[:] = 0.0
+                for k in range(dims):  # contiguous loops over the cell's points, vectorised like the exact kernel
+                    d2 = bs if k < space_dims else bt
+                    yk = Ys[k, a:b]
+                    yik = Y[k, i]
+                    for jj in range(n):
+                        x = yik - yk[jj]
+                        d2[jj] += x * x
+                c1 = cs[:n]
+                c2 = ct[:n]
                 for jj in range(n):
-                    x = yik - yk[jj]
-                    d2[jj] += x * x
-            c1 = cs[:n]
-            c2 = ct[:n]
-            for jj in range(n):
-                w, f1, f2 = _near_pair(bs[jj], bt[jj], kind, cutoff2, s2, inv_s2)
-                c1[jj] = f1
-                c2[jj] = f2
-                zi += w
-            for k in range(dims):
-                c = c1 if k < space_dims else c2
-                yk = Ys[k, a:b]
-                yik = Y[k, i]
-                acc = 0.0
-                for jj in range(n):
-                    acc += c[jj] * (yik - yk[jj])
-                R[k, i - r0] += acc
-        z += zi - self_term
-    return z
+                    w, f1, f2 = near_pair(bs[jj], bt[jj], cutoff2, s2, inv_s2)
+                    c1[jj] = f1
+                    c2[jj] = f2
+                    zi += w
+                for k in range(dims):
+                    c = c1 if k < space_dims else c2
+                    yk = Ys[k, a:b]
+                    yik = Y[k, i]
+                    acc = 0.0
+                    for jj in range(n):
+                        acc += c[jj] * (yik - yk[jj])
+                    R[k, i - r0] += acc
+            z += zi - self_term
+        return z
+
+    return disk_cached(near_rows)
+
+
+def near_self_weight(near_pair, sigma: float) -> float:
+    """The near pair's ``w(0)`` at split scale ``sigma`` (0: unsplit): the self pair's term that ``near_rows``
+    removes from Z."""
+    s2 = float(sigma) ** 2
+    return float(near_pair(0.0, 0.0, np.inf, s2, 1.0 / s2 if s2 > 0 else 0.0)[0])
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def time_outlier_rows(Y, r0, r1, space_dims, band_lo, band_hi, Yo, R, reaction):
     """The direct sums of a time-banded grid (``scalemb.repulsion.fft``, "Time band") for rows ``[r0, r1)``, with
-    SNEST's kernel ``w = exp(Δt²) q``, ``q = 1/(1 + |Δs|²)`` (``NEAR_CAUCHY_TIME``; ``fast_exp`` and ``fastmath``
+    SNEST's kernel ``w = exp(Δt²) q``, ``q = 1/(1 + |Δs|²)`` (``fast_exp`` and ``fastmath``
     as in the exact kernel): every row against the outliers ``Yo`` (``(d, n_out)``, the points whose time
     coordinate lies outside ``[band_lo, band_hi]``).
 
