@@ -57,6 +57,32 @@ def test_killed_exports_temporaries_are_reaped_and_nothing_else(run, tmp_path):
     assert (foreign / "precious").read_text() == "mine"
 
 
+def test_a_writer_killed_between_mkdir_and_marker_leaves_nothing_the_reaper_keeps(tmp_path):
+    """``make_temporary`` makes the directory, then writes its marker: a SIGKILL between the two leaves the
+    directory empty (or its marker partly written), which the reaper removes once the writer is gone -- the
+    restarted service's result directory kept such a ``.run.zarr.tmp-*``; a look-alike holding anything else,
+    or a live writer's, stays."""
+    out = tmp_path / "run.zarr"
+    dead = 2 ** 22 + 13  # above pid_max's default of 2 ** 22: no process has it
+    empty = tmp_path / f".run.zarr.tmp-{dead}-0123abcd"
+    empty.mkdir()
+    partial = tmp_path / f".run.zarr.tmp-{dead}-4567abcd"
+    partial.mkdir()
+    (partial / TEMP_MARKER).write_text("scalemb 41")
+    other_pid = tmp_path / f".run.zarr.tmp-{dead}-89abcdef"
+    other_pid.mkdir()
+    (other_pid / TEMP_MARKER).write_text("scalemb 7\n")
+    holding = tmp_path / f".run.zarr.tmp-{dead}-aaaabbbb"
+    holding.mkdir()
+    (holding / "precious").write_text("mine")
+    live = tmp_path / f".run.zarr.tmp-{os.getpid()}-ccccdddd"
+    live.mkdir()
+    reaped = reap_temporaries(out)
+    assert sorted(p.name for p in reaped) == sorted([empty.name, partial.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other_pid.name, holding.name, live.name])
+    assert (holding / "precious").read_text() == "mine"
+
+
 @pytest.mark.slow
 def test_killed_ingest_spill_is_reaped_by_the_next_ingest(tmp_path):
     from scalemb.io.coauthor_generator import write_coauthor_edge_list

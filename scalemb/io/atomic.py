@@ -22,7 +22,8 @@ Temporaries (``make_temporary``): every temporary scalemb writes next to an outp
 being exported, an ingest's spill files -- lives in a directory ``.NAME.TAG-<pid>-<hex>`` holding the marker file
 ``.scalemb-temporary`` (its content names the writer's pid).  ``reap_temporaries(NAME)`` (part of the recovery
 rule, so run before every write of ``NAME``) deletes those whose writer no longer runs, and only those: the
-name must match, the marker must be there and name the same pid (or the directory be a complete scalemb group);
+name must match, the marker must be there and name the same pid (or the directory be a complete scalemb group,
+or be empty or hold only part of that marker: a writer killed between making it and writing the marker);
 a stray file or a directory scalemb did not write is never touched.  A writer interrupted by SIGINT/SIGTERM
 removes its own at once (``atomic_directory``, ``atomic_file``), after letting zarr's I/O tasks finish
 (``quiesce_zarr``).
@@ -239,13 +240,22 @@ def _temporary_pid(path: Path, name: str):
 
 
 def _ours(path: Path, pid: str) -> bool:
-    """Whether directory ``path`` carries the temporary marker naming ``pid``, or is a complete scalemb group."""
+    """Whether directory ``path`` carries the temporary marker naming ``pid``, or is a complete scalemb group, or
+    is what ``make_temporary`` leaves when killed between its ``mkdir`` and its marker's write: the directory
+    empty, or holding only a marker that is a prefix of the one it writes (nothing in it to lose)."""
     if not path.is_dir() or path.is_symlink():
         return False
     try:
         if (path / TEMP_MARKER).read_text().split() == ["scalemb", pid]:
             return True
     except OSError:
+        pass
+    try:
+        entries = [entry.name for entry in path.iterdir()]
+        if not entries or (entries == [TEMP_MARKER] and (path / TEMP_MARKER).is_file()
+                           and f"scalemb {pid}\n".startswith((path / TEMP_MARKER).read_text())):
+            return True
+    except (OSError, UnicodeDecodeError):
         pass
     return is_scalemb_output(path)
 
