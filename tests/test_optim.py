@@ -413,3 +413,27 @@ def test_spectral_schedule_budget_caps_the_run_and_continue_lifts_it(school_affi
         assert first.iterations == 6
         more = replace(opt, max_iterations=None).optimize(ex, start, 10, state=first.state)
         assert more.iterations > 6 and more.kl <= first.kl
+
+
+def test_snest_polish_steps_take_the_starting_time_rate_and_back_off_from_a_blow_up(school_affinity, caplog):
+    """SNEST's polish steps (no line search) move time by delta-bar-delta's rule from the starting time rate
+    (``LineSearchDescent._time_rate``), not the line search's grown one; a momentum step whose evaluation is not
+    finite (time coordinates thrown past ``exp(Δt²)``'s range by a time rate far too large) is undone, the time
+    rates halved, and after ``max_failures`` of them in a row the run stops at the last finite point instead of
+    raising."""
+    from scalemb.optim import LineSearchDescent
+
+    coords = initial_coords(school_affinity.n_points, 2, 1, np.random.default_rng(0))
+    states = []
+    rule = LineSearchDescent(spectral_iterations=10, tol=0.0)
+    run = rule.optimize(LocalExecutor(school_affinity, get_model("snest"), 2, 1), coords, 40,
+                        checkpoint=lambda it, export: states.append(export()))
+    at = {state.iteration: state for state in states}
+    assert at[10].polish_time_rate is None and at[11].polish_time_rate == rule._time_rate(school_affinity.n_points)
+    assert at[10].time_rate != at[11].polish_time_rate and np.isfinite(run.kl) and run.iterations == 40
+    assert run.kl < at[11].kl
+    wild = LineSearchDescent(spectral_iterations=10, tol=0.0, time_rate=1e5, max_failures=4)
+    with caplog.at_level("WARNING", logger="scalemb"):
+        run = wild.optimize(LocalExecutor(school_affinity, get_model("snest"), 2, 1), coords, 40)
+    assert "not finite" in caplog.text and run.iterations < 40 and np.isfinite(run.kl)
+    assert np.all(np.isfinite(run.coords))
