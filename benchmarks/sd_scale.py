@@ -11,6 +11,9 @@ the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP
 ``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
 overlap: on a machine shared with other work that adds one process to the load; the results file says so).
 
+``--model snest``: SNEST R^{2,1} instead (KL and NP@deg under SNEST's kernel; no openTSNE rows; the reference
+column is the last candidate's, e.g. ``--candidates 'auto;snestdbd'`` for the old default).
+
 ``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --candidates 'hybrid;dbd' --out
 benchmarks/results/sd_scale.md`` (``--candidates``: which scalemb runs, ``candidate``)
 (stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out

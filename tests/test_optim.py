@@ -127,8 +127,8 @@ def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
     t-SNE keeps the spectral direction but with its schedule at scale (openTSNE's exaggeration phase, 60 spectral
     steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, 370 iterations in
-    all), SNEST switches to its own dbd schedule with a 750-iteration budget (user options win); SNE and EE keep
-    their default at every size."""
+    all), SNEST to the same kind of schedule with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps,
+    300 iterations in all; user options win); SNE and EE keep their default at every size."""
     from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
@@ -142,8 +142,12 @@ def test_auto_optimizer_depends_on_the_input_size():
             big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 250, "momentum", 60, 2.0,
                                                                                    25, 370)
     assert big.budget(750) == 370 and big.budget(100) == 100 and LineSearchDescent().budget(750) == 750
+    from scalemb.models.snest import SPECTRAL_THEN_POLISH as SNEST_AT_SCALE
+
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
-    assert snest == DeltaBarDelta(max_iterations=750)
+    assert snest == LineSearchDescent(**{k: v for k, v in SNEST_AT_SCALE.items() if k != "optimizer"})
+    assert (snest.exaggeration, snest.exaggeration_iterations, snest.exaggeration_steps, snest.spectral_iterations,
+            snest.max_point_step, snest.max_iterations) == (4.0, 100, "momentum", 30, 2.0, 300)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
     with pytest.raises(ValueError, match="max_iterations"):
