@@ -11,6 +11,9 @@ the same KL (``scalemb.metrics.kl``, the t-SNE kernel with FFT repulsion) and NP
 ``--sample`` rows, seed 0) as scalemb's.  openTSNE runs in a child process started with scalemb's runs (they
 overlap: on a machine shared with other work that adds one process to the load; the results file says so).
 
+``--model snest``: SNEST R^{2,1} instead (KL and NP@deg under SNEST's kernel; no openTSNE rows; the reference
+column is the last candidate's, e.g. ``--candidates 'auto;snestdbd'`` for the old default).
+
 ``python benchmarks/sd_scale.py --stores grqc,P100000.zarr,P200000.zarr --candidates 'hybrid;dbd' --out
 benchmarks/results/sd_scale.md`` (``--candidates``: which scalemb runs, ``candidate``)
 (stores from ``scalemb generate coauthor --authors N --out eN.txt.gz && scalemb affinity eN.txt.gz --out
@@ -33,6 +36,7 @@ from scalemb.embedding import initial_coords
 from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.models.base import OPENTSNE_SCHEDULE
+from scalemb.models.tsne import SPECTRAL_THEN_POLISH
 from scalemb.optim import make_optimizer
 from scalemb.repulsion.fft import FFTParams
 
@@ -50,11 +54,15 @@ SPECTRAL_AT_SCALE = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacob
 # ``spectral_iterations`` of them delta-bar-delta momentum steps as openTSNE's (momentum 0.8, lr N/12, each point's
 # step bounded by 5) for the neighbourhoods, until the KL falls by less than ``tol`` per iteration over ``window``.
 HYBRID = {**SPECTRAL_AT_SCALE, "spectral_iterations": 10, "tol": 0.0, "window": 50}
+# SNEST's default at scale before stop 42: delta-bar-delta with its own defaults (the SNEST paper's exaggeration x4
+# for 100 iterations) and openTSNE's budget of 750 iterations.
+SNEST_DBD = {"optimizer": "dbd", "max_iterations": 750}
 
 
 def candidate(spec: str):
     """``(label, options)`` of a ``--candidates`` entry: ``auto``, ``dbd`` (openTSNE's schedule), ``sd``
-    (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``) or ``sd0`` (``LineSearchDescent``'s defaults), each
+    (``SPECTRAL_AT_SCALE``), ``hybrid`` (``HYBRID``), ``sd0`` (``LineSearchDescent``'s defaults), ``spt``
+    (t-SNE's ``SPECTRAL_THEN_POLISH``) or ``snestdbd`` (SNEST's default at scale before stop 42), each
     optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
     ``hybrid:spectral_iterations=10,tol=1e-4``; keys ``fft_points``, ``fft_box_width``, ``fft_accuracy`` set the
     run's FFT grid (``FFTParams``; the rest are the optimiser's)."""
@@ -62,7 +70,7 @@ def candidate(spec: str):
 
     name, _, extra = spec.partition(":")
     base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID,
-            "sd0": {"optimizer": "sd"}}[name]
+            "sd0": {"optimizer": "sd"}, "spt": SPECTRAL_THEN_POLISH, "snestdbd": SNEST_DBD}[name]
     overrides = {}
     for item in [x for x in extra.split(",") if x]:
         key, _, value = item.partition("=")
@@ -72,7 +80,8 @@ def candidate(spec: str):
             overrides[key] = value
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
               "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
-              "sd0": "scalemb sd, its defaults"}
+              "sd0": "scalemb sd, its defaults", "spt": "scalemb sd, t-SNE's SPECTRAL_THEN_POLISH",
+              "snestdbd": "scalemb dbd x4/100, 750 it. (SNEST's old default)"}
     label = labels[name] + (f" {extra}" if extra else "")
     return label, {**base, **overrides}
 
@@ -87,16 +96,26 @@ def split_fft(options):
     return rest, (FFTParams(**fft) if fft else None)
 
 
-def load(store, fft_params=None):
+# --model: (space dims, time dims) of the embedding each model is measured in (t-SNE R^2, SNEST R^{2,1}).
+MODEL_DIMS = {"tsne": (2, 0), "snest": (2, 1)}
+
+
+def load(store, fft_params=None, model="tsne"):
     """``(affinity, executor factory)`` for a store path or ``grqc``; ``fft_params``: the executor's FFT grid
-    (None: its defaults)."""
+    (None: its defaults); ``model``: a key of ``MODEL_DIMS``."""
+    space, time_ = MODEL_DIMS[model]
     if store == "grqc":
         from scalemb.datasets import grqc
 
         affinity = grqc()
-        return affinity, lambda: LocalExecutor(affinity, get_model("tsne"), 2, 0, repulsion="auto",
+        return affinity, lambda: LocalExecutor(affinity, get_model(model), space, time_, repulsion="auto",
                                                fft_params=fft_params)
-    return AffinityStore(store).to_affinity(), lambda: executor_for(store, fft_params=fft_params)
+    if model == "tsne":
+        return AffinityStore(store).to_affinity(), lambda: executor_for(store, fft_params=fft_params)
+    stored = AffinityStore(store)
+    affinity = stored.to_affinity()
+    return affinity, lambda: LocalExecutor(affinity, get_model(model), space, time_,
+                                           partitions=stored.partitions, repulsion="auto", fft_params=fft_params)
 
 
 def warm_up(ex, coords):
@@ -111,7 +130,7 @@ def run_scalemb(make, optimizer, iterations, every, progress=None):
     snapshot as it is taken (``(iteration, seconds, coords)``); the clock is stopped while it runs."""
     curve, snaps = [], []
     with make() as ex:
-        coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
+        coords = initial_coords(ex.n_points, ex.space_dims, ex.time_dims, np.random.default_rng(0))
         warm_up(ex, coords)
         start = [time.perf_counter()]
         cpu = [time.process_time()]
@@ -170,12 +189,15 @@ def opentsne_child(store, out, every):
              layouts=np.stack([snaps[k][2] for k in keep] + [Y]), cpu=cpu)
 
 
-def score(affinity, coords_n2, sample):
+def score(affinity, coords_n2, sample, model="tsne"):
+    """``(KL, sampled NP@deg, x extent)`` of the ``(N, d)`` layout under ``model``'s kernel (the space dimensions
+    of ``MODEL_DIMS``)."""
     from scalemb.metrics import graph_metrics, kl
 
     Y = np.ascontiguousarray(coords_n2)
-    npd = graph_metrics(affinity.P, Y, "tsne", sample=sample)["np@deg"]
-    return kl(affinity, Y, "tsne"), npd.value, float(np.ptp(Y[:, 0]))
+    space = MODEL_DIMS[model][0]
+    npd = graph_metrics(affinity.P, Y, model, space, sample=sample)["np@deg"]
+    return kl(affinity, Y, model, space), npd.value, float(np.ptp(Y[:, 0]))
 
 
 def first_time_below(curve, target):
@@ -187,7 +209,7 @@ def first_time_below(curve, target):
 
 
 def size_section(store, args, lines):
-    affinity, make = load(store)
+    affinity, make = load(store, model=args.model)
     n = affinity.n_points
     name = "ca-GrQc" if store == "grqc" else Path(store).name
     lines += [f"## {name}: N = {n}, nnz(P) = {affinity.P.nnz}", "", run_description(), ""]
@@ -197,11 +219,12 @@ def size_section(store, args, lines):
     for spec in args.candidates.split(";"):
         label, opts = candidate(spec)
         opts, fft_params = split_fft(opts)
-        opt = make_optimizer(opts["optimizer"], "tsne", n, **options(opts))
+        opt = make_optimizer(opts["optimizer"], args.model, n, **options(opts))
         candidates.append((f"{label} ({opt.name})" if spec == "auto" else label, opt, fft_params))
     runs = {}
     child = None
-    if not args.skip_opentsne:  # alongside scalemb's runs (one more process on a machine loaded by others)
+    # openTSNE (t-SNE only) alongside scalemb's runs (one more process on a machine loaded by others)
+    if not args.skip_opentsne and args.model == "tsne":
         out = Path(args.workdir) / f"opentsne_{name}.npz"
         child = subprocess.Popen([sys.executable, __file__, "--opentsne-child", store, str(out),
                                   str(args.opentsne_every)])
@@ -213,16 +236,16 @@ def size_section(store, args, lines):
 
         def progress(snap, label=label, scored=scored):
             it, seconds, coords = snap
-            scored[it] = score(affinity, coords.T, args.sample)
+            scored[it] = score(affinity, coords.T, args.sample, args.model)
             print(f"{label} | {it} | {seconds:.1f} | {scored[it][0]:.4f} | {scored[it][1]:.3f} | "
                   f"{scored[it][2]:.0f} | load {os.getloadavg()[0]:.1f}", flush=True)
 
-        curve, snaps, result = run_scalemb(load(store, fft_params)[1], opt, budget, args.every, progress)
+        curve, snaps, result = run_scalemb(load(store, fft_params, args.model)[1], opt, budget, args.every, progress)
         runs[label] = curve
         cpus[label] = result.cpu_seconds
         print(label, result.iterations, curve[-1], f"cpu {result.cpu_seconds:.1f} s", flush=True)
         for it, seconds, coords in snaps:
-            kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample)
+            kl_value, np_deg, extent = scored.get(it) or score(affinity, coords.T, args.sample, args.model)
             rows.append((label, it, seconds, kl_value, np_deg, extent))
         finals[label] = rows[-1]
         scored_curves[label] = [r[1:] for r in rows if r[0] == label]
@@ -306,6 +329,8 @@ def combine(paths, step=0.0):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stores", default="grqc")
+    parser.add_argument("--model", default="tsne", choices=sorted(MODEL_DIMS),
+                        help="tsne (R^2, against openTSNE) or snest (R^{2,1}; no openTSNE rows)")
     parser.add_argument("--candidates", default="auto;dbd;sd;hybrid",
                         help="scalemb runs, ';'-separated: auto, dbd, sd, hybrid, each with optional "
                              "':key=value,...' option overrides (JSON values)")
@@ -327,7 +352,8 @@ def main():
     if args.opentsne_child:
         store, out, every = args.opentsne_child
         return opentsne_child(store, out, int(every))
-    lines = ["# The spectral direction at every size: time to quality, t-SNE R^2 (issue 29)", "",
+    title = "t-SNE R^2" if args.model == "tsne" else "SNEST R^{2,1}"
+    lines = [f"# The spectral direction at every size: time to quality, {title} (issue 29)", "",
              machine_description() + "  ", ""]
     for store in [s for s in args.stores.split(",") if s]:
         size_section(store, args, lines)

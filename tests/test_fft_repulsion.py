@@ -492,10 +492,45 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
     assert errors["fast"] < 5e-2 and errors["default"] < 1e-2 and errors["high"] < 2e-3
 
 
+@pytest.mark.parametrize("outliers", [30, 0])
+def test_snest_fast_grid_fewer_time_components_bounded_error(outliers):
+    """SNEST's 'fast' level (its 'auto' from 2e4 points): boxes 9/7 as wide and the time components' rank
+    tolerance ``TIME_RANK_TOLS['fast']`` (1e-6) -- fewer components than the default grid on the same layout (a
+    time band, or the whole time extent), and Z, the space and the time forces still within a few 1e-3 of the
+    exact kernel (measured at 7.7e4 co-authors: gradient error 6.4e-3, default 1.9e-3); the time factorisation
+    itself within 10x its tolerance."""
+    from scalemb.repulsion import grid_for
+    from scalemb.repulsion.fft import TIME_RANK_TOLS, time_factors, time_matrix
+
+    assert TIME_RANK_TOLS["fast"] == 1e-6 and TIME_RANK_TOLS["default"] == TIME_RANK_TOLS["high"] == 1e-9
+    n = 4000
+    Y = _banded_layout(n, np.random.default_rng(5), outliers)
+    if not outliers:
+        Y[2] *= 10.0  # the whole time extent (std 0.5): many components
+    Re, ze = _exact("snest", Y, 2)
+    errors, ranks = {}, {}
+    for level in ("fast", "default"):
+        params = FFTParams(accuracy=level)
+        grid = grid_for("snest", 2, Y, params)
+        ranks[level] = grid.counts[-1]
+        R, z = fft_repulsion("snest", Y, 2, params, bounds=row_partition(n, 3))
+        errors[level] = (abs(z / ze - 1), _rel(R[:2], Re[:2]), _rel(R[2], Re[2]))
+    assert ranks["fast"] < ranks["default"]
+    assert max(errors["default"]) < TOL and max(errors["fast"]) < 1e-2
+    grid = make_grid("snest", 2, [0.0, 0.0, -1.8], [20.0, 20.0, 1.8])
+    m = grid.points[-1]
+    into, out_of = time_factors(grid.plan.time_kernels, m, 3.6, TIME_RANK_TOLS["fast"])
+    assert into.shape[1] < time_factors(grid.plan.time_kernels, m, 3.6)[0].shape[1]
+    for kernel, out in zip(grid.plan.time_kernels, out_of):
+        T = time_matrix(kernel, m, 3.6)
+        assert np.abs(out @ into.T - T).max() <= 10 * TIME_RANK_TOLS["fast"] * np.abs(T).max()
+
+
 def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     """``FFTParams(accuracy='auto')`` (the default, and ``fft_accuracy``'s) is 'fast' for t-SNE from its
     ``FFTSpec.fast_from_points`` (10 000) points and 'default' below it, or where the point count is unknown;
-    models without a threshold (SNEST, SNE) keep 'default' at any size; an explicit level is kept at any size.
+    SNEST from its own (20 000); models without a threshold (SNE) keep 'default' at any size; an explicit level is
+    kept at any size.
     Resolution writes the level it chose, so results below the threshold keep the attributes they always had,
     and an executor's grid (``resolve_repulsion_settings``, from the input's size) follows the rule."""
     from scalemb.params import BY_NAME
@@ -511,9 +546,10 @@ def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     assert "accuracy" not in below.as_dict()
     assert FFTParams().resolved("tsne", 2).accuracy == "default"  # no count: the default level
     assert FFTParams().accuracy_for("tsne", 10 ** 6) == "fast"
-    for model in ("snest", "sne"):
-        assert get_model(model).fft.fast_from_points is None
-        assert FFTParams().accuracy_for(model, 10 ** 7) == "default"
+    assert get_model("sne").fft.fast_from_points is None and FFTParams().accuracy_for("sne", 10 ** 7) == "default"
+    snest = get_model("snest").fft.fast_from_points
+    assert snest == 20_000 and FFTParams().accuracy_for("snest", snest - 1) == "default"
+    assert FFTParams().accuracy_for("snest", snest) == "fast"
     for level in ("fast", "default", "high"):
         assert FFTParams(accuracy=level).accuracy_for("tsne", 10) == level
         assert FFTParams(accuracy=level).accuracy_for("tsne", 10 ** 7) == level
@@ -525,7 +561,7 @@ def test_auto_accuracy_is_fast_from_the_models_threshold(tmp_path):
     # 'auto' repulsion: exact below the threshold (t-SNE's is where R^2 turns to the FFT), 'fast' FFT from it
     assert resolve_repulsion_settings("auto", "tsne", 2, 0, threshold - 1)[0] == "exact"
     assert resolve_repulsion_settings("auto", "tsne", 2, 0, threshold)[1].accuracy == "fast"
-    assert resolve_repulsion_settings("auto", "snest", 2, 1, 10 ** 6)[1].accuracy == "default"
+    assert resolve_repulsion_settings("auto", "snest", 2, 1, 10 ** 6)[1].accuracy == "fast"
     with LocalExecutor(_random_affinity(threshold, 0), get_model("tsne"), 2, 0, repulsion="fft") as ex:
         assert ex.fft_params.accuracy == "fast" and ex.fft_params.box_width == pytest.approx(0.9)
     with pytest.raises(SystemExit):  # the table's choices, checked where the flag is parsed

@@ -127,8 +127,9 @@ def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
     t-SNE keeps the spectral direction but with its schedule at scale (openTSNE's exaggeration phase, 60 spectral
     steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, until the KL falls by
-    less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST switches to its own dbd schedule
-    with a 750-iteration budget (user options win); SNE and EE keep their default at every size."""
+    less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST to the same kind of schedule
+    with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps, 300 iterations in all; user options
+    win); SNE and EE keep their default at every size."""
     from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
@@ -143,8 +144,12 @@ def test_auto_optimizer_depends_on_the_input_size():
                                                                                    25, 750)
     assert (big.tol, big.window) == (2e-4, 25)
     assert big.budget(1000) == 750 and big.budget(100) == 100 and LineSearchDescent().budget(1000) == 1000
+    from scalemb.models.snest import SPECTRAL_THEN_POLISH as SNEST_AT_SCALE
+
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
-    assert snest == DeltaBarDelta(max_iterations=750)
+    assert snest == LineSearchDescent(**{k: v for k, v in SNEST_AT_SCALE.items() if k != "optimizer"})
+    assert (snest.exaggeration, snest.exaggeration_iterations, snest.exaggeration_steps, snest.spectral_iterations,
+            snest.max_point_step, snest.max_iterations) == (4.0, 100, "momentum", 30, 2.0, 300)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
     with pytest.raises(ValueError, match="max_iterations"):
@@ -438,3 +443,27 @@ def test_spectral_schedule_budget_caps_the_run_and_continue_lifts_it(school_affi
         assert first.iterations == 6
         more = replace(opt, max_iterations=None).optimize(ex, start, 10, state=first.state)
         assert more.iterations > 6 and more.kl <= first.kl
+
+
+def test_snest_polish_steps_take_the_starting_time_rate_and_back_off_from_a_blow_up(school_affinity, caplog):
+    """SNEST's polish steps (no line search) move time by delta-bar-delta's rule from the starting time rate
+    (``LineSearchDescent._time_rate``), not the line search's grown one; a momentum step whose evaluation is not
+    finite (time coordinates thrown past ``exp(Δt²)``'s range by a time rate far too large) is undone, the time
+    rates halved, and after ``max_failures`` of them in a row the run stops at the last finite point instead of
+    raising."""
+    from scalemb.optim import LineSearchDescent
+
+    coords = initial_coords(school_affinity.n_points, 2, 1, np.random.default_rng(0))
+    states = []
+    rule = LineSearchDescent(spectral_iterations=10, tol=0.0)
+    run = rule.optimize(LocalExecutor(school_affinity, get_model("snest"), 2, 1), coords, 40,
+                        checkpoint=lambda it, export: states.append(export()))
+    at = {state.iteration: state for state in states}
+    assert at[10].polish_time_rate is None and at[11].polish_time_rate == rule._time_rate(school_affinity.n_points)
+    assert at[10].time_rate != at[11].polish_time_rate and np.isfinite(run.kl) and run.iterations == 40
+    assert run.kl < at[11].kl
+    wild = LineSearchDescent(spectral_iterations=10, tol=0.0, time_rate=1e5, max_failures=4)
+    with caplog.at_level("WARNING", logger="scalemb"):
+        run = wild.optimize(LocalExecutor(school_affinity, get_model("snest"), 2, 1), coords, 40)
+    assert "diverged" in caplog.text and run.iterations < 40 and np.isfinite(run.kl)
+    assert np.all(np.isfinite(run.coords))

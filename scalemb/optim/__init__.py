@@ -8,11 +8,11 @@ from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (t-SNE: an exaggeration phase, a
-# bounded spectral phase, then delta-bar-delta polish steps; SNEST: delta-bar-delta).  Below it the spectral
-# direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer iterations; from here on the LU fills in
-# (Jacobi-preconditioned inexact CG instead: ~10-20 Laplacian products per iteration) and its Newton-like steps
-# spread the layout unless each point's step is bounded (components and loosely attached parts move by gradient /
-# mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
+# bounded spectral phase, then delta-bar-delta polish steps; SNEST: the same with its own x4 exaggeration).  Below
+# it the spectral direction's sparse LU is cheap and it reaches dbd's KL in 13-37x fewer iterations; from here on
+# the LU fills in (Jacobi-preconditioned inexact CG instead: ~10-20 Laplacian products per iteration) and its
+# Newton-like steps spread the layout unless each point's step is bounded (components and loosely attached parts
+# move by gradient / mu), where the FFT grid is capped and the near field costs O(N^2) (docs/design/optimisation.md).
 AUTO_SCALE_MIN_POINTS = AUTO_LU_MAX_POINTS
 # P made from distances between points (a kNN affinity of feature rows, a kNN pair, a distance matrix) gets the
 # model's ``default_optimizer_for_points`` (else its ``default_optimizer_at_scale``) at every size: on feature

@@ -68,6 +68,9 @@ AUTO_LU_MAX_POINTS = 20_000
 AMG_REFRESH_AFTER = 20
 # cg_tol='auto' (inexact Newton, ``LineSearchDescent._forcing``): the range of CG's relative tolerance.
 EW_MIN, EW_MAX = 1e-3, 0.5
+# A momentum step (no line search: exaggeration, polish) whose KL exceeds this factor times the KL before it is
+# undone (``_DescentRun._momentum_move``), as delta-bar-delta's ``divergence_factor``.
+MOMENTUM_DIVERGENCE = 2.0
 # cg_maxiter='auto': CG's iteration cap per preconditioner (``LineSearchDescent._cg_maxiter``).
 AUTO_CG_MAXITER = {"jacobi": 10, "lu": 50, "amg": 50}
 
@@ -108,6 +111,8 @@ class DescentState(OptimizerState):
     gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
     forcing: float | None = None  # cg_tol='auto': the last CG tolerance (Eisenstat-Walker forcing term)
     gradient_norm: float | None = None  # cg_tol='auto': the space gradient's norm at the last solve
+    time_gain: float = 1.0  # the polish phase's time gain (delta-bar-delta's global one)
+    polish_time_rate: float | None = None  # the polish phase's time learning rate (None before it; halved on blow-up)
 
     def evaluation(self):
         return Evaluation(self.kl, self.objective, self.gradient, self.z)
@@ -494,8 +499,8 @@ class _DescentRun(StepRun):
                 return HALT
             return KEPT
         s.failures = 0
-        if s.coords.shape[0] > ds:
-            s.previous_time_step = result.step * direction[ds:]
+        if s.coords.shape[0] > ds:  # (inside the polish phase no momentum buffer for its time steps)
+            s.previous_time_step = None if polishing else result.step * direction[ds:]
         s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r._max_step())
         s.coords = result.coords
         self.ev = result.evaluation
@@ -513,21 +518,45 @@ class _DescentRun(StepRun):
             update += r.exaggeration_momentum * s.previous_space
         return self._momentum_move(it, update, rgrad)
 
-    def _momentum_move(self, it: int, update: np.ndarray, rgrad: np.ndarray) -> str:
+    def _momentum_move(self, it: int, update: np.ndarray, rgrad: np.ndarray, time_step: np.ndarray | None = None
+                       ) -> str:
         """Move by the space ``update`` (each point's bounded by ``max_point_step``; kept as the momentum buffer
-        ``previous_space``) and ``-time_rate g`` in time, then evaluate: one evaluation, no line search."""
+        ``previous_space``) and ``time_step`` in time (None: ``-time_rate g``), then evaluate: one evaluation, no
+        line search.  A move whose evaluation is not finite (a blow-up: SNEST's ``exp(Δt²)`` past float64) or
+        whose KL exceeds ``MOMENTUM_DIVERGENCE`` times the KL before it (SNEST at 7.7e5 points: 6.37 -> 21.0 in two
+        polish steps, time coordinates thrown thousands of units out the step after) is undone: back to the point
+        before it with the momentum buffers emptied and the time rates halved, as delta-bar-delta backs off to its
+        best iterate (``max_failures`` in a row stop the run)."""
         r, s, ds = self.rule, self.state, self.space_dims
         if r.max_point_step is not None:
             from .dbd import clip_step_norms
 
             clip_step_norms(update, r.max_point_step)
-        s.previous_space = update
         direction = np.empty_like(s.coords)
         direction[:ds] = update
-        direction[ds:] = -s.time_rate * rgrad[ds:]
-        s.coords = self.geometry.retract(s.coords, direction)
-        self.ev = self.evaluate(s.coords, s.alpha, it + 1)
+        direction[ds:] = -s.time_rate * rgrad[ds:] if time_step is None else time_step
+        coords = self.geometry.retract(s.coords, direction)
+        ev = self.evaluate(coords, s.alpha, it + 1)
         s.evaluations += 1
+        if not (np.isfinite(ev.kl) and np.isfinite(ev.objective) and ev.kl <= MOMENTUM_DIVERGENCE * abs(self.ev.kl)):
+            s.failures += 1
+            s.previous_space = s.previous_time_step = None
+            s.time_rate *= 0.5
+            s.time_gain = 1.0
+            if s.polish_time_rate is not None:
+                s.polish_time_rate *= 0.5
+            logger.warning("a momentum step diverged at iteration %d (KL %.4g after %.4g): back to the point before "
+                           "it, time rates halved", it, ev.kl, self.ev.kl)
+            if self.iteration_dependent:  # the kept point's evaluation must be iteration it + 1's objective
+                self.ev = self.evaluate(s.coords, s.alpha, it + 1)
+                s.evaluations += 1
+            return HALT if s.failures >= r.max_failures else KEPT
+        s.failures = 0
+        s.previous_space = update
+        if time_step is not None:
+            s.previous_time_step = time_step
+        s.coords = coords
+        self.ev = ev
         return MOVED
 
     def _polish_step(self, it: int, rgrad: np.ndarray) -> str:
@@ -538,11 +567,19 @@ class _DescentRun(StepRun):
         ``u`` bounded by ``max_point_step``), time ``-time_rate g``; one evaluation per iteration, no line search.
         Its first step starts from unit gains and no momentum (the spectral direction is no momentum buffer).
         ``polish_spectral_every = k``: every k-th polish iteration is a spectral step with its line search instead
-        (the gains kept, the momentum buffer restarted at zero after it)."""
+        (the gains kept, the momentum buffer restarted at zero after it).
+
+        Time coordinates (SNEST): delta-bar-delta's time rule, ``v <- m v - lr_t gain_t g_t`` with one global gain
+        (``+0.2`` while ``g_t . v < 0``, ``x0.8`` otherwise, floored at 0.01) and ``lr_t`` the starting time rate
+        (``time_rate``: ``max(1, N/12) * 0.002``, delta-bar-delta's ``lr * time_ratio``), not the line search's
+        rate: the spectral steps grow that rate by 1.2 per accepted step, safe under a line search, but a step
+        without one at that rate threw a 7.7e4-point layout's time coordinates past ``exp(Δt²)``'s range."""
         r, s, ds = self.rule, self.state, self.space_dims
         if s.gains is None:
             s.gains = np.ones((ds, self.n_points))
             s.previous_space = None
+            s.previous_time_step = None
+            s.polish_time_rate = r._time_rate(self.n_points)
         grad = rgrad[:ds]
         if s.previous_space is None:
             s.previous_space = np.zeros_like(grad)
@@ -551,7 +588,18 @@ class _DescentRun(StepRun):
         np.maximum(s.gains, 0.01, out=s.gains)
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         update = r.polish_momentum * s.previous_space - max(1.0, self.n_points / 12.0) * scale * s.gains * grad
-        return self._momentum_move(it, update, rgrad)
+        time_step = None
+        if s.coords.shape[0] > ds:
+            gt = rgrad[ds:]
+            if s.polish_time_rate is None:  # a state written before the polish phase had its own time rate
+                s.polish_time_rate = r._time_rate(self.n_points)
+            if s.previous_time_step is None:
+                s.time_gain, time_step = 1.0, -s.polish_time_rate * gt
+            else:
+                agree = float(np.sum(gt * s.previous_time_step)) < 0
+                s.time_gain = s.time_gain + 0.2 if agree else max(s.time_gain * 0.8, 0.01)
+                time_step = r.polish_momentum * s.previous_time_step - s.polish_time_rate * s.time_gain * gt
+        return self._momentum_move(it, update, rgrad, time_step)
 
     def final_kl(self, it: int, converged: bool, stopped: bool) -> float:
         """The KL at the last iterate: the last evaluation's, or one without exaggeration if it was on (that

@@ -624,7 +624,8 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
     if dims > ds:
         m = _time_box(params, float(extent[ds]))
         points.append(int(m))
-        time_in, time_out = time_factors(plan.time_kernels, int(m), float(time_width[0]))
+        time_in, time_out = time_factors(plan.time_kernels, int(m), float(time_width[0]),
+                                         TIME_RANK_TOLS[params.accuracy])
         rank = time_in.shape[1]
     per_box = p ** ds * rank
     max_nodes = params.node_cap(n_points, rank if dims > ds else None)
@@ -703,9 +704,10 @@ def _time_box(params: FFTParams, width: float) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _band_rank(time_kernels, time_points: int, width: float) -> int:
-    """The rank ``time_factors`` keeps for a time box ``width`` wide (for the cost of a candidate band)."""
-    return time_factors(time_kernels, time_points, width)[0].shape[1]
+def _band_rank(time_kernels, time_points: int, width: float, tol: float = None) -> int:
+    """The rank ``time_factors`` keeps for a time box ``width`` wide at rank tolerance ``tol`` (for the cost of a
+    candidate band)."""
+    return time_factors(time_kernels, time_points, width, TIME_RANK_TOL if tol is None else tol)[0].shape[1]
 
 
 def grid_for(model, space_dims: int, Y: np.ndarray, params: FFTParams = FFTParams()) -> Grid:
@@ -745,6 +747,7 @@ def grid_from_summaries(model, space_dims: int, lo, hi, n: int, params: FFTParam
         return full
     best, best_cost = None, grid_cost(full, n, 0, n)
     h = extent / BAND_BINS
+    tol = TIME_RANK_TOLS[params.resolved(model, ds, n).accuracy]
     cumulative = np.concatenate([[0], np.cumsum(counts_of(float(lo[ds]), h))])
     width = extent * BAND_STEP
     while width >= MIN_BAND_WIDTH:
@@ -753,7 +756,7 @@ def grid_from_summaries(model, space_dims: int, lo, hi, n: int, params: FFTParam
         start = int(np.argmax(inside))
         band = (float(lo[ds] + start * h), float(min(hi[ds], lo[ds] + (start + w) * h)))
         m = _time_box(params, band[1] - band[0])
-        rank = _band_rank(full.plan.time_kernels, m, float(f"{band[1] - band[0]:.2g}"))  # cached, ~1 % wider
+        rank = _band_rank(full.plan.time_kernels, m, float(f"{band[1] - band[0]:.2g}"), tol)  # cached, ~1 % wider
         cost = grid_cost(full, int(inside[start]), n - int(inside[start]), n, rank, m)
         if cost < best_cost:
             best, best_cost = band, cost
@@ -897,13 +900,18 @@ def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
 
 # Singular values of the stacked time matrices kept, relative to the largest (``time_factors``).
 TIME_RANK_TOL = 1e-9
+# ... per accuracy level (``FFT_ACCURACY``): 'fast' keeps those above 1e-6, one or two time components fewer (a
+# band 0.13 wide: 3 instead of 4, 1.0 wide: 6 instead of 8, 3.6 wide: 9 instead of 13).  On SNEST R^{2,1} layouts
+# at 7.7e4 points the gradient's error against the exact kernel did not change (1.92e-3 at the default grid with
+# either tolerance; the space interpolation's error dominates): docs/design/repulsion.md.
+TIME_RANK_TOLS = {"fast": 1e-6, "default": TIME_RANK_TOL, "high": TIME_RANK_TOL}
 
 
-def time_factors(time_kernels, time_points: int, width: float) -> tuple:
+def time_factors(time_kernels, time_points: int, width: float, tol: float = TIME_RANK_TOL) -> tuple:
     """``(into, out_of)``: ``into`` m x r and ``out_of`` (kernels, m, r) with ``time_matrix(kernel_q) ~
     out_of[q] @ into.T`` for every time kernel q, one basis ``into`` for all: the truncated SVD of the
     kernels' matrices stacked (each scaled to unit largest entry), ``[T_q / s_q] = U S V^T``, keeping the
-    singular values above ``TIME_RANK_TOL`` times the largest: ``into = V_r S_r``, ``out_of[q] = s_q U_{q,r}``.
+    singular values above ``tol`` times the largest: ``into = V_r S_r``, ``out_of[q] = s_q U_{q,r}``.
     The time part of the kernel between points, ``sum_ab L_a(t_i) T_ab L_b(t_j)`` (Chebyshev interpolation in
     both arguments), becomes ``sum_c u_c(t_i) v_c(t_j)`` with ``v = L @ into`` and ``u = L @ out_of[q]``: the
     grid holds r time components instead of m nodes, and the charges spread through ``into`` serve every
@@ -915,7 +923,7 @@ def time_factors(time_kernels, time_points: int, width: float) -> tuple:
                                  "(exp(Δt²) beyond float64)")
     scales = [float(np.abs(T).max()) for T in mats]
     U, sv, Vt = np.linalg.svd(np.concatenate([T / sc for T, sc in zip(mats, scales)]))
-    r = max(1, int(np.count_nonzero(sv > TIME_RANK_TOL * sv[0])))
+    r = max(1, int(np.count_nonzero(sv > tol * sv[0])))
     out_of = U[:, :r].reshape(len(mats), time_points, r) * np.array(scales)[:, None, None]
     return np.ascontiguousarray(Vt[:r].T * sv[:r]), np.ascontiguousarray(out_of)
 
