@@ -45,7 +45,6 @@ def plan(space_dims):
                  z_output=0, force=tuple(1 + k for k in space))
 
 
-@njit(inline="always", fastmath=True, error_model="numpy")
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     inside = 1.0 if d2s < cutoff2 else 0.0
     w = 1.0 / (1.0 + 0.25 * d2s)

@@ -922,11 +922,14 @@ def _make_view(args, *blocks):
     return halo_fns.make_view(columns, own, sources, *blocks)
 
 
-
 def _nbytes(value) -> int:
-    """Bytes of the arrays in ``value`` (an array, or a dataclass / object holding arrays)."""
+    """Bytes of the arrays in ``value`` (an array, or a dataclass / object holding arrays); functions (a grid
+    spec's plan and near pair, compiled or not) and classes hold none."""
     if isinstance(value, np.ndarray):
         return value.nbytes
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if callable(value) or isinstance(value, type):
+        return 0
+    if dataclasses.is_dataclass(value):
         return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return sum(_nbytes(v) for v in vars(value).values()) if hasattr(value, "__dict__") else 0
+    attributes = getattr(value, "__dict__", None)
+    return sum(_nbytes(v) for v in attributes.values()) if isinstance(attributes, dict) else 0

@@ -21,7 +21,6 @@ def pair(d2s, d2t):
     return w, -2.0 * w, 0.0
 
 
-@njit(inline="always", fastmath=True, error_model="numpy")
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     """The near field of the FFT grid (``FFTSpec.near_pair``): the whole Gaussian ``exp(-d²)`` within the cutoff
     (its grid has no far part), force coefficient ``-2 w``."""

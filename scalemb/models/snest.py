@@ -35,7 +35,6 @@ def similarity(d2s, d2t):
     return d2t - math.log1p(d2s)
 
 
-@njit(inline="always", fastmath=True, error_model="numpy")
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     """The near field of the split FFT grid (``FFTSpec.near_pair``): ``exp(Δt²)`` times t-SNE's Cauchy terms,
     ``(e (q - q_far), -2 e (q² - q_far²), 2 e (q - q_far))`` within the cutoff, 0 beyond (``q_far = 1 / (1 + d² +

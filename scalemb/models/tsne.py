@@ -22,7 +22,6 @@ def pair(d2s, d2t):
     return q, -2.0 * q * q, 0.0
 
 
-@njit(inline="always", fastmath=True, error_model="numpy")
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     """The near field of the split FFT grid (``FFTSpec.near_pair``): ``(q - q_far, -2 (q² - q_far²), 2 (q -
     q_far))`` within the cutoff, 0 beyond, with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))`` the grid's far

@@ -335,8 +335,8 @@ class FFTSpec:
     * ``interpolation``: ``{space_dims: (points per box, box width)}``, the defaults measured for the model
       (``FFTParams.resolved``); the supported space dimensions are its keys;
     * ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) -> (w, c_s, c_t)``: the part of the kernel a split grid leaves
-      to the direct sum, a numba ``inline='always'`` function of the model's module (``interpolation.near_kernel``
-      compiles the near field from it);
+      to the direct sum, a plain function of the model's module written for numba (``interpolation.near_kernel``
+      compiles it inline into the near field; being plain, a spec sent to a worker pickles it by reference);
     * ``self_weight(sigma)``: the grid kernel's ``w(0)`` at split scale sigma (0: unsplit), removed from Z;
     * ``time_dims``: the time dimensions it supports (0, or 1 with a time kernel);
     * ``near_cutoff``: a kernel without a far part (the Gaussian): a capped grid is one box and the near field

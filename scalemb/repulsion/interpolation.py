@@ -353,10 +353,11 @@ def _cell_range(cell, offset, n_cells, space_dims, sorted_keys):
 
 
 @functools.cache
-def near_kernel(near_pair):
+def near_kernel(py_near_pair):
     """``near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, sigma, cutoff, R,
-    band_lo=-inf, band_hi=inf)`` compiled for one kernel's near pair (a model's ``FFTSpec.near_pair``, numba
-    ``inline='always'``): ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) -> (w, c_s, c_t)``, the part of the kernel a
+    band_lo=-inf, band_hi=inf)`` compiled for one kernel's near pair (a model's ``FFTSpec.near_pair``, a plain
+    function compiled here inline, so a spec pickles by reference): ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) ->
+    (w, c_s, c_t)``, the part of the kernel a
     split grid at scale sigma (``s2 = sigma²``, ``inv_s2 = 1/s2`` or 0) leaves to the direct sum, zero beyond
     ``cutoff2``, and its space and time force coefficients (t-SNE: ``q - q_far`` and ``-2 (q² - q_far²)`` with
     ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``).  One kernel per near pair in a process, cached on disk
@@ -370,6 +371,7 @@ def near_kernel(near_pair):
     Rows whose time coordinate (row ``space_dims``) lies outside ``[band_lo, band_hi]`` are skipped: a time-banded
     grid's outliers (``time_outlier_rows``; ``Ys`` then holds the band's points only).
     """
+    near_pair = njit(inline="always", fastmath=True, error_model="numpy")(py_near_pair)
 
     @njit(nogil=True, fastmath=True, error_model="numpy")
     def near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, sigma, cutoff, R,
