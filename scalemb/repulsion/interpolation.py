@@ -355,21 +355,16 @@ def _cell_range(cell, offset, n_cells, space_dims, sorted_keys):
 @functools.cache
 def near_kernel(py_near_pair):
     """``near_rows(Y, Ys, r0, r1, space_dims, lo, cell_size, n_cells, sorted_keys, neighbours, sigma, cutoff, R,
-    band_lo=-inf, band_hi=inf)`` compiled for one kernel's near pair (a model's ``FFTSpec.near_pair``, a plain
-    function compiled here inline, so a spec pickles by reference): ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) ->
-    (w, c_s, c_t)``, the part of the kernel a
-    split grid at scale sigma (``s2 = sigma²``, ``inv_s2 = 1/s2`` or 0) leaves to the direct sum, zero beyond
-    ``cutoff2``, and its space and time force coefficients (t-SNE: ``q - q_far`` and ``-2 (q² - q_far²)`` with
-    ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))``).  One kernel per near pair in a process, cached on disk
-    as ``models.kernels.make_kernels``' are, so a new kernel shape is its model's module alone.
+    band_lo=-inf, band_hi=inf)`` compiled (and cached on disk) for a model's ``FFTSpec.near_pair(d2s, d2t, cutoff2,
+    s2, inv_s2) -> (w, c_s, c_t)``: the part of its kernel a split grid at scale sigma (``s2 = sigma²``, ``inv_s2 =
+    1/s2`` or 0) leaves to the direct sum, zero beyond ``cutoff2``, and its space and time force coefficients (a plain
+    function, compiled here inline, so a spec pickles by reference; a new kernel shape is its model's module alone).
 
-    ``near_rows``: the near-field correction for rows ``[r0, r1)``: ``sum_{j != i} (K - K_far)(y_i - y_j)`` over
-    the points within ``cutoff`` in space, added to ``R``; returns the rows' part of Z.  ``Ys`` holds the
-    coordinates sorted by cell key (``sorted_keys``; cells of side ``cell_size >= cutoff``), so each neighbour cell
-    is a contiguous, vectorisable range; the self pair is included there and its Z term (``near_self_weight``)
-    subtracted exactly.  ``fastmath`` as in the exact kernel (checked against it by tests/test_fft_repulsion.py).
-    Rows whose time coordinate (row ``space_dims``) lies outside ``[band_lo, band_hi]`` are skipped: a time-banded
-    grid's outliers (``time_outlier_rows``; ``Ys`` then holds the band's points only).
+    ``near_rows`` adds ``sum_{j != i} (K - K_far)(y_i - y_j)`` over the points within ``cutoff`` in space to ``R``
+    for rows ``[r0, r1)`` and returns their part of Z.  ``Ys``: the coordinates sorted by cell key (cells of side
+    ``cell_size >= cutoff``), each neighbour cell a contiguous, vectorisable range; the self pair's Z term
+    (``near_self_weight``) is subtracted exactly.  ``fastmath`` as in the exact kernel.  Rows whose time coordinate
+    lies outside ``[band_lo, band_hi]`` (a time-banded grid's outliers, ``time_outlier_rows``) are skipped.
     """
     near_pair = njit(inline="always", fastmath=True, error_model="numpy")(py_near_pair)
 
@@ -432,8 +427,7 @@ def near_kernel(py_near_pair):
 
 
 def near_self_weight(near_pair, sigma: float) -> float:
-    """The near pair's ``w(0)`` at split scale ``sigma`` (0: unsplit): the self pair's term that ``near_rows``
-    removes from Z."""
+    """The near pair's ``w(0)`` at split scale ``sigma`` (0: unsplit): the self term ``near_rows`` removes."""
     s2 = float(sigma) ** 2
     return float(near_pair(0.0, 0.0, np.inf, s2, 1.0 / s2 if s2 > 0 else 0.0)[0])
 
