@@ -125,21 +125,22 @@ def _intrusions(sx, sy, i, k, hix, hiy, markx, marky):
     c = 0.0
     p = 0
     for m in range(k):
-        j = hiy[m]  # in Y's k-ary neighbourhood: an intruder unless in X's
-        rx = markx[j]
-        if rx == 0:
-            rx = rank_of(sx, i, j)
+        rx = _rank(sx, i, hiy[m], markx)  # in Y's k-ary neighbourhood: an intruder unless in X's
         if rx > k:
             t += rx - k
         else:
             p += 1
-        j = hix[m]  # in X's: an extrusion unless in Y's
-        ry = marky[j]
-        if ry == 0:
-            ry = rank_of(sy, i, j)
+        ry = _rank(sy, i, hix[m], marky)  # in X's: an extrusion unless in Y's
         if ry > k:
             c += ry - k
     return t, c, p
+
+
+@njit(inline="always")
+def _rank(s, i, j, mark):
+    """``j``'s rank in row ``i``: its mark in the kept list, or counted over all points when it is outside it."""
+    r = mark[j]
+    return rank_of(s, i, j) if r == 0 else r
 
 
 @njit(inline="always")
