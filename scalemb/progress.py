@@ -29,6 +29,15 @@ logger = logging.getLogger("scalemb")
 
 LOG_SECONDS = 30.0  # without a bar: a log line every tenth of the expected iterations, at least this often
 _REPORTING = contextvars.ContextVar("scalemb_reporting", default=False)
+SIGNALS: list[int] = []  # SIGINT/SIGTERM received by the CLI's handler in this process (``note_signal``)
+
+
+def note_signal(signum: int) -> None:
+    """Record that ``signum`` arrived (the CLI's handler calls this before raising KeyboardInterrupt), so that a
+    phase which then ends normally -- the KeyboardInterrupt raised inside a C callback and swallowed there, as
+    llvmlite's ctypes callbacks do while numba compiles ("Exception ignored on calling ctypes callback function") --
+    is still ended as interrupted (``phase``)."""
+    SIGNALS.append(signum)
 
 
 def value_label(model_name: str) -> str:
@@ -87,18 +96,23 @@ def _shown(log: logging.Logger) -> bool:
 def phase(name: str, detail: str = ""):
     """Report phase ``name`` (``detail``: e.g. the input's size) when it starts and with its time when it ends,
     inside ``reporting(True)``; Ctrl-C is reported as the phase's interruption (an error is left to its own
-    one-line message) and re-raised."""
-    if not _REPORTING.get():
-        yield
-        return
-    logger.info("%s%s ...", name, f" ({detail})" if detail else "")
+    one-line message) and re-raised.  A signal noted (``note_signal``) while the phase ran whose KeyboardInterrupt
+    never reached here -- swallowed inside a C callback -- interrupts the phase at its end: the run does not go on
+    as if nothing had been asked."""
+    signals = len(SIGNALS)
     start = time.perf_counter()
     try:
+        if _REPORTING.get():
+            logger.info("%s%s ...", name, f" ({detail})" if detail else "")
         yield
+        if len(SIGNALS) > signals:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
-        logger.info("%s interrupted after %.1f s", name, time.perf_counter() - start)
+        if _REPORTING.get():
+            logger.info("%s interrupted after %.1f s", name, time.perf_counter() - start)
         raise
-    logger.info("%s done in %.1f s", name, time.perf_counter() - start)
+    if _REPORTING.get():
+        logger.info("%s done in %.1f s", name, time.perf_counter() - start)
 
 
 def _in_notebook() -> bool:

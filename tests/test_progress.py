@@ -206,3 +206,44 @@ def test_interruption_note_tells_what_is_on_disk(tmp_path):
     finished = tmp_path / "done.zarr"
     scalemb.embed("school", iterations=5, out=finished)
     assert interruption_note(finished) == f"interrupted before the first checkpoint; {finished} is as it was"
+
+
+def test_a_ctrl_c_swallowed_inside_a_c_callback_still_interrupts_the_run(tmp_path, monkeypatch, capsys, caplog):
+    """llvmlite's ctypes callbacks swallow a KeyboardInterrupt raised while numba compiles ("Exception ignored on
+    calling ctypes callback function"; CI saw a run go on for 40 s of kNN and a whole optimisation after Ctrl-C):
+    the phase that was running ends as interrupted when it returns, the CLI exits 130 and writes nothing; a phase
+    without a signal ends normally."""
+    import ctypes
+    import os
+
+    from scalemb.cli import main as cli
+
+    def swallowed():  # raise inside a ctypes callback, as llvmlite's object-cache notification does
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("SIGINT did not arrive")
+
+    callback = ctypes.CFUNCTYPE(None)(swallowed)
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_type))
+
+    def embed(args):
+        with reporting(True), phase("kNN"):
+            callback()
+        raise AssertionError("the phase ended normally after SIGINT")
+
+    monkeypatch.setattr(cli, "_embed", embed)
+    out = tmp_path / "run.zarr"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["embed", "school", "--out", str(out)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ignored == [KeyboardInterrupt]  # the interrupt really was swallowed by ctypes
+    err = capsys.readouterr().err
+    assert "kNN interrupted after" in caplog.text, caplog.text
+    assert err.strip().splitlines()[-1] == (f"scalemb: interrupted before the first checkpoint; nothing written "
+                                            f"({out} does not exist)")
+    assert not out.exists()
+    with phase("quiet"):
+        pass

@@ -5,6 +5,7 @@ import signal
 import sys
 import threading
 
+from .. import progress
 from .._version import __version__
 from ..affinity.ordering import STORE_POINT_ORDERS
 from ..datasets import DATASETS
@@ -380,14 +381,12 @@ def _resume(args) -> int:
                                     scheduler=args.scheduler, in_process=args.in_process))
 
 
-_SIGNALLED: list[int] = []  # signals received by _raise_interrupt in this process
-
-
 def _raise_interrupt(signum, frame):
     """Unwind like Ctrl-C, and remember that a signal came: a KeyboardInterrupt raised inside a C extension can
     surface as another exception (numba compiling through llvmlite's ctypes turns it into an AttributeError), and
-    ``main`` must still report an interruption, not that exception."""
-    _SIGNALLED.append(signum)
+    ``main`` must still report an interruption, not that exception; one swallowed inside a C callback ends the
+    running phase at its end (``progress.note_signal``)."""
+    progress.note_signal(signum)
     raise KeyboardInterrupt
 
 
@@ -402,7 +401,7 @@ def _dispatch(args) -> int:
     except RunInterrupted:
         raise
     except Exception as exc:
-        if _SIGNALLED:
+        if progress.SIGNALS:
             raise KeyboardInterrupt from exc
         raise
 
@@ -412,7 +411,7 @@ def main(argv=None) -> int:
     if args.command in ("affinity", "generate", "plot", "export", "report", "metrics", "transform", "continue"):
         # SIGTERM unwinds like Ctrl-C: temporaries removed (embed/resume checkpoint instead; serve has its own)
         signal.signal(signal.SIGTERM, _raise_interrupt)
-    _SIGNALLED.clear()
+    progress.SIGNALS.clear()
     if args.command != "serve" and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _raise_interrupt)  # Ctrl-C as before, remembered (the service has its own)
     if args.s3_endpoint:
