@@ -141,6 +141,13 @@ def cycles(edges):
     return out
 
 
+def two_way_pairs(edges):
+    """Pairs of rooms (top folders or files of ``scalemb``) each of which has a file importing a file of the
+    other: two rooms that lean on each other cannot be read one after the other."""
+    pairs = {(room(a), room(b)) for a, b, _ in edges if room(a) != room(b)}
+    return sorted(f"{a} <-> {b}" for a, b in pairs if a < b and (b, a) in pairs)
+
+
 def runner_translations():
     """Calls that build the runner setting by setting: the runner class (``scalemb.embedding.Embedder``, or
     ``scalemb.run``'s runner) called with two keyword arguments or more, or with a ``**`` splat."""
@@ -333,6 +340,7 @@ def main(argv=None):
         ("  of them inside functions", [f"{a.relative_to(ROOT)} -> {b.relative_to(ROOT)}" for a, b, f in up if f],
          ""),
         ("file cycles", [" -> ".join(c) for c in cycles(edges)], "strongly connected files of the import graph"),
+        ("two-way folder pairs", two_way_pairs(edges), "rooms each importing a file of the other"),
         ("files branching on a method / metric name outside its package", name_branches(),
          "comparisons with 'eigenmap', 'kernel-eigenmap', 'liram', 'poincare', EIGENMAP_MODELS"),
         ("references to benchmarks/results in code", results_refs(), "`grep -rn benchmarks/results scalemb`"),
