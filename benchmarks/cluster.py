@@ -9,7 +9,7 @@ repulsion run
 * ``local``: ``LocalExecutor`` with 2 threads on the store's partitions;
 * ``dask held``: ``DaskExecutor`` on a ``LocalCluster`` of 2 worker processes x 1 thread, the optimiser's
   per-point state held on the workers (``scalemb.engine.held_dask``, the default);
-* ``dask client``: the same executor with the state held on the client (``optim.held.LocalHeld``: what every
+* ``dask client``: the same executor with the state held on the client (``engine.held.LocalHeld``: what every
   Dask run did before; all of Y out and the gradient back per iteration);
 
 in rotated order for ``--rounds`` rounds.  Per iteration: the median over rounds of (time from the end of
@@ -69,7 +69,7 @@ def measure(store, model_name, iterations, rounds, report):
     from scalemb.affinity import AffinityStore
     from scalemb.engine import LocalExecutor
     from scalemb.engine.distributed import DaskExecutor
-    from scalemb.optim.held import LocalHeld
+    from scalemb.engine.held import LocalHeld
     from scalemb.models import get_model
 
     st = AffinityStore(store)

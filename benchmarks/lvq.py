@@ -413,7 +413,7 @@ def large_cli(report, n, workdir, lvq_epochs=100, knn=90):
         rows.append([label, "`" + " ".join(os.path.basename(c) if os.sep in c else c for c in cmd) + "`",
                      f"{wall:.1f}", f"{cpu:.1f}", os.popen("uptime").read().split("load average:")[1].strip()])
         print(rows[-1], flush=True)
-    from scalemb.io.results import read_result
+    from scalemb.store.results import read_result
 
     arrays, attrs = read_result(run)
     Z, ids = arrays["embedding"][:, :2], np.asarray(arrays["node_ids"]).astype(np.int64)

@@ -145,7 +145,7 @@ def main(argv=None) -> None:
 
     from scalemb.affinity import AffinityStore
     from scalemb.engine.distributed import DaskExecutor
-    from scalemb.optim.held import LocalHeld
+    from scalemb.engine.held import LocalHeld
     from scalemb.models import get_model
     from scalemb.repulsion import FFTParams, grid_for
 

@@ -128,7 +128,7 @@ def main() -> int:
 
     from scalemb.embedding import EmbeddingResult
     from scalemb.engine.distributed import RECOVERY_TIMEOUT
-    from scalemb.io.checkpoint import read_checkpoint
+    from scalemb.store.checkpoint import read_checkpoint
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 
     work = Path(tempfile.mkdtemp(prefix="scalemb-reliability-dask-"))

@@ -49,10 +49,11 @@ import numpy as np
 from common import machine_description, run_description, timings
 from scalemb.affinity.store import AffinityStore
 from scalemb.embedding import initial_coords, load_affinity
+from scalemb.engine.factor import FactorizedSolver, MultigridPreconditioner
 from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.optim import DeltaBarDelta, LineSearchDescent
-from scalemb.optim.solvers import FactorizedSolver, MultigridPreconditioner, jacobi_preconditioner, pcg
+from scalemb.optim.solvers import jacobi_preconditioner, pcg
 from scalemb.repulsion.fft import FFTParams
 from scalemb.repulsion.method import AUTO_FFT_MIN_POINTS, AutoRepulsion
 

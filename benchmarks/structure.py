@@ -19,18 +19,21 @@ sys.path.insert(0, str(ROOT))
 FLOORS = {  # room -> floor (1 = ground)
     "_version.py": 1, "errors.py": 1, "geometry": 1, "repulsion": 1, "numba_cache.py": 1, "vecmath.py": 1,
     "models": 2,
-    "optim": 3, "progress.py": 3,
-    "store": 4, "io": 4,
+    "progress.py": 3,
+    "io": 4,  # the input readers, and atomic / object-storage publication that every writer uses
     "affinity": 5, "methods.py": 5,  # the method / metric registry: units above it are named, imported on use
-    "params.py": 6, "init.py": 6, "datasets.py": 6, "engine": 6,
-    "lvq": 7,
-    "placement": 8,
-    "embedding.py": 9, "run": 9,
-    "eigenmaps": 10, "estimator.py": 10, "resume.py": 10, "metrics": 10, "tl.py": 10,
-    "plot": 11,
-    "report": 12,
-    "service": 13,
-    "cli": 14, "__main__.py": 15, "__init__.py": 15,
+    "engine": 6, "datasets.py": 6,  # executors, with what they build and hold (Evaluation, held rows, factorisations)
+    "optim": 7,  # optimisers drive an executor
+    "store": 8,  # a run's records: results, checkpoints (the optimiser's state), exports
+    "params.py": 9, "init.py": 9,
+    "lvq": 10,
+    "placement": 11,
+    "embedding.py": 12, "run": 12,
+    "eigenmaps": 13, "estimator.py": 13, "resume.py": 13, "metrics": 13, "tl.py": 13,
+    "plot": 14,
+    "report": 15,
+    "service": 16,
+    "cli": 17, "__main__.py": 18, "__init__.py": 18,
 }
 METHOD_NAMES = {"eigenmap": "eigenmaps", "kernel-eigenmap": "eigenmaps", "liram": "lvq", "poincare": "affinity"}
 PROBE_HOMES = ("affinity/store.py", "affinity/knn.py", "datasets.py", "run/inputs.py")  # probes' homes, resolver

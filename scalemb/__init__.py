@@ -4,7 +4,7 @@ from .affinity import Affinity
 from .eigenmaps import Eigenmap, KernelEigenmap
 from .embedding import EmbeddingResult, embed, load_affinity
 from .estimator import SNE, SNEST, TSNE, CoSNE, ElasticEmbedding, Embedder
-from .io.checkpoint import RunInterrupted
+from .store.checkpoint import RunInterrupted
 from .resume import resume
 from . import tl  # noqa: E402  (scverse-style tools: scalemb.tl.tsne(adata))
 

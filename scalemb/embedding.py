@@ -1,9 +1,9 @@
 """The engine-level API kept from earlier versions: ``Embedder(model=..., seed=..., n_threads=...)`` and
 ``embed(data, out, **kwargs)``, translated at this edge into a ``scalemb.run.RunSpec`` and run by the one runner
-(``scalemb.run.runner.Runner``); ``EmbeddingResult`` (``scalemb.io.results``) and ``load_affinity``
+(``scalemb.run.runner.Runner``); ``EmbeddingResult`` (``scalemb.store.results``) and ``load_affinity``
 (``scalemb.run.inputs``) are re-exported from their homes."""
-from .io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
-from .io.results import EmbeddingResult
+from .store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
+from .store.results import EmbeddingResult
 from .models import DEFAULT_MODEL
 from .params import GRAPH_AFFINITIES
 from .run.inputs import load_affinity, plan_of

@@ -1,9 +1,9 @@
-"""``scalemb.resume(path)``: continue a checkpointed run (``scalemb.io.checkpoint``) to its end;
+"""``scalemb.resume(path)``: continue a checkpointed run (``scalemb.store.checkpoint``) to its end;
 ``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state.  Both read
 the run's stored ``RunSpec`` back (``stored_spec``) and hand it to the one runner."""
 from .errors import ScalembError
-from .io.checkpoint import Checkpointer, read_config, read_final_state, with_iterations, write_final_state
-from .io.results import EmbeddingResult
+from .store.checkpoint import Checkpointer, read_config, read_final_state, with_iterations, write_final_state
+from .store.results import EmbeddingResult
 from .optim import optimizer_from_config
 from .run.inputs import input_hash, plan_of, resolve
 from .run.runner import Runner

@@ -11,7 +11,7 @@ import pytest
 
 import scalemb
 from scalemb.embedding import Embedder as Runner, EmbeddingResult
-from scalemb.io.checkpoint import Checkpointer, RunInterrupted
+from scalemb.store.checkpoint import Checkpointer, RunInterrupted
 
 from .cli_runner import run_cli
 
@@ -176,7 +176,7 @@ def test_a_checkpoint_written_before_the_spec_resumes_identically(tmp_path):
     arguments under ``embedder``) still resumes, to the uninterrupted run's result."""
     import zarr
 
-    from scalemb.io.checkpoint import _config_hash
+    from scalemb.store.checkpoint import _config_hash
 
     out = _interrupted_school_run(tmp_path)
     group = zarr.open_group(str(out), mode="r+")

@@ -14,9 +14,9 @@ import scalemb
 from scalemb.embedding import initial_coords
 from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
-import scalemb.io.checkpoint as checkpoint_io
-from scalemb.io.checkpoint import (Checkpoint, Checkpointer, create_store, read_checkpoint, read_config,
-                                   write_checkpoint)
+import scalemb.store.checkpoint as checkpoint_io
+from scalemb.store.checkpoint import (Checkpoint, Checkpointer, create_store, read_checkpoint, read_config,
+                                      write_checkpoint)
 from scalemb.models import get_model
 from scalemb.optim import DBDState, DescentState, make_optimizer
 
@@ -216,7 +216,7 @@ def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, opt
 CRASHING_WRITER = """
 import os, signal, sys
 import scalemb
-import scalemb.io.checkpoint as ck
+import scalemb.store.checkpoint as ck
 switch, calls = ck._switch_pointer, []
 def crash_on_third(group, meta, version):
     calls.append(version)

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 import scalemb
-from scalemb.io.checkpoint import Checkpointer
+from scalemb.store.checkpoint import Checkpointer
 
 from .cli_runner import message_lines, run_cli
 
@@ -98,7 +98,7 @@ def test_malformed_checkpoint_and_corrupt_result_are_one_line(tmp_path):
 
 
 def test_resume_does_not_connect_to_the_stored_scheduler(tmp_path):
-    from scalemb.io.checkpoint import _config_hash
+    from scalemb.store.checkpoint import _config_hash
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

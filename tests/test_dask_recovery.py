@@ -97,7 +97,7 @@ def test_futures_the_scheduler_cancels_are_recovered_not_a_failure(store, dask_c
     under the curvature factorisation.  Seen in a soak killing Dask workers under two services: a job failed with
     ``FuturesCancelledError`` while every partition holder was alive (a cancellation is never a task's own error,
     which would be ``error``)."""
-    from scalemb.optim.solvers import FactorizedSolver
+    from scalemb.engine.factor import FactorizedSolver
 
     rng = np.random.default_rng(2)
     client = dask_cluster.client

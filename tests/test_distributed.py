@@ -18,7 +18,7 @@ from scalemb.io.coauthor_generator import write_coauthor_edge_list
 from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
-from scalemb.optim.solvers import FactorizedSolver
+from scalemb.engine.factor import FactorizedSolver
 from scalemb.repulsion import FFTParams, make_grid
 
 from .cli_runner import run_cli
@@ -217,7 +217,7 @@ def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
     """Stopped at a checkpoint, then ``scalemb resume`` (CLI) on the same cluster: the uninterrupted result."""
     import scalemb
     from scalemb.embedding import EmbeddingResult
-    from scalemb.io.checkpoint import Checkpointer, read_checkpoint
+    from scalemb.store.checkpoint import Checkpointer, read_checkpoint
 
     settings = dict(model="snest", iterations=60, seed=3, optimizer="sd", scheduler=dask_cluster.address)
     reference = scalemb.embed(str(store), **settings)

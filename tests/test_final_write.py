@@ -15,9 +15,9 @@ import scalemb
 from scalemb.affinity import AffinityStore
 from scalemb.engine.held_dask import DaskHeld
 from scalemb.cli.main import main
-from scalemb.io.checkpoint import read_final_state
-from scalemb.io.results import read_result
-from scalemb.optim.held import store_chunk
+from scalemb.store.checkpoint import read_final_state
+from scalemb.store.results import read_result
+from scalemb.engine.held import store_chunk
 from scalemb.resume import continue_finished
 
 from .test_checkpoint import assert_same_result
@@ -106,7 +106,7 @@ def test_each_continues_on_the_other_executor_bit_for_bit(in_process, on_cluster
 def test_an_embedder_whose_result_the_workers_wrote_optimizes_on(store, in_process, dask_cluster, tmp_path):
     """``Embedder.optimize`` after a checkpointed cluster fit continues from the final state the workers wrote
     (read back from the output store): as the in-process result continued."""
-    from scalemb.io.checkpoint import Checkpointer
+    from scalemb.store.checkpoint import Checkpointer
 
     with Checkpointer(tmp_path / "run.zarr", every=10) as checkpointer:
         embedder = scalemb.Embedder(model="tsne", max_iter=30, random_state=3, optimizer="dbd", repulsion="fft",
@@ -122,7 +122,7 @@ def test_workers_that_cannot_see_the_output_leave_the_result_to_the_client(store
                                                                             monkeypatch, caplog):
     """A worker on a host without the client's file system finds no staged result: the client gathers and writes
     it (a warning), the same result; nothing is left beside the output."""
-    from scalemb.optim.held import RowsExport
+    from scalemb.engine.held import RowsExport
 
     original = RowsExport.write_result
     monkeypatch.setattr(RowsExport, "write_result",

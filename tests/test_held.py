@@ -7,7 +7,7 @@ import pytest
 from scalemb.affinity import AffinityStore
 from scalemb.engine import LocalExecutor
 from scalemb.engine.distributed import DaskExecutor
-from scalemb.optim.held import LocalHeld, hold
+from scalemb.engine.held import LocalHeld, hold
 from scalemb.engine.held_dask import DaskHeld
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer

@@ -18,10 +18,10 @@ from scalemb.affinity import AffinityStore
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.engine.held_dask import DaskHeld
 from scalemb.errors import ScalembError
-from scalemb.io.checkpoint import Checkpointer, read_checkpoint, record_hash
+from scalemb.store.checkpoint import Checkpointer, read_checkpoint, record_hash
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
-from scalemb.optim.held import store_chunk
+from scalemb.engine.held import store_chunk
 
 from .cli_runner import run_cli
 from .test_checkpoint import assert_same_result, pointer, stop_at
@@ -97,7 +97,7 @@ def test_workers_that_cannot_see_the_store_leave_the_checkpoints_to_the_client(s
                                                                                 tmp_path, monkeypatch, caplog):
     """A worker on a host without the client's file system finds no version directory: the checkpoint is written
     by the client instead (a warning), and so are the later ones; the run is unchanged."""
-    from scalemb.optim.held import RowsExport
+    from scalemb.engine.held import RowsExport
 
     original = RowsExport.write
     monkeypatch.setattr(RowsExport, "write", lambda self, directory: original(self, directory + ".elsewhere"))

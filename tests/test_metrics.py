@@ -9,7 +9,7 @@ from scipy.spatial.distance import cdist
 from scalemb.datasets import school
 from scalemb.embedding import EmbeddingResult
 from scalemb.errors import InputError
-from scalemb.io.results import write_result
+from scalemb.store.results import write_result
 from scalemb.metrics import (Metric, continuity, coranking_curve, evaluate_run, feature_metrics, graph_metrics, kl,
                              knn_precision, metrics_table, neighbourhood_preservation, node_preservation,
                              one_nn_error, to_json, trustworthiness)

@@ -7,7 +7,7 @@ import xarray as xr
 
 import scalemb
 from scalemb.cli.main import main
-from scalemb.io import to_anndata
+from scalemb.store import to_anndata
 
 
 def _named_school(path):

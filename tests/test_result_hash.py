@@ -1,13 +1,13 @@
-"""The result's content hash in the blocked form (``scalemb.io.results``): recomputed by any reader, results
+"""The result's content hash in the blocked form (``scalemb.store.results``): recomputed by any reader, results
 written in the older whole-array form still read, tampering with one block or the block list is detected."""
 import numpy as np
 import pytest
 import zarr
 
 from scalemb.errors import ScalembError
-from scalemb.io.results import (EmbeddingResult, arrays_hash, blocked_hash, check_row_blocks, read_result,
-                                write_result)
-from scalemb.optim.held import rows_digest
+from scalemb.store.results import (EmbeddingResult, arrays_hash, blocked_hash, check_row_blocks, read_result,
+                                   write_result)
+from scalemb.engine.held import rows_digest
 
 
 def _arrays(n=50, d=2):

@@ -9,13 +9,13 @@ import scipy.sparse as sp
 
 from scalemb.embedding import initial_coords, load_affinity
 from scalemb.engine.local import LocalExecutor
-from scalemb.io.checkpoint import RunInterrupted, create_store, read_checkpoint
-from scalemb.io.checkpoint import Checkpointer
+from scalemb.store.checkpoint import RunInterrupted, create_store, read_checkpoint
+from scalemb.store.checkpoint import Checkpointer
 from scalemb.models import get_model
 from scalemb.optim import LineSearchDescent
 from scalemb.optim.descent import AUTO_LU_MAX_POINTS
-from scalemb.optim.solvers import (FactorizedSolver, MultigridPreconditioner, SetupInterrupted, factorize,
-                                   interruptible, pcg)
+from scalemb.engine.factor import FactorizedSolver, MultigridPreconditioner, factorize
+from scalemb.optim.solvers import SetupInterrupted, interruptible, pcg
 from scalemb.repulsion.fft import FFTParams, make_grid, near_cells
 from scalemb.repulsion.method import AutoRepulsion, Choice, near_pairs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalemb.io.results import read_result
+from scalemb.store.results import read_result
 from scalemb.service import ServiceConfig, create_app
 from scalemb.service.database import MIGRATIONS, VERSION, Database, file_system_type
 

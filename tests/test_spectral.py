@@ -9,7 +9,8 @@ from scalemb.engine import LocalExecutor
 from scalemb.models import get_model
 from scalemb.optim.descent import LineSearchDescent
 from scalemb.optim.linesearch import armijo
-from scalemb.optim.solvers import FactorizedSolver, jacobi_preconditioner, pcg
+from scalemb.engine.factor import FactorizedSolver
+from scalemb.optim.solvers import jacobi_preconditioner, pcg
 
 
 def _executor(affinity, name="tsne", ds=2, dt=0, n_blocks=None):

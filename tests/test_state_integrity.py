@@ -9,8 +9,8 @@ import zarr
 
 import scalemb
 from scalemb.errors import ScalembError
-from scalemb.io.checkpoint import (ATTR, FINAL_ATTR, Checkpointer, read_checkpoint, read_config, read_final_state,
-                                   record_hash)
+from scalemb.store.checkpoint import (ATTR, FINAL_ATTR, Checkpointer, read_checkpoint, read_config, read_final_state,
+                                      record_hash)
 
 from .cli_runner import run_cli, run_cli_process
 
@@ -134,7 +134,7 @@ def test_resume_replaces_only_the_runs_own_output(tmp_path):
     """An interrupted ``--overwrite`` run works in OUT.next and replaces OUT when it finishes; an edited
     ``replaces`` naming another scalemb directory (here another run's input store) is refused, also when the
     editor recomputed the configuration hash, and the other directory is untouched."""
-    from scalemb.io.checkpoint import _config_hash
+    from scalemb.store.checkpoint import _config_hash
 
     settings = dict(model="tsne", iterations=20, optimizer="dbd")
     out = tmp_path / "run.zarr"

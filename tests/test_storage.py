@@ -21,7 +21,7 @@ import pytest
 import scalemb
 from scalemb.io import storage
 from scalemb.io.coauthor_generator import write_coauthor_edge_list
-from scalemb.io.results import read_result
+from scalemb.store.results import read_result
 
 from .cli_runner import run_cli
 
@@ -157,7 +157,7 @@ def test_a_changed_object_is_a_new_copy_and_the_cache_is_reused(s3, edges):
 
 _PUBLISHER = """
 import sys, numpy as np
-from scalemb.io.results import write_result
+from scalemb.store.results import write_result
 from scalemb.io.storage import publish
 local, url, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = np.random.default_rng(seed)
@@ -232,7 +232,7 @@ def test_recovery_finishes_a_complete_publish_and_removes_an_incomplete_one(s3, 
     fs = s3.filesystem()
     bucket = s3.bucket[5:]
     arrays = {"embedding": np.ones((5, 2)), "node_ids": np.arange(5), "kl_history": np.arange(3.0)}
-    from scalemb.io.results import write_result
+    from scalemb.store.results import write_result
 
     write_result(tmp_path / "g.zarr", arrays, {"scalemb_version": "test"})
     host = socket.gethostname()

@@ -1,5 +1,5 @@
 """``scalemb export RUN.zarr --format {csv,parquet,npy,h5ad,zarr}``: a finished run's embedding in a format other
-tools read (``scalemb.io.export``: the writer the service's downloads use too).
+tools read (``scalemb.store.export``: the writer the service's downloads use too).
 
 The file is written in a temporary directory next to ``--out`` and renamed into place: nothing half-written
 (``scalemb.io.atomic.atomic_file``); a sidecar ``.OUT.scalemb`` records its hash, so ``--overwrite`` replaces
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ScalembError
 from ..io.atomic import atomic_file, check_output_path
-from ..io.export import FORMATS, SUFFIXES, check_format, write_embedding
+from ..store.export import FORMATS, SUFFIXES, check_format, write_embedding
 
 
 def add_parser(commands) -> None:
@@ -24,7 +24,7 @@ def add_parser(commands) -> None:
 
 def export(run, fmt: str, out=None, overwrite: bool = False) -> Path:
     """Write the result group ``run`` as ``fmt`` to ``out``; returns the path written."""
-    from ..io.results import read_result
+    from ..store.results import read_result
 
     check_format(fmt)
     from ..io.storage import is_url, local_input

@@ -12,7 +12,7 @@ from ..datasets import DATASETS
 from ..affinity.knn import PERPLEXITY
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
-from ..io.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
+from ..store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
 from ..params import GRAPH_AFFINITIES, PARAMS
 from ..methods import method_names, method_of
 from . import cont as continue_cli, export as export_cli
@@ -455,7 +455,7 @@ def _report_interruption(args) -> None:
     if args.command not in ("embed", "resume"):
         print("scalemb: interrupted; nothing written", file=sys.stderr)
         return
-    from ..io.checkpoint import interruption_note
+    from ..store.checkpoint import interruption_note
 
     out = args.out if args.command == "embed" else args.run
     if is_url(out):

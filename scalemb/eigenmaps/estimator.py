@@ -79,7 +79,7 @@ class Eigenmap(BaseEstimator):
                 "workers": BY_NAME["workers"].check(self.workers, "workers")}
 
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Eigenmap":
-        from ..io.results import EmbeddingResult
+        from ..store.results import EmbeddingResult
         from ..progress import phase, reporting
         from ..run.inputs import plan_of
         from ..run.runner import executor_for

@@ -205,7 +205,7 @@ class KernelEigenmap:
 
     def to_result(self, source=None):
         """An ``EmbeddingResult`` (``save`` writes the embed-run store) holding the map in ``optimizer``."""
-        from ..io.results import EmbeddingResult
+        from ..store.results import EmbeddingResult
 
         params = {**{k: getattr(self, k) for k in ("n_centres", "n_neighbors", "bandwidth", "regularize")},
                   "seed": self.seed_}
@@ -221,7 +221,7 @@ class KernelEigenmap:
     def from_result(cls, result) -> "KernelEigenmap":
         """The fitted map stored in a ``kernel-eigenmap`` result (``EmbeddingResult`` or its store path), ready
         for ``transform``."""
-        from ..io.results import EmbeddingResult
+        from ..store.results import EmbeddingResult
 
         if not isinstance(result, EmbeddingResult):
             result = EmbeddingResult.load(result)

@@ -7,6 +7,9 @@ workers later) calls it on its blocks and ``reduce_blocks`` sums the partials an
 
 With the FFT-interpolated repulsion (``scalemb.repulsion``) a block's repulsion is its own rows of R, from
 potentials on a grid shared by all blocks: ``evaluate_block_fft``.
+
+``Evaluation`` (the reduced value and gradient) is what every executor's ``evaluate`` answers; it is defined
+here, with the reduction that makes it, and the optimisers read it from here.
 """
 from dataclasses import dataclass
 
@@ -15,9 +18,26 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
 from ..models.objective import KL, Objective
-from ..optim.base import Evaluation
 from ..repulsion.fft import Grid, GridRows, NearCells, interpolate
 from .laplacian import laplacian_rows
+
+
+@dataclass
+class Evaluation:
+    """The model's objective value, the optimised objective and its gradient at one embedding (``gradient`` is
+    ``(d, N)``).
+
+    ``kl`` is the model's objective without exaggeration (KL(P||Q) for KL models; the name is kept);
+    ``objective`` (for KL ``sum p log p - alpha sum p log w + log Z``) is what the gradient differentiates; it
+    equals ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
+    them (``evaluate(..., with_kl=False)``).
+    """
+
+    kl: float
+    objective: float
+    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``engine.held``)
+    z: float
+    finite: bool | None = None  # set by ``engine.held``: whether every entry of the gradient is finite
 
 
 @dataclass
@@ -103,7 +123,7 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
 def sum_partials(results, z_outside_blocks: float = 0.0) -> tuple:
     """``(z, plogw, reaction)``: the blocks' Z and ``sum p log w`` summed in block order after ``z_outside_blocks``,
     and their ``outlier_reaction`` partials summed in block order (None without a time band).  What the client
-    reduces when the rows stay where they were computed (``scalemb.optim.held``)."""
+    reduces when the rows stay where they were computed (``scalemb.engine.held``)."""
     z, plogw, reaction = z_outside_blocks, 0.0, None
     for res in results:
         z += res.z

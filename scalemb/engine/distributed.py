@@ -145,7 +145,7 @@ def _release(box: list) -> None:
 
 
 class WorkerFactor:
-    """A factorisation of ``L(C) + mu I`` (``solvers.factorize(kind, laplacian, mu, ordering)``) that can be
+    """A factorisation of ``L(C) + mu I`` (``factor.factorize(kind, laplacian, mu, ordering)``) that can be
     pickled: it pickles as its inputs (the sparse matrix, ``mu``, the ordering it was given, ``kind``) and
     factorises again where it is unpickled.
 
@@ -166,7 +166,7 @@ class WorkerFactor:
         self._solver = None
 
     def _build(self):
-        from ..optim.solvers import factorize
+        from .factor import factorize
 
         if self._solver is None:
             self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
@@ -220,7 +220,7 @@ class WorkerFactor:
 
 
 def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights) -> WorkerFactor:
-    """``solvers.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
+    """``factor.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
     worker), as a picklable ``WorkerFactor``."""
     import scipy.sparse as sp
 
@@ -684,8 +684,8 @@ class DaskExecutor(Executor):
         """An optimiser's per-point arrays held on the workers, each partition's rows beside it
         (``engine.held_dask.DaskHeld``), where the evaluations can run there: the halo exchange on, FFT or auto
         repulsion, a model without a ``point_term`` (which needs every point on the client); else on the client
-        (``optim.held.LocalHeld``)."""
-        from ..optim.held import LocalHeld
+        (``engine.held.LocalHeld``)."""
+        from .held import LocalHeld
         from .held_dask import DaskHeld
 
         if self.halo and self.repulsion in ("fft", "auto") and self.model is not None and \

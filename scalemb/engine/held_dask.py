@@ -1,4 +1,4 @@
-"""An optimiser's per-point state on the Dask workers (``scalemb.optim.held``'s contract, for ``DaskExecutor``).
+"""An optimiser's per-point state on the Dask workers (``scalemb.engine.held``'s contract, for ``DaskExecutor``).
 
 Each worker keeps the rows of its partitions of every held array (coordinates, gradient, increments, gains,
 best iterate) in its own memory, beside the partitions of P: one dict per worker (``{partition: {name: rows}}``),
@@ -30,7 +30,7 @@ gathered, evaluated, and the gradient's rows sent back (O(N), counted in the exe
 Checkpoints: the workers write their partitions' rows straight into the output store (``write_rows``: even
 partitions, then odd ones, so no chunk has two writers at once) and return each partition's digest; the client
 writes only the version's small metadata and switches the pointer once every worker has reported
-(``scalemb.io.checkpoint.write_checkpoint``).  A rewind reads them back the same way (``load_rows``).
+(``scalemb.store.checkpoint.write_checkpoint``).  A rewind reads them back the same way (``load_rows``).
 
 Faults: the held rows live only in the workers' memory.  A worker lost mid-run loses them: the optimiser rewinds to
 its last checkpoint (the workers alive re-read their rows from the store) or to its start (re-derived from the
@@ -44,7 +44,7 @@ import numpy as np
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, sum_partials
 from .faults import SchedulerLostError, WorkersLostError
-from ..optim.held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
+from .held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -172,7 +172,7 @@ def _size(value) -> int:
 
 
 class DaskHeld:
-    """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``optim.held``'s interface."""
+    """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``engine.held``'s interface."""
 
     remote = True  # lost with a worker: the optimiser rewinds to a checkpoint or its start
 
@@ -188,12 +188,12 @@ class DaskHeld:
 
     def write_rows(self, directory: str, fields: dict) -> dict:
         """Each worker writes its partitions' rows into ``directory/field`` (even partitions, then odd ones:
-        ``optim.held``); ``{field: [digest per partition]}``.  Returns only once every task has ended, so that
+        ``engine.held``); ``{field: [digest per partition]}``.  Returns only once every task has ended, so that
         nothing writes into ``directory`` after a failure is raised (the caller removes it)."""
         return self._write(directory, fields, write_block)
 
     def write_result_rows(self, directory: str, fields: dict) -> dict:
-        """``write_rows`` with ``optim.held.write_result_block``: also each partition's coordinates into the
+        """``write_rows`` with ``engine.held.write_result_block``: also each partition's coordinates into the
         result's ``directory/embedding`` (a finished run's final write); its digests under ``embedding``."""
         return self._write(directory, fields, write_result_block)
 

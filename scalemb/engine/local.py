@@ -8,7 +8,7 @@ from ..affinity.affinity import Affinity, default_threads, row_partition  # noqa
 from ..affinity.ordering import inverse_permutation, locality_order
 from ..affinity.store import layout_partitions
 from ..models.base import Model
-from ..optim.solvers import factorize
+from .factor import factorize
 from ..repulsion.fft import FFTParams
 from .base import Executor
 from .laplacian import laplacian_matrix
@@ -120,7 +120,7 @@ class LocalExecutor(Executor):
 
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu"):
         """Sparse factorisation (``kind='lu'``; ``ordering``: a fill-reducing order to reuse) or multigrid
-        preconditioner (``'amg'``) of ``L(C) + mu I`` (``scalemb.optim.solvers.factorize``)."""
+        preconditioner (``'amg'``) of ``L(C) + mu I`` (``scalemb.engine.factor.factorize``)."""
         return factorize(kind, self.curvature_matrix(), mu, ordering)
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ class Geometry:
         raise NotImplementedError
 
     # whether ``recentre`` subtracts the coordinates' mean (a translation): an optimiser holding the coordinates
-    # by row blocks then subtracts the mean of the blocks' column sums instead (``scalemb.optim.held``)
+    # by row blocks then subtracts the mean of the blocks' column sums instead (``scalemb.engine.held``)
     translates = False
 
     def __repr__(self):

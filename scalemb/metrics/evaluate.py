@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..affinity import Affinity, read_features
-from ..io.results import EmbeddingResult
+from ..store.results import EmbeddingResult
 from ..run.inputs import is_dataset, load_affinity, reopen as affinity_from_provenance
 from ..errors import InputError, ScalembError
 from ..io.nodeids import as_node_ids, is_string_ids

@@ -6,24 +6,6 @@ import numpy as np
 
 
 @dataclass
-class Evaluation:
-    """The model's objective value, the optimised objective and its gradient at one embedding (``gradient`` is
-    ``(d, N)``).
-
-    ``kl`` is the model's objective without exaggeration (KL(P||Q) for KL models; the name is kept);
-    ``objective`` (for KL ``sum p log p - alpha sum p log w + log Z``) is what the gradient differentiates; it
-    equals ``kl`` unless early exaggeration ``alpha != 1`` is on.  Both are NaN for an evaluation asked for without
-    them (``evaluate(..., with_kl=False)``).
-    """
-
-    kl: float
-    objective: float
-    gradient: np.ndarray | None  # None: the gradient's rows stay where they were computed (``optim.held``)
-    z: float
-    finite: bool | None = None  # set by ``optim.held``: whether every entry of the gradient is finite
-
-
-@dataclass
 class OptimizeResult:
     coords: np.ndarray
     kl: float
@@ -35,7 +17,7 @@ class OptimizeResult:
     evaluations: int = 0  # KL + gradient evaluations (line-search trials included)
     stopped: bool = False  # a ``stop`` callback ended the run
     state: object = None  # the optimiser's state at the end: ``optimize(..., state=result.state)`` continues
-    # the final rows, written by the workers holding them into a staged result (``io.checkpoint.StagedResult``):
+    # the final rows, written by the workers holding them into a staged result (``store.checkpoint.StagedResult``):
     # ``coords`` and ``state``'s per-point arrays are then None (the client never held them)
     written: object = None
 

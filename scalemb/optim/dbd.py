@@ -30,7 +30,7 @@ from functools import partial
 
 import numpy as np
 
-from .held import RowsExport, hold
+from ..engine.held import RowsExport, hold
 from .base import OptimizeResult, OptimizerState, last_computed
 from .loop import MOVED, StepRun, run_loop
 
@@ -173,7 +173,7 @@ class _DBDRun(StepRun):
     Riemannian gradient, the increment is applied by ``retract``; Euclidean: exactly the classic update).
 
     The per-point arrays (coordinates, gradient, increments, gains, best iterate) are held where the executor's
-    row blocks are (``scalemb.optim.held``): on Dask workers, per iteration only scalars and small vectors
+    row blocks are (``scalemb.engine.held``): on Dask workers, per iteration only scalars and small vectors
     cross the client (the objective's parts, the time gain's dot product, the column sums that re-centre).
     ``state`` holds them again at the final ``export``; held on workers (``remote``), the client drops its own
     copies, checkpoints are written by the workers (``held_rows``) and a lost worker rewinds to the last of them

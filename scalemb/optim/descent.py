@@ -47,7 +47,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import Evaluation, OptimizeResult, OptimizerState
+from ..engine.blocks import Evaluation
+from .base import OptimizeResult, OptimizerState
 from .linesearch import armijo
 from .loop import HALT, KEPT, MOVED, StepRun, run_loop
 from .solvers import SetupInterrupted, interruptible, jacobi_preconditioner, pcg

@@ -18,7 +18,7 @@ A fresh run first checks its start (``geometry.validate``: finite, inside the do
 After the loop ``run.final_kl`` gives the last history entry (``None``: the entry is already there), then
 the final state is exported; a checkpointed run whose rows are held elsewhere has their holders write them into
 the staged result first (``checkpoint.final_rows``) and exports only the scalars (``OptimizeResult.written``).
-Held rows lost with a worker (``optim.held.HeldRowsLost``), in an iteration, a checkpoint's write, the final
+Held rows lost with a worker (``engine.held.HeldRowsLost``), in an iteration, a checkpoint's write, the final
 write or the final export, rewind the run to its last checkpoint or its start (``run.rewind``) and
 the iterations are replayed: the result is the uninterrupted run's.  The geometry comes from
 ``executor.model.geometry`` (``EUCLIDEAN`` for a model without one): the rules call only
@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from .held import HeldRowsLost
+from ..engine.held import HeldRowsLost
 from ..geometry import geometry_of
 from .base import OptimizeResult, OptimizerState, history_buffers, stalled
 
@@ -74,13 +74,13 @@ class StepRun:
         """Release what the run holds (called once the loop has exported its final state)."""
 
     def rewind(self) -> int:
-        """After its held rows were lost (``optim.held.HeldRowsLost``): return to the last state it exported
+        """After its held rows were lost (``engine.held.HeldRowsLost``): return to the last state it exported
         and hold it again; the iteration to continue from.  A rule that holds nothing elsewhere never loses
         rows: it is never asked."""
         raise NotImplementedError
 
     def held_rows(self):
-        """None, or an ``optim.held.RowsExport``: the per-point arrays a checkpoint has written by the processes
+        """None, or an ``engine.held.RowsExport``: the per-point arrays a checkpoint has written by the processes
         holding them (then ``export(..., light=True)`` leaves them None)."""
         return None
 
@@ -179,7 +179,7 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
 
 def _write_final(run: StepRun, checkpoint, export):
     """The final rows written by the processes holding them (``checkpoint.final_rows(rows)``, a hook of a
-    checkpointed run whose output store they can see: a staged result, ``io.checkpoint.StagedResult``), or None
+    checkpointed run whose output store they can see: a staged result, ``store.checkpoint.StagedResult``), or None
     (the final state is then gathered: ``export()``).  Only a rule whose rows are held elsewhere
     (``run.held_rows()``) has them written there; the light export first applies what is pending to the rows."""
     final_rows = getattr(checkpoint, "final_rows", None)

@@ -276,7 +276,7 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict, repulsion: dict | None = None):
     """An ``EmbeddingResult`` of the whole map: the old rows (unchanged but for the ones ``run.moved``
     names), the placed rows after them; ``repulsion``: its record (default: the placement's repulsion method)."""
-    from ..io.results import EmbeddingResult
+    from ..store.results import EmbeddingResult
 
     stored = result.embedding.copy()
     if run.moved.size:
@@ -332,7 +332,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
                   workers: int | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
-    from ..io.results import EmbeddingResult
+    from ..store.results import EmbeddingResult
 
     out = check_output_path(out, overwrite)
     try:

@@ -18,7 +18,7 @@ from ..engine import LocalExecutor
 from ..engine.cluster import dask_client, resolve_client
 from ..engine.distributed import DaskExecutor
 from ..init import Initializer
-from ..io.results import EmbeddingResult
+from ..store.results import EmbeddingResult
 from ..affinity.knn import from_point_distances
 from ..models import get_model
 from ..optim import make_optimizer, resolve_optimizer
@@ -76,7 +76,7 @@ def _start(initializer, seed: int, restart: int) -> np.ndarray:
 
 
 def row_blocks(executor, n: int) -> list:
-    """The result's hash blocks (``scalemb.io.results``): the executor's row blocks where they are row ranges of
+    """The result's hash blocks (``scalemb.store.results``): the executor's row blocks where they are row ranges of
     the input's order (an affinity store's partitions, or the layout partitions), else one block of all rows;
     the same for either executor on the same store."""
     bounds = getattr(executor, "bounds", None)
@@ -160,7 +160,7 @@ class Runner:
 
     def _fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
         """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).
-        ``checkpoint``: a ``scalemb.io.checkpoint.Checkpointer`` that writes checkpoints into the output store (or
+        ``checkpoint``: a ``scalemb.store.checkpoint.Checkpointer`` that writes checkpoints into the output store (or
         continues the run stored there) and saves the result there at the end."""
         spec = self.spec
         data = plan_of(data, graph_affinity or spec.graph_affinity)
@@ -243,7 +243,7 @@ class Runner:
         previous = self.result_
         state = self.run_.state
         if getattr(self.run_, "written", None) is not None:  # the workers wrote its arrays into the result's store
-            from ..io.checkpoint import read_final_state
+            from ..store.checkpoint import read_final_state
 
             state = read_final_state(previous.__dict__["_store"])[1]
         total = int(state.iteration) + int(n_iter)
@@ -312,7 +312,7 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
     object-storage URL ``out`` is written on local disk (checkpoints included) and published there once the run
     is done (``scalemb.io.storage.output_target``): an interrupted run publishes nothing.
     ``extra``: the ``Runner``'s Python-only values (``init``, ``optimizer``, ``quiet``)."""
-    from ..io.checkpoint import DEFAULT_EVERY, Checkpointer
+    from ..store.checkpoint import DEFAULT_EVERY, Checkpointer
     from ..io.storage import output_target
     from .inputs import resolve
 

@@ -3,7 +3,7 @@
 Routes (JSON bodies typed by ``scalemb.service.schemas``; errors are ``{"detail": "..."}``): ``POST /jobs``,
 ``GET /jobs?state=&limit=&offset=`` (oldest first), ``GET /jobs/{id}`` (with the quality metrics once done),
 ``DELETE /jobs/{id}`` (cancels a queued or running job; deletes a finished one with its files),
-``GET /jobs/{id}/log``, ``GET /jobs/{id}/embedding?format=csv|parquet|npy|h5ad|zarr`` (``scalemb.io.export``, the
+``GET /jobs/{id}/log``, ``GET /jobs/{id}/embedding?format=csv|parquet|npy|h5ad|zarr`` (``scalemb.store.export``, the
 writer of ``scalemb export``), ``GET /jobs/{id}/plot.png``, ``GET /jobs/{id}/report`` and ``GET /jobs/{id}/map``
 (HTML pages), ``POST /jobs/{id}/transform`` (place new nodes into a done job's map: a new job),
 ``PUT /uploads/{name}`` (a raw body or a one-file multipart form).  Without a token: ``GET /health``,

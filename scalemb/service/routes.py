@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from .._version import __version__
 from ..errors import ScalembError
-from ..io.export import FORMATS, MEDIA_TYPES, SUFFIXES, write_embedding
+from ..store.export import FORMATS, MEDIA_TYPES, SUFFIXES, write_embedding
 from ..io.storage import is_url
 from ..run.inputs import is_dataset
 from . import schemas
@@ -208,7 +208,7 @@ def embedding(svc: ServiceDep, job_id: str,
               format: Literal[FORMATS] = Query("csv", description="csv and parquet: columns "
               "node_id, s1.., t1..; npy: the float64 matrix; h5ad: AnnData (obsm X_scalemb); zarr: the result "
               "group in a zip store")):
-    """The embedding (N x (space + time)) as ``scalemb export`` writes it (``scalemb.io.export``)."""
+    """The embedding (N x (space + time)) as ``scalemb export`` writes it (``scalemb.store.export``)."""
     svc.done(job_id)
 
     run_dir = svc.runner.run_dir(job_id)

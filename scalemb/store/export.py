@@ -2,11 +2,11 @@
 service's ``GET /jobs/{id}/embedding?format=...``.
 
 * ``csv`` / ``parquet``: one row per node, columns ``node_id``, ``s1 .. s{ds}``, ``t1 .. t{dt}``
-  (``scalemb.io.results.column_names``; CSV floats with 17 significant digits, so they read back exactly;
+  (``scalemb.store.results.column_names``; CSV floats with 17 significant digits, so they read back exactly;
   parquet needs pyarrow: ``pip install 'scalemb[arrow]'``);
 * ``npy``: the ``N x (ds + dt)`` float64 embedding only (rows in the run's ``node_ids`` order);
-* ``h5ad``: ``scalemb.io.results.to_anndata`` written by anndata (embedding in ``.obsm['X_scalemb']``);
-* ``zarr``: the result group (``scalemb.io.results`` layout: ``embedding``, ``node_ids``, ``kl_history`` and the
+* ``h5ad``: ``scalemb.store.results.to_anndata`` written by anndata (embedding in ``.obsm['X_scalemb']``);
+* ``zarr``: the result group (``scalemb.store.results`` layout: ``embedding``, ``node_ids``, ``kl_history`` and the
   run's attributes) in a Zarr v3 zip store, opened with ``zarr.open_group(zarr.storage.ZipStore(path,
   mode='r'))``.
 """

@@ -27,10 +27,10 @@ import numpy as np
 import zarr
 
 from .._version import __version__
+from ..engine.held import rows_digest
 from ..errors import ScalembError
-from .atomic import atomic_directory, recover_directory
-from .nodeids import from_stored, ids_bytes, is_string_ids, to_stored
-from ..optim.held import rows_digest
+from ..io.atomic import atomic_directory, recover_directory
+from ..io.nodeids import from_stored, ids_bytes, is_string_ids, to_stored
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 # the node axis is named after the node ids, so that xarray opens them as its index: ds.sel(node_ids=...)
@@ -89,7 +89,7 @@ def check_row_blocks(row_blocks, n: int) -> list:
 def blocked_hash(arrays: dict, blocked: dict, row_blocks: list, digests: dict | None = None) -> str:
     """The blocked ``content_hash``: SHA-256 over ``arrays_hash`` of the arrays not in ``blocked``, the row
     blocks, and for each array of ``blocked`` (``{name: [dtype, shape]}``, in name order) its name, dtype and
-    shape followed by the digests of its row blocks ``array[r0:r1]`` in block order (``optim.held.rows_digest``:
+    shape followed by the digests of its row blocks ``array[r0:r1]`` in block order (``engine.held.rows_digest``:
     SHA-256 of the C-ordered float64 rows).  ``digests`` (``{name: [hex, ...]}``): those digests as the
     processes that wrote the blocks reported them (``arrays`` then needs no entry for the blocked arrays)."""
     digest = hashlib.sha256(arrays_hash({k: v for k, v in arrays.items() if k not in blocked}).encode())
@@ -159,7 +159,7 @@ def hash_attrs(arrays: dict, attrs: dict, row_blocks=None, digests: dict | None 
 
 def read_result(path) -> tuple[dict, dict]:
     """Read a result group: ``(arrays, attrs)`` with NumPy arrays; an object-storage URL from its local copy."""
-    from .storage import local_input
+    from ..io.storage import local_input
 
     path = Path(local_input(path))
     recover_directory(path)

@@ -1,6 +1,6 @@
 """Checkpoints of a running embedding, kept in its output store (a Zarr v3 group) and written atomically.
 
-Layout while a run is in progress (``scalemb.io.results`` is the layout once it has finished)::
+Layout while a run is in progress (``scalemb.store.results`` is the layout once it has finished)::
 
     run.zarr/                  attrs["scalemb_checkpoint"] = {"format": 1, "config": {...}, "current": "000007"}
       checkpoints/000007/      attrs: restart, iteration, restart_kls, elapsed, state (scalars), best (scalars)
@@ -16,7 +16,7 @@ first checkpoint.
 
 A write creates version ``n + 1`` completely, then switches ``current`` (zarr rewrites the root's
 ``zarr.json`` through a temporary file and a rename), then deletes the older versions.  An optimiser whose
-per-point state is held on Dask workers (``scalemb.optim.held``, ``remote``) has the workers write their own rows
+per-point state is held on Dask workers (``scalemb.engine.held``, ``remote``) has the workers write their own rows
 of the version's state arrays (``(d, N)``, chunked by at most the narrowest partition: ``write_rows``); the client
 creates the empty arrays, writes the small ones (KL history, seconds) and, once every worker has reported, the
 version's attributes and the pointer.  Its ``record_hash`` then covers each array as the SHA-256 digests of its
@@ -24,7 +24,7 @@ row blocks (``row_blocks``, attribute ``blocked``: name, dtype, shape), which an
 arrays; a write that fails (a worker lost) removes its version and leaves ``current`` as it was.  Such a run's
 result (one restart) is written the same way (``Checkpointer.stage_final``): the workers write their rows of the
 embedding and of the final state into the staged result group, the client the small arrays and the attributes
-(the result's blocked ``content_hash``: ``scalemb.io.results``), then the group replaces the store.  A crash at
+(the result's blocked ``content_hash``: ``scalemb.store.results``), then the group replaces the store.  A crash at
 any point leaves ``current`` naming a complete version; a version nobody points at is ignored and removed by the
 next write.  Durability against power loss (fsync) is not attempted.
 """
@@ -40,13 +40,13 @@ import numpy as np
 import zarr
 
 from .._version import __version__
+from ..engine.held import rows_digest, store_chunk
 from ..errors import ScalembError
+from ..io.atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, make_temporary,
+                         recover_directory, replace_directory, unlock_output)
+from ..io.nodeids import to_stored
 from ..optim import (DBDState, DeltaBarDelta, DescentState, LineSearchDescent, OptimizeResult, OptimizerState,
                      optimizer_config)
-from ..optim.held import rows_digest, store_chunk
-from .atomic import (atomic_directory, check_output_path, hidden_sibling, lock_output, make_temporary,
-                     recover_directory, replace_directory, unlock_output)
-from .nodeids import to_stored
 from .results import DIMENSIONS, _json_safe, arrays_hash, hash_attrs
 
 logger = logging.getLogger("scalemb")
@@ -89,7 +89,7 @@ def record_hash(arrays: dict, attrs: dict, digests: dict | None = None) -> str:
     run's final state its arrays with its scalars and configuration: every read-back recomputes and compares.
     The arrays named in ``attrs['blocked']`` (``{name: [dtype, shape]}``, ``(d, N)`` arrays written by blocks)
     enter as their name, dtype, shape and the digests of their row blocks ``attrs['row_blocks']``
-    (``optim.held.rows_digest`` of ``array[:, r0:r1]``), in block order: ``digests`` (``{name: [hex, ...]}``)
+    (``engine.held.rows_digest`` of ``array[:, r0:r1]``), in block order: ``digests`` (``{name: [hex, ...]}``)
     from the writers, else computed from ``arrays``."""
     import hashlib
     import json
@@ -300,7 +300,7 @@ def _switch_pointer(group, meta: dict, version: str) -> None:
 
 def write_checkpoint(path, checkpoint: Checkpoint, rows=None) -> str:
     """Add ``checkpoint`` as a new version of the store at ``path``, point at it, drop the older ones.  ``rows``
-    (an ``optim.held.RowsExport``): the state's per-point arrays are written by the processes holding them
+    (an ``engine.held.RowsExport``): the state's per-point arrays are written by the processes holding them
     (module docstring; ``checkpoint.state`` holds None in their fields) and ``rows.written`` is told the
     version's directory and digests once it is current."""
     path = Path(path)
@@ -574,7 +574,7 @@ class Checkpointer:
         return checkpoint
 
     def stage_final(self, rows):
-        """A finished run's held rows written by their holders (``rows``: an ``optim.held.RowsExport``) into a
+        """A finished run's held rows written by their holders (``rows``: an ``engine.held.RowsExport``) into a
         new result group in a temporary beside the output (``atomic.make_temporary``): the embedding ``(N, d)``
         chunked by rows and the final state's per-point arrays ``(d, N)``, both at ``store_chunk`` of the blocks;
         the ``StagedResult`` that ``finish`` completes and renames into place.  None where the workers cannot
@@ -613,7 +613,7 @@ class Checkpointer:
         return name
 
     def finish(self, result, run: OptimizeResult | None = None) -> Path:
-        """Replace the checkpoints by the final result (``scalemb.io.results`` layout) and, if ``run`` (the best
+        """Replace the checkpoints by the final result (``scalemb.store.results`` layout) and, if ``run`` (the best
         restart's) carries its final state, keep it for ``scalemb continue`` (``write_final_state``).  A run
         started with ``overwrite`` on an existing store worked in ``OUT.next``; its result now replaces ``OUT`` in
         one atomic step (``scalemb.io.atomic``) and ``OUT.next`` is removed."""

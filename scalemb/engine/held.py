@@ -33,6 +33,9 @@ A state held away from the client (``remote``: ``DaskHeld``) also writes and rea
 block); ``scalemb.engine.held_dask.DaskHeld`` keeps each partition's rows on the Dask worker that holds the
 partition, so per iteration the client sends and receives scalars and small vectors only.  Both run the same
 block functions on the same rows and reduce in block order, so they agree bit for bit.
+
+Where the rows are held is the executor's business (its blocks, its workers), so the contract and both holders
+are the engine's; an optimiser asks ``hold(executor, arrays)`` for one and works through it.
 """
 import hashlib
 
@@ -87,7 +90,7 @@ def write_result_block(rows: dict, directory: str, fields: dict, starts) -> dict
     """``write_block`` of the held arrays ``fields``, and the block's coordinates transposed into the result's
     ``(N, d)`` array ``directory/embedding`` at its rows (chunked by rows as ``write_rows``' arrays are by
     columns): a finished run's final state and embedding, written by the process holding them; the digests,
-    ``embedding``'s that of the ``(r1 - r0, d)`` rows as stored (``scalemb.io.results.blocked_hash``)."""
+    ``embedding``'s that of the ``(r1 - r0, d)`` rows as stored (``scalemb.store.results.blocked_hash``)."""
     import os
 
     import zarr
