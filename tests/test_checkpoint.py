@@ -1,6 +1,7 @@
 """Checkpoints and resume: optimiser state export/import, atomic checkpoint versions in the output store,
 interrupt (API stop request, real SIGINT/SIGTERM, a writer killed mid-checkpoint) and bit-identical resume."""
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -179,6 +180,32 @@ def test_resume_with_more_iterations_extends_the_run(tmp_path):
         scalemb.resume(out, iterations=150)
     longer = scalemb.resume(out, iterations=450)
     assert_same_result(longer, scalemb.embed("school", model="tsne", iterations=450, optimizer="dbd"))
+
+
+def _records_naming_a_module(out):
+    """Each ``zarr.json`` of the store whose text names a scalemb module (``scalemb.<room>...``) or holds an array
+    of Python objects (a pickle codec), with what it names."""
+    found = []
+    for meta in sorted(out.rglob("zarr.json")):
+        text = meta.read_text()
+        names = re.findall(r"scalemb\.[A-Za-z_]\w*", text)
+        if names or json.loads(text).get("data_type") == "object":
+            found.append((str(meta.relative_to(out)), names))
+    return found
+
+
+def test_stored_records_name_no_module_path(tmp_path):
+    """A run's records (a checkpoint in progress, then the finished result with its final state) are read back
+    by what they hold (arrays, JSON settings, an optimiser named ``dbd``/``sd``), never through a module path or a
+    pickled object: moving scalemb's modules (``scalemb.io.checkpoint`` -> ``scalemb.store.checkpoint``) leaves
+    every stored record readable."""
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted):
+        with Checkpointer(out, every=10, on_checkpoint=stop_at(0, 20)) as checkpointer:
+            scalemb.Embedder(model="tsne", max_iter=40, optimizer="sd").fit("school", checkpoint=checkpointer)
+    assert (out / "checkpoints").is_dir() and _records_naming_a_module(out) == []
+    scalemb.resume(out)
+    assert (out / "final_state").is_dir() and _records_naming_a_module(out) == []
 
 
 @pytest.mark.slow
