@@ -112,3 +112,16 @@ def test_node_id_kinds_and_hashes():
     for bad in (np.array([1.5, 2.0]), np.array([1, "a"], dtype=object)):
         with pytest.raises(ValueError, match="node ids must be"):
             as_node_ids(bad)
+
+
+def test_a_name_moved_out_of_io_says_where_it_went():
+    """``scalemb.io.to_anndata`` moved with the records to ``scalemb.store``: the old name raises an AttributeError
+    naming the new one; other missing names raise the usual one."""
+    import scalemb.io
+    import scalemb.store
+
+    with pytest.raises(AttributeError, match=r"scalemb\.io\.to_anndata moved to scalemb\.store\.to_anndata"):
+        scalemb.io.to_anndata
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        scalemb.io.nothing
+    assert callable(scalemb.store.to_anndata)
