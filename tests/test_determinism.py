@@ -146,10 +146,10 @@ def _same_bits_wherever_the_arrays_lie(model, n, stir_seed):
 
 
 def test_time_outlier_sums_give_the_same_bits_wherever_malloc_puts_their_arrays():
-    """``repulsion.interpolation.time_outlier_rows`` with a few outliers (small arrays: the reactions' loop stores
+    """``repulsion.near.time_outlier_rows`` with a few outliers (small arrays: the reactions' loop stores
     to ``reaction`` while it sums and reads the outliers): the same bits from copies made after stirring the heap
     (``vecmath``'s module docstring)."""
-    from scalemb.repulsion.interpolation import time_outlier_rows
+    from scalemb.repulsion.near import time_outlier_rows
 
     rng = np.random.default_rng(3)
     for n, n_out in ((60, 3), (40, 6)):

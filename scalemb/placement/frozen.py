@@ -9,7 +9,7 @@ are the same function of ``x`` at every evaluation.  ``FrozenField`` computes th
 evaluation only interpolates them at the new points: ``Z_on = sum_i phi_w(x_i)`` and the rows of ``R`` from the
 old points, O(M) per evaluation after an O(N + grid) set-up, where the exact sum costs O(M N).  On a split
 (capped) grid the near part of the kernel comes from the direct sum over the old points within the cutoff
-(``interpolation.near_rows`` against the old points' cell list).
+(``near.near_rows`` against the old points' cell list).
 
 The grid's plan is the model's, except that Z must be interpolated per point (a new point's ``phi_w`` is not a
 node sum of the old points' charges): where the model's plan takes Z by Parseval (t-SNE), the kernel ``w`` is
@@ -25,7 +25,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..repulsion.fft import FFTParams, convolve, fft_repulsion, fft_spec, make_grid, near_cells, spread
-from ..repulsion.interpolation import interpolate_rows, near_kernel, near_self_weight
+from ..repulsion.interpolation import interpolate_rows
+from ..repulsion.near import near_kernel, near_self_weight
 
 MARGIN = 1.25
 

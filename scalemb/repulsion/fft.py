@@ -65,7 +65,7 @@ particle-particle/particle-mesh methods): the grid carries the smooth far part
 ``q_far = 1/(1 + d² + sigma² exp(-d²/sigma²))`` (a Cauchy-like function of d/sigma, sampled at ``sigma = H /
 box_width`` as finely as the default grid samples q; SNEST's boxes at most 0.6 sigma wide), and the rest,
 ``q - q_far`` and ``q² - q_far²`` (< 1e-7 of q beyond ``4 sigma``), is summed directly over the pairs closer
-than ``cutoff = 4 sigma``, found in a cell list (``near_cells``, ``interpolation.near_rows``).  SNE's Gaussian
+than ``cutoff = 4 sigma``, found in a cell list (``near_cells``, ``near.near_rows``).  SNE's Gaussian
 has no far part: beyond the cap the near field (cutoff 6.1) is all of it.  Accuracy is kept; the direct sum
 costs more when many points lie within the cutoff of each other (at worst the exact kernel's O(N²), e.g. a
 dense core with far outliers), and ``LocalExecutor`` logs once when the cap is reached.
@@ -79,7 +79,7 @@ the repulsion of a 7.7e4-point layout with T = 3.8 wrong by 5 %).  SNEST layouts
 narrow time band and a few far from it (that layout, after 200 iterations: time std 0.044 over an extent of 3.8,
 91 points beyond 0.5 of the median).  So the grid may span a band ``[a, b]`` of
 the time axis only; the pairs of the points outside it (the outliers, ``Grid.outliers``, whose coordinates travel
-with the grid) are summed directly, exactly (``interpolation.time_outlier_rows``): every row against the
+with the grid) are summed directly, exactly (``near.time_outlier_rows``): every row against the
 outliers, O(N n_out); an outlier row is neither spread nor interpolated, and gets its pairs with the band as the
 reactions of those rows, a ``(d, n_out)`` partial sum per row block that the caller adds to R's outlier columns
 when it reduces the blocks (``interpolate``'s ``reaction``).  ``grid_for`` picks, per evaluation, the whole
@@ -108,8 +108,8 @@ import scipy.fft
 from numba import njit
 
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
-                            gather_columns, interpolate_range, interpolate_visited, near_kernel, spread_visited,
-                            time_outlier_rows, to_rows, z_sum)
+                            gather_columns, interpolate_range, interpolate_visited, spread_visited, to_rows, z_sum)
+from .near import near_kernel, time_outlier_rows
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -335,7 +335,7 @@ class FFTSpec:
     * ``interpolation``: ``{space_dims: (points per box, box width)}``, the defaults measured for the model
       (``FFTParams.resolved``); the supported space dimensions are its keys;
     * ``near_pair(d2s, d2t, cutoff2, s2, inv_s2) -> (w, c_s, c_t)``: the part of the kernel a split grid leaves
-      to the direct sum, a plain function of the model's module written for numba (``interpolation.near_kernel``
+      to the direct sum, a plain function of the model's module written for numba (``near.near_kernel``
       compiles it inline into the near field; being plain, a spec sent to a worker pickles it by reference);
     * ``self_weight(sigma)``: the grid kernel's ``w(0)`` at split scale sigma (0: unsplit), removed from Z;
     * ``time_dims``: the time dimensions it supports (0, or 1 with a time kernel);
@@ -449,7 +449,7 @@ class Grid:
     point's Chebyshev weights to the r time components the grid holds, for spreading and for interpolating.
     ``time_band``: ``(lo, hi)`` of a time-banded grid (``grid_for``), whose time box spans that band only;
     ``outliers`` (global column indices, ascending) and ``outlier_coords`` (``(d, n_out)``) are the points whose
-    time coordinate lies outside it, summed directly (``interpolation.time_outlier_rows``); None otherwise."""
+    time coordinate lies outside it, summed directly (``near.time_outlier_rows``); None otherwise."""
 
     spec: FFTSpec
     space_dims: int
@@ -664,7 +664,7 @@ def make_grid(model, space_dims: int, lo, hi, params: FFTParams = FFTParams(),
 
 # Time band (``grid_for``): predicted seconds, on one core, per point and interpolation weight (spreading and
 # interpolating, ``p^ds r`` space-time weights and ``m r`` time-map entries), per grid node and log2(nodes) of
-# each time component's transforms, and per direct pair of ``interpolation.time_outlier_rows``; measured on the
+# each time component's transforms, and per direct pair of ``near.time_outlier_rows``; measured on the
 # 2-core machine (only their ratios matter; docs: the SNEST FFT results).
 BAND_WEIGHT_SECONDS = 2.0e-9
 BAND_NODE_SECONDS = 1.3e-10
@@ -1126,7 +1126,7 @@ def interpolate(grid: Grid, Y: np.ndarray, potentials: np.ndarray, r0: int, r1: 
     (plus, on a split grid, the near field, with ``cells = near_cells(grid, Y)``, built here if not given).
     When ``convolve`` takes Z on the grid (t-SNE), the rows' part is their near field minus their self pairs,
     and Z is that summed over blocks plus ``Convolution.z``.  On a time-banded grid (``grid.outliers``) the rows'
-    pairs with the outliers are summed directly (``interpolation.time_outlier_rows``) and their reactions on the
+    pairs with the outliers are summed directly (``near.time_outlier_rows``) and their reactions on the
     outliers added to ``reaction`` (``(d, n_out)``, required then): summed over all row blocks, it is added to R's
     outlier columns (``grid.outliers``) by the caller.  ``grid_rows``: ``interpolate_grid``'s pass over all rows,
     whose rows ``[r0, r1)`` then replace this block's own (``potentials`` unused)."""

@@ -74,7 +74,7 @@ class Choice:
 
 def near_pairs(cells, space_dims: int) -> int:
     """Pairs the near-field sum visits: for every point, the points in its cell and the ``3^ds - 1`` cells
-    around it (``interpolation.near_rows``' loop), from the sorted cell keys of ``fft.near_cells``."""
+    around it (``near.near_rows``' loop), from the sorted cell keys of ``fft.near_cells``."""
     keys = cells.sorted_keys
     if keys.size == 0:
         return 0
