@@ -125,11 +125,11 @@ def test_stalled_reaches_back_over_entries_not_computed():
 
 def test_auto_optimizer_depends_on_the_input_size():
     """'auto' is the model's default below AUTO_SCALE_MIN_POINTS and its default_optimizer_at_scale from there on:
-    t-SNE keeps the spectral direction but with its schedule at scale (openTSNE's exaggeration phase, 60 spectral
-    steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, until the KL falls by
-    less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST to the same kind of schedule
-    with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps, 300 iterations in all; user options
-    win); SNE and EE keep their default at every size."""
+    t-SNE keeps the spectral direction but with its schedule at scale (x12 momentum exaggeration for 125 steps, 60
+    spectral steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, until the KL
+    falls by less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST to the same kind of
+    schedule with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps, 300 iterations in all; user
+    options win); SNE and EE keep their default at every size."""
     from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
                                resolve_optimizer)
@@ -140,7 +140,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
     assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k != "optimizer"})
     assert (big.exaggeration, big.exaggeration_iterations, big.exaggeration_steps, big.spectral_iterations,
-            big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 250, "momentum", 60, 2.0,
+            big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 125, "momentum", 60, 2.0,
                                                                                    25, 750)
     assert (big.tol, big.window) == (2e-4, 25)
     assert big.budget(1000) == 750 and big.budget(100) == 100 and LineSearchDescent().budget(1000) == 1000

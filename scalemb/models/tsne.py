@@ -48,7 +48,9 @@ def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
 FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, near_pair, cauchy_self_weight,
               fast_from_points=10_000)
 
-# 'auto' optimizer from 20 000 points on a graph: openTSNE's exaggeration phase (x12 for 250 momentum steps), then
+# 'auto' optimizer from 20 000 points on a graph: a momentum exaggeration phase (x12, openTSNE's learning rate N/12,
+# momentum 0.8, for 125 steps: the exaggerated KL is flat from ~130, and after 125 the spectral steps reach openTSNE's
+# final KL as many iterations later, ~60, as after openTSNE's 250, ending at the same neighbourhoods), then
 # 60 spectral steps (10 Jacobi-preconditioned CG iterations, relative tolerance 0.1) with every point's step bounded
 # to norm 2 (unbounded, they spread loosely attached parts over ~1e5 units, where the FFT grid is capped), then
 # delta-bar-delta polish steps (momentum 0.8, steps <= 2) with a spectral step every 25.  The spectral phase takes
@@ -56,12 +58,13 @@ FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, near_pair, c
 # NP@deg ~0.5 at 7.7e4 co-authors) and the polish steps restore them within ~40 iterations, past openTSNE's.  The
 # run stops when the map stops improving: the KL fell by less than 2e-4 of itself per iteration over the last 25
 # (one polish cycle; opt-SNE's rule, "less than KL/5000 in an iteration"), at most 750 iterations (openTSNE's
-# budget).  The neighbourhoods keep improving while the KL falls that fast (at 7.7e4 co-authors the rule stops at
-# iteration ~470 with NP@deg 0.619, where a fixed 370 gave 0.612 and 750 give 0.631): docs/design/optimisation.md.
+# budget).  The neighbourhoods keep improving while the KL falls that fast (at 7.7e4 co-authors, after a 250-step
+# exaggeration phase, the rule stopped at iteration ~470 with NP@deg 0.619, where a fixed 370 gave 0.612 and 750
+# 0.631; after 125 steps it stops at ~330 with 0.613): docs/design/optimisation.md.
 # Below 20 000 points the spectral direction with its sparse LU and a shorter exaggeration phase; P made from
 # distances between points: openTSNE's schedule at every size.
 SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
-                        "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 12.0, "exaggeration_iterations": 250,
+                        "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 12.0, "exaggeration_iterations": 125,
                         "exaggeration_steps": "momentum", "spectral_iterations": 60, "polish_spectral_every": 25,
                         "tol": 2e-4, "window": 25, "max_iterations": 750}
 MODEL = Model("tsne", "t-SNE, Cauchy kernel 1/(1+d^2)", False, *make_kernels(log_pair, pair),
