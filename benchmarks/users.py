@@ -19,8 +19,13 @@ Every estimator is warmed up first on 300 digits, and pynndescent (scalemb's and
 thread of the process (openTSNE's default is one thread, umap and scalemb use every core); with ``--rounds R``
 each data set is run R times, the estimators in rotated order, and the medians are reported.
 
+With ``--splits S`` (S > 1) the data sets of at most 1e4 rows are also split with seeds 1 .. S - 1 (one run of each
+estimator per split, after the timed rounds): a table of every split's transformed-row accuracy and
+trustworthiness@10 and their medians over the S splits, seed 0's being the timed rounds' median, so that a gap of
+a row or two is told from a systematic one.
+
     python benchmarks/users.py --out benchmarks/results/users.md [--sets digits,pbmc,mixture] [--rounds 3]
-        [--large-rounds 1]
+        [--large-rounds 1] [--splits 10]
 """
 import argparse
 import statistics
@@ -100,12 +105,38 @@ def one(factory, X_fit, y_fit, X_new, y_new):
             "acc": accuracy}
 
 
+def split_table(report, set_name, X, y, factories, names, runs, splits):
+    """Transformed-row accuracy and trustworthiness@10 over ``splits`` stratified 80/20 splits (seed 0: the timed
+    rounds' medians, seeds 1 ..: one run each), per split and their medians."""
+    from sklearn.model_selection import train_test_split
+
+    acc = {name: [statistics.median(run["acc"] for run in runs[name])] for name in names}
+    trust = {name: [statistics.median(run["trust"] for run in runs[name])] for name in names}
+    for seed in range(1, splits):
+        X_fit, X_new, y_fit, y_new = train_test_split(X, y, test_size=0.2, random_state=seed, stratify=y)
+        for name in names:
+            run = one(factories[name], X_fit, y_fit, X_new, y_new)
+            acc[name].append(run["acc"])
+            trust[name].append(run["trust"])
+            print(f"  {set_name} split {seed} {name}: acc {run['acc']:.4f} trust {run['trust']:.4f}", flush=True)
+    n_new = len(y) - len(train_test_split(X, y, test_size=0.2, random_state=0, stratify=y)[2])
+    report(f"\n{set_name}, {splits} random splits (seeds 0-{splits - 1}; {n_new} transformed rows each): "
+           "transformed-row 10-NN accuracy per split, medians of accuracy and trustworthiness@10\n")
+    report(markdown_table(["estimator"] + [f"split {s}" for s in range(splits)]
+                          + ["median accuracy", "median trustworthiness@10"],
+                          [[name] + [f"{a:.4f}" for a in acc[name]] + [f"{statistics.median(acc[name]):.4f}",
+                                                                       f"{statistics.median(trust[name]):.4f}"]
+                           for name in names]))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the Markdown report here")
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--large-rounds", type=int, default=1, help="rounds for data sets of more than 1e4 rows")
+    parser.add_argument("--splits", type=int, default=1,
+                        help="random 80/20 splits (seeds 0 .. S-1) scored on data sets of at most 1e4 rows")
     args = parser.parse_args(argv)
     from sklearn.model_selection import train_test_split
 
@@ -144,6 +175,8 @@ def main(argv=None):
                f"transform {X_new.shape[0]}; {rounds} round{'s' if rounds > 1 else ''}\n")
         report(markdown_table(["estimator", "fit CPU s", "fit wall s", "transform CPU s", "transform wall s",
                                "trustworthiness@10", "10-NN accuracy (transformed)"], rows))
+        if args.splits > 1 and X.shape[0] <= 10_000:
+            split_table(report, set_name, X, y, factories, names, runs, args.splits)
     report()
     report(f"load after the run: {' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
     report.save(args.out)

@@ -645,3 +645,29 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
                 got = interpolate(grid, Y, potentials, r0, r1, cells, reaction.copy(), grid_rows)
                 np.testing.assert_array_equal(got[0], R)
                 assert got[1] == z
+
+
+def test_one_kernel_spectrum_serves_every_node_count_of_an_fft_length():
+    """Two grids of different node counts with the same FFT lengths share one kernel spectrum (the circulant of
+    the most nodes that length holds), and the convolution on the smaller one is still the node-to-node sum."""
+    from scalemb.repulsion import fft
+
+    grids = {}
+    for width in np.linspace(3.0, 12.0, 40):  # box counts 5..18 of width 0.7: find two with one FFT length
+        grid = make_grid("tsne", 2, [0.0, 0.0], [width, 1.0], FFTParams(points=3, box_width=0.7))
+        grids.setdefault(grid.padded(), {})[grid.space_nodes] = grid
+    small, large = next(sorted(g.values(), key=lambda g: g.n_nodes)[:2] for g in grids.values() if len(g) > 1)
+    assert small.space_nodes != large.space_nodes and small.padded() == large.padded()
+    fft._spectra.clear()
+    kernel = small.plan.kernels[small.plan.potentials[0]]
+    assert fft.kernel_spectrum(large, kernel) is fft.kernel_spectrum(small, kernel)
+    assert len(fft._spectra) == 1
+    charges = np.random.default_rng(0).normal(size=small.n_nodes)
+    potentials = convolve(small, charges).potentials
+    axes = [small.lo[k] + small.box_width[k] * (np.arange(small.space_nodes[k]) + 0.5) / small.points[k]
+            for k in range(2)]
+    x = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
+    deltas = list(np.moveaxis(x[:, None, :] - x[None, :, :], 2, 0))
+    for column, k in enumerate(small.plan.potentials):
+        direct = small.plan.kernels[k](deltas, small.sigma) @ charges
+        np.testing.assert_allclose(potentials[column], direct, atol=1e-5 * np.abs(direct).max())

@@ -836,10 +836,17 @@ def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
 
 
 def _kernel_key(grid: Grid) -> tuple:
-    """What a space kernel's grid depends on: nodes, FFT lengths and node spacing per space dimension, sigma."""
+    """What a space kernel's grid depends on: node differences, FFT lengths and node spacing per space dimension,
+    sigma.  The differences are those of the most nodes each FFT length holds, ``(M + 1) // 2`` for length ``M``
+    (``2 n - 1 <= M``), not of the grid's ``n``: the circulant then holds ``K(m h)`` for every ``|m| <= (M - 1) // 2``,
+    which contains the ``|m| < n`` a linear convolution of ``n`` nodes reads (charges are zero beyond node
+    ``n - 1`` and potentials beyond it are cropped), so one spectrum serves every node count of the same FFT
+    length.  While a layout grows, its box count changes every few evaluations and the FFT length (the next
+    5-smooth number, ``Grid.padded``) ~half as often: half the spectra are computed."""
     ds = grid.space_dims
-    return (grid.space_nodes, grid.padded(), tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)),
-            float(grid.sigma))
+    padded = grid.padded()
+    return (tuple((m + 1) // 2 for m in padded), padded,
+            tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)), float(grid.sigma))
 
 
 def fft_dtype(space_dims: int):
@@ -873,9 +880,9 @@ def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
     """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
     ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
     (``make_grid``), so the last ``SPECTRUM_CACHE`` spectra are kept, keyed by the kernel and what its values
-    depend on (``_kernel_key``: node counts, FFT lengths, spacing, sigma), and reused while the box count is
-    unchanged (two of an evaluation's eight FFTs for t-SNE; every trial of a line search that keeps the box
-    count).  Not by ``workers``: scipy's transforms give the same values on any number of threads."""
+    depend on (``_kernel_key``: FFT lengths, spacing, sigma), and reused while the FFT lengths are unchanged (two
+    of an evaluation's eight FFTs for t-SNE; every trial of a line search that keeps the FFT lengths).
+    Not by ``workers``: scipy's transforms give the same values on any number of threads."""
     key = (kernel, *_kernel_key(grid))
     with _spectra_lock:
         if key in _spectra:
