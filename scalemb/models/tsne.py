@@ -51,7 +51,8 @@ FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, near_pair, c
 # 'auto' optimizer from 20 000 points on a graph: a momentum exaggeration phase (x12, openTSNE's learning rate N/12,
 # momentum 0.8, for 125 steps: the exaggerated KL is flat from ~130, and after 125 the spectral steps reach openTSNE's
 # final KL as many iterations later, ~60, as after openTSNE's 250, ending at the same neighbourhoods), then
-# 60 spectral steps (10 Jacobi-preconditioned CG iterations, relative tolerance 0.1) with every point's step bounded
+# 60 spectral steps (5 Jacobi-preconditioned CG iterations, relative tolerance 0.1: 10 reached openTSNE's KL two
+# iterations later at 7.7e4 co-authors, for twice the Laplacian products) with every point's step bounded
 # to norm 2 (unbounded, they spread loosely attached parts over ~1e5 units, where the FFT grid is capped), then
 # delta-bar-delta polish steps (momentum 0.8, steps <= 2) with a spectral step every 25.  The spectral phase takes
 # the KL below openTSNE's final value in ~60 iterations; its neighbourhoods are worse than the KL says (sampled
@@ -63,7 +64,7 @@ FFT = FFTSpec(cauchy_plan, {1: (5, 0.6), 2: (5, 0.7), 3: (4, 0.5)}, near_pair, c
 # 0.631; after 125 steps it stops at ~330 with 0.613): docs/design/optimisation.md.
 # Below 20 000 points the spectral direction with its sparse LU and a shorter exaggeration phase; P made from
 # distances between points: openTSNE's schedule at every size.
-SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
+SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 12.0, "exaggeration_iterations": 125,
                         "exaggeration_steps": "momentum", "spectral_iterations": 60, "polish_spectral_every": 25,
                         "tol": 2e-4, "window": 25, "max_iterations": 750}
