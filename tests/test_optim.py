@@ -128,7 +128,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     t-SNE keeps the spectral direction but with its schedule at scale (x12 momentum exaggeration for 125 steps, 60
     spectral steps bounded to norm 2, then delta-bar-delta polish steps with a spectral step every 25, until the KL
     falls by less than 2e-4 of itself per iteration over 25 iterations, at most 750), SNEST to the same kind of
-    schedule with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps, 450 iterations in all; user
+    schedule with its own exaggeration (x4 for 100 momentum steps, 30 spectral steps, 300 iterations in all; user
     options win); SNE and EE keep their default at every size."""
     from scalemb.models.tsne import SPECTRAL_THEN_POLISH
     from scalemb.optim import (AUTO_SCALE_MIN_POINTS, AutoOptimizer, LineSearchDescent, make_optimizer,
@@ -149,7 +149,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == LineSearchDescent(**{k: v for k, v in SNEST_AT_SCALE.items() if k != "optimizer"})
     assert (snest.exaggeration, snest.exaggeration_iterations, snest.exaggeration_steps, snest.spectral_iterations,
-            snest.max_point_step, snest.max_iterations) == (4.0, 100, "momentum", 30, 2.0, 450)
+            snest.max_point_step, snest.max_iterations) == (4.0, 100, "momentum", 30, 2.0, 300)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
     with pytest.raises(ValueError, match="max_iterations"):

@@ -62,16 +62,15 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, near_pa
 # 'auto' from 20 000 points on a graph: t-SNE's spectral schedule at scale with the SNEST paper's exaggeration (x4;
 # openTSNE's x12 drives the time coordinates past exp(dt^2)'s range) for 100 bounded momentum steps, then 30 spectral
 # steps (10 Jacobi-CG iterations, every point's step bounded to norm 2), then delta-bar-delta polish steps (time by
-# delta-bar-delta's rule) with a spectral step every 25, 450 iterations in all.  Each SNEST evaluation costs several
-# t-SNE ones (the grid has a space grid per time component), so the schedule is short: at 7.7e4 co-authors it is at
-# KL 4.01 and NP@deg 0.59 after 300 iterations (75 CPU s), where the 750 delta-bar-delta iterations it replaces had
-# spent 260 CPU s by iteration 450, their time coordinates spread (time std 0.4: 11 time components against 3-5, the
-# grid capped); the neighbourhoods rise to ~440 iterations (NP@deg 0.617) and no further, while the KL keeps falling
-# as time spreads and iterations grow dearer, so a fixed budget, not the relative-KL rule: docs/design/optimisation.md.
+# delta-bar-delta's rule) with a spectral step every 25, 300 iterations in all.  Each SNEST evaluation costs several
+# t-SNE ones (the grid has a space grid per time component), so the schedule is short: at 7.7e4 co-authors it ends
+# at KL 4.01 and NP@deg 0.59 in 75 CPU s, where the 750 delta-bar-delta iterations it replaces had spent 260 CPU s by
+# iteration 450, their time coordinates spread (time std 0.4: 11 time components against 3-5, the grid capped):
+# docs/design/optimisation.md.
 SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 100,
                         "exaggeration_steps": "momentum", "spectral_iterations": 30, "polish_spectral_every": 25,
-                        "tol": 0.0, "window": 50, "max_iterations": 450}
+                        "tol": 0.0, "window": 50, "max_iterations": 300}
 MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair),
               similarity=similarity, fft=FFT, default_optimizer="sd",
               default_optimizer_at_scale=SPECTRAL_THEN_POLISH,
