@@ -152,6 +152,19 @@ def test_ctrl_c_during_knn_says_nothing_was_written(tmp_path):
     assert not out.exists() and not (tmp_path / "run.zarr.next").exists()
 
 
+def _embed_interrupted(cli, monkeypatch, tmp_path, embed) -> str:
+    """Run ``scalemb embed school`` through ``cli.main`` with ``embed`` in place of the CLI's ``_embed`` (the SIGINT
+    handler restored after), check exit 130, return the output path."""
+    monkeypatch.setattr(cli, "_embed", embed)
+    out = tmp_path / "run.zarr"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["embed", "school", "--out", str(out)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return out
+
+
 def test_an_error_raised_after_ctrl_c_is_reported_as_the_interruption(tmp_path, monkeypatch, capsys):
     """A KeyboardInterrupt raised inside a C extension can surface as another exception (numba compiling through
     llvmlite's ctypes turned one into ``AttributeError: 'PipelineTuningOptions' object has no attribute
@@ -169,13 +182,8 @@ def test_an_error_raised_after_ctrl_c_is_reported_as_the_interruption(tmp_path, 
             raise AttributeError("'PipelineTuningOptions' object has no attribute '_as_parameter_'") from None
         raise AssertionError("SIGINT did not arrive")
 
-    monkeypatch.setattr(cli, "_embed", compile_through_ctypes)
-    out = tmp_path / "run.zarr"
+    out = _embed_interrupted(cli, monkeypatch, tmp_path, compile_through_ctypes)
     previous = signal.getsignal(signal.SIGINT)
-    try:
-        assert cli.main(["embed", "school", "--out", str(out)]) == 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == f"scalemb: interrupted before the first checkpoint; nothing written ({out} does not exist)"
 
@@ -232,13 +240,7 @@ def test_a_ctrl_c_swallowed_inside_a_c_callback_still_interrupts_the_run(tmp_pat
             callback()
         raise AssertionError("the phase ended normally after SIGINT")
 
-    monkeypatch.setattr(cli, "_embed", embed)
-    out = tmp_path / "run.zarr"
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        assert cli.main(["embed", "school", "--out", str(out)]) == 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    out = _embed_interrupted(cli, monkeypatch, tmp_path, embed)
     assert ignored == [KeyboardInterrupt]  # the interrupt really was swallowed by ctypes
     err = capsys.readouterr().err
     assert "kNN interrupted after" in caplog.text, caplog.text
