@@ -155,48 +155,30 @@ def test_a_worker_killed_while_rows_are_written_or_gathered_rewinds_to_the_check
             victim.wait()
 
     out = tmp_path / "run.zarr"
-    if moment == "checkpoint":
-        writing = []
-        original_write, original_gather = DaskHeld.write_rows, DaskHeld._gather
+    # checkpoint 20 (shift, even partitions, odd ones): killed after its even partitions; the final write (the
+    # workers write the result's rows, the client gathers nothing): after the pending shift and the even partitions
+    method, kill_at = ("write_rows", 5) if moment == "checkpoint" else ("write_result_rows", 2)
+    writing = []
+    original_write, original_gather = getattr(DaskHeld, method), DaskHeld._gather
 
-        def write_rows(self, directory, fields):
-            writing.append(directory)
-            try:
-                return original_write(self, directory, fields)
-            finally:
-                writing.remove(directory)
+    def write(self, directory, fields):
+        writing.append(directory)
+        try:
+            return original_write(self, directory, fields)
+        finally:
+            writing.remove(directory)
 
-        def gather_then_kill(self, futures):
-            result = original_gather(self, futures)
-            if writing:
-                seen.append(writing[0])
-                if len(seen) == 5:  # checkpoint 20 (shift, even partitions, odd ones): after its even partitions
-                    kill()
-            return result
+    def gather_then_kill(self, futures):
+        result = original_gather(self, futures)
+        if writing:
+            seen.append(writing[0])
+            if len(seen) == kill_at:
+                kill()
+        return result
 
-        monkeypatch.setattr(DaskHeld, "write_rows", write_rows)
-        monkeypatch.setattr(DaskHeld, "_gather", gather_then_kill)
-    else:  # the final write: the workers write the result's rows (the client gathers nothing)
-        writing = []
-        original_write, original_gather = DaskHeld.write_result_rows, DaskHeld._gather
-
-        def write_result_rows(self, directory, fields):
-            writing.append(directory)
-            try:
-                return original_write(self, directory, fields)
-            finally:
-                writing.remove(directory)
-
-        def gather_then_kill(self, futures):
-            result = original_gather(self, futures)
-            if writing:
-                seen.append(writing[0])
-                if len(seen) == 2:  # the pending shift applied, the even partitions written: the odd ones not
-                    kill()
-            return result
-
-        monkeypatch.setattr(DaskHeld, "write_result_rows", write_result_rows)
-        monkeypatch.setattr(DaskHeld, "_gather", gather_then_kill)
+    monkeypatch.setattr(DaskHeld, method, write)
+    monkeypatch.setattr(DaskHeld, "_gather", gather_then_kill)
+    if moment != "checkpoint":
         monkeypatch.setattr(DaskHeld, "gather", lambda self, *names: pytest.fail(f"the client gathered {names}"))
     reads, versions = [], []
     original_load = DaskHeld.load_rows
