@@ -149,7 +149,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     snest = make_optimizer("auto", "snest").resolve(10 ** 6)
     assert snest == LineSearchDescent(**{k: v for k, v in SNEST_AT_SCALE.items() if k != "optimizer"})
     assert (snest.exaggeration, snest.exaggeration_iterations, snest.exaggeration_steps, snest.spectral_iterations,
-            snest.max_point_step, snest.max_iterations) == (4.0, 100, "momentum", 30, 2.0, 300)
+            snest.max_point_step, snest.max_iterations, snest.cg_maxiter) == (4.0, 100, "momentum", 90, 2.0, 300, 5)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
     assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
     with pytest.raises(ValueError, match="max_iterations"):

@@ -60,16 +60,16 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, near_pa
               time_dims=1, far_box_width=0.6, fast_from_points=20_000)
 
 # 'auto' from 20 000 points on a graph: t-SNE's spectral schedule at scale with the SNEST paper's exaggeration (x4;
-# openTSNE's x12 drives the time coordinates past exp(dt^2)'s range) for 100 bounded momentum steps, then 30 spectral
-# steps (10 Jacobi-CG iterations, every point's step bounded to norm 2), then delta-bar-delta polish steps (time by
-# delta-bar-delta's rule) with a spectral step every 25, 300 iterations in all.  Each SNEST evaluation costs several
-# t-SNE ones (the grid has a space grid per time component), so the schedule is short: at 7.7e4 co-authors it ends
-# at KL 4.01 and NP@deg 0.59 in 75 CPU s, where the 750 delta-bar-delta iterations it replaces had spent 260 CPU s by
-# iteration 450, their time coordinates spread (time std 0.4: 11 time components against 3-5, the grid capped):
-# docs/design/optimisation.md.
-SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 10,
+# openTSNE's x12 drives the time coordinates past exp(dt^2)'s range) for 100 bounded momentum steps, then 90 spectral
+# steps (5 Jacobi-CG iterations each, every point's step bounded to norm 2), then delta-bar-delta polish steps (time
+# by delta-bar-delta's rule) with a spectral step every 25, 300 iterations in all.  The bounded spectral steps are
+# what raise the neighbourhoods: with 30, 45, 60, 90 of them NP@deg at 7.7e4 co-authors ends at 0.585, 0.595,
+# 0.617, 0.646 (KL 4.01 -> 3.28), and at 7.7e5 30 -> 90 raises it from 0.473 to 0.540 (KL 6.02 -> 5.03) for ~2.4x
+# the CPU; the old schedule's 750 delta-bar-delta iterations spread the time coordinates (time std 0.4: 11 time
+# components against 3-5, the grid capped) and ended at NP@deg 0.33 at 7.7e5: docs/design/optimisation.md.
+SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 100,
-                        "exaggeration_steps": "momentum", "spectral_iterations": 30, "polish_spectral_every": 25,
+                        "exaggeration_steps": "momentum", "spectral_iterations": 90, "polish_spectral_every": 25,
                         "tol": 0.0, "window": 50, "max_iterations": 300}
 MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair),
               similarity=similarity, fft=FFT, default_optimizer="sd",
