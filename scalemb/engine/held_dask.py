@@ -122,6 +122,57 @@ def held_own(box: dict, ks: list, shift) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
+def held_own_of(box: dict, ks: list, shift, name: str, before) -> np.ndarray:
+    """The worker's own rows of the held array ``name`` (its partitions in order), after the pending ``shift``
+    and ``before = (fn, args)`` applied to each partition's rows (None: nothing)."""
+    parts = []
+    for k in ks:
+        rows = _rows(box, k)
+        shift_rows(rows, shift)
+        if before is not None:
+            before[0](rows, *before[1])
+        parts.append(rows[name])
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def held_curvature(box: dict, ks: list, view, X, model, space_dims: int, exaggeration: float, fixed: bool) -> list:
+    """``halo.curvature_view`` of the worker's partitions on its compact coordinates: each partition's weights kept
+    with its rows (``_weights``), the diagonal of ``L(C)`` held as ``diag`` (``(1, rows)``); the diagonal's sum per
+    partition."""
+    from .halo import curvature_view
+    from .laplacian import row_sums
+
+    sums = []
+    for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
+        rows = _rows(box, k)
+        diagonal = row_sums(b.indptr, weights)
+        rows["_weights"], rows["diag"] = weights, diagonal[None, :]
+        sums.append(float(diagonal.sum()))
+    return sums
+
+
+def held_laplacian(box: dict, ks: list, view, V, target: str, after) -> list:
+    """Each partition's rows of ``L(C) V`` (``blocks.laplacian_block`` on the compact columns ``V``: own rows and
+    halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results (None without it)."""
+    from .blocks import laplacian_block
+
+    out = []
+    for k, b in zip(ks, view.blocks):
+        rows = _rows(box, k)
+        if "_weights" not in rows:
+            raise HeldStateLost(f"this worker holds no curvature weights of partition {k}")
+        rows[target] = laplacian_block(b, rows["_weights"], V)
+        out.append(None if after is None else after[0](rows, *after[1]))
+    return out
+
+
+def held_ensure(rows: dict, shapes: dict) -> None:
+    width = rows["coords"].shape[1]
+    for name, d in shapes.items():
+        if name not in rows:
+            rows[name] = np.zeros((int(d), width))
+
+
 def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, box, ks) -> list:
     """``halo.evaluate_view``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
@@ -251,6 +302,7 @@ class DaskHeld:
         """Send each worker its partitions' rows of ``arrays`` (its box: ``held_put``)."""
         executor = self.ex
         self._reset()
+        self._dims = {name: int(a.shape[0]) for name, a in arrays.items()}
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -360,6 +412,67 @@ class DaskHeld:
         batches = self._gather(futures)
         self.ex.stats["bytes_received"] += _size(batches)
         return batches
+
+    def ensure(self, shapes: dict) -> None:
+        self._dims.update({name: int(d) for name, d in shapes.items()})
+        extent = self._extent
+        self.map(held_ensure, shapes)
+        self._extent = extent  # no point moved
+
+    def set_curvature(self, exaggeration: float, fixed: bool) -> list:
+        """The curvature weights at the held coordinates, computed and kept on each worker beside its partitions'
+        rows (their coordinates' halo exchanged worker to worker, as an evaluation's); ``diag`` held; the
+        diagonal's sum per partition."""
+        return self._guard(lambda: self._set_curvature(exaggeration, fixed))
+
+    def _set_curvature(self, exaggeration: float, fixed: bool) -> list:
+        ex = self.ex
+        self._form_pending()
+        plan, views, _ = ex._halo_state()
+        self._check_holders(plan)
+        shift = self._take_shift()
+        own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
+        ex.stats["bytes_sent"] += len(own) * _size(shift)
+        X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
+        futures = [ex._submit(held_curvature, self._boxes[w], plan.parts[w], views[w], X[w], ex._model_arg,
+                              ex.space_dims, exaggeration, fixed, worker=w) for w in plan.workers]
+        ex.stats["bytes_sent"] += len(futures) * _size((exaggeration, fixed))
+        batches = self._gather(futures)
+        ex.stats["bytes_received"] += _size(batches)
+        return self._by_partition(batches)
+
+    def laplacian(self, source: str, target: str, before=None, after=None) -> list:
+        """``target <- L(C) source`` in one client round trip: each worker forms its own rows of ``source``
+        (``before``), cuts the columns other workers' halos need and assembles its compact columns (worker to
+        worker: ``DaskExecutor._assemble``), multiplies by the weights it keeps and applies ``after``."""
+        return self._guard(lambda: self._laplacian(source, target, before, after))
+
+    def _laplacian(self, source: str, target: str, before, after) -> list:
+        ex = self.ex
+        self._form_pending()
+        plan, views, _ = ex._halo_state()
+        self._check_holders(plan)
+        extent, shift = self._extent, self._take_shift()
+        own = {w: ex._submit(held_own_of, self._boxes[w], plan.parts[w], shift, source, before, worker=w)
+               for w in plan.workers}
+        ex.stats["bytes_sent"] += len(own) * _size((shift, source, before))
+        X = ex._assemble(None, own, self._dims.get(source, ex.space_dims))
+        futures = [ex._submit(held_laplacian, self._boxes[w], plan.parts[w], views[w], X[w], target, after, worker=w)
+                   for w in plan.workers]
+        ex.stats["bytes_sent"] += len(futures) * _size((target, after))
+        batches = self._gather(futures)
+        ex.stats["bytes_received"] += _size(batches)
+        self._extent = extent  # the coordinates did not move
+        return self._by_partition(batches)
+
+    def _form_pending(self) -> None:
+        if self._pending is not None:
+            self.map(_noop)
+
+    def _check_holders(self, plan) -> None:
+        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
+            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                  "rows stayed with the old ones")
 
     def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self._extent = (np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
