@@ -171,3 +171,39 @@ def test_a_run_resumed_from_an_in_process_checkpoint_is_held_again(store):
         resumed = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, None, ITERATIONS, state=taken[25])
     _same(expected, resumed)
     assert _HeldDescentRun.recentres is False
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store, dask_cluster, grow_dask,
+                                                                          monkeypatch, caplog):
+    """A worker holding rows SIGKILLed inside a CG solve (the 14th Laplacian product: iteration 10's solve): the
+    run rewinds to its last exported state (a checkpoint's export at the start of iteration 10) on the workers
+    alive and replays; it ends as the uninterrupted run, bit for bit (three workers: the session's two and the
+    victim)."""
+    import signal
+
+    from scalemb.engine.held_dask import DaskHeld
+
+    [victim] = grow_dask(1)
+    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    calls = []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 14 and victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    exports = []
+
+    def checkpoint(it, export):
+        if it == 10:
+            exports.append(export().iteration)
+
+    got, _, workers = _dask_run(store, dask_cluster.client, "tsne", 0, checkpoint=checkpoint)
+    assert victim.poll() is not None and workers == 2 and len(calls) > 14
+    assert exports == [10] and "replaying from iteration 10" in caplog.text
+    _same(expected, got)
