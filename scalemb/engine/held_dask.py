@@ -282,6 +282,7 @@ class DaskHeld:
         self._recover()
         executor = self.ex
         self._reset()
+        self._dims = {name: self._dims.get(name, executor.space_dims) for name in fields}
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -414,9 +415,12 @@ class DaskHeld:
         return batches
 
     def ensure(self, shapes: dict) -> None:
-        self._dims.update({name: int(d) for name, d in shapes.items()})
+        missing = {name: int(d) for name, d in shapes.items() if name not in self._dims}
+        if not missing:
+            return
+        self._dims.update(missing)
         extent = self._extent
-        self.map(held_ensure, shapes)
+        self.map(held_ensure, missing)
         self._extent = extent  # no point moved
 
     def set_curvature(self, exaggeration: float, fixed: bool) -> list:
