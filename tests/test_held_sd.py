@@ -207,3 +207,35 @@ def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store,
     assert victim.poll() is not None and workers == 2 and len(calls) > 14
     assert exports == [10] and "replaying from iteration 10" in caplog.text
     _same(expected, got)
+
+
+SD_SETTINGS = dict(model="tsne", max_iter=30, random_state=3, optimizer="sd", solver="cg", preconditioner="jacobi",
+                   early_exaggeration=4.0, exaggeration_iterations=8, tol=0.0, repulsion="fft")
+
+
+@pytest.mark.slow
+def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_process(store, dask_cluster,
+                                                                                       tmp_path):
+    """With the rows held on the workers, a checkpoint's per-point arrays (coordinates, gradient and the buffers
+    set then) are written by the workers into the output store; resumed in-process it ends as the uninterrupted
+    in-process run; an uninterrupted cluster run's final embedding is written by the workers too, the same."""
+    import zarr
+
+    import scalemb
+    from scalemb.store.checkpoint import Checkpointer
+
+    from .test_checkpoint import assert_same_result, pointer, stop_at
+
+    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted, match="iteration 20 "):
+        with Checkpointer(out, every=10, on_checkpoint=stop_at(0, 20)) as checkpointer:
+            scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    attrs = dict(zarr.open_group(store=str(out / "checkpoints" / pointer(out)), mode="r").attrs)
+    assert sorted(attrs["blocked"]) == ["state/coords", "state/gradient", "state/previous_space"]
+    assert_same_result(scalemb.resume(out, in_process=True), reference)
+    whole = tmp_path / "whole.zarr"
+    with Checkpointer(whole, every=10) as checkpointer:
+        scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    assert "embedding" in dict(zarr.open_group(store=str(whole), mode="r").attrs)["blocked"]  # the workers wrote it
+    assert_same_result(scalemb.EmbeddingResult.load(whole), reference)

@@ -122,9 +122,10 @@ def held_own(box: dict, ks: list, shift) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
-def held_own_of(box: dict, ks: list, shift, name: str, before) -> np.ndarray:
-    """The worker's own rows of the held array ``name`` (its partitions in order), after the pending ``shift``
-    and ``before = (fn, args)`` applied to each partition's rows (None: nothing)."""
+def held_cut(box: dict, ks: list, shift, name: str, before, needs: list) -> list:
+    """On a worker v: the pending ``shift`` and ``before = (fn, args)`` (None: nothing) applied to its partitions'
+    rows, then the columns of its own rows of the held array ``name`` that each other worker's halo needs (``needs``:
+    positions in v's own rows, one array per destination, in the plan's order): the pieces, in that order."""
     parts = []
     for k in ks:
         rows = _rows(box, k)
@@ -132,16 +133,35 @@ def held_own_of(box: dict, ks: list, shift, name: str, before) -> np.ndarray:
         if before is not None:
             before[0](rows, *before[1])
         parts.append(rows[name])
-    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+    if not needs:
+        return []
+    own = np.concatenate(parts, axis=1)
+    return [np.ascontiguousarray(own[:, positions]) for positions in needs]
 
 
-def held_curvature(box: dict, ks: list, view, X, model, space_dims: int, exaggeration: float, fixed: bool) -> list:
-    """``halo.curvature_view`` of the worker's partitions on its compact coordinates: each partition's weights kept
-    with its rows (``_weights``), the diagonal of ``L(C)`` held as ``diag`` (``(1, rows)``); the diagonal's sum per
-    partition."""
+def held_pick(pieces: list, i: int) -> list:
+    """Piece ``i`` of a worker's cut (``held_cut``), alone: what one destination fetches."""
+    return [pieces[i]]
+
+
+def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray:
+    """The worker's compact columns of the held array ``name``: its own rows (its partitions in order: ``held_cut``
+    ran here first) and its halo, the first piece of each of ``received`` (``halo.assemble``)."""
+    from .halo import assemble
+
+    own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
+    return assemble(view, own, *[r[0] for r in received])
+
+
+def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, model, space_dims: int,
+                   exaggeration: float, fixed: bool) -> list:
+    """``halo.curvature_view`` of the worker's partitions on its compact coordinates (``cut``: this worker's own
+    ``held_cut``, run first): each partition's weights kept with its rows (``_weights``), the diagonal of ``L(C)``
+    held as ``diag`` (``(1, rows)``); the diagonal's sum per partition."""
     from .halo import curvature_view
     from .laplacian import row_sums
 
+    X = _compact(box, ks, view, name, received)
     sums = []
     for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
         rows = _rows(box, k)
@@ -151,17 +171,19 @@ def held_curvature(box: dict, ks: list, view, X, model, space_dims: int, exagger
     return sums
 
 
-def held_laplacian(box: dict, ks: list, view, V, target: str, after) -> list:
-    """Each partition's rows of ``L(C) V`` (``blocks.laplacian_block`` on the compact columns ``V``: own rows and
-    halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results (None without it)."""
+def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, target: str, after) -> list:
+    """Each partition's rows of ``L(C) V`` for the held array ``V = name`` (``blocks.laplacian_block`` on its
+    compact columns: own rows and halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results
+    (None without it)."""
     from .blocks import laplacian_block
 
+    X = _compact(box, ks, view, name, received)
     out = []
     for k, b in zip(ks, view.blocks):
         rows = _rows(box, k)
         if "_weights" not in rows:
             raise HeldStateLost(f"this worker holds no curvature weights of partition {k}")
-        rows[target] = laplacian_block(b, rows["_weights"], V)
+        rows[target] = laplacian_block(b, rows["_weights"], X)
         out.append(None if after is None else after[0](rows, *after[1]))
     return out
 
@@ -425,48 +447,44 @@ class DaskHeld:
 
     def set_curvature(self, exaggeration: float, fixed: bool) -> list:
         """The curvature weights at the held coordinates, computed and kept on each worker beside its partitions'
-        rows (their coordinates' halo exchanged worker to worker, as an evaluation's); ``diag`` held; the
-        diagonal's sum per partition."""
-        return self._guard(lambda: self._set_curvature(exaggeration, fixed))
-
-    def _set_curvature(self, exaggeration: float, fixed: bool) -> list:
+        rows (their coordinates' halo exchanged worker to worker: ``_halo_round``); ``diag`` held; the diagonal's
+        sum per partition."""
         ex = self.ex
-        self._form_pending()
-        plan, views, _ = ex._halo_state()
-        self._check_holders(plan)
-        shift = self._take_shift()
-        own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
-        ex.stats["bytes_sent"] += len(own) * _size(shift)
-        X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
-        futures = [ex._submit(held_curvature, self._boxes[w], plan.parts[w], views[w], X[w], ex._model_arg,
-                              ex.space_dims, exaggeration, fixed, worker=w) for w in plan.workers]
-        ex.stats["bytes_sent"] += len(futures) * _size((exaggeration, fixed))
-        batches = self._gather(futures)
-        ex.stats["bytes_received"] += _size(batches)
-        return self._by_partition(batches)
+        return self._guard(lambda: self._halo_round("coords", None, held_curvature, ex._model_arg, ex.space_dims,
+                                                    exaggeration, fixed))
 
     def laplacian(self, source: str, target: str, before=None, after=None) -> list:
-        """``target <- L(C) source`` in one client round trip: each worker forms its own rows of ``source``
-        (``before``), cuts the columns other workers' halos need and assembles its compact columns (worker to
-        worker: ``DaskExecutor._assemble``), multiplies by the weights it keeps and applies ``after``."""
-        return self._guard(lambda: self._laplacian(source, target, before, after))
+        """``target <- L(C) source`` in one client round trip (``_halo_round``), ``before`` applied to the rows
+        first, ``after`` to the product's rows."""
+        return self._guard(lambda: self._halo_round(source, before, held_laplacian, target, after))
 
-    def _laplacian(self, source: str, target: str, before, after) -> list:
+    def _halo_round(self, name: str, before, fn, *args) -> list:
+        """``fn(box, ks, view, name, cut, received, *args)`` on every worker, on its compact columns of the held
+        array ``name``, in two dependent task steps and one client wait: each worker v applies the pending shift
+        and ``before`` to its rows and cuts the columns each other worker's halo needs (``held_cut``); each worker
+        w assembles its own rows and the pieces it receives (worker to worker) and runs ``fn``.  The per-partition
+        results, in partition order; the coordinates' extent hint survives (they did not move)."""
         ex = self.ex
         self._form_pending()
-        plan, views, _ = ex._halo_state()
+        plan, views, needs = ex._halo_state()
         self._check_holders(plan)
         extent, shift = self._extent, self._take_shift()
-        own = {w: ex._submit(held_own_of, self._boxes[w], plan.parts[w], shift, source, before, worker=w)
-               for w in plan.workers}
-        ex.stats["bytes_sent"] += len(own) * _size((shift, source, before))
-        X = ex._assemble(None, own, self._dims.get(source, ex.space_dims))
-        futures = [ex._submit(held_laplacian, self._boxes[w], plan.parts[w], views[w], X[w], target, after, worker=w)
-                   for w in plan.workers]
-        ex.stats["bytes_sent"] += len(futures) * _size((target, after))
+        targets = {v: [w for w in plan.workers if (v, w) in needs] for v in plan.workers}
+        cuts = {v: ex._submit(held_cut, self._boxes[v], plan.parts[v], shift, name, before,
+                              [needs[v, w] for w in targets[v]], worker=v) for v in plan.workers}
+        ex.stats["bytes_sent"] += len(cuts) * _size((shift, name, before))
+        pieces = {}
+        for v in plan.workers:
+            for i, w in enumerate(targets[v]):
+                pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
+        futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
+                              [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
+        ex.stats["bytes_sent"] += len(futures) * _size((name, args))
+        ex.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * \
+            self._dims.get(name, ex.space_dims) * 8
         batches = self._gather(futures)
         ex.stats["bytes_received"] += _size(batches)
-        self._extent = extent  # the coordinates did not move
+        self._extent = extent
         return self._by_partition(batches)
 
     def _form_pending(self) -> None:

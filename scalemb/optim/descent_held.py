@@ -73,6 +73,7 @@ def _sum(parts):
 
 # (held name, DescentState field)
 OPTIONAL = (("prev", "previous_space"), ("ptime", "previous_time_step"), ("gains", "gains"))
+FIELDS = {"coords": "coords", "gradient": "gradient", **dict(OPTIONAL)}
 
 
 class _HeldDescentRun(StepRun):
@@ -93,31 +94,41 @@ class _HeldDescentRun(StepRun):
         self.should_stop = getattr(checkpoint, "stop_requested", None)
         if not resumed:
             self.geometry.validate(state.coords, "the optimiser's start coordinates")
-        self.rescue = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+        # where ``rewind`` returns to after a lost worker: a state with its arrays, or (with a checkpoint the workers
+        # wrote) its scalars and ``("store", directory, digests, fields)``
+        self.rescue = (state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed), None)
         self.held = None
         self._hold(state)
 
-    def _hold(self, state: DescentState) -> None:
-        """Hold ``state``'s arrays (evaluating at its coordinates if it has no gradient: a fresh start), drop the
-        client's copies."""
-        arrays = {"coords": state.coords}
-        if state.gradient is not None:
-            arrays["gradient"] = state.gradient
-        self.has = {}
-        for name, field in OPTIONAL:
-            value = getattr(state, field)
-            self.has[name] = value is not None
-            if value is not None:
-                arrays[name] = value
-        if self.held is None:
-            self.held = hold(self.executor, arrays)
+    def _hold(self, state: DescentState, store=None) -> None:
+        """Hold ``state``'s arrays (evaluating at its coordinates if it has no gradient: a fresh start), or with
+        ``store = (directory, digests, fields)`` have the workers read them back from a checkpoint they wrote (and
+        check them against the digests written); drop the client's copies."""
+        if store is not None:
+            directory, digests, fields = store
+            if self.held.load_rows(directory, fields) != digests:
+                raise RuntimeError(f"{directory}: the checkpoint read back differs from the one written; refusing "
+                                   "to continue from it")
+            self.has = {name: name in fields for name, _ in OPTIONAL}
         else:
-            self.held.recover(arrays)
+            arrays = {"coords": state.coords}
+            if state.gradient is not None:
+                arrays["gradient"] = state.gradient
+            self.has = {}
+            for name, field in OPTIONAL:
+                value = getattr(state, field)
+                self.has[name] = value is not None
+                if value is not None:
+                    arrays[name] = value
+            if self.held is None:
+                self.held = hold(self.executor, arrays)
+            else:
+                self.held.recover(arrays)
         ds, dt = self.space_dims, self.dims - self.space_dims
         self.held.ensure({"prev": ds, "gains": ds, "ptime": dt, "dir": self.dims, "base": self.dims,
                           "bgrad": self.dims})
         self.solver_state = {"stale": True} if state.stale else {}
-        if state.gradient is None:
+        if state.gradient is None and store is None:
             self.ev = self.held.evaluate(state.alpha, True, 0)
             state.evaluations += 1
             state.kl, state.objective, state.z = float(self.ev.kl), float(self.ev.objective), float(self.ev.z)
@@ -132,14 +143,33 @@ class _HeldDescentRun(StepRun):
         return self.held.gather("coords")["coords"]
 
     def rewind(self) -> int:
-        """Back to the last exported state (or the start), held again on the workers alive now."""
-        saved = self.rescue
+        """Back to the last exported state (or the start), held again on the workers alive now: sent from the
+        client, or read back by the workers from the checkpoint they wrote."""
+        saved, source = self.rescue
         self.state = saved.snapshot(saved.iteration, saved.kl_history, saved.seconds, saved.elapsed)
-        self._hold(self.state)
+        self._hold(self.state, None if source is None else source[1:])
         return int(saved.iteration)
 
     def rescue_iteration(self) -> int:
-        return int(self.rescue.iteration)
+        return int(self.rescue[0].iteration)
+
+    def held_rows(self):
+        """The held arrays a checkpoint (or the final write) has their holders write (``remote`` holds only):
+        coordinates, gradient and the optional arrays set now."""
+        if not getattr(self.held, "remote", False):
+            return None
+        from ..engine.held import RowsExport
+
+        n, ds, dt = self.n_points, self.space_dims, self.dims - self.space_dims
+        rows = {"coords": self.dims, "gradient": self.dims, "prev": ds, "ptime": dt, "gains": ds}
+        names = ["coords", "gradient"] + [name for name, _ in OPTIONAL if self.has[name]]
+        return RowsExport(self.held, {name: FIELDS[name] for name in names},
+                          {FIELDS[name]: (rows[name], n) for name in names}, self._written)
+
+    def _written(self, directory: str, digests: dict, state: DescentState) -> None:
+        names = ["coords", "gradient"] + [name for name, _ in OPTIONAL if self.has[name]]
+        light = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+        self.rescue = (light, ("store", directory, digests, {name: FIELDS[name] for name in names}))
 
     def _evaluate(self, alpha: float, iteration: int):
         """The held evaluation; its gradient's rows formed by the next ``map``'s tasks on Dask (one round trip
@@ -374,16 +404,23 @@ class _HeldDescentRun(StepRun):
         self.held.map(_restore_gradient)
         return kl
 
-    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> DescentState:
-        """The state at the start of ``it``, its arrays gathered from their holders."""
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float,
+               light: bool = False) -> DescentState:
+        """The state at the start of ``it``, its arrays gathered from their holders, or with ``light`` left None (a
+        checkpoint or final write whose rows the workers write: ``held_rows``)."""
         s = self.state
-        names = ["coords", "gradient"] + [name for name, _ in OPTIONAL if self.has[name]]
-        arrays = self.held.gather(*names)
-        s.coords = arrays["coords"]
-        full = replace(s, gradient=None, **{field: arrays.get(name) for name, field in OPTIONAL})
-        ev = Evaluation(self.ev.kl, self.ev.objective, arrays["gradient"], self.ev.z)
+        if light:
+            arrays = {}
+        else:
+            names = ["coords", "gradient"] + [name for name, _ in OPTIONAL if self.has[name]]
+            arrays = self.held.gather(*names)
+            s.coords = arrays["coords"]
+        full = replace(s, coords=arrays.get("coords"), gradient=None,
+                       **{field: arrays.get(name) for name, field in OPTIONAL})
+        ev = Evaluation(self.ev.kl, self.ev.objective, arrays.get("gradient"), self.ev.z)
         exported = full.export(it, history, seconds, elapsed, ev, self.solver_state)
-        self.rescue = exported
+        if not light:
+            self.rescue = (exported, None)
         return exported
 
     def close(self) -> None:
