@@ -239,3 +239,42 @@ def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_p
         scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
     assert "embedding" in dict(zarr.open_group(store=str(whole), mode="r").attrs)["blocked"]  # the workers wrote it
     assert_same_result(scalemb.EmbeddingResult.load(whole), reference)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(store, dask_cluster, grow_dask,
+                                                                                 monkeypatch, caplog, tmp_path):
+    """The checkpoint at iteration 10 written by the workers; a worker SIGKILLed in the CG solve after it: the
+    workers alive read the checkpoint's rows back (checked against the digests they wrote) and the run replays
+    from there, ending as the uninterrupted in-process run."""
+    import signal
+
+    import scalemb
+    from scalemb.engine.held_dask import DaskHeld
+    from scalemb.store.checkpoint import Checkpointer
+
+    from .test_checkpoint import assert_same_result
+
+    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
+    [victim] = grow_dask(1)
+    calls = []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        if calls:
+            calls.append(1)
+            if len(calls) == 3 and victim.poll() is None:  # the third product after the checkpoint
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+        return original(self, *args, **kwargs)
+
+    def written(checkpointer, restart, iteration):
+        if iteration == 10 and not calls:
+            calls.append(1)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    out = tmp_path / "run.zarr"
+    with Checkpointer(out, every=10, on_checkpoint=written) as checkpointer:
+        scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    assert victim.poll() is not None and "replaying from iteration 10" in caplog.text
+    assert_same_result(scalemb.EmbeddingResult.load(out), reference)
