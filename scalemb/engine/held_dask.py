@@ -23,6 +23,13 @@ The optimiser's steps are row-block functions (``HeldState.map``) run where the 
 iteration the client sends and receives scalars and vectors of ``d`` numbers, never O(N), and the numbers are
 the in-process executor's bit for bit (the same block functions on the same rows, reduced in the same order).
 
+The spectral direction (``optim.descent_held``) also needs the curvature weights at the held coordinates and
+Laplacian products of held vectors (CG's ``p``).  Both are one client wait each, two dependent task steps on the
+workers (``_halo_round``): each worker applies what is pending to its rows and cuts the columns the other workers'
+halos need (``held_cut``); each worker assembles its own rows and the pieces it received and computes
+(``held_curvature``: the weights stay in its box beside the rows, with ``L(C)``'s diagonal; ``held_laplacian``:
+the product's rows held, followed by a row-block function such as CG's ``p . Ap``).
+
 A layout the workers cannot evaluate on their halos -- a capped grid, whose near field reads every point, or
 ``auto`` choosing the exact kernel -- is evaluated the client-held way for that evaluation: the coordinates are
 gathered, evaluated, and the gradient's rows sent back (O(N), counted in the executor's stats).
