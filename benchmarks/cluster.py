@@ -1,4 +1,5 @@
-"""Per-iteration time and client traffic of delta-bar-delta on Dask workers, against the in-process executor.
+"""Per-iteration time and client traffic of delta-bar-delta or the spectral direction on Dask workers, against the
+in-process executor.
 
 For each affinity store (``--stores``) and model (``--models``: ``tsne`` R^2, ``snest`` R^{2,1}), from one start
 layout (a Gaussian cloud with the extent of a converged t-SNE map, as ``halo_traffic.py`` uses; SNEST: space std
@@ -12,7 +13,13 @@ repulsion run
 * ``dask client``: the same executor with the state held on the client (``engine.held.LocalHeld``: what every
   Dask run did before; all of Y out and the gradient back per iteration);
 
-in rotated order for ``--rounds`` rounds.  Per iteration: the median over rounds of (time from the end of
+in rotated order for ``--rounds`` rounds.  ``--optimizer sd``: the spectral steps of the schedule at scale
+(``models.tsne.SPECTRAL_THEN_POLISH``: Jacobi-CG of at most 5 iterations to relative tolerance 0.1 on the current
+iterate's curvature, each point's step bounded by 2, a backtracking line search) without its exaggeration and polish
+phases, whose momentum steps cost what a delta-bar-delta step costs; held on the workers, its CG vectors and line
+search points stay there and each Laplacian product's halo travels worker to worker (``engine.held_dask``); held on
+the client, every product sends the vector's halo-compact columns and gathers the rows, the curvature sends Y.
+Per iteration: the median over rounds of (time from the end of
 iteration 1 to the end of the last) / (iterations - 2), so the start (holding the state) and the end (gathering
 it) are outside; the client's bytes per iteration from the executor's counters over the same span (payloads
 sent and gathered; pickled sizes of the small ones).  Every Dask run's final coordinates are checked equal to
@@ -43,13 +50,21 @@ def _start(n: int, dims: int, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(Y)
 
 
-def _run(executor, model, start, iterations):
+# the spectral steps of the schedule at scale (module docstring)
+SD_OPTIONS = {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5, "cg_tol": 0.1, "max_point_step": 2.0,
+              "tol": 0.0}
+
+
+def _run(executor, model, start, iterations, optimizer_name="dbd"):
     """``(seconds per iteration, client bytes per iteration, final coords)`` of one run."""
     from scalemb.optim import make_optimizer
 
-    # the at-scale delta-bar-delta with a small learning rate: the layout (so the grid, so the cost of an
-    # evaluation) stays that of the start, a converged map's extent, in every round and executor
-    optimizer = make_optimizer("dbd", model, learning_rate=1.0, exaggeration_iterations=0)
+    if optimizer_name == "sd":
+        optimizer = make_optimizer("sd", model, **SD_OPTIONS)
+    else:
+        # the at-scale delta-bar-delta with a small learning rate: the layout (so the grid, so the cost of an
+        # evaluation) stays that of the start, a converged map's extent, in every round and executor
+        optimizer = make_optimizer("dbd", model, learning_rate=1.0, exaggeration_iterations=0)
     marks = {}
     stats = getattr(executor, "stats", None)
 
@@ -63,7 +78,7 @@ def _run(executor, model, start, iterations):
     return (t2 - t1) / span, (b2 - b1) / span, result.coords
 
 
-def measure(store, model_name, iterations, rounds, report):
+def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd"):
     from distributed import Client, LocalCluster
 
     from scalemb.affinity import AffinityStore
@@ -94,7 +109,7 @@ def measure(store, model_name, iterations, rounds, report):
                     if mode == "dask client":
                         executor.hold = lambda arrays, ex=executor: LocalHeld(ex, arrays)
                 with executor:
-                    seconds, nbytes, coords = _run(executor, model, start, iterations)
+                    seconds, nbytes, coords = _run(executor, model, start, iterations, optimizer_name)
                 if reference is None:
                     reference = coords
                 identical = np.array_equal(reference, coords)
@@ -108,7 +123,7 @@ def measure(store, model_name, iterations, rounds, report):
     rows = []
     for mode in MODES:
         med = statistics.median(times[mode])
-        rows.append([f"{n:,}", model_name, mode, f"{med:.3f}", f"{med / local:.2f}",
+        rows.append([f"{n:,}", model_name, optimizer_name, mode, f"{med:.3f}", f"{med / local:.2f}",
                      f"{statistics.median(traffic[mode]) / 1e3:,.1f}"])
     return rows
 
@@ -117,21 +132,23 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stores", required=True, help="comma-separated affinity stores")
     parser.add_argument("--models", default="tsne,snest")
+    parser.add_argument("--optimizer", default="dbd", choices=("dbd", "sd"))
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    report = Report.start("Delta-bar-delta on two Dask workers: state held on the workers vs the client",
+    name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
+    report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "
                           "round set; client KB = bytes the client sent and gathered per iteration.")
     rows = []
     for store in args.stores.split(","):
         for model in args.models.split(","):
             report(f"{store}, {model}:")
-            rows += measure(store, model, args.iterations, args.rounds, report)
+            rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer)
     report()
-    report(markdown_table(["points", "model", "executor", "s / iteration", "vs local", "client KB / iteration"],
-                          rows))
+    report(markdown_table(["points", "model", "optimizer", "executor", "s / iteration", "vs local",
+                           "client KB / iteration"], rows))
     report.save(args.out)
 
 

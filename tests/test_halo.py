@@ -227,11 +227,17 @@ def test_laplacian_product_of_a_one_worker_layout_matches_local(tmp_path, dask_c
 
 
 @pytest.mark.slow
-def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluster, grow_dask, monkeypatch):
-    """SIGKILL a worker while a spectral-direction CG solve's Laplacian product is in flight (its compact columns
-    scattered, its one-round task submitted): the product is repeated on the two workers left (curvature
-    recomputed where it was set) and the run ends where the in-process run ends, bit for bit."""
+@pytest.mark.parametrize("held", [True, False])
+def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluster, grow_dask, monkeypatch, held):
+    """SIGKILL a worker while a spectral-direction CG solve's Laplacian product is in flight.  State held on the
+    workers (``optim.descent_held``: the product of a held vector, its halo cut on the owners): the run rewinds to
+    its start on the two workers left and replays.  State held on the client (``engine.held.LocalHeld``: its
+    compact columns scattered, its one-round task submitted): the product is repeated on the two workers left
+    (curvature recomputed where it was set).  Either way the run ends where the in-process run ends, bit for bit."""
     import signal
+
+    from scalemb.engine.held import LocalHeld
+    from scalemb.engine.held_dask import held_laplacian
 
     st = AffinityStore(store)
     start = np.random.default_rng(6).normal(size=(2, st.n_points)) * 1e-4
@@ -242,9 +248,12 @@ def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluste
     [victim] = grow_dask(1)
     with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft") as dask:
         submit, products = dask._submit, []
+        if not held:
+            dask.hold = lambda arrays: LocalHeld(dask, arrays)
+        product = held_laplacian if held else halo.laplacian_compact
 
         def submit_and_kill(fn, *args, **kwargs):
-            if fn is halo.laplacian_compact:
+            if fn is product:
                 products.append(fn)
                 if len(products) == 12 and victim.poll() is None:  # a few iterations in, mid-solve
                     victim.send_signal(signal.SIGKILL)

@@ -14,6 +14,11 @@ through
 * ``shift(vector)``: subtract ``vector`` (one number per coordinate) from every point's coordinates, applied to
   each block before its next use;
 * ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only);
+* ``ensure({name: rows})``: hold zeros for work vectors not held yet;
+* ``set_curvature(exaggeration, fixed) -> [sum of diag per block]``: the spectral direction's curvature weights
+  at the held coordinates, kept where the blocks are, and ``L(C)``'s diagonal held as ``diag``;
+* ``laplacian(source, target, before, after) -> [after's result per block]``: ``target <- L(C) source``, each
+  block's product from its own rows and its halo of ``source`` (on Dask exchanged worker to worker);
 * ``extent_hint(lo, hi)``: the coordinates' extent as the optimiser knows it after its last step (per coordinate,
   min and max over all points, after the pending shift), which saves a round of the workers reporting it.
 
@@ -171,6 +176,32 @@ class LocalHeld:
     def gather(self, *names) -> dict:
         self._flush()
         return {name: self.arrays[name].copy() for name in names}
+
+    def ensure(self, shapes: dict) -> None:
+        """Hold zeros ``(rows, N)`` for each ``{name: rows}`` not held yet (an optimiser's work vectors)."""
+        for name, rows in shapes.items():
+            if name not in self.arrays:
+                self.arrays[name] = np.zeros((int(rows), self.n_points))
+
+    def set_curvature(self, exaggeration: float, fixed: bool) -> list:
+        """The executor's curvature weights C at the held coordinates (``Executor.set_curvature``) and the diagonal
+        of ``L(C)`` held as ``diag`` (``(1, N)``); each block's sum of it, in block order."""
+        self._flush()
+        self.executor.set_curvature(self.arrays["coords"], exaggeration, fixed=fixed)
+        diagonal = np.ascontiguousarray(self.executor.curvature_diagonal(), dtype=np.float64)
+        self.arrays["diag"] = diagonal[None, :]
+        return [float(diagonal[r0:r1].sum()) for r0, r1 in self.bounds]
+
+    def laplacian(self, source: str, target: str, before=None, after=None) -> list:
+        """``target <- L(C) source`` (the curvature of the last ``set_curvature``), with ``before = (fn, args)``
+        applied to every block first (e.g. forming ``source``) and ``after = (fn, args)`` to every block after;
+        ``after``'s results in block order (``[]`` without it)."""
+        if before is not None:
+            self.map(before[0], *before[1])
+        self._flush()
+        self.arrays[target] = np.ascontiguousarray(self.executor.laplacian_matvec(self.arrays[source]),
+                                                   dtype=np.float64)
+        return [] if after is None else self.map(after[0], *after[1])
 
     def put(self, name: str, array: np.ndarray) -> None:
         self._flush()

@@ -23,6 +23,13 @@ The optimiser's steps are row-block functions (``HeldState.map``) run where the 
 iteration the client sends and receives scalars and vectors of ``d`` numbers, never O(N), and the numbers are
 the in-process executor's bit for bit (the same block functions on the same rows, reduced in the same order).
 
+The spectral direction (``optim.descent_held``) also needs the curvature weights at the held coordinates and
+Laplacian products of held vectors (CG's ``p``).  Both are one client wait each, two dependent task steps on the
+workers (``_halo_round``): each worker applies what is pending to its rows and cuts the columns the other workers'
+halos need (``held_cut``); each worker assembles its own rows and the pieces it received and computes
+(``held_curvature``: the weights stay in its box beside the rows, with ``L(C)``'s diagonal; ``held_laplacian``:
+the product's rows held, followed by a row-block function such as CG's ``p . Ap``).
+
 A layout the workers cannot evaluate on their halos -- a capped grid, whose near field reads every point, or
 ``auto`` choosing the exact kernel -- is evaluated the client-held way for that evaluation: the coordinates are
 gathered, evaluated, and the gradient's rows sent back (O(N), counted in the executor's stats).
@@ -120,6 +127,79 @@ def held_own(box: dict, ks: list, shift) -> np.ndarray:
         shift_rows(rows, shift)
         parts.append(rows["coords"])
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def held_cut(box: dict, ks: list, shift, name: str, before, needs: list) -> list:
+    """On a worker v: the pending ``shift`` and ``before = (fn, args)`` (None: nothing) applied to its partitions'
+    rows, then the columns of its own rows of the held array ``name`` that each other worker's halo needs (``needs``:
+    positions in v's own rows, one array per destination, in the plan's order): the pieces, in that order."""
+    parts = []
+    for k in ks:
+        rows = _rows(box, k)
+        shift_rows(rows, shift)
+        if before is not None:
+            before[0](rows, *before[1])
+        parts.append(rows[name])
+    if not needs:
+        return []
+    own = np.concatenate(parts, axis=1)
+    return [np.ascontiguousarray(own[:, positions]) for positions in needs]
+
+
+def held_pick(pieces: list, i: int) -> list:
+    """Piece ``i`` of a worker's cut (``held_cut``), alone: what one destination fetches."""
+    return [pieces[i]]
+
+
+def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray:
+    """The worker's compact columns of the held array ``name``: its own rows (its partitions in order: ``held_cut``
+    ran here first) and its halo, the first piece of each of ``received`` (``halo.assemble``)."""
+    from .halo import assemble
+
+    own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
+    return assemble(view, own, *[r[0] for r in received])
+
+
+def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, model, space_dims: int,
+                   exaggeration: float, fixed: bool) -> list:
+    """``halo.curvature_view`` of the worker's partitions on its compact coordinates (``cut``: this worker's own
+    ``held_cut``, run first): each partition's weights kept with its rows (``_weights``), the diagonal of ``L(C)``
+    held as ``diag`` (``(1, rows)``); the diagonal's sum per partition."""
+    from .halo import curvature_view
+    from .laplacian import row_sums
+
+    X = _compact(box, ks, view, name, received)
+    sums = []
+    for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
+        rows = _rows(box, k)
+        diagonal = row_sums(b.indptr, weights)
+        rows["_weights"], rows["diag"] = weights, diagonal[None, :]
+        sums.append(float(diagonal.sum()))
+    return sums
+
+
+def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, target: str, after) -> list:
+    """Each partition's rows of ``L(C) V`` for the held array ``V = name`` (``blocks.laplacian_block`` on its
+    compact columns: own rows and halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results
+    (None without it)."""
+    from .blocks import laplacian_block
+
+    X = _compact(box, ks, view, name, received)
+    out = []
+    for k, b in zip(ks, view.blocks):
+        rows = _rows(box, k)
+        if "_weights" not in rows:
+            raise HeldStateLost(f"this worker holds no curvature weights of partition {k}")
+        rows[target] = laplacian_block(b, rows["_weights"], X)
+        out.append(None if after is None else after[0](rows, *after[1]))
+    return out
+
+
+def held_ensure(rows: dict, shapes: dict) -> None:
+    width = rows["coords"].shape[1]
+    for name, d in shapes.items():
+        if name not in rows:
+            rows[name] = np.zeros((int(d), width))
 
 
 def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, box, ks) -> list:
@@ -231,6 +311,7 @@ class DaskHeld:
         self._recover()
         executor = self.ex
         self._reset()
+        self._dims = {name: self._dims.get(name, executor.space_dims) for name in fields}
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -251,6 +332,7 @@ class DaskHeld:
         """Send each worker its partitions' rows of ``arrays`` (its box: ``held_put``)."""
         executor = self.ex
         self._reset()
+        self._dims = {name: int(a.shape[0]) for name, a in arrays.items()}
         plan = self._plan()
         for w in plan.workers:
             ks = plan.parts[w]
@@ -360,6 +442,66 @@ class DaskHeld:
         batches = self._gather(futures)
         self.ex.stats["bytes_received"] += _size(batches)
         return batches
+
+    def ensure(self, shapes: dict) -> None:
+        missing = {name: int(d) for name, d in shapes.items() if name not in self._dims}
+        if not missing:
+            return
+        self._dims.update(missing)
+        extent = self._extent
+        self.map(held_ensure, missing)
+        self._extent = extent  # no point moved
+
+    def set_curvature(self, exaggeration: float, fixed: bool) -> list:
+        """The curvature weights at the held coordinates, computed and kept on each worker beside its partitions'
+        rows (their coordinates' halo exchanged worker to worker: ``_halo_round``); ``diag`` held; the diagonal's
+        sum per partition."""
+        ex = self.ex
+        return self._guard(lambda: self._halo_round("coords", None, held_curvature, ex._model_arg, ex.space_dims,
+                                                    exaggeration, fixed))
+
+    def laplacian(self, source: str, target: str, before=None, after=None) -> list:
+        """``target <- L(C) source`` in one client round trip (``_halo_round``), ``before`` applied to the rows
+        first, ``after`` to the product's rows."""
+        return self._guard(lambda: self._halo_round(source, before, held_laplacian, target, after))
+
+    def _halo_round(self, name: str, before, fn, *args) -> list:
+        """``fn(box, ks, view, name, cut, received, *args)`` on every worker, on its compact columns of the held
+        array ``name``, in two dependent task steps and one client wait: each worker v applies the pending shift
+        and ``before`` to its rows and cuts the columns each other worker's halo needs (``held_cut``); each worker
+        w assembles its own rows and the pieces it receives (worker to worker) and runs ``fn``.  The per-partition
+        results, in partition order; the coordinates' extent hint survives (they did not move)."""
+        ex = self.ex
+        self._form_pending()
+        plan, views, needs = ex._halo_state()
+        self._check_holders(plan)
+        extent, shift = self._extent, self._take_shift()
+        targets = {v: [w for w in plan.workers if (v, w) in needs] for v in plan.workers}
+        cuts = {v: ex._submit(held_cut, self._boxes[v], plan.parts[v], shift, name, before,
+                              [needs[v, w] for w in targets[v]], worker=v) for v in plan.workers}
+        ex.stats["bytes_sent"] += len(cuts) * _size((shift, name, before))
+        pieces = {}
+        for v in plan.workers:
+            for i, w in enumerate(targets[v]):
+                pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
+        futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
+                              [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
+        ex.stats["bytes_sent"] += len(futures) * _size((name, args))
+        ex.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * \
+            self._dims.get(name, ex.space_dims) * 8
+        batches = self._gather(futures)
+        ex.stats["bytes_received"] += _size(batches)
+        self._extent = extent
+        return self._by_partition(batches)
+
+    def _form_pending(self) -> None:
+        if self._pending is not None:
+            self.map(_noop)
+
+    def _check_holders(self, plan) -> None:
+        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
+            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
+                                  "rows stayed with the old ones")
 
     def extent_hint(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self._extent = (np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))

@@ -269,12 +269,19 @@ class LineSearchDescent:
         ``stop(it, kl, coords)`` after ``callback``: True ends the run there (``stopped``).  The result's ``state``
         continues the run (``state=result.state``).  The iterations are ``optim.loop.run_loop``'s; this class
         supplies the step rule (``_DescentRun``)."""
-        if state is None:
-            s = self.initial_state(executor, coords)
+        from .descent_held import _HeldDescentRun, held_mode, initial_state
+
+        n_points = (np.shape(coords) if state is None else np.shape(state.coords))[1]
+        if held_mode(self, executor, n_points):  # the per-point state held where the row blocks are
+            s = initial_state(self, coords) if state is None else \
+                state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
+            run = _HeldDescentRun(self, executor, s, state is not None, checkpoint)
+        elif state is None:
+            run = _DescentRun(self, executor, self.initial_state(executor, coords), False, checkpoint)
         else:
             s = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
-        return run_loop(_DescentRun(self, executor, s, state is not None, checkpoint), self.budget(n_iter), state,
-                        callback, checkpoint, stop)
+            run = _DescentRun(self, executor, s, True, checkpoint)
+        return run_loop(run, self.budget(n_iter), state, callback, checkpoint, stop)
 
     def _restore_solver(self, executor, s: "DescentState", methods: tuple[str, str]) -> dict:
         """Rebuild the spectral solver's cache from ``s``: the executor's curvature and the lagged
@@ -323,7 +330,11 @@ class LineSearchDescent:
         the one to 1e-3 at 40 % of its products.  Not for the lagged-LU preconditioner: there the descent
         converges linearly, choice 2 then stays at its ceiling and the direction degrades towards a scaled
         gradient (SCHOOL, t-SNE: KL 0.640 after 100 iterations against 0.618 at 1e-3)."""
-        norm = float(np.linalg.norm(space_grad))
+        return self._forcing_from_norm(s, float(np.linalg.norm(space_grad)), preconditioner)
+
+    def _forcing_from_norm(self, s: "DescentState", norm: float | None, preconditioner: str) -> float:
+        """``_forcing`` from the space gradient's norm (only read for ``cg_tol='auto'`` with Jacobi: None
+        otherwise)."""
         if self.cg_tol != "auto":
             return float(self.cg_tol)
         if preconditioner != "jacobi":

@@ -1,0 +1,280 @@
+"""The spectral direction's state on the Dask workers (issue 30, item 1): the Jacobi-CG schedule (momentum
+exaggeration, bounded spectral steps with CG and a line search, polish) run on held rows is the in-process run bit
+for bit at W = 1, 2, 3, moves scalars and d-vectors through the client per iteration, and a checkpoint it takes on
+the cluster resumes in-process exactly; with one block it is the client-side step rule (``_DescentRun``) exactly."""
+import numpy as np
+import pytest
+
+from scalemb.affinity import AffinityStore
+from scalemb.engine import LocalExecutor
+from scalemb.engine.distributed import DaskExecutor
+from scalemb.models import get_model
+from scalemb.optim import make_optimizer
+from scalemb.optim.descent import _DescentRun
+from scalemb.optim.descent_held import _HeldDescentRun, held_mode
+from scalemb.optim.loop import run_loop
+from scalemb.repulsion import FFTParams
+
+from .test_distributed import coauthor_store
+
+# the schedule at scale (``models.tsne.SPECTRAL_THEN_POLISH``) shortened, with its solver set explicitly so that it
+# runs on a few thousand points: exaggeration by momentum steps, spectral steps, then polish with a spectral step
+# every fifth iteration
+SCHEDULE = {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5, "cg_tol": 0.1, "max_point_step": 2.0,
+            "exaggeration": 4.0, "exaggeration_iterations": 8, "exaggeration_steps": "momentum",
+            "spectral_iterations": 12, "polish_spectral_every": 5, "tol": 0.0}
+ITERATIONS = 30
+# the layout spreads to ~45 units in these iterations: a grid of that span uncapped, so that every evaluation runs on
+# the workers' halos (a capped one is evaluated the client-held way: correct, but O(N) through the client)
+FFT = FFTParams(max_nodes=1_000_000)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return coauthor_store(tmp_path_factory.mktemp("held-sd"), 2000, seed=7, n_partitions=6)
+
+
+def _start(n, dims, seed):
+    return np.random.default_rng(seed).normal(size=(dims, n)) * 1e-4
+
+
+def _local(store, model, space, time_dims, **options):
+    st = AffinityStore(store)
+    partitions = options.pop("partitions", st.partitions)
+    return LocalExecutor(st.to_affinity(), get_model(model), space, time_dims, partitions=partitions,
+                         repulsion="fft", fft_params=FFT, **options)
+
+
+def _same(a, b):
+    assert np.array_equal(a.coords, b.coords)
+    assert np.array_equal(a.kl_history, b.kl_history, equal_nan=True)
+    assert a.evaluations == b.evaluations and a.iterations == b.iterations
+    for name in ("gradient", "previous_space", "previous_time_step", "gains"):
+        x, y = getattr(a.state, name), getattr(b.state, name)
+        assert (x is None and y is None) or np.array_equal(x, y), name
+    for name in ("step", "time_rate", "time_gain", "polish_time_rate", "forcing", "failures", "kl", "objective"):
+        assert getattr(a.state, name) == getattr(b.state, name), name
+
+
+@pytest.mark.parametrize("model,time_dims,cg_tol", [("tsne", 0, 0.1), ("snest", 1, "auto")])
+def test_one_block_is_the_client_side_step_rule_bit_for_bit(store, model, time_dims, cg_tol):
+    """Every block partial of one block is the whole-array expression ``_DescentRun`` computes."""
+    n = AffinityStore(store).n_points
+    start = _start(n, 2 + time_dims, 3)
+    results = []
+    for held in (False, True):
+        with _local(store, model, 2, time_dims, partitions=[0, n]) as ex:
+            optimizer = make_optimizer("sd", model, **{**SCHEDULE, "cg_tol": cg_tol})
+            assert held_mode(optimizer, ex, n)
+            if held:
+                results.append(optimizer.optimize(ex, start, ITERATIONS))
+            else:
+                state = optimizer.initial_state(ex, start)
+                results.append(run_loop(_DescentRun(optimizer, ex, state, False, None), ITERATIONS))
+    _same(*results)
+    assert results[0].state.gains is not None  # the polish phase ran
+
+
+def test_held_mode_is_the_matrix_free_schedule_only(store):
+    n = AffinityStore(store).n_points
+    with _local(store, "tsne", 2, 0) as ex:
+        assert held_mode(make_optimizer("sd", "tsne", **SCHEDULE), ex, n)
+        assert not held_mode(make_optimizer("sd", "tsne", **{**SCHEDULE, "solver": "lu"}), ex, n)
+        assert not held_mode(make_optimizer("sd", "tsne", **{**SCHEDULE, "curvature": "fixed"}), ex, n)
+        assert not held_mode(make_optimizer("sd", "tsne", solver="cg", preconditioner="amg"), ex, n)
+        assert not held_mode(make_optimizer("gd", "tsne"), ex, n)
+
+
+def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, **kwargs):
+    with DaskExecutor(store, get_model(model), 2, time_dims, client, repulsion="fft", fft_params=FFT) as dask:
+        start = _start(dask.n_points, 2 + time_dims, 3)
+        before = dict(dask.stats)
+        result = make_optimizer("sd", model, **SCHEDULE).optimize(dask, start, iterations, **kwargs)
+        traffic = {key: dask.stats[key] - before[key] for key in ("bytes_sent", "bytes_received",
+                                                                   "halo_evaluations")}
+        workers = len(dask._halo[0].workers)
+    return result, traffic, workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,time_dims", [("tsne", 0), ("snest", 1)])
+def test_held_sd_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_the_client(
+        store, dask_cluster, model, time_dims):
+    n = AffinityStore(store).n_points
+    with _local(store, model, 2, time_dims) as local:
+        expected = make_optimizer("sd", model, **SCHEDULE).optimize(local, _start(n, 2 + time_dims, 3), ITERATIONS)
+    got, traffic, workers = _dask_run(store, dask_cluster.client, model, time_dims)
+    assert workers == 2
+    _same(expected, got)
+    # every evaluation on the workers' halos (no capped grid sent the coordinates through the client)
+    assert traffic["halo_evaluations"] == got.evaluations
+    rows = n * (2 + time_dims) * 8
+    # the start goes out once and the final state (coordinates, gradient, buffers) comes back once; per iteration
+    # (CG's products and steps, the line search's trials): scalars and d-vectors
+    per_iteration = 40_000
+    assert traffic["bytes_sent"] < rows + ITERATIONS * per_iteration, traffic
+    assert traffic["bytes_received"] < 5 * rows + ITERATIONS * per_iteration, traffic
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_workers", [1, 3])
+def test_held_sd_on_one_and_three_workers_is_the_in_process_run(store, request, n_workers):
+    n = AffinityStore(store).n_points
+    with _local(store, "tsne", 2, 0) as local:
+        expected = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, _start(n, 2, 3), ITERATIONS)
+    if n_workers == 3:  # the session's two workers and one more
+        request.getfixturevalue("grow_dask")(1)
+        client = request.getfixturevalue("dask_cluster").client
+    else:
+        client = request.getfixturevalue("start_dask")(n_workers).client
+    got, _, workers = _dask_run(store, client, "tsne", 0)
+    assert workers == n_workers
+    _same(expected, got)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_taken_on_the_cluster_resumes_in_process_bit_for_bit(store, dask_cluster):
+    """The state exported on the workers mid-run (inside the spectral phase, and inside the polish phase) and
+    continued in-process ends where the uninterrupted in-process run ends."""
+    n = AffinityStore(store).n_points
+    with _local(store, "tsne", 2, 0) as local:
+        expected = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, _start(n, 2, 3), ITERATIONS)
+    taken = {}
+
+    def checkpoint(it, export):
+        if it in (14, 23):
+            taken[it] = export()
+
+    _dask_run(store, dask_cluster.client, "tsne", 0, checkpoint=checkpoint)
+    assert sorted(taken) == [14, 23]
+    for it, state in taken.items():
+        assert state.iteration == it and state.coords.shape == (2, n)
+        with _local(store, "tsne", 2, 0) as local:
+            resumed = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, None, ITERATIONS, state=state)
+        _same(expected, resumed)
+
+
+def test_a_run_resumed_from_an_in_process_checkpoint_is_held_again(store):
+    """A resumed state is held again (its gradient, buffers and gains), not re-evaluated: continuing from a
+    mid-run export equals the uninterrupted run."""
+    n = AffinityStore(store).n_points
+    taken = {}
+
+    def checkpoint(it, export):
+        if it == 25:
+            taken[it] = export()
+
+    with _local(store, "tsne", 2, 0) as local:
+        expected = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, _start(n, 2, 3), ITERATIONS,
+                                                                      checkpoint=checkpoint)
+    with _local(store, "tsne", 2, 0) as local:
+        resumed = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, None, ITERATIONS, state=taken[25])
+    _same(expected, resumed)
+    assert _HeldDescentRun.recentres is False
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store, dask_cluster, grow_dask,
+                                                                          monkeypatch, caplog):
+    """A worker holding rows SIGKILLed inside a CG solve (the 14th Laplacian product: iteration 10's solve): the
+    run rewinds to its last exported state (a checkpoint's export at the start of iteration 10) on the workers
+    alive and replays; it ends as the uninterrupted run, bit for bit (three workers: the session's two and the
+    victim)."""
+    import signal
+
+    from scalemb.engine.held_dask import DaskHeld
+
+    [victim] = grow_dask(1)
+    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    calls = []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 14 and victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    exports = []
+
+    def checkpoint(it, export):
+        if it == 10:
+            exports.append(export().iteration)
+
+    got, _, workers = _dask_run(store, dask_cluster.client, "tsne", 0, checkpoint=checkpoint)
+    assert victim.poll() is not None and workers == 2 and len(calls) > 14
+    assert exports == [10] and "replaying from iteration 10" in caplog.text
+    _same(expected, got)
+
+
+SD_SETTINGS = dict(model="tsne", max_iter=30, random_state=3, optimizer="sd", solver="cg", preconditioner="jacobi",
+                   early_exaggeration=4.0, exaggeration_iterations=8, tol=0.0, repulsion="fft")
+
+
+@pytest.mark.slow
+def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_process(store, dask_cluster,
+                                                                                       tmp_path):
+    """With the rows held on the workers, a checkpoint's per-point arrays (coordinates, gradient and the buffers
+    set then) are written by the workers into the output store; resumed in-process it ends as the uninterrupted
+    in-process run; an uninterrupted cluster run's final embedding is written by the workers too, the same."""
+    import zarr
+
+    import scalemb
+    from scalemb.store.checkpoint import Checkpointer
+
+    from .test_checkpoint import assert_same_result, pointer, stop_at
+
+    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
+    out = tmp_path / "run.zarr"
+    with pytest.raises(scalemb.RunInterrupted, match="iteration 20 "):
+        with Checkpointer(out, every=10, on_checkpoint=stop_at(0, 20)) as checkpointer:
+            scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    attrs = dict(zarr.open_group(store=str(out / "checkpoints" / pointer(out)), mode="r").attrs)
+    assert sorted(attrs["blocked"]) == ["state/coords", "state/gradient", "state/previous_space"]
+    assert_same_result(scalemb.resume(out, in_process=True), reference)
+    whole = tmp_path / "whole.zarr"
+    with Checkpointer(whole, every=10) as checkpointer:
+        scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    assert "embedding" in dict(zarr.open_group(store=str(whole), mode="r").attrs)["blocked"]  # the workers wrote it
+    assert_same_result(scalemb.EmbeddingResult.load(whole), reference)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(store, dask_cluster, grow_dask,
+                                                                                 monkeypatch, caplog, tmp_path):
+    """The checkpoint at iteration 10 written by the workers; a worker SIGKILLed in the CG solve after it: the
+    workers alive read the checkpoint's rows back (checked against the digests they wrote) and the run replays
+    from there, ending as the uninterrupted in-process run."""
+    import signal
+
+    import scalemb
+    from scalemb.engine.held_dask import DaskHeld
+    from scalemb.store.checkpoint import Checkpointer
+
+    from .test_checkpoint import assert_same_result
+
+    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
+    [victim] = grow_dask(1)
+    calls = []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        if calls:
+            calls.append(1)
+            if len(calls) == 3 and victim.poll() is None:  # the third product after the checkpoint
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+        return original(self, *args, **kwargs)
+
+    def written(checkpointer, restart, iteration):
+        if iteration == 10 and not calls:
+            calls.append(1)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    out = tmp_path / "run.zarr"
+    with Checkpointer(out, every=10, on_checkpoint=written) as checkpointer:
+        scalemb.Embedder(**SD_SETTINGS, scheduler=dask_cluster.address).fit(str(store), checkpoint=checkpointer)
+    assert victim.poll() is not None and "replaying from iteration 10" in caplog.text
+    assert_same_result(scalemb.EmbeddingResult.load(out), reference)
