@@ -686,3 +686,41 @@ def test_default_placement_keeps_most_of_a_reembeddings_neighbourhoods():
     reembedded = preservation(fit(full).embedding_, rows)
     assert scores["defaults"] >= 0.8 * reembedded, (scores, reembedded)
     assert scores["defaults"] > scores["fixed"] + 0.02, (scores, reembedded)
+
+
+def test_new_feature_rows_are_placed_with_a_reembeddings_row_mass():
+    """A new feature row of P' holds half the attraction mass of a stored row (its own conditional affinities
+    only), so feature rows are placed at x KNN_FINAL_EXAGGERATION = 2 after the first phase unless the optimiser
+    sets it; graph nodes and maps with time coordinates keep their rules."""
+    from scalemb.affinity import knn_affinity
+    from scalemb.placement import Reference, knn_optimizer, place_into
+    from scalemb.placement.affinity import extended_knn_affinity
+    from scalemb.placement.optimize import KNN_FINAL_EXAGGERATION
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.standard_normal((50, 3)), 10 + rng.standard_normal((50, 3))])
+    X_new = np.array([[0.0, 0, 0], [10.0, 10, 10], [0.5, 0, 0]])
+    affinity = knn_affinity(X, perplexity=5, n_neighbors=15)
+    P = extended_knn_affinity(affinity, X, X_new, 15, "euclidean", 5.0)
+    n_all = 103
+    rows = np.asarray(P.sum(axis=1)).ravel()
+    np.testing.assert_allclose(rows[100:], 1.0 / (2 * n_all))
+    stored = np.asarray(P[:100, :100].sum(axis=1)).ravel()  # a stored row's mass among the stored rows
+    assert stored.mean() == pytest.approx(1.0 / n_all)
+    assert KNN_FINAL_EXAGGERATION == 2.0
+    assert knn_optimizer(None, with_time=False).final_exaggeration == KNN_FINAL_EXAGGERATION
+    assert knn_optimizer(PlacementOptimizer(final_exaggeration=1.5), with_time=False).final_exaggeration == 1.5
+    assert knn_optimizer(None, with_time=True).final_exaggeration is None  # resolved to 1.0 for time maps
+
+    from scalemb.embedding import Embedder
+
+    embedder = Embedder(model="tsne", iterations=150).fit(affinity)
+    reference = Reference("knn", affinity=affinity, features=X, knn={"n_neighbors": 15, "perplexity": 5.0})
+    default = place_into(embedder.result_, X_new, reference)
+    assert default.optimizer["final_exaggeration"] == KNN_FINAL_EXAGGERATION
+    given = place_into(embedder.result_, X_new, reference, PlacementOptimizer(final_exaggeration=FINAL_EXAGGERATION))
+    assert given.optimizer["final_exaggeration"] == FINAL_EXAGGERATION
+    assert not np.allclose(default.embedding[100:], given.embedding[100:])
+    np.testing.assert_array_equal(default.embedding[:100], embedder.result_.embedding)  # the map stays fixed
+    for row, cluster in zip(default.embedding[100:], (range(50), range(50, 100), range(50))):
+        assert np.argmin(np.linalg.norm(embedder.result_.embedding - row, axis=1)) in cluster

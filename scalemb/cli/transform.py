@@ -3,13 +3,13 @@
 
 def add_parser(commands):
     from ..placement import FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, PRE_FREE_ITERATIONS, PlacementOptimizer
-    from ..placement.optimize import EXAGGERATION, FINAL_EXAGGERATION, ITERATIONS
+    from ..placement.optimize import EXAGGERATION, FINAL_EXAGGERATION, ITERATIONS, KNN_FINAL_EXAGGERATION
 
     tra = commands.add_parser(
         "transform", help="place new nodes (edge list) or points (feature rows) into a stored map",
         description="The new points start at the weighted median of their old neighbours and are optimised against "
                     f"the stored map (the whole map's KL, their attraction exaggerated x{EXAGGERATION:g} at first, "
-                    f"then x{FINAL_EXAGGERATION:g}); "
+                    f"then x{FINAL_EXAGGERATION:g}, new feature rows x{KNN_FINAL_EXAGGERATION:g}); "
                     "then the stored points next to new graph nodes move with them for a few iterations "
                     "(--free-hops), the rest of the map staying fixed.  Graph "
                     "runs: NEW is an undirected edge list 'A B [weight]' of the new nodes' edges, in either "

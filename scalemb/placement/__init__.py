@@ -30,12 +30,12 @@ from ..methods import affinity_metric, method_of
 from ..models import get_model
 from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_edges
 from .objective import PlacementObjective
-from .optimize import UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
+from .optimize import KNN_FINAL_EXAGGERATION, UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
 
 __all__ = ["FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
            "placement_defaults", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
-           "freed_points", "knn_settings", "new_feature_rows", "place", "placement_repulsion", "place_into",
-           "reference_of", "transform_run"]
+           "freed_points", "knn_optimizer", "knn_settings", "new_feature_rows", "place", "placement_repulsion",
+           "place_into", "reference_of", "transform_run"]
 
 
 @dataclass
@@ -166,7 +166,8 @@ def placement_defaults() -> dict:
     return {"iterations": first.iterations, "iterations before a free phase": PRE_FREE_ITERATIONS,
             "tol": first.tol, "direction": first.direction, "exaggeration": first.exaggeration,
             "exaggeration_iterations": first.exaggeration_iterations,
-            "final_exaggeration": first.final_exaggeration, "free_hops": f"{FREE_HOPS} if at most "
+            "final_exaggeration": first.final_exaggeration,
+            "final_exaggeration of new feature rows": KNN_FINAL_EXAGGERATION, "free_hops": f"{FREE_HOPS} if at most "
             f"{FREE_MAX_SHARE:g} of the stored map, else 0", "free_iterations": FREE_ITERATIONS,
             "free_direction": FREE_DIRECTION}
 
@@ -292,6 +293,17 @@ def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: di
                            else repulsion)
 
 
+def knn_optimizer(optimizer, with_time: bool) -> PlacementOptimizer:
+    """The placement rule of new feature rows: ``optimizer`` (default ``PlacementOptimizer()``) with
+    ``final_exaggeration`` ``KNN_FINAL_EXAGGERATION`` where it is unset and the map has no time coordinates
+    (their rows hold only their own conditional affinities, half a re-embedding's row mass:
+    ``placement.optimize``)."""
+    optimizer = optimizer or PlacementOptimizer()
+    if with_time or optimizer.final_exaggeration is not None:
+        return optimizer
+    return dataclasses.replace(optimizer, final_exaggeration=KNN_FINAL_EXAGGERATION)
+
+
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
                free_hops: int | None = None, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
@@ -300,7 +312,9 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
     ``EmbeddingResult`` (old rows first, unchanged unless a free phase moved some: see ``place``).
     ``free_hops=None``: ``place``'s default for new graph nodes; new feature rows (kNN) keep the map fixed
-    (a free phase of a kNN map was not measured).  ``scheduler`` / ``workers``: optimise on a Dask cluster
+    (a free phase of a kNN map was not measured).  New feature rows of a map without time coordinates are
+    placed with ``KNN_FINAL_EXAGGERATION`` unless ``optimizer`` sets ``final_exaggeration`` (``knn_optimizer``).
+    ``scheduler`` / ``workers``: optimise on a Dask cluster
     (``engine.cluster.dask_client``; ``place``'s ``client``).  A run of a method with its own placement
     (``scalemb.methods.Method.place``: the eigenmaps' continuous extensions) is placed by it."""
     method = method_of(result.model)
@@ -308,8 +322,9 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
         return method.place(result, new, reference=reference, run_name=run_name, n_threads=n_threads)
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
-    if free_hops is None and reference.kind == "knn":
-        free_hops = 0
+    if reference.kind == "knn":
+        free_hops = 0 if free_hops is None else free_hops
+        optimizer = knn_optimizer(optimizer, result.embedding.shape[1] > result.space_dims)
     with ExitStack() as stack:
         client = None
         if scheduler is not None or workers is not None:

@@ -47,6 +47,12 @@ DIRECTIONS = ("jacobi", "spectral")
 EXAGGERATION = 4.0
 EXAGGERATION_ITERATIONS = 50
 FINAL_EXAGGERATION = 1.5
+# new feature rows (kNN references): x KNN_FINAL_EXAGGERATION after the first phase instead.  A new row of P' holds
+# only its own conditional affinities, p_j|i / (2 N'), summing to 1 / (2 N'); the fitted neighbour lists stay
+# as they were, so the reverse half p_i|j / (2 N') that a re-embedding's symmetrised row would add is missing,
+# while a stored row sums to 1 / N' on average.  x2 gives the new rows the attraction mass a re-embedding would,
+# the reverse half approximated by the row's own (kNN relations are mostly mutual) (docs/design/placement.md)
+KNN_FINAL_EXAGGERATION = 2.0
 ITERATIONS = 300  # iterations at most (the stall test ``tol`` usually stops the descent first)
 TIME_STEPS = ("joint", "separate")
 UNATTACHED_RULE = ("a component of new points with no edge path to the stored map starts at one random point "
