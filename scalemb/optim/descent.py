@@ -395,6 +395,61 @@ class LineSearchDescent:
         return cg.x
 
 
+def guarded_solve(run, it: int, solve):
+    """``solve()`` for iteration ``it`` of a spectral step rule (``_DescentRun``, ``_HeldDescentRun``) with the
+    lagged factorisation's bookkeeping: marked stale every ``refactor_every`` iterations, ``factored_at`` moved
+    when it is rebuilt.  A ``SetupInterrupted`` inside (a signal during a solve or a set-up) puts the solver
+    cache, ``factored_at`` and the forcing term back as they were at the start of the iteration, checkpoints
+    there (which raises ``RunInterrupted`` once written) and re-raises, so a resumed run repeats the iteration."""
+    s, solver_state = run.state, run.solver_state
+    if it - s.factored_at >= run.refactor_every:
+        solver_state["stale"] = True
+    before = (dict(solver_state), s.factored_at)
+    if solver_state.get("stale"):
+        s.factored_at = it
+    forcing = (s.forcing, s.gradient_norm)
+    try:
+        return solve()
+    except SetupInterrupted:
+        solver_state.clear()
+        solver_state.update(before[0])
+        s.factored_at = before[1]
+        s.forcing, s.gradient_norm = forcing
+        run.checkpoint(it, run.export_now)
+        raise
+
+
+def search_failed(run, it: int) -> str:
+    """A line search of iteration ``it`` that found no decrease: the point is kept, the step starts again from the
+    initial one and the factorisation is rebuilt at the next solve; ``max_failures`` in a row stop the run
+    (``HALT``, logged), else ``KEPT``."""
+    s, r = run.state, run.rule
+    s.failures += 1
+    s.step = r._initial_step(run.n_points)
+    run.solver_state["stale"] = True
+    if s.failures >= r.max_failures:
+        logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): stopping",
+                       s.failures, it, run.ev.kl)
+        return HALT
+    return KEPT
+
+
+def momentum_diverged(s: "DescentState", it: int, ev, before) -> bool:
+    """Whether the momentum or polish step of iteration ``it`` diverged: its evaluation ``ev`` is not finite or its
+    KL exceeds ``MOMENTUM_DIVERGENCE`` times the KL ``before`` it.  If so, counts the failure, halves the time
+    rates (and resets the polish time gain) in ``s`` and logs it; the caller goes back to the point before."""
+    if np.isfinite(ev.kl) and np.isfinite(ev.objective) and ev.kl <= MOMENTUM_DIVERGENCE * abs(before.kl):
+        return False
+    s.failures += 1
+    s.time_rate *= 0.5
+    s.time_gain = 1.0
+    if s.polish_time_rate is not None:
+        s.polish_time_rate *= 0.5
+    logger.warning("a momentum step diverged at iteration %d (KL %.4g after %.4g): back to the point before it, "
+                   "time rates halved", it, ev.kl, before.kl)
+    return True
+
+
 def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float) -> np.ndarray:
     """The space direction with every point's step (a column of ``direction``, ``(ds, N)``) scaled down to
     Euclidean norm ``radius`` where it is longer (a per-point trust region); if that is no longer a descent
@@ -466,23 +521,9 @@ class _DescentRun(StepRun):
             s.previous_space = None  # the momentum buffer is no warm start for the solve
         direction = np.empty_like(s.coords)
         if r.direction == "spectral":
-            if it - s.factored_at >= self.refactor_every:
-                solver_state["stale"] = True
-            before = (dict(solver_state), s.factored_at)
-            if solver_state.get("stale"):
-                s.factored_at = it
-            forcing = (s.forcing, s.gradient_norm)
-            try:
-                direction[:ds] = r._spectral(self.executor, s.coords, grad[:ds], s.alpha, solver_state,
-                                             s.previous_space, self.methods, self.should_stop,
-                                             tol=r._forcing(s, grad[:ds], self.methods[1]))
-            except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
-                solver_state.clear()
-                solver_state.update(before[0])
-                s.factored_at = before[1]
-                s.forcing, s.gradient_norm = forcing
-                self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
-                raise
+            direction[:ds] = guarded_solve(self, it, lambda: r._spectral(
+                self.executor, s.coords, grad[:ds], s.alpha, solver_state, s.previous_space, self.methods,
+                self.should_stop, tol=r._forcing(s, grad[:ds], self.methods[1])))
             s.previous_space = direction[:ds].copy() if not polishing else np.zeros_like(direction[:ds])
             if r.max_point_step is not None:
                 direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
@@ -498,18 +539,11 @@ class _DescentRun(StepRun):
                         retract=self.geometry.retract)
         s.evaluations += result.trials
         if not result.accepted:
-            s.failures += 1
-            s.step = r._initial_step(self.n_points)
             s.previous_space = None
-            solver_state["stale"] = True
             if self.iteration_dependent:  # the kept point's evaluation must be iteration it + 1's objective
                 self.ev = self.evaluate(s.coords, alpha, it + 1)
                 s.evaluations += 1
-            if s.failures >= r.max_failures:
-                logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
-                               "stopping", s.failures, it, self.ev.kl)
-                return HALT
-            return KEPT
+            return search_failed(self, it)
         s.failures = 0
         if s.coords.shape[0] > ds:  # (inside the polish phase no momentum buffer for its time steps)
             s.previous_time_step = None if polishing else result.step * direction[ds:]
@@ -550,15 +584,8 @@ class _DescentRun(StepRun):
         coords = self.geometry.retract(s.coords, direction)
         ev = self.evaluate(coords, s.alpha, it + 1)
         s.evaluations += 1
-        if not (np.isfinite(ev.kl) and np.isfinite(ev.objective) and ev.kl <= MOMENTUM_DIVERGENCE * abs(self.ev.kl)):
-            s.failures += 1
+        if momentum_diverged(s, it, ev, self.ev):
             s.previous_space = s.previous_time_step = None
-            s.time_rate *= 0.5
-            s.time_gain = 1.0
-            if s.polish_time_rate is not None:
-                s.polish_time_rate *= 0.5
-            logger.warning("a momentum step diverged at iteration %d (KL %.4g after %.4g): back to the point before "
-                           "it, time rates halved", it, ev.kl, self.ev.kl)
             if self.iteration_dependent:  # the kept point's evaluation must be iteration it + 1's objective
                 self.ev = self.evaluate(s.coords, s.alpha, it + 1)
                 s.evaluations += 1

@@ -29,7 +29,7 @@ import numpy as np
 from ..engine.blocks import Evaluation
 from ..engine.held import hold
 from .dbd import clip_step_norms
-from .descent import MOMENTUM_DIVERGENCE, DescentState
+from .descent import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
 from .solvers import SetupInterrupted
@@ -204,27 +204,13 @@ class _HeldDescentRun(StepRun):
     # --- the spectral step
 
     def _spectral_step(self, it: int, polishing: bool) -> str:
-        r, s, ds, solver_state = self.rule, self.state, self.space_dims, self.solver_state
-        if it - s.factored_at >= self.refactor_every:
-            solver_state["stale"] = True
-        before = (dict(solver_state), s.factored_at)
-        if solver_state.get("stale"):
-            s.factored_at = it
-        forcing = (s.forcing, s.gradient_norm)
-        try:
-            if r.cg_tol == "auto":
-                norm = float(np.sqrt(_sum(self.held.map(_space_square, ds))))
-                tol = r._forcing_from_norm(s, norm, self.methods[1])
-            else:
-                tol = r._forcing_from_norm(s, None, self.methods[1])
-            self._solve(s.alpha, tol)
-        except SetupInterrupted:  # back to the state at the start of this iteration, checkpoint, stop
-            solver_state.clear()
-            solver_state.update(before[0])
-            s.factored_at = before[1]
-            s.forcing, s.gradient_norm = forcing
-            self.checkpoint(it, self.export_now)  # raises RunInterrupted once the checkpoint is written
-            raise
+        r, s, ds = self.rule, self.state, self.space_dims
+
+        def solve():
+            norm = float(np.sqrt(_sum(self.held.map(_space_square, ds)))) if r.cg_tol == "auto" else None
+            self._solve(s.alpha, r._forcing_from_norm(s, norm, self.methods[1]))
+
+        guarded_solve(self, it, solve)
         # the solve's x: the next warm start (zeros inside the polish phase), bounded into the direction
         parts = self.held.map(_direction, ds, self.geometry, polishing, r.max_point_step, self.has["ptime"])
         self.has["prev"] = True
@@ -235,15 +221,8 @@ class _HeldDescentRun(StepRun):
         result = self._armijo(it, s.step, s.time_rate)
         s.evaluations += result.trials
         if not result.accepted:
-            s.failures += 1
-            s.step = r._initial_step(self.n_points)
             self.has["prev"] = False
-            solver_state["stale"] = True
-            if s.failures >= r.max_failures:
-                logger.warning("line search found no decrease %d times in a row at iteration %d (KL %.4f): "
-                               "stopping", s.failures, it, self.ev.kl)
-                return HALT
-            return KEPT
+            return search_failed(self, it)
         s.failures = 0
         if self.dims > ds:  # (inside the polish phase no momentum buffer for its time steps)
             if polishing:
@@ -356,15 +335,8 @@ class _HeldDescentRun(StepRun):
         self._hint(parts)
         ev = self._evaluate(s.alpha, it + 1)
         s.evaluations += 1
-        if not (np.isfinite(ev.kl) and np.isfinite(ev.objective) and ev.kl <= MOMENTUM_DIVERGENCE * abs(self.ev.kl)):
-            s.failures += 1
+        if momentum_diverged(s, it, ev, self.ev):
             self.has["prev"] = self.has["ptime"] = False
-            s.time_rate *= 0.5
-            s.time_gain = 1.0
-            if s.polish_time_rate is not None:
-                s.polish_time_rate *= 0.5
-            logger.warning("a momentum step diverged at iteration %d (KL %.4g after %.4g): back to the point before "
-                           "it, time rates halved", it, ev.kl, self.ev.kl)
             self.held.map(_restore)
             return HALT if s.failures >= r.max_failures else KEPT
         s.failures = 0
