@@ -49,9 +49,11 @@ import pickle
 import numpy as np
 
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
-from .blocks import Evaluation, add_reaction, sum_partials
+from .blocks import Evaluation, add_reaction, laplacian_block, sum_partials
 from .faults import SchedulerLostError, WorkersLostError
+from .halo import assemble, curvature_view, evaluate_view
 from .held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
+from .laplacian import row_sums
 
 class HeldStateLost(RuntimeError):
     """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
@@ -154,8 +156,6 @@ def held_pick(pieces: list, i: int) -> list:
 def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray:
     """The worker's compact columns of the held array ``name``: its own rows (its partitions in order: ``held_cut``
     ran here first) and its halo, the first piece of each of ``received`` (``halo.assemble``)."""
-    from .halo import assemble
-
     own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
     return assemble(view, own, *[r[0] for r in received])
 
@@ -165,9 +165,6 @@ def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, mo
     """``halo.curvature_view`` of the worker's partitions on its compact coordinates (``cut``: this worker's own
     ``held_cut``, run first): each partition's weights kept with its rows (``_weights``), the diagonal of ``L(C)``
     held as ``diag`` (``(1, rows)``); the diagonal's sum per partition."""
-    from .halo import curvature_view
-    from .laplacian import row_sums
-
     X = _compact(box, ks, view, name, received)
     sums = []
     for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
@@ -182,8 +179,6 @@ def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, ta
     """Each partition's rows of ``L(C) V`` for the held array ``V = name`` (``blocks.laplacian_block`` on its
     compact columns: own rows and halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results
     (None without it)."""
-    from .blocks import laplacian_block
-
     X = _compact(box, ks, view, name, received)
     out = []
     for k, b in zip(ks, view.blocks):
@@ -205,8 +200,6 @@ def held_ensure(rows: dict, shapes: dict) -> None:
 def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, box, ks) -> list:
     """``halo.evaluate_view``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
-    from .halo import evaluate_view
-
     results = evaluate_view(view, X, model, space_dims, grid, convolution, with_kl)
     for k, res in zip(ks, results):
         rows = _rows(box, k)
@@ -253,7 +246,6 @@ def _size(value) -> int:
 
 class DaskHeld:
     """Held arrays on the workers of a ``DaskExecutor`` (module docstring); ``engine.held``'s interface."""
-
     remote = True  # lost with a worker: the optimiser rewinds to a checkpoint or its start
 
     def __init__(self, executor, arrays: dict):

@@ -27,7 +27,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine.blocks import Evaluation
-from ..engine.held import hold
+from ..engine.held import RowsExport, hold
+from ..geometry import geometry_of
 from .dbd import clip_step_norms
 from .descent import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
@@ -41,8 +42,6 @@ MAX_TRIALS = 30  # ``linesearch.armijo``'s
 
 def held_mode(rule, executor, n_points: int) -> bool:
     """Whether ``rule`` runs as ``_HeldDescentRun`` on ``executor`` (module docstring)."""
-    from ..geometry import geometry_of
-
     model = getattr(executor, "model", None)
     return (rule.direction == "spectral" and rule.methods(n_points) == ("cg", "jacobi")
             and rule.curvature == "iterate" and model is not None and getattr(model, "point_term", None) is None
@@ -80,7 +79,6 @@ class _HeldDescentRun(StepRun):
     """``_DescentRun`` on held rows (module docstring).  The client keeps the scalars (``state``'s, with its arrays
     None while the rows are held) and which optional arrays are set (``has``: ``previous_space``,
     ``previous_time_step``, ``gains`` not None)."""
-
     recentres = False  # re-centred here, from the blocks' column sums
 
     def __init__(self, rule, executor, state: DescentState, resumed: bool, checkpoint):
@@ -158,8 +156,6 @@ class _HeldDescentRun(StepRun):
         coordinates, gradient and the optional arrays set now."""
         if not getattr(self.held, "remote", False):
             return None
-        from ..engine.held import RowsExport
-
         n, ds, dt = self.n_points, self.space_dims, self.dims - self.space_dims
         rows = {"coords": self.dims, "gradient": self.dims, "prev": ds, "ptime": dt, "gains": ds}
         names = ["coords", "gradient"] + [name for name, _ in OPTIONAL if self.has[name]]
