@@ -24,7 +24,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", required=True)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--iterations", type=int, default=12, help="0: the model's defaults (its schedule and "
+                        "stopping rule)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sample", type=int, default=10000)
     parser.add_argument("--every", type=float, default=1.0)
@@ -36,9 +37,10 @@ def main(argv=None) -> None:
 
     import scalemb
 
-    script = ("import json, scalemb; r = scalemb.embed({!r}, out={!r}, overwrite=True, workers={}, iterations={}, "
+    iterations = f"iterations={args.iterations}, " if args.iterations else ""
+    script = ("import json, scalemb; r = scalemb.embed({!r}, out={!r}, overwrite=True, workers={}, {}"
               "model={!r}); print(json.dumps([float(x) for x in r.seconds]))").format(
-        args.store, args.out, args.workers, args.iterations, args.model)
+        args.store, args.out, args.workers, iterations, args.model)
     command = [sys.executable, "-c", script]
     report = Report.start("A run bigger than the client should hold: memory and time per iteration",
                           f"child: `python -c \"{script}\"`")
