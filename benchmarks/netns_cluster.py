@@ -124,7 +124,7 @@ def _critical_bytes(executor, grid_nodes: int, potentials: int) -> float:
     piece (pieces travel in parallel on different links; d = 2, 8 B) + log2(W) rounds of the grid tree up (int64
     charges) and down (float32 potentials), each round one grid through one link."""
     plan = executor._halo[0]
-    piece = max((p.size for p in plan.needs.values()), default=0) * 2 * 8
+    piece = max(plan.pieces.values(), default=0) * 2 * 8
     rounds = int(np.ceil(np.log2(max(2, len(plan.workers)))))
     return piece + rounds * grid_nodes * (8 + 4 * potentials)
 

@@ -39,6 +39,38 @@ def test_tree_pairs_reduce_everything_into_the_first():
         assert held[0] == set(range(n))
 
 
+def test_each_workers_share_of_the_plan_is_the_full_plans(store):
+    """``worker_plan`` on one worker's halo alone (what runs on the worker) gives that worker's arrays of the full
+    plan, and the sizes the client keeps (``HaloLayout``) give the same halo rows and sources."""
+    st = AffinityStore(store)
+    affinity = st.to_affinity()
+    bounds = [tuple(map(int, b)) for b in zip(st.partitions[:-1], st.partitions[1:])]
+    holders = ["b", "a", "b", "c", "a", "c", "b"]
+    blocks = [affinity.row_block(r0, r1) for r0, r1 in bounds]
+    workers = sorted(set(holders))
+    parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
+    halos = {w: halo.own_halo([bounds[k] for k in ks], *[blocks[k] for k in ks]) for w, ks in parts.items()}
+    full = halo.plan_halos(st.n_points, bounds, holders, halos)
+    pieces = {}
+    for i, w in enumerate(workers):
+        share = halo.worker_plan(bounds, [parts[v] for v in workers], i, halos[w])
+        assert np.array_equal(share.columns, full.columns[w])
+        assert np.array_equal(share.own_positions, full.own_positions[w])
+        rows, sizes = halo.plan_sizes(share)
+        assert rows == full.halo_rows()[w] > 0
+        for j, v in enumerate(workers):
+            assert (j in share.needs) == ((v, w) in full.needs)
+            if j in share.needs:
+                assert np.array_equal(halo.plan_needs(share, j), full.needs[v, w])
+                assert np.array_equal(share.fills[j], full.fills[v, w])
+                pieces[v, w] = sizes[j]
+        view = halo.plan_view(share, *[blocks[k] for k in parts[w]])
+        assert [s.tolist() for s in view.sources] == [full.fills[v, w].tolist() for v in full.sources(w)]
+    layout = halo.HaloLayout(workers, parts, pieces)
+    assert layout.pieces == full.pieces and layout.halo_rows() == full.halo_rows()
+    assert all(layout.sources(w) == full.sources(w) for w in workers)
+
+
 def test_worker_functions_rebuild_the_blocks_results(store):
     """In one process: the plan, the pieces each worker cuts, the assembled compact columns, the fixed-point
     partial grids and the relabelled blocks give exactly the full-coordinate block results."""

@@ -347,7 +347,8 @@ class DaskExecutor(Executor):
         self.bounds = self.partitions
         self._scattered = {}
         self.halo = bool(halo)
-        self._halo = None  # (HaloPlan, {worker: view future}, {(v, w): needs future}) for the current holders
+        self._halo = None  # (HaloLayout, {worker: view future}, {(v, w): needs future}) for the current holders
+        self._plan_shares, self._full = {}, None  # the workers' plan shares (futures); the plan with its arrays
         self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "bytes_between_workers": 0,
                       "halo_evaluations": 0, "recoveries": 0}
         self._holders = []
@@ -568,7 +569,7 @@ class DaskExecutor(Executor):
                                exc.__class__.__name__, exc, attempt + 1, self.retries)
 
     def _recover_once(self) -> None:
-        self._halo = None  # the partitions may have moved: plan the halos again
+        self._halo, self._plan_shares, self._full = None, {}, None  # the partitions may have moved: plan again
         deadline = time.monotonic() + self.recovery_timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -721,20 +722,35 @@ class DaskExecutor(Executor):
             self._holders = holders
         workers = sorted(set(holders))
         parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
-        halos = dict(zip(workers, self._gather([
-            self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
-                         *[self._blocks[k] for k in parts[w]], worker=w, strict=False) for w in workers])))
-        plan = halo_fns.plan_halos(self.n_points, self.partitions, holders, halos)
-        views, needs = {}, {}
-        for w in workers:
-            args = self.client.scatter((plan.columns[w], plan.own_positions[w],
-                                        [plan.fills[v, w] for v in plan.sources(w)]), workers=[w], hash=False)
-            views[w] = self._submit(_make_view, args, *[self._blocks[k] for k in plan.parts[w]], worker=w)
-        for (v, w), positions in plan.needs.items():
-            needs[v, w] = self.client.scatter(positions, workers=[v], hash=False)
-        self._settle(list(views.values()))
+        listed = [parts[w] for w in workers]
+        # each worker plans its own share from its halo (kept there); the client keeps sizes (``HaloLayout``)
+        shares = {w: self._submit(halo_fns.worker_plan, self.partitions, listed, i,
+                                  self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
+                                               *[self._blocks[k] for k in parts[w]], worker=w, strict=False),
+                                  worker=w)
+                  for i, w in enumerate(workers)}
+        sizes = dict(zip(workers, self._gather([self._submit(halo_fns.plan_sizes, shares[w], worker=w)
+                                                for w in workers])))
+        pieces = {(v, w): sizes[w][1][j] for w in workers for j, v in enumerate(workers) if j in sizes[w][1]}
+        plan = halo_fns.HaloLayout(workers, parts, pieces)
+        views = {w: self._submit(halo_fns.plan_view, shares[w], *[self._blocks[k] for k in parts[w]], worker=w)
+                 for w in workers}
+        # the positions v cuts for w, moved to v once (a task there), not fetched again by every cut
+        index = {w: i for i, w in enumerate(workers)}
+        needs = {(v, w): self._submit(halo_fns.plan_needs, shares[w], index[v], worker=v) for (v, w) in pieces}
+        self._settle(list(views.values()) + list(needs.values()))
+        self._plan_shares = shares
         self._halo = (plan, views, needs)
         return self._halo
+
+    def _full_plan(self) -> "halo_fns.HaloPlan":
+        """The plan with its arrays (``halo.full_plan``), gathered from the workers' shares for the paths whose
+        vectors are on the client (which hold O(N) there anyway); kept while the placement lasts."""
+        plan = self._halo_state()[0]
+        if self._full is None or self._full[0] is not plan:
+            shares = dict(zip(plan.workers, self._gather([self._plan_shares[w] for w in plan.workers])))
+            self._full = (plan, halo_fns.full_plan(self.partitions, plan.workers, plan.parts, shares))
+        return self._full[1]
 
     def _scatter_each(self, values: dict) -> dict:
         """``{w: future}``: each ``values[w]`` scattered to worker ``w`` only, all in one wait (``client.scatter``
@@ -755,11 +771,12 @@ class DaskExecutor(Executor):
         workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
         plan, views, needs = self._halo_state()
         if own is None:
-            own = self._scatter_each({w: np.ascontiguousarray(X[:, plan.own[w]]) for w in plan.workers})
+            own = self._scatter_each({w: np.ascontiguousarray(X[:, halo_fns.own_rows(self.partitions, plan.parts[w])])
+                                      for w in plan.workers})
             dims = X.shape[0]
         pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
                   for key in needs}
-        self.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * dims * 8
+        self.stats["bytes_between_workers"] += sum(plan.pieces.values()) * dims * 8
         return own, pieces
 
     def _assemble(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> dict:
@@ -858,7 +875,8 @@ class DaskExecutor(Executor):
 
         def product():
             plan, views, _ = self._halo_state()
-            compact = self._scatter_each({w: np.ascontiguousarray(V[:, plan.columns[w]]) for w in plan.workers})
+            columns = self._full_plan().columns
+            compact = self._scatter_each({w: np.ascontiguousarray(V[:, columns[w]]) for w in plan.workers})
             futures = [self._submit(halo_fns.laplacian_compact, views[w], compact[w],
                                     *[self._weights[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
             self.stats["calls"] += 1
@@ -887,9 +905,9 @@ class DaskExecutor(Executor):
     def _release_futures(self) -> None:
         if self._halo is not None:
             _, views, needs = self._halo
-            for f in list(views.values()) + list(needs.values()):
+            for f in list(views.values()) + list(needs.values()) + list(self._plan_shares.values()):
                 f.release()
-            self._halo = None
+            self._halo, self._plan_shares, self._full = None, {}, None
         for futures in (self._blocks, self._weights or []):
             for f in futures:
                 f.release()

@@ -149,11 +149,90 @@ def laplacian_compact(view: WorkerView, V: np.ndarray, *weights: np.ndarray) -> 
     return [laplacian_block(b, w, V) for b, w in zip(view.blocks, weights)]
 
 
+@dataclass
+class WorkerPlan:
+    """Worker i's share of the halo plan (``worker_plan``): ``columns`` (``U_w``), ``own_positions`` (of its own
+    rows in ``columns``), and per source worker j (an index into the sorted workers) ``needs[j]``, the positions in
+    j's own rows of the rows it needs from j, and ``fills[j]``, where they go in ``columns``."""
+
+    columns: np.ndarray
+    own_positions: np.ndarray
+    needs: dict
+    fills: dict
+
+
+def own_rows(bounds: list, parts: list) -> np.ndarray:
+    """The global rows of partitions ``parts`` (ascending) of ``bounds``, in that order."""
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return np.concatenate([np.arange(*bounds[k], dtype=np.int64) for k in parts])
+
+
+def worker_plan(bounds: list, parts: list, i: int, halo: np.ndarray) -> WorkerPlan:
+    """Worker ``i``'s share of the plan, from the partitions' ``bounds``, ``parts[j]`` (the partitions of the j-th
+    worker, ascending) and its halo (``own_halo``).  Who owns a halo row and where it sits among the owner's own
+    rows follow from the bounds alone (a row of partition k is at ``offset[k] + row - r0_k`` in its holder's own
+    rows), so this runs where the halo is: the client never holds an O(N) array of the plan."""
+    starts = np.array([b[0] for b in bounds], dtype=np.int64)
+    holder = np.zeros(len(bounds), dtype=np.int64)
+    offset = np.zeros(len(bounds), dtype=np.int64)
+    for j, ks in enumerate(parts):
+        at = 0
+        for k in ks:
+            holder[k], offset[k] = j, at
+            at += int(bounds[k][1] - bounds[k][0])
+    own = own_rows(bounds, parts[i])
+    halo = np.asarray(halo, dtype=np.int64)
+    columns = np.union1d(own, halo)
+    k = np.searchsorted(starts, halo, side="right") - 1
+    source, rank = holder[k], offset[k] + halo - starts[k]
+    needs, fills = {}, {}
+    for j in range(len(parts)):
+        chosen = source == j
+        if chosen.any():
+            needs[j] = rank[chosen]
+            fills[j] = np.searchsorted(columns, halo[chosen])
+    return WorkerPlan(columns, np.searchsorted(columns, own), needs, fills)
+
+
+def plan_sizes(plan: WorkerPlan) -> tuple:
+    """``(halo rows, {j: rows needed from worker j})`` of a worker's plan: what the client keeps of it."""
+    return plan.columns.shape[0] - plan.own_positions.shape[0], {j: int(v.size) for j, v in plan.needs.items()}
+
+
+def plan_view(plan: WorkerPlan, *blocks: RowBlock) -> WorkerView:
+    """``make_view`` from a worker's plan (in the order ``plan.fills`` lists its sources)."""
+    return make_view(plan.columns, plan.own_positions, [plan.fills[j] for j in sorted(plan.fills)], *blocks)
+
+
+def plan_needs(plan: WorkerPlan, j: int) -> np.ndarray:
+    """The positions worker j cuts for the worker whose plan this is (run on j: the array moves there once)."""
+    return plan.needs[j]
+
+
 # ------------------------------------------------------------------------------------------------ client
 
 @dataclass
+class HaloLayout:
+    """What the client keeps of the plan (``DaskExecutor._halo_state``): ``workers`` (sorted), ``parts[w]`` (their
+    partitions, ascending) and ``pieces[(v, w)]``, the number of rows w needs from v (its halo from v): O(W^2 +
+    K) numbers, whatever N.  The arrays (``HaloPlan``'s) stay on the workers."""
+
+    workers: list
+    parts: dict
+    pieces: dict
+
+    def sources(self, w) -> list:
+        """The workers w receives a piece from, in a fixed order."""
+        return [v for v in self.workers if (v, w) in self.pieces]
+
+    def halo_rows(self) -> dict:
+        return {w: sum(n for (v, u), n in self.pieces.items() if u == w) for w in self.workers}
+
+
+@dataclass
 class HaloPlan:
-    """Who needs what, built once per placement of the partitions (``plan_halos``).
+    """Who needs what, with every array (``plan_halos``: tests, and the paths whose vectors are on the client).
 
     ``workers``: the workers holding partitions (sorted); ``parts[w]``: their partitions (ascending); ``own[w]``:
     their own rows (ascending global rows); ``columns[w]``: ``U_w``; ``own_positions[w]``: positions of ``own[w]``
@@ -176,29 +255,31 @@ class HaloPlan:
     def halo_rows(self) -> dict:
         return {w: self.columns[w].shape[0] - self.own[w].shape[0] for w in self.workers}
 
+    @property
+    def pieces(self) -> dict:
+        return {key: int(v.size) for key, v in self.needs.items()}
+
 
 def plan_halos(n_points: int, bounds: list, holders: list, halos: dict) -> HaloPlan:
-    """The ``HaloPlan`` for partitions ``bounds`` held by ``holders`` (a worker address per partition) and each
-    worker's halo ``halos[w]`` (``own_halo``)."""
+    """The ``HaloPlan`` for partitions ``bounds`` (of ``n_points`` rows) held by ``holders`` (a worker address per
+    partition) and each worker's halo ``halos[w]`` (``own_halo``): ``worker_plan`` for each worker."""
     workers = sorted(set(holders))
     parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
-    own = {w: np.concatenate([np.arange(*bounds[k], dtype=np.int64) for k in parts[w]]) for w in workers}
-    owner = np.empty(n_points, dtype=np.int64)
-    rank = np.empty(n_points, dtype=np.int64)  # position of a row among its owner's own rows
-    for i, w in enumerate(workers):
-        owner[own[w]] = i
-        rank[own[w]] = np.arange(own[w].shape[0])
-    columns, own_positions, needs, fills = {}, {}, {}, {}
+    listed = [parts[w] for w in workers]
+    return full_plan(bounds, workers, parts, {w: worker_plan(bounds, listed, i, halos[w])
+                                             for i, w in enumerate(workers)})
+
+
+def full_plan(bounds: list, workers: list, parts: dict, shares: dict) -> HaloPlan:
+    """The ``HaloPlan`` from each worker's share (``worker_plan``; source indices mapped to the workers)."""
+    own, columns, own_positions, needs, fills = {}, {}, {}, {}, {}
     for w in workers:
-        halo = halos[w]
-        columns[w] = np.union1d(own[w], halo)
-        own_positions[w] = np.searchsorted(columns[w], own[w])
-        source = owner[halo]
-        for i, v in enumerate(workers):
-            rows = halo[source == i]
-            if rows.size:
-                needs[v, w] = rank[rows]
-                fills[v, w] = np.searchsorted(columns[w], rows)
+        share = shares[w]
+        own[w] = own_rows(bounds, parts[w])
+        columns[w], own_positions[w] = share.columns, share.own_positions
+        for j, v in enumerate(workers):
+            if j in share.needs:
+                needs[v, w], fills[v, w] = share.needs[j], share.fills[j]
     return HaloPlan(workers, parts, own, columns, own_positions, needs, fills)
 
 

@@ -479,7 +479,7 @@ class DaskHeld:
         futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
                               [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
         ex.stats["bytes_sent"] += len(futures) * _size((name, args))
-        ex.stats["bytes_between_workers"] += sum(p.size for p in plan.needs.values()) * \
+        ex.stats["bytes_between_workers"] += sum(plan.pieces.values()) * \
             self._dims.get(name, ex.space_dims) * 8
         batches = self._gather(futures)
         ex.stats["bytes_received"] += _size(batches)
