@@ -1,9 +1,10 @@
-"""The client's memory during a delta-bar-delta run on two Dask workers, for two source trees side by side.
+"""The client's memory during a delta-bar-delta run (or ``--optimizer auto``: the model's schedule) on two Dask
+workers, for two source trees side by side.
 
 Each round runs, in rotated order, for every tree (``--trees NAME=PATH,...``: a scalemb source tree put first on
 ``PYTHONPATH``, so the client and the ``LocalCluster`` workers it starts import it)::
 
-    scalemb embed STORE --out TMP/run.zarr --scheduler ADDRESS --optimizer dbd --repulsion fft --iterations K
+    scalemb embed STORE --out TMP/run.zarr --scheduler ADDRESS --optimizer OPT --repulsion fft --iterations K
                         --checkpoint-every C --seed 0 --quiet
 
 on a ``dask scheduler`` and two ``dask worker --nthreads 1`` processes started for the run (the client process
@@ -111,7 +112,8 @@ def _client(argv: list, samples_path: str, out: str, min_bytes: int) -> int:
     return code
 
 
-def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_bytes: int) -> dict:
+def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_bytes: int,
+         optimizer: str = "dbd") -> dict:
     """One run on a scheduler and two single-threaded workers started here (processes of their own, importing
     ``tree``: the client process holds the client alone)."""
     out = workdir / "run.zarr"
@@ -120,7 +122,7 @@ def _one(tree: str, store: str, iterations: int, every: int, workdir: Path, min_
     from common import local_dask_cluster  # main() puts benchmarks/ at the end of the path
 
     with local_dask_cluster(2, memory_limit="6GB", env=env) as address:
-        argv = ["embed", store, "--out", str(out), "--scheduler", address, "--optimizer", "dbd", "--repulsion",
+        argv = ["embed", store, "--out", str(out), "--scheduler", address, "--optimizer", optimizer, "--repulsion",
                 "fft", "--iterations", str(iterations), "--checkpoint-every", str(every), "--seed", "0", "--quiet",
                 "--overwrite"]
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", str(samples), str(out),
@@ -154,6 +156,8 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--optimizer", default="dbd", help="dbd, or auto: the model's schedule (at scale: the "
+                        "spectral direction's steps held on the workers)")
     parser.add_argument("--out", help="append the report to this Markdown file")
     args = parser.parse_args(argv)
     import numpy as np
@@ -171,7 +175,7 @@ def main(argv=None) -> None:
             for kind, runs in ((0, plain), (4 * n, traced)):
                 with tempfile.TemporaryDirectory(dir=Path(args.store).resolve().parent) as tmp:
                     runs[name].append(_one(trees[name], args.store, args.iterations, args.checkpoint_every,
-                                           Path(tmp), kind))
+                                           Path(tmp), kind, args.optimizer))
                 got = runs[name][-1]
                 if kind:
                     for phase, arrays in got["big"].items():

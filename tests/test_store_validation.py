@@ -100,3 +100,24 @@ def test_halo_metadata_is_written_and_a_mismatch_refused(tmp_path, school_affini
         assert proc.returncode == 2, (bad, proc.returncode, proc.stderr[-2000:])
         assert fragment in proc.stderr.strip().splitlines()[-1] and str(bad) in proc.stderr, proc.stderr[-2000:]
         assert not (tmp_path / f"out-{bad.name}").exists()
+
+
+def test_opening_a_store_checks_indptr_streaming_and_keeps_no_row_array(tmp_path, school_affinity):
+    """What a Dask client does with a store (open it, ask N, nnz, the partitions, read one partition's rows)
+    reads no O(N) array into memory; the streaming check finds a decrease at a step boundary."""
+    from scalemb.affinity.store import AffinityStore, InputError, _checked_end
+
+    path, group = _store(tmp_path, "p.zarr", school_affinity)
+    st = AffinityStore(path)
+    bounds = st.partitions
+    block = st.read_rows(int(bounds[1]), int(bounds[2]))
+    assert "indptr" not in st.__dict__ and st.nnz == school_affinity.P.nnz
+    full = AffinityStore(path).indptr
+    assert np.array_equal(block.indptr, full[bounds[1]:bounds[2] + 1] - full[bounds[1]])
+    indptr = group["indptr"][:]
+    for at in (3, 4, 5):  # a decrease at, just before and just after a step boundary (step 4)
+        bad = indptr.copy()
+        bad[at] = bad[at - 1] - 1
+        with pytest.raises(InputError, match="indptr is not non-decreasing"):
+            _checked_end(bad, path, step=4)
+    assert _checked_end(indptr, path, step=4) == indptr[-1]

@@ -201,6 +201,16 @@ def is_affinity_store(path) -> bool:
     return attrs.get("encoding-type") == "csr_matrix"
 
 
+def _checked_end(indptr, path, step: int = 1 << 22) -> int:
+    """``indptr[-1]`` of a stored row-pointer array after checking, ``step`` entries at a time, that it never
+    decreases (``InputError`` naming ``path`` if it does)."""
+    size = indptr.shape[0]
+    for lo in range(0, size - 1, step):
+        if np.any(np.diff(indptr[lo:min(size, lo + step + 1)].astype(np.int64)) < 0):
+            raise InputError(path, "indptr is not non-decreasing")
+    return int(indptr[size - 1])
+
+
 class AffinityStore:
     """Read access to an affinity store; ``read_rows`` is what a worker calls for its partition."""
 
@@ -218,20 +228,25 @@ class AffinityStore:
         self.content_hash = meta.get("content_hash")
         self.chunk_nnz = meta.get("chunk_nnz")
         try:
-            self.indptr = self._group["indptr"][:].astype(np.int64)
+            stored = self._group["indptr"]
             lengths = {name: self._group[name].shape for name in ("indices", "data")}
         except KeyError as exc:
             raise InputError(self.path, f"the store has no array {exc}") from None
         n = self.shape[0] if len(self.shape) == 2 else -1
         if len(self.shape) != 2 or self.shape[0] != self.shape[1] or n < 1:
             raise InputError(self.path, f"shape {list(self.shape)} is not square N x N")
-        if self.indptr.ndim != 1 or self.indptr.size != n + 1 or self.indptr[0] != 0:
+        if len(stored.shape) != 1 or stored.shape[0] != n + 1 or int(stored[0]) != 0:
             raise InputError(self.path, "indptr does not match the stored shape")
-        if np.any(np.diff(self.indptr) < 0):
-            raise InputError(self.path, "indptr is not non-decreasing")
-        if lengths["indices"] != (int(self.indptr[-1]),) or lengths["data"] != (int(self.indptr[-1]),):
+        self._nnz = _checked_end(stored, self.path)
+        if lengths["indices"] != (self._nnz,) or lengths["data"] != (self._nnz,):
             raise InputError(self.path, f"indices {lengths['indices']} / data {lengths['data']} do not hold "
-                                        f"indptr[-1] = {int(self.indptr[-1])} entries")
+                                        f"indptr[-1] = {self._nnz} entries")
+
+    @functools.cached_property
+    def indptr(self) -> np.ndarray:
+        """P's row pointers, read when first asked for (``__init__`` checks them streaming and keeps only nnz: a
+        Dask client opening the store holds no O(N) array; ``read_rows`` reads the rows' pointers only)."""
+        return self._group["indptr"][:].astype(np.int64)
 
     @property
     def n_points(self) -> int:
@@ -239,7 +254,7 @@ class AffinityStore:
 
     @property
     def nnz(self) -> int:
-        return int(self.indptr[-1])
+        return self._nnz
 
     @property
     def partitions(self) -> np.ndarray:
@@ -317,7 +332,9 @@ class AffinityStore:
         """Rows ``[r0, r1)`` as a ``RowBlock`` (reads only the chunks of ``data``/``indices`` they span)."""
         if not 0 <= r0 <= r1 <= self.n_points:
             raise ValueError(f"row range [{r0}, {r1}) outside 0..{self.n_points}")
-        lo, hi = int(self.indptr[r0]), int(self.indptr[r1])
+        pointers = self.indptr[r0:r1 + 1] if "indptr" in self.__dict__ else \
+            self._group["indptr"][r0:r1 + 1].astype(np.int64)
+        lo, hi = int(pointers[0]), int(pointers[-1])
         indices = self._group["indices"][lo:hi].astype(np.int64)
         data = self._group["data"][lo:hi].astype(np.float64)
         # structural checks of the rows read (cheap, per partition, where it is read): bad indices would make
@@ -326,7 +343,7 @@ class AffinityStore:
             raise InputError(self.path, f"rows {r0}..{r1 - 1}: column index out of range 0..{self.n_points - 1}")
         if data.size and not (np.all(np.isfinite(data)) and data.min() >= 0):
             raise InputError(self.path, f"rows {r0}..{r1 - 1}: P has negative or non-finite entries")
-        return RowBlock(r0, r1, self.indptr[r0:r1 + 1] - lo, indices, data)
+        return RowBlock(r0, r1, pointers - lo, indices, data)
 
     def verify_hash(self, step: int = 1 << 22) -> None:
         """Recompute the recorded content hash streaming (``step`` entries at a time: the caller never holds

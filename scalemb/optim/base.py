@@ -87,13 +87,16 @@ class OptimizerState:
                 raise KeyError(f.name)
         return cls(**values)
 
-    def snapshot(self, iteration: int, history: np.ndarray, seconds: np.ndarray, elapsed: float):
-        """A deep copy at the start of ``iteration`` with the first ``iteration`` history entries."""
+    def snapshot(self, iteration: int, history: np.ndarray, seconds: np.ndarray, elapsed: float,
+                 share: bool = False):
+        """A deep copy at the start of ``iteration`` with the first ``iteration`` history entries; ``share``: the
+        per-point ``(d, N)`` arrays are the same objects (for a caller that never writes them, e.g. a rescue copy
+        of arrays a holder has copied or sent away: one O(N) copy fewer on the client)."""
         copy = replace(self, iteration=iteration, kl_history=history[:iteration], seconds=seconds[:iteration],
                        elapsed=elapsed)
         for f in fields(copy):
             value = getattr(copy, f.name)
-            if isinstance(value, np.ndarray):
+            if isinstance(value, np.ndarray) and not (share and value.ndim == 2):
                 setattr(copy, f.name, value.copy())
         return copy
 

@@ -94,7 +94,10 @@ class _HeldDescentRun(StepRun):
             self.geometry.validate(state.coords, "the optimiser's start coordinates")
         # where ``rewind`` returns to after a lost worker: a state with its arrays, or (with a checkpoint the workers
         # wrote) its scalars and ``("store", directory, digests, fields)``
-        self.rescue = (state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed), None)
+        # (the holder copies or sends the state's arrays and ``_hold`` drops the state's references: the rescue
+        # shares them instead of copying)
+        self.rescue = (state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed, share=True),
+                       None)
         self.held = None
         self._hold(state)
 
