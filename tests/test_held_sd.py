@@ -85,9 +85,9 @@ def test_held_mode_is_the_matrix_free_schedule_only(store):
         assert not held_mode(make_optimizer("gd", "tsne"), ex, n)
 
 
-def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, **kwargs):
+def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, start=None, **kwargs):
     with DaskExecutor(store, get_model(model), 2, time_dims, client, repulsion="fft", fft_params=FFT) as dask:
-        start = _start(dask.n_points, 2 + time_dims, 3)
+        start = _start(dask.n_points, 2 + time_dims, 3) if start is None else start
         before = dict(dask.stats)
         result = make_optimizer("sd", model, **SCHEDULE).optimize(dask, start, iterations, **kwargs)
         traffic = {key: dask.stats[key] - before[key] for key in ("bytes_sent", "bytes_received",
@@ -206,6 +206,40 @@ def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store,
     got, _, workers = _dask_run(store, dask_cluster.client, "tsne", 0, checkpoint=checkpoint)
     assert victim.poll() is not None and workers == 2 and len(calls) > 14
     assert exports == [10] and "replaying from iteration 10" in caplog.text
+    _same(expected, got)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_before_any_checkpoint_rederives_the_start_from_its_recipe(store, dask_cluster, grow_dask,
+                                                                                  monkeypatch, caplog):
+    """The start given as a recipe (what the runner passes: ``derives_start``), so that the client keeps no copy
+    of it: a worker SIGKILLed inside iteration 10's CG solve with no checkpoint taken rewinds to the start,
+    re-derived by the recipe (called a second time), and ends as the uninterrupted run, bit for bit."""
+    import signal
+
+    from scalemb.engine.held_dask import DaskHeld
+
+    [victim] = grow_dask(1)
+    n = AffinityStore(store).n_points
+    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    calls, derived = [], []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 14 and victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+        return original(self, *args, **kwargs)
+
+    def recipe():
+        derived.append(1)
+        return _start(n, 2, 3)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    got, _, workers = _dask_run(store, dask_cluster.client, "tsne", 0, start=recipe)
+    assert victim.poll() is not None and workers == 2 and len(calls) > 14
+    assert len(derived) == 2 and "replaying from iteration 0" in caplog.text
     _same(expected, got)
 
 

@@ -133,6 +133,8 @@ class DescentState(OptimizerState):
 class LineSearchDescent:
     """Descent along the spectral direction (``direction='spectral'``) or the negative gradient."""
 
+    derives_start = True  # ``optimize`` takes the start as a recipe (a callable) too: a held run re-derives it
+
     direction: str = "spectral"
     solver: str = "auto"
     curvature: str = "iterate"
@@ -271,11 +273,15 @@ class LineSearchDescent:
         supplies the step rule (``_DescentRun``)."""
         from .descent_held import _HeldDescentRun, held_mode, initial_state
 
+        recipe = None
+        if state is None and callable(coords):  # a recipe (``derives_start``): a rewind to the start re-derives it
+            recipe, coords = coords, coords()
         n_points = (np.shape(coords) if state is None else np.shape(state.coords))[1]
         if held_mode(self, executor, n_points):  # the per-point state held where the row blocks are
             s = initial_state(self, coords) if state is None else \
                 state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
-            run = _HeldDescentRun(self, executor, s, state is not None, checkpoint)
+            del coords
+            run = _HeldDescentRun(self, executor, s, state is not None, checkpoint, recipe)
         elif state is None:
             run = _DescentRun(self, executor, self.initial_state(executor, coords), False, checkpoint)
         else:

@@ -81,7 +81,7 @@ class _HeldDescentRun(StepRun):
     ``previous_time_step``, ``gains`` not None)."""
     recentres = False  # re-centred here, from the blocks' column sums
 
-    def __init__(self, rule, executor, state: DescentState, resumed: bool, checkpoint):
+    def __init__(self, rule, executor, state: DescentState, resumed: bool, checkpoint, recipe=None):
         super().__init__(executor, state)
         self.rule = rule
         self.stall_start, self.window, self.tol = rule.exaggeration_iterations, rule.window, rule.tol
@@ -92,12 +92,15 @@ class _HeldDescentRun(StepRun):
         self.should_stop = getattr(checkpoint, "stop_requested", None)
         if not resumed:
             self.geometry.validate(state.coords, "the optimiser's start coordinates")
-        # where ``rewind`` returns to after a lost worker: a state with its arrays, or (with a checkpoint the workers
-        # wrote) its scalars and ``("store", directory, digests, fields)``
-        # (the holder copies or sends the state's arrays and ``_hold`` drops the state's references: the rescue
-        # shares them instead of copying)
-        self.rescue = (state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed, share=True),
-                       None)
+        # where ``rewind`` returns to after a lost worker: a state with its arrays, (with a checkpoint the workers
+        # wrote) its scalars and ``("store", directory, digests, fields)``, or the start's scalars and ``("start",
+        # recipe)`` (re-derived: the client keeps no O(N) copy).  The holder copies or sends the state's arrays
+        # and ``_hold`` drops the state's references: a rescue with arrays shares them instead of copying.
+        rescue = state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed, share=True)
+        if recipe is not None:
+            for field in ("coords", "gradient", "previous_space", "previous_time_step", "gains"):
+                setattr(rescue, field, None)
+        self.rescue = (rescue, None if recipe is None else ("start", recipe))
         self.held = None
         self._hold(state)
 
@@ -147,6 +150,10 @@ class _HeldDescentRun(StepRun):
         """Back to the last exported state (or the start), held again on the workers alive now: sent from the
         client, or read back by the workers from the checkpoint they wrote."""
         saved, source = self.rescue
+        if source is not None and source[0] == "start":
+            self.state = initial_state(self.rule, source[1]())
+            self._hold(self.state)
+            return int(saved.iteration)
         self.state = saved.snapshot(saved.iteration, saved.kl_history, saved.seconds, saved.elapsed)
         self._hold(self.state, None if source is None else source[1:])
         return int(saved.iteration)
