@@ -206,7 +206,8 @@ def main(argv=None) -> None:
                                                   or "none"))
     text = "\n".join([
         f"## Client memory during a run: {Path(args.store).name} (N = {n:,}), 2 Dask workers, {args.iterations} "
-        f"delta-bar-delta iterations, a checkpoint every {args.checkpoint_every}",
+        f"{'delta-bar-delta' if args.optimizer == 'dbd' else args.optimizer + ' optimiser'} iterations, a checkpoint "
+        f"every {args.checkpoint_every}",
         "",
         run_description() + "  ",
         f"command: `python benchmarks/client_rss.py {' '.join(argv)}`",

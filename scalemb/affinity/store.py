@@ -351,10 +351,11 @@ class AffinityStore:
         their structure)."""
         if self.content_hash is None:
             return
-        digest = hashlib.sha256(np.ascontiguousarray(self.indptr, dtype="<i8").tobytes())
-        for name, dtype in (("indices", "<i8"), ("data", "<f8")):
+        digest = hashlib.sha256()
+        for name, dtype, size in (("indptr", "<i8", self.n_points + 1), ("indices", "<i8", self.nnz),
+                                  ("data", "<f8", self.nnz)):
             array = self._group[name]
-            for lo in range(0, self.nnz, step):
+            for lo in range(0, size, step):
                 digest.update(np.ascontiguousarray(array[lo:lo + step], dtype=dtype).tobytes())
         digest.update(ids_bytes(self.node_ids))
         _hash_radii(digest, self.radii)
