@@ -243,6 +243,30 @@ def test_a_worker_killed_before_any_checkpoint_rederives_the_start_from_its_reci
     _same(expected, got)
 
 
+@pytest.mark.slow
+def test_a_holder_seen_leaving_during_a_wait_rewinds_even_if_it_is_back(store, dask_cluster, monkeypatch, caplog):
+    """A wait that saw a partition holder gone (``WorkerLeft``: under load, also a scheduler that did not answer)
+    while every holder is alive again when the guard looks: the rows it held may be gone, so the run rewinds to
+    the start, replays, and ends as the uninterrupted run, bit for bit (it used to end the run with the error)."""
+    from scalemb.engine.distributed import DaskExecutor as Executor
+    from scalemb.engine.faults import WorkerLeft
+
+    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    calls = []
+    original = Executor._halo_partials
+
+    def partials_then_alarm(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:
+            raise WorkerLeft("a Dask worker holding partitions left during the call")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "_halo_partials", partials_then_alarm)
+    got, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    assert len(calls) > 12 and "replaying from iteration 0" in caplog.text
+    _same(expected, got)
+
+
 SD_SETTINGS = dict(model="tsne", max_iter=30, random_state=3, optimizer="sd", solver="cg", preconditioner="jacobi",
                    early_exaggeration=4.0, exaggeration_iterations=8, tol=0.0, repulsion="fft")
 

@@ -51,6 +51,7 @@ from ..affinity.affinity import RowBlock
 from ..affinity.store import AffinityStore
 from ..errors import InputError, ScalembError
 from .faults import SchedulerLostError, WorkersLostError  # noqa: F401 - re-exported: where callers import them
+from .faults import WorkerLeft as _WorkerLeft
 from ..models import model_ref
 from ..repulsion.fft import FFTParams, fft_dtype
 from . import halo as halo_fns
@@ -60,10 +61,6 @@ from .fft_pass import fft_grid
 from .laplacian import laplacian_matrix
 
 logger = logging.getLogger("scalemb")
-
-
-class _WorkerLeft(Exception):
-    """A partition holder left while a call waited (``DaskExecutor._wait_for``): recovered like any worker loss."""
 
 
 RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
@@ -424,11 +421,16 @@ class DaskExecutor(Executor):
         return isinstance(exc, (_WorkerLeft, CancelledError)) or self._holder_left()
 
     def _holder_left(self) -> bool:
-        """Whether a worker that held partitions has left the cluster."""
-        try:
-            alive = set(self.client.scheduler_info()["workers"])
-        except Exception:  # noqa: BLE001 - the recovery will tell what is wrong
-            return True
+        """Whether a worker that held partitions has left the cluster (the scheduler asked up to three times, a
+        second apart: under load one request can time out, which is no evidence of a loss)."""
+        for attempt in range(3):
+            try:
+                alive = set(self.client.scheduler_info()["workers"])
+                break
+            except Exception:  # noqa: BLE001 - the recovery will tell what is wrong
+                if attempt == 2:
+                    return True
+                time.sleep(1.0)
         return any(h is not None and h not in alive for h in self._holders)
 
     def _raise_if_scheduler_lost(self, exc: BaseException) -> None:

@@ -10,3 +10,8 @@ class WorkersLostError(SchedulerLostError):
     """The Dask workers holding the run's partitions were lost and the partitions could not be held again within
     the recovery deadline (``DaskExecutor.recovery_timeout``); like a lost scheduler, the run stops (``scalemb``
     exits 4) and its last checkpoint stays intact."""
+
+
+class WorkerLeft(Exception):
+    """A partition holder left -- or, under load, the scheduler could not be asked -- while a call waited
+    (``DaskExecutor._wait_for``): recovered like any worker loss (held rows: a rewind)."""

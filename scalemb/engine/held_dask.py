@@ -50,7 +50,7 @@ import numpy as np
 
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, laplacian_block, sum_partials
-from .faults import SchedulerLostError, WorkersLostError
+from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
 from .halo import assemble, curvature_view, evaluate_view
 from .held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
 from .laplacian import row_sums
@@ -370,7 +370,8 @@ class DaskHeld:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a lost worker raised
             self.ex._raise_if_scheduler_lost(exc)  # the scheduler gone: no rewind can help (the CLI exits 4)
-            if isinstance(exc, HeldStateLost) or "HeldStateLost" in repr(exc) or self._lost_a_holder():
+            # a holder seen leaving during the wait (``WorkerLeft``) rewinds even if it is back: its rows may be gone
+            if isinstance(exc, (HeldStateLost, WorkerLeft)) or "HeldStateLost" in repr(exc) or self._lost_a_holder():
                 raise HeldWorkersLost(f"a Dask worker holding the optimiser's rows was lost ({exc.__class__.__name__}"
                                       f": {exc})") from None
             raise
