@@ -174,29 +174,37 @@ def test_a_run_resumed_from_an_in_process_checkpoint_is_held_again(store):
 
 
 @pytest.mark.slow
+def _kill_at_product(victim, nth, monkeypatch) -> list:
+    """Have the ``nth`` held Laplacian product SIGKILL ``victim`` (a worker process) first; the calls, counted."""
+    import signal
+
+    from scalemb.engine.held_dask import DaskHeld
+
+    calls = []
+    original = DaskHeld.laplacian
+
+    def laplacian_then_kill(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth and victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    return calls
+
+
 def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store, dask_cluster, grow_dask,
                                                                           monkeypatch, caplog):
     """A worker holding rows SIGKILLed inside a CG solve (the 14th Laplacian product: iteration 10's solve): the
     run rewinds to its last exported state (a checkpoint's export at the start of iteration 10) on the workers
     alive and replays; it ends as the uninterrupted run, bit for bit (three workers: the session's two and the
     victim)."""
-    import signal
 
-    from scalemb.engine.held_dask import DaskHeld
 
     [victim] = grow_dask(1)
     expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
-    calls = []
-    original = DaskHeld.laplacian
-
-    def laplacian_then_kill(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 14 and victim.poll() is None:
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
+    calls = _kill_at_product(victim, 14, monkeypatch)
     exports = []
 
     def checkpoint(it, export):
@@ -215,28 +223,17 @@ def test_a_worker_killed_before_any_checkpoint_rederives_the_start_from_its_reci
     """The start given as a recipe (what the runner passes: ``derives_start``), so that the client keeps no copy
     of it: a worker SIGKILLed inside iteration 10's CG solve with no checkpoint taken rewinds to the start,
     re-derived by the recipe (called a second time), and ends as the uninterrupted run, bit for bit."""
-    import signal
 
-    from scalemb.engine.held_dask import DaskHeld
 
     [victim] = grow_dask(1)
     n = AffinityStore(store).n_points
     expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
-    calls, derived = [], []
-    original = DaskHeld.laplacian
-
-    def laplacian_then_kill(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 14 and victim.poll() is None:
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-        return original(self, *args, **kwargs)
+    calls, derived = _kill_at_product(victim, 14, monkeypatch), []
 
     def recipe():
         derived.append(1)
         return _start(n, 2, 3)
 
-    monkeypatch.setattr(DaskHeld, "laplacian", laplacian_then_kill)
     got, _, workers = _dask_run(store, dask_cluster.client, "tsne", 0, start=recipe)
     assert victim.poll() is not None and workers == 2 and len(calls) > 14
     assert len(derived) == 2 and "replaying from iteration 0" in caplog.text

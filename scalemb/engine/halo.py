@@ -231,33 +231,19 @@ class HaloLayout:
 
 
 @dataclass
-class HaloPlan:
+class HaloPlan(HaloLayout):
     """Who needs what, with every array (``plan_halos``: tests, and the paths whose vectors are on the client).
 
-    ``workers``: the workers holding partitions (sorted); ``parts[w]``: their partitions (ascending); ``own[w]``:
-    their own rows (ascending global rows); ``columns[w]``: ``U_w``; ``own_positions[w]``: positions of ``own[w]``
-    in ``columns[w]``; ``needs[(v, w)]``: positions in ``own[v]`` of the rows w needs from v, and
-    ``fills[(v, w)]`` where they go in ``columns[w]``.
+    Beside ``HaloLayout``'s sizes: ``own[w]``: the worker's own rows (ascending global rows); ``columns[w]``:
+    ``U_w``; ``own_positions[w]``: positions of ``own[w]`` in ``columns[w]``; ``needs[(v, w)]``: positions in
+    ``own[v]`` of the rows w needs from v, and ``fills[(v, w)]`` where they go in ``columns[w]``.
     """
 
-    workers: list
-    parts: dict
     own: dict
     columns: dict
     own_positions: dict
     needs: dict
     fills: dict
-
-    def sources(self, w) -> list:
-        """The workers w receives a piece from, in a fixed order."""
-        return [v for v in self.workers if (v, w) in self.needs]
-
-    def halo_rows(self) -> dict:
-        return {w: self.columns[w].shape[0] - self.own[w].shape[0] for w in self.workers}
-
-    @property
-    def pieces(self) -> dict:
-        return {key: int(v.size) for key, v in self.needs.items()}
 
 
 def plan_halos(n_points: int, bounds: list, holders: list, halos: dict) -> HaloPlan:
@@ -280,7 +266,8 @@ def full_plan(bounds: list, workers: list, parts: dict, shares: dict) -> HaloPla
         for j, v in enumerate(workers):
             if j in share.needs:
                 needs[v, w], fills[v, w] = share.needs[j], share.fills[j]
-    return HaloPlan(workers, parts, own, columns, own_positions, needs, fills)
+    pieces = {key: int(v.size) for key, v in needs.items()}
+    return HaloPlan(workers, parts, pieces, own, columns, own_positions, needs, fills)
 
 
 def tree_pairs(items: list) -> list:
