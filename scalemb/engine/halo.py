@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..affinity.affinity import RowBlock
-from ..repulsion.fft import Convolution, convolve, fixed_charges, spread_fixed
-from .blocks import curvature_block, evaluate_block_fft, laplacian_block, point_major
+from ..repulsion.fft import (Convolution, ConvolutionShare, convolve, convolve_share, fixed_charges,
+                             interpolate_grid, join_convolution, spread_fixed)
+from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 
 
 @dataclass
@@ -84,17 +85,40 @@ def assemble(view: WorkerView, own: np.ndarray, *pieces: np.ndarray) -> np.ndarr
     return X
 
 
-def spread_view(view: WorkerView, X: np.ndarray, grid) -> np.ndarray:
-    """The fixed-point charges of the worker's own rows (``scalemb.repulsion.fft.spread_fixed``)."""
-    out = None
-    for b in view.blocks:
-        out = spread_fixed(grid, X, b.r0, b.r1, out)
-    return np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
+def own_columns(view: WorkerView) -> np.ndarray:
+    """Positions in the compact columns of the worker's own rows, its partitions in order (ascending)."""
+    if not view.blocks:
+        return np.empty(0, dtype=np.int64)
+    return np.concatenate([np.arange(b.r0, b.r1, dtype=np.int64) for b in view.blocks])
 
 
-def add_grids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One step of the tree reduction of fixed-point charge grids (exact: integer addition)."""
-    return a + b
+def visit_view(view: WorkerView, X: np.ndarray, grid) -> tuple:
+    """The worker's own rows in the grid's box order (``Grid.visit`` of ``own_columns``), once per evaluation
+    for both the spreading (``spread_view``) and the interpolation (``finish_view``), as the in-process pass
+    visits all rows once (``engine.fft_pass``).
+
+    Why: visited per partition, each partition's rows (spread over the whole layout) are sorted and walked
+    apart, and a box's nodes leave the cache between them: at N = 7.7e5 the per-partition spreading and
+    interpolation of a worker's rows cost ~1.5x what one pass over them in box order costs."""
+    return grid.visit(X, 0, 0, 1, rows=own_columns(view))
+
+
+def spread_view(view: WorkerView, X: np.ndarray, grid, visit: tuple | None = None) -> np.ndarray:
+    """The fixed-point charges of the worker's own rows (``scalemb.repulsion.fft.spread_fixed``) in the order
+    ``visit`` (``visit_view``; made here if None): integers, so the same grid as any split of the rows."""
+    visit = visit_view(view, X, grid) if visit is None else visit
+    out = np.zeros(grid.n_nodes, dtype=np.int64)
+    if visit[0].size == 0:
+        return out
+    return spread_fixed(grid, X, 0, X.shape[1], out, visit=visit)
+
+
+def add_grids(*grids: np.ndarray) -> np.ndarray:
+    """The sum of fixed-point charge grids (exact: integer addition, any order gives the same)."""
+    total = grids[0] + grids[1] if len(grids) > 1 else grids[0].copy()
+    for g in grids[2:]:
+        total += g
+    return total
 
 
 def convolve_total(grid, total: np.ndarray, workers: int = -1) -> Convolution:
@@ -102,31 +126,57 @@ def convolve_total(grid, total: np.ndarray, workers: int = -1) -> Convolution:
     return convolve(grid, fixed_charges(grid, total), workers=workers)
 
 
+def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int = -1) -> ConvolutionShare:
+    """Share ``share`` of ``shares`` of the convolution of the summed fixed-point charges
+    (``repulsion.fft.convolve_share``)."""
+    return convolve_share(grid, fixed_charges(grid, total), share, shares, workers)
+
+
 def relay(value):
     """A copy of ``value`` on this worker (one step of the tree broadcast of the potentials)."""
     return value
 
 
-def convolution_z(convolution: Convolution) -> float:
+def convolution_z(convolution) -> float:
+    """Z's grid part of a ``Convolution`` or of the ``ConvolutionShare`` that holds it (the last)."""
     return float(convolution.z)
+
+
+def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, with_kl: bool) -> list:
+    """``blocks.attraction_block`` of each of the worker's partitions on its compact coordinates: ``[(A,
+    plogw), ...]``.  It needs no potentials, so it runs while the charges are summed and convolved."""
+    from .base import block_model
+
+    model = block_model(model)
+    Yt = point_major(X)
+    return [attraction_block(model, b, X, space_dims, with_kl, Yt) for b in view.blocks]
+
+
+def finish_view(view: WorkerView, X: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:
+    """Each partition's ``BlockResult`` from its attraction (``attraction_view``) and the repulsion interpolated
+    from the convolution's ``shares`` (``repulsion.fft.join_convolution``): the grid part of all the worker's
+    own rows in one pass in the visit order (``interpolate_grid``), each partition taking its rows, as in-process
+    (``engine.fft_pass``); the results carry the partitions' global rows.  The numbers of ``evaluate_block_fft``
+    on the full coordinates, bit for bit."""
+    if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
+        raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
+    potentials = join_convolution(grid, shares).potentials
+    rows = interpolate_grid(grid, X, potentials, 1, visit) if view.blocks else None
+    results = []
+    for b, (r0, r1), (A, plogw) in zip(view.blocks, view.bounds, attraction):
+        res = repulsion_block_fft(b, A, plogw, X, grid, potentials, None, rows)
+        res.r0, res.r1 = r0, r1
+        results.append(res)
+    return results
 
 
 def evaluate_view(view: WorkerView, X: np.ndarray, model, space_dims: int, grid, convolution: Convolution,
                   with_kl: bool) -> list:
-    """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates; the results carry
-    the partitions' global rows."""
-    from .base import block_model
-
-    if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
-        raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
-    model = block_model(model)
-    Yt = point_major(X)
-    results = []
-    for b, (r0, r1) in zip(view.blocks, view.bounds):
-        res = evaluate_block_fft(model, b, X, space_dims, grid, convolution.potentials, None, with_kl, Yt)
-        res.r0, res.r1 = r0, r1
-        results.append(res)
-    return results
+    """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates (``attraction_view``
+    and ``finish_view`` in one); the results carry the partitions' global rows."""
+    share = ConvolutionShare(0, 1, convolution.potentials, convolution.z)
+    return finish_view(view, X, grid, visit_view(view, X, grid), attraction_view(view, X, model, space_dims, with_kl),
+                       [share])
 
 
 def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exaggeration: float,
