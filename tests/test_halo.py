@@ -67,7 +67,7 @@ def test_worker_functions_rebuild_the_blocks_results(store):
         pieces = [halo.take_columns(Y[:, plan.own[v]], plan.needs[v, w]) for v in plan.sources(w)]
         X[w] = halo.assemble(view, Y[:, plan.own[w]], *pieces)
         assert np.array_equal(X[w], Y[:, plan.columns[w]])
-        total = total + halo.spread_view(view, X[w], grid)
+        total = total + halo.spread_view(view, Y[:, plan.own[w]], grid)
     convolution = convolve(grid, fixed_charges(grid, total))
     for w in plan.workers:
         view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
@@ -137,13 +137,14 @@ def test_worker_schedule_pieces_give_the_blocks_results(store):
             views = {w: halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
                      for w in plan.workers}
             X = {w: np.ascontiguousarray(Y[:, plan.columns[w]]) for w in plan.workers}
-            visits = {w: halo.visit_view(views[w], X[w], grid) for w in plan.workers}
-            grids = [halo.spread_view(views[w], X[w], grid, visits[w]) for w in plan.workers]
+            own = {w: np.ascontiguousarray(Y[:, plan.own[w]]) for w in plan.workers}
+            visits = {w: halo.visit_view(views[w], own[w], grid) for w in plan.workers}
+            grids = [halo.spread_view(views[w], own[w], grid, visits[w]) for w in plan.workers]
             k = min(len(plan.workers), convolution_shares(grid))
             shares = [halo.convolve_part(grid, halo.add_grids(*grids[i:], *grids[:i]), i, k, 1) for i in range(k)]
             for w in plan.workers:
                 attraction = halo.attraction_view(views[w], X[w], m, 2, True)
-                for j, res in zip(parts[w], halo.finish_view(views[w], X[w], grid, visits[w], attraction, shares)):
+                for j, res in zip(parts[w], halo.finish_view(views[w], own[w], grid, visits[w], attraction, shares)):
                     assert (res.r0, res.r1) == bounds[j]
                     for name in ("attraction", "repulsion", "outlier_reaction"):
                         a, b = getattr(res, name), getattr(want[j], name)

@@ -11,9 +11,11 @@ them apart.
   whose rows share columns, so the workers' halos are smaller than with partitions dealt round robin.
 * **Halo exchange** (``scalemb.engine.halo``, the default; ``halo=False`` turns it off).  Per evaluation the
   client sends each worker only its own rows of Y (N·d numbers in all); each worker receives the rows of its
-  halo from the workers that own them.  With FFT repulsion each worker spreads its own rows' charges (fixed
-  point: partial grids sum exactly in any order), the grids are summed pairwise among the workers, one worker
-  convolves, the potentials go back down a tree, and each worker interpolates its own rows.  The curvature
+  halo from the workers that own them.  With FFT repulsion each worker visits its own rows in box order once and
+  spreads their charges (fixed point: partial grids sum exactly in any order) and computes their attraction
+  while the grids are summed on, and the convolution is split among, up to as many workers as it has shares
+  (its potential columns, or time components); each worker then interpolates its own rows from all the shares
+  (``_halo_partials``).  The curvature
   weights use the same exchange; a Laplacian product of the spectral direction is one task round instead (the
   client sends each worker its own rows and its halo of V: ``laplacian_matvec``).  The exact all-pairs
   repulsion and a capped FFT grid (whose near field reads every point) still send all of Y to every worker,
@@ -788,31 +790,33 @@ class DaskExecutor(Executor):
         return super()._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice)
 
     def _evaluate_halo(self, coords, grid, exaggeration, with_kl):
-        results, grid_z = self._halo_partials(grid, with_kl, self._assemble(coords))
+        plan = self._halo_state()[0]
+        own = self._scatter_each({w: np.ascontiguousarray(coords[:, plan.own[w]]) for w in plan.workers})
+        results, grid_z = self._halo_partials(grid, with_kl, own, coords.shape[0])
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
                              with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
 
-    def _halo_partials(self, grid, with_kl: bool, X: dict, keep=None) -> tuple:
-        """``(per-partition results, grid Z)`` of one FFT evaluation on the workers' compact coordinates ``X``
-        (futures per worker, ``_assemble``); ``keep(w)``: instead of ``halo.finish_view``, the arguments
-        ``(fn, *args)`` of the worker function that finishes the evaluation and keeps the rows there
-        (``engine.held_dask``).
+    def _halo_partials(self, grid, with_kl: bool, own: dict, dims: int, keep=None) -> tuple:
+        """``(per-partition results, grid Z)`` of one FFT evaluation at the workers' own rows ``own`` (futures per
+        worker, ``(dims, rows)``); ``keep(w)``: instead of ``halo.finish_view``, the arguments ``(fn, *args)`` of
+        the worker function that finishes the evaluation and keeps the rows there (``engine.held_dask``).
 
-        The schedule, per worker: its own rows in box order (``visit_view``), their charges (``spread_view``),
-        then their attraction (``attraction_view``: it needs no potentials, so it runs while the grids travel and
-        are convolved), then, on each of the first K workers (K: as many as the convolution has shares,
-        ``repulsion.fft.convolution_shares``, at most W), the summed charges (``add_grids``) and its share of the
-        convolution (``convolve_part``), then the rows' repulsion from all the shares (``finish_view``).  Tasks
-        are submitted in that order, which is the order a worker runs those that are ready."""
+        The schedule, per worker: its own rows in box order (``visit_view``) and their charges (``spread_view``),
+        which need no halo; the halo exchange (``_assemble``); the rows' attraction (``attraction_view``: it needs
+        no potentials, so it runs while the grids travel and are convolved); on each of the first K workers (K: as
+        many as the convolution has shares, ``repulsion.fft.convolution_shares``, at most W) the summed charges
+        (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
+        the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
         plan, views, _ = self._halo_state()
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
         # the grid goes to each worker once (a task holding it), not with every task that uses it
         on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
-        visits = {w: self._submit(halo_fns.visit_view, views[w], X[w], on[w], worker=w) for w in workers}
-        grids = [self._submit(halo_fns.spread_view, views[w], X[w], on[w], visits[w], worker=w) for w in workers]
+        visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w) for w in workers}
+        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w) for w in workers]
+        X = self._assemble(None, own, dims)
         attraction = {w: self._submit(halo_fns.attraction_view, views[w], X[w], self._model_arg, self.space_dims,
                                       with_kl, worker=w) for w in workers}
         shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
@@ -823,7 +827,7 @@ class DaskExecutor(Executor):
         futures = []
         for w in workers:
             fn, *extra = (halo_fns.finish_view,) if keep is None else keep(w)
-            futures.append(self._submit(fn, views[w], X[w], on[w], visits[w], attraction[w], parts, *extra,
+            futures.append(self._submit(fn, views[w], own[w], on[w], visits[w], attraction[w], parts, *extra,
                                         worker=w))
         z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency

@@ -8,10 +8,12 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
 2. each worker cuts, for every other worker, the columns of its own rows that the other's halo holds
    (``take_columns``), and the other worker assembles its compact ``(d, |U_w|)`` array (``assemble``): the halo
    travels worker to worker, never through the client;
-3. with FFT repulsion, each worker spreads its own rows' charges (``spread_view``: fixed point, so partial grids
-   sum exactly in any order), the grids are summed pairwise among the workers (a tree, ``add_grids``), one worker
-   convolves (``convolve_total``), the potentials travel back down a tree (``relay``), and each worker
-   interpolates its own rows (``evaluate_view``);
+3. with FFT repulsion, each worker visits its own rows in box order (``visit_view``) and spreads their charges
+   (``spread_view``: fixed point, so partial grids sum exactly in any order); it computes their attraction
+   (``attraction_view``) while the grids are summed (``add_grids``) on each of the first K workers, which
+   convolve a share each (``convolve_part``: K potential columns or time components at a time, so no worker
+   waits for a whole convolution on one); each worker interpolates its own rows from all the shares
+   (``finish_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
 A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
@@ -85,32 +87,22 @@ def assemble(view: WorkerView, own: np.ndarray, *pieces: np.ndarray) -> np.ndarr
     return X
 
 
-def own_columns(view: WorkerView) -> np.ndarray:
-    """Positions in the compact columns of the worker's own rows, its partitions in order (ascending)."""
-    if not view.blocks:
-        return np.empty(0, dtype=np.int64)
-    return np.concatenate([np.arange(b.r0, b.r1, dtype=np.int64) for b in view.blocks])
-
-
-def visit_view(view: WorkerView, X: np.ndarray, grid) -> tuple:
-    """The worker's own rows in the grid's box order (``Grid.visit`` of ``own_columns``), once per evaluation
-    for both the spreading (``spread_view``) and the interpolation (``finish_view``), as the in-process pass
-    visits all rows once (``engine.fft_pass``).
+def visit_view(view: WorkerView, own: np.ndarray, grid) -> tuple:
+    """The worker's own rows ``own`` (``(d, rows)``: its partitions' rows in order) in the grid's box order
+    (``Grid.visit``), once per evaluation for both the spreading (``spread_view``) and the interpolation
+    (``finish_view``), as the in-process pass visits all rows once (``engine.fft_pass``).  It needs only the
+    worker's own rows, not its halo: the charges are spread while the halo travels.
 
     Why: visited per partition, each partition's rows (spread over the whole layout) are sorted and walked
-    apart, and a box's nodes leave the cache between them: at N = 7.7e5 the per-partition spreading and
-    interpolation of a worker's rows cost ~1.5x what one pass over them in box order costs."""
-    return grid.visit(X, 0, 0, 1, rows=own_columns(view))
+    apart, and a box's nodes leave the cache between them (t-SNE R^2 at N = 7.7e5: the per-partition spreading
+    took ~2.5x one pass in box order: docs/scaling.md)."""
+    return grid.visit(own, 0, own.shape[1])
 
 
-def spread_view(view: WorkerView, X: np.ndarray, grid, visit: tuple | None = None) -> np.ndarray:
-    """The fixed-point charges of the worker's own rows (``scalemb.repulsion.fft.spread_fixed``) in the order
-    ``visit`` (``visit_view``; made here if None): integers, so the same grid as any split of the rows."""
-    visit = visit_view(view, X, grid) if visit is None else visit
-    out = np.zeros(grid.n_nodes, dtype=np.int64)
-    if visit[0].size == 0:
-        return out
-    return spread_fixed(grid, X, 0, X.shape[1], out, visit=visit)
+def spread_view(view: WorkerView, own: np.ndarray, grid, visit: tuple | None = None) -> np.ndarray:
+    """The fixed-point charges of the worker's own rows ``own`` (``scalemb.repulsion.fft.spread_fixed``) in the
+    order ``visit`` (``visit_view``; made here if None): integers, so the same grid as any split of the rows."""
+    return spread_fixed(grid, own, 0, own.shape[1], visit=visit_view(view, own, grid) if visit is None else visit)
 
 
 def add_grids(*grids: np.ndarray) -> np.ndarray:
@@ -152,21 +144,25 @@ def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, wit
     return [attraction_block(model, b, X, space_dims, with_kl, Yt) for b in view.blocks]
 
 
-def finish_view(view: WorkerView, X: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:
+def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:
     """Each partition's ``BlockResult`` from its attraction (``attraction_view``) and the repulsion interpolated
-    from the convolution's ``shares`` (``repulsion.fft.join_convolution``): the grid part of all the worker's
-    own rows in one pass in the visit order (``interpolate_grid``), each partition taking its rows, as in-process
-    (``engine.fft_pass``); the results carry the partitions' global rows.  The numbers of ``evaluate_block_fft``
-    on the full coordinates, bit for bit."""
+    from the convolution's ``shares`` (``repulsion.fft.join_convolution``) at the worker's own rows ``own``: the
+    grid part of all of them in one pass in the visit order (``interpolate_grid``), each partition taking its
+    rows, as in-process (``engine.fft_pass``); the results carry the partitions' global rows.  The numbers of
+    ``evaluate_block_fft`` on the full coordinates, bit for bit (the same rows' values, summed in the same
+    order)."""
     if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
         raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
     potentials = join_convolution(grid, shares).potentials
-    rows = interpolate_grid(grid, X, potentials, 1, visit) if view.blocks else None
+    rows = interpolate_grid(grid, own, potentials, 1, visit) if own.shape[1] else None
     results = []
+    start = 0
     for b, (r0, r1), (A, plogw) in zip(view.blocks, view.bounds, attraction):
-        res = repulsion_block_fft(b, A, plogw, X, grid, potentials, None, rows)
+        at = RowBlock(start, start + r1 - r0, b.indptr, b.indices, b.data)  # its rows' place in ``own``
+        res = repulsion_block_fft(at, A, plogw, own, grid, potentials, None, rows)
         res.r0, res.r1 = r0, r1
         results.append(res)
+        start += r1 - r0
     return results
 
 
@@ -174,9 +170,10 @@ def evaluate_view(view: WorkerView, X: np.ndarray, model, space_dims: int, grid,
                   with_kl: bool) -> list:
     """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates (``attraction_view``
     and ``finish_view`` in one); the results carry the partitions' global rows."""
+    own = np.ascontiguousarray(X[:, view.own])
     share = ConvolutionShare(0, 1, convolution.potentials, convolution.z)
-    return finish_view(view, X, grid, visit_view(view, X, grid), attraction_view(view, X, model, space_dims, with_kl),
-                       [share])
+    return finish_view(view, own, grid, visit_view(view, own, grid),
+                       attraction_view(view, X, model, space_dims, with_kl), [share])
 
 
 def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exaggeration: float,

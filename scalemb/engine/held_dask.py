@@ -197,10 +197,10 @@ def held_ensure(rows: dict, shapes: dict) -> None:
             rows[name] = np.zeros((int(d), width))
 
 
-def held_finish_view(view, X, grid, visit, attraction, shares, box, ks) -> list:
+def held_finish_view(view, own, grid, visit, attraction, shares, box, ks) -> list:
     """``halo.finish_view``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
-    results = finish_view(view, X, grid, visit, attraction, shares)
+    results = finish_view(view, own, grid, visit, attraction, shares)
     for k, res in zip(ks, results):
         rows = _rows(box, k)
         rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
@@ -558,8 +558,7 @@ class DaskHeld:
         shift = self._take_shift()
         own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
         ex.stats["bytes_sent"] += len(own) * _size(shift)
-        X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
-        results, grid_z = ex._halo_partials(grid, with_kl, X,
+        results, grid_z = ex._halo_partials(grid, with_kl, own, ex.space_dims + ex.time_dims,
                                             keep=lambda w: (held_finish_view, self._boxes[w], plan.parts[w]))
         ex.stats["bytes_received"] += _size(results)
         z, plogw, reaction = sum_partials(results, grid_z)

@@ -546,22 +546,17 @@ class Grid:
         is a cache miss; box by box, the nodes in use stay in cache."""
         return self.visit(Y, r0, r1)[0]
 
-    def visit(self, Y: np.ndarray, r0: int, r1: int, workers: int = 1, rows: np.ndarray | None = None) -> tuple:
+    def visit(self, Y: np.ndarray, r0: int, r1: int, workers: int = 1) -> tuple:
         """``(order, keys, Yv)``: ``visit_order``, for each of its rows a key that changes only between disjoint
         sets of boxes (``interpolation.box_keys``; rows split where it changes touch disjoint nodes), None when
         the rows are visited as given, and their coordinates in that order (``(d, rows)``, C-contiguous).
-        ``rows``: the columns of ``Y`` to visit (ascending) instead of ``r0 .. r1 - 1`` (a Dask worker's own rows
-        among its compact columns, ``engine.halo.visit_view``).
 
         The sort is a stable counting sort over at most the rows' count plus ``SORT_BUCKETS`` buckets, on
         ``workers`` threads, each counting and then placing a contiguous share of the rows (``box_keys``,
         ``box_scatter``) after the shares before it: the one stable order whatever ``workers``."""
-        given = rows is not None
-        rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64) if rows is None else
-                            np.ascontiguousarray(rows, dtype=np.int64))
+        rows = self.in_band(Y, np.arange(r0, r1, dtype=np.int64))
         if self.n_nodes * 8 <= SORT_ABOVE_BYTES:
-            contiguous = not given and rows.size == r1 - r0
-            Yv = np.ascontiguousarray(Y[:, r0:r1]) if contiguous else gather_columns(Y, rows)
+            Yv = np.ascontiguousarray(Y[:, r0:r1]) if rows.size == r1 - r0 else gather_columns(Y, rows)
             return rows, None, Yv
         axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
         divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
