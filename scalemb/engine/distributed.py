@@ -802,10 +802,11 @@ class DaskExecutor(Executor):
         worker, ``(dims, rows)``); ``keep(w)``: instead of ``halo.finish_view``, the arguments ``(fn, *args)`` of
         the worker function that finishes the evaluation and keeps the rows there (``engine.held_dask``).
 
-        The schedule, per worker: its own rows in box order (``visit_view``) and their charges (``spread_view``),
-        which need no halo; the halo exchange (``_assemble``); the rows' attraction (``attraction_view``: it needs
-        no potentials, so it runs while the grids travel and are convolved); on each of the first K workers (K: as
-        many as the convolution has shares, ``repulsion.fft.convolution_shares``, at most W) the summed charges
+        The schedule, per worker: the halo pieces it cuts for the others (``_exchange``: they travel meanwhile);
+        its own rows in box order (``visit_view``) and their charges (``spread_view``), which need no halo; its
+        compact columns (``assemble``) and the rows' attraction (``attraction_view``: it needs no potentials, so it
+        runs while the grids travel and are convolved); on each of the first K workers (K: as many as the
+        convolution has shares, ``repulsion.fft.convolution_shares``, at most W) the summed charges
         (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
         the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
         plan, views, _ = self._halo_state()
@@ -814,9 +815,11 @@ class DaskExecutor(Executor):
         workers = plan.workers
         # the grid goes to each worker once (a task holding it), not with every task that uses it
         on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
+        own, pieces = self._exchange(None, own, dims)  # the halo pieces cut first: they travel while spreading
         visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w) for w in workers}
         grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w) for w in workers]
-        X = self._assemble(None, own, dims)
+        X = {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
+                             worker=w) for w in workers}
         attraction = {w: self._submit(halo_fns.attraction_view, views[w], X[w], self._model_arg, self.space_dims,
                                       with_kl, worker=w) for w in workers}
         shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
