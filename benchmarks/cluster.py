@@ -25,8 +25,8 @@ it) are outside; the client's bytes per iteration from the executor's counters o
 sent and gathered; pickled sizes of the small ones).  Every Dask run's final coordinates are checked equal to
 the local run's, bit for bit.
 
-``--modes`` picks some of the executors (local always); ``--convolving-workers 1`` has one worker convolve each
-evaluation's charges (default: the convolution's shares spread over the workers, ``DaskExecutor._halo_partials``).
+``--modes`` picks some of the executors (local always); ``--convolving-workers K`` has K workers share each
+evaluation's convolution, 0 as many as it has shares (default: the executor's, ``distributed.CONVOLVING_WORKERS``).
 
 Usage: ``python benchmarks/cluster.py --stores P2e5.zarr,P1e6.zarr --iterations 12 --rounds 3 --out FILE.md``
 """
@@ -140,7 +140,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--convolving-workers", type=int, default=None,
-                        help="workers sharing an evaluation's convolution (default: as many as it has shares)")
+                        help="workers sharing an evaluation's convolution (0: as many as it has shares; default: "
+                             "the executor's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(","))
@@ -148,7 +149,8 @@ def main(argv=None) -> None:
         parser.error(f"--modes must include local and name only {', '.join(MODES)}")
     from scalemb.engine import distributed
 
-    distributed.CONVOLVING_WORKERS = args.convolving_workers
+    if args.convolving_workers is not None:
+        distributed.CONVOLVING_WORKERS = args.convolving_workers or None
     name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
     report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "

@@ -130,13 +130,14 @@ def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, request,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", [{}, {"CONVOLVING_WORKERS": 1}, {"DIRECT_SUM_WORKERS": 2}])
+@pytest.mark.parametrize("schedule", [{"CONVOLVING_WORKERS": None}, {"CONVOLVING_WORKERS": 1},
+                                      {"CONVOLVING_WORKERS": None, "DIRECT_SUM_WORKERS": 2}])
 def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store, dask_cluster, grow_dask,
                                                                           monkeypatch, schedule):
     """t-SNE on three workers from a start wide enough for a grid visited box by box: the convolution's two shares
-    on two of them, each summing the three charge grids (default), on one of them (``CONVOLVING_WORKERS = 1``), or
-    the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the in-process run, bit
-    for bit, every evaluation on the workers' halos."""
+    on two of them, each summing the three charge grids (``CONVOLVING_WORKERS = None``), on one of them (1, the
+    default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the
+    in-process run, bit for bit, every evaluation on the workers' halos."""
     from scalemb.engine import distributed
     from scalemb.repulsion.fft import SORT_ABOVE_BYTES, grid_for
 
@@ -156,7 +157,7 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
         evaluations = dask.stats["halo_evaluations"]
     _same(expected, got)
     assert evaluations >= 12 and submitted.count("visit_view") == 3 * evaluations
-    shares = schedule.get("CONVOLVING_WORKERS", 2)
+    shares = schedule["CONVOLVING_WORKERS"] or 2
     assert submitted.count("convolve_part") == shares * evaluations
     sums = 2 if "DIRECT_SUM_WORKERS" in schedule else shares  # a tree: two pairwise sums; else one per share
     assert submitted.count("add_grids") == sums * evaluations

@@ -71,8 +71,11 @@ class _WorkerLeft(Exception):
 # Workers that each sum all W charge grids themselves (``DaskExecutor._sum_grids``); above it, a tree.
 DIRECT_SUM_WORKERS = 4
 # How many workers share one evaluation's convolution (None: as many as it has shares, at most W; 1: one worker
-# convolves, as before the shares).  For measurements (benchmarks/cluster.py --convolving-workers).
-CONVOLVING_WORKERS = None
+# convolves).  1 by default: with the workers on one machine the convolving worker's FFT threads (``-1``: every
+# CPU) use the cores the others leave while they wait for its potentials, and each further share repeats the
+# forward transform (t-SNE R^2 on 2 workers: ~15 % more CPU per evaluation, measured slower on a loaded 2-core
+# machine: docs/scaling.md).  None suits workers on separate machines, whose cores the others cannot use.
+CONVOLVING_WORKERS = 1
 RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
 
