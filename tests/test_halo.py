@@ -11,8 +11,8 @@ from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.repulsion import FFTParams, make_grid
-from scalemb.repulsion.fft import (SORT_ABOVE_BYTES, convolution_shares, convolve, convolve_share, fixed_charges,
-                                   grid_for, join_convolution, spread)
+from scalemb.repulsion.fft import (SORT_ABOVE_BYTES, ConvolutionShare, convolution_shares, convolve, convolve_share,
+                                   fixed_charges, grid_for, join_convolution, spread)
 
 from .test_distributed import coauthor_store
 
@@ -71,7 +71,10 @@ def test_worker_functions_rebuild_the_blocks_results(store):
     convolution = convolve(grid, fixed_charges(grid, total))
     for w in plan.workers:
         view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
-        got = halo.evaluate_view(view, X[w], model, 2, grid, convolution, True)
+        own = Y[:, plan.own[w]]
+        got = halo.finish_view(view, own, grid, halo.visit_view(view, own, grid),
+                               halo.attraction_view(view, X[w], model, 2, True),
+                               [ConvolutionShare(0, 1, convolution.potentials, convolution.z)])
         for k, res in zip(parts[w], got):
             want = evaluate_block_fft(model, blocks[k], Y, 2, grid, convolution.potentials)
             assert (res.r0, res.r1) == bounds[k]

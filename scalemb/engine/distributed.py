@@ -73,8 +73,8 @@ DIRECT_SUM_WORKERS = 4
 # How many workers share one evaluation's convolution (None: as many as it has shares, at most W; 1: one worker
 # convolves).  1 by default: with the workers on one machine the convolving worker's FFT threads (``-1``: every
 # CPU) use the cores the others leave while they wait for its potentials, and each further share repeats the
-# forward transform (t-SNE R^2 on 2 workers: ~15 % more CPU per evaluation, measured slower on a loaded 2-core
-# machine: docs/scaling.md).  None suits workers on separate machines, whose cores the others cannot use.
+# forward transform beside the others' threads (measured slower on a loaded 2-core machine: docs/scaling.md).
+# None suits workers on separate machines, whose cores the others cannot use.
 CONVOLVING_WORKERS = 1
 RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
@@ -83,8 +83,8 @@ _POLL = 5.0  # seconds between checks that every partition holder is still alive
 # Dask task keys by operation, so that the dashboard's task stream and progress bars read as the algorithm
 # ("gradient", "repulsion-spread", "laplacian"), not as the generic wrapper every call goes through.
 _OPERATIONS = {
-    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft", "evaluate_view": "gradient",
-    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids", "convolve_total": "repulsion-convolution",
+    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft",
+    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids",
     "convolve_part": "repulsion-convolution", "visit_view": "repulsion-box-order", "attraction_view": "attraction",
     "finish_view": "gradient-rows", "held_finish_view": "held-gradient-rows",
     "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",

@@ -10,10 +10,9 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
    travels worker to worker, never through the client;
 3. with FFT repulsion, each worker visits its own rows in box order (``visit_view``) and spreads their charges
    (``spread_view``: fixed point, so partial grids sum exactly in any order); it computes their attraction
-   (``attraction_view``) while the grids are summed (``add_grids``) on each of the first K workers, which
-   convolve a share each (``convolve_part``: K potential columns or time components at a time, so no worker
-   waits for a whole convolution on one); each worker interpolates its own rows from all the shares
-   (``finish_view``);
+   (``attraction_view``) while the grids are summed (``add_grids``) on each of the K workers that convolve (one
+   by default; each of K computes every K-th potential column or time component, ``convolve_part``); each worker
+   interpolates its own rows from the convolution's shares (``finish_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
 A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
@@ -32,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..affinity.affinity import RowBlock
-from ..repulsion.fft import (Convolution, ConvolutionShare, convolve, convolve_share, fixed_charges,
-                             interpolate_grid, join_convolution, spread_fixed)
+from ..repulsion.fft import (ConvolutionShare, convolve_share, fixed_charges, interpolate_grid, join_convolution,
+                             spread_fixed)
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 
 
@@ -94,8 +93,8 @@ def visit_view(view: WorkerView, own: np.ndarray, grid) -> tuple:
     worker's own rows, not its halo: the charges are spread while the halo travels.
 
     Why: visited per partition, each partition's rows (spread over the whole layout) are sorted and walked
-    apart, and a box's nodes leave the cache between them (t-SNE R^2 at N = 7.7e5: the per-partition spreading
-    took ~2.5x one pass in box order: docs/scaling.md)."""
+    apart, and a box's nodes leave the cache between them (t-SNE R^2 at N = 7.7e5 on 2 workers: the spreading
+    took 40-60 % less in one pass in box order: docs/scaling.md)."""
     return grid.visit(own, 0, own.shape[1])
 
 
@@ -111,11 +110,6 @@ def add_grids(*grids: np.ndarray) -> np.ndarray:
     for g in grids[2:]:
         total += g
     return total
-
-
-def convolve_total(grid, total: np.ndarray, workers: int = -1) -> Convolution:
-    """The potentials (and t-SNE's grid part of Z) from the summed fixed-point charges."""
-    return convolve(grid, fixed_charges(grid, total), workers=workers)
 
 
 def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int = -1) -> ConvolutionShare:
@@ -164,16 +158,6 @@ def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attractio
         results.append(res)
         start += r1 - r0
     return results
-
-
-def evaluate_view(view: WorkerView, X: np.ndarray, model, space_dims: int, grid, convolution: Convolution,
-                  with_kl: bool) -> list:
-    """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates (``attraction_view``
-    and ``finish_view`` in one); the results carry the partitions' global rows."""
-    own = np.ascontiguousarray(X[:, view.own])
-    share = ConvolutionShare(0, 1, convolution.potentials, convolution.z)
-    return finish_view(view, own, grid, visit_view(view, own, grid),
-                       attraction_view(view, X, model, space_dims, with_kl), [share])
 
 
 def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exaggeration: float,
