@@ -25,6 +25,9 @@ it) are outside; the client's bytes per iteration from the executor's counters o
 sent and gathered; pickled sizes of the small ones).  Every Dask run's final coordinates are checked equal to
 the local run's, bit for bit.
 
+``--modes`` picks some of the executors (local always); ``--convolving-workers K`` has K workers share each
+evaluation's convolution, 0 as many as it has shares (default: the executor's, ``distributed.CONVOLVING_WORKERS``).
+
 Usage: ``python benchmarks/cluster.py --stores P2e5.zarr,P1e6.zarr --iterations 12 --rounds 3 --out FILE.md``
 """
 import argparse
@@ -78,7 +81,7 @@ def _run(executor, model, start, iterations, optimizer_name="dbd"):
     return (t2 - t1) / span, (b2 - b1) / span, result.coords
 
 
-def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd"):
+def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd", modes=MODES):
     from distributed import Client, LocalCluster
 
     from scalemb.affinity import AffinityStore
@@ -93,13 +96,13 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd")
     time_dims = model.default_time_dims()
     start = _start(n, 2 + time_dims)
     affinity = st.to_affinity()
-    times = {m: [] for m in MODES}
-    traffic = {m: [] for m in MODES}
+    times = {m: [] for m in modes}
+    traffic = {m: [] for m in modes}
     reference = None
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         for r in range(rounds):
-            order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             for mode in order:
                 if mode == "local":
                     executor = LocalExecutor(affinity, model, 2, time_dims, n_threads=2, partitions=st.partitions,
@@ -121,7 +124,7 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd")
                        "per iteration, final coordinates identical")
     local = statistics.median(times["local"])
     rows = []
-    for mode in MODES:
+    for mode in modes:
         med = statistics.median(times[mode])
         rows.append([f"{n:,}", model_name, optimizer_name, mode, f"{med:.3f}", f"{med / local:.2f}",
                      f"{statistics.median(traffic[mode]) / 1e3:,.1f}"])
@@ -135,8 +138,19 @@ def main(argv=None) -> None:
     parser.add_argument("--optimizer", default="dbd", choices=("dbd", "sd"))
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--convolving-workers", type=int, default=None,
+                        help="workers sharing an evaluation's convolution (0: as many as it has shares; default: "
+                             "the executor's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(","))
+    if "local" not in modes or not set(modes) <= set(MODES):
+        parser.error(f"--modes must include local and name only {', '.join(MODES)}")
+    from scalemb.engine import distributed
+
+    if args.convolving_workers is not None:
+        distributed.CONVOLVING_WORKERS = args.convolving_workers or None
     name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
     report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "
@@ -145,7 +159,7 @@ def main(argv=None) -> None:
     for store in args.stores.split(","):
         for model in args.models.split(","):
             report(f"{store}, {model}:")
-            rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer)
+            rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer, modes)
     report()
     report(markdown_table(["points", "model", "optimizer", "executor", "s / iteration", "vs local",
                            "client KB / iteration"], rows))

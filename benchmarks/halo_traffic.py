@@ -10,8 +10,9 @@ reports:
 * client -> workers and workers -> client: the payload the executor sends and gathers (``DaskExecutor.stats``);
 * worker -> worker, **measured**: the sum over workers of Dask's ``transfer_outgoing_bytes_total`` (dependencies
   fetched by one worker from another: halo pieces, grids of the tree reduction, potentials of the broadcast);
-* worker -> worker, **model**: ``docs/scaling.md``: ``sum_w h_w d 8 + (W - 1) G 8 (1 + c_p)`` with the plan's
-  halos h_w, G grid nodes and c_p potential columns;
+* worker -> worker, **model**: ``docs/scaling.md``: ``sum_w h_w d 8 + K (W - 1) G 8 + (W - 1) G c_p s_p`` (W <= 4,
+  K = min(W, c_p) workers sharing the convolution) with the plan's halos h_w, G grid nodes and c_p potential
+  columns of s_p bytes;
 * the median wall time of ``--evals`` evaluations (and of Laplacian products, ``--matvecs``).
 
 ``--simulate W1,W2,..`` adds the many-worker loopback check: one small store (``--sim-authors``, 32 partitions)
@@ -53,10 +54,10 @@ def measure_store(store, layout, workers_list, evals, matvecs, halo_modes=(True,
 
     from scalemb.affinity import AffinityStore
     from scalemb.engine import LocalExecutor
-    from scalemb.engine.distributed import DaskExecutor
+    from scalemb.engine.distributed import CONVOLVING_WORKERS, DaskExecutor, _summed_grid_transfers
     from scalemb.models import get_model
     from scalemb.repulsion import FFTParams, make_grid
-    from scalemb.repulsion.fft import fft_dtype
+    from scalemb.repulsion.fft import convolution_shares, fft_dtype
 
     meta = AffinityStore(store)
     n = meta.n_points
@@ -96,9 +97,12 @@ def measure_store(store, layout, workers_list, evals, matvecs, halo_modes=(True,
                         halos = plan.halo_rows()
                         row["halo_max"] = max(halos.values()) / n
                         row["halo_sum"] = sum(halos.values()) / n
+                        w = len(plan.workers)
+                        k = min(w, convolution_shares(grid)) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
                         row["w2w_model"] = (sum(halos.values()) * 2 * 8  # halo rows, d = 2 float64
-                                            + (len(plan.workers) - 1) * grid.n_nodes  # int64 grids, potentials
-                                            * (8 + grid.n_potentials * np.dtype(fft_dtype(2)).itemsize))
+                                            + _summed_grid_transfers(w, k) * grid.n_nodes * 8  # int64 grids
+                                            + (w - 1) * grid.n_nodes  # the convolution's shares
+                                            * grid.n_potentials * np.dtype(fft_dtype(2)).itemsize)
                     ex.set_curvature(Y)
                     assert np.array_equal(ex.laplacian_matvec(V), local_products)
                     out_before = _outgoing(client)

@@ -11,7 +11,8 @@ from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.repulsion import FFTParams, make_grid
-from scalemb.repulsion.fft import convolve, fixed_charges
+from scalemb.repulsion.fft import (SORT_ABOVE_BYTES, ConvolutionShare, convolution_shares, convolve, convolve_share,
+                                   fixed_charges, grid_for, join_convolution, spread)
 
 from .test_distributed import coauthor_store
 
@@ -98,11 +99,14 @@ def test_worker_functions_rebuild_the_blocks_results(store):
         pieces = [halo.take_columns(Y[:, plan.own[v]], plan.needs[v, w]) for v in plan.sources(w)]
         X[w] = halo.assemble(view, Y[:, plan.own[w]], *pieces)
         assert np.array_equal(X[w], Y[:, plan.columns[w]])
-        total = total + halo.spread_view(view, X[w], grid)
+        total = total + halo.spread_view(view, Y[:, plan.own[w]], grid)
     convolution = convolve(grid, fixed_charges(grid, total))
     for w in plan.workers:
         view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
-        got = halo.evaluate_view(view, X[w], model, 2, grid, convolution, True)
+        own = Y[:, plan.own[w]]
+        got = halo.finish_view(view, own, grid, halo.visit_view(view, own, grid),
+                               halo.attraction_view(view, X[w], model, 2, True),
+                               [ConvolutionShare(0, 1, convolution.potentials, convolution.z)])
         for k, res in zip(parts[w], got):
             want = evaluate_block_fft(model, blocks[k], Y, 2, grid, convolution.potentials)
             assert (res.r0, res.r1) == bounds[k]
@@ -116,6 +120,71 @@ def test_worker_functions_rebuild_the_blocks_results(store):
         got = halo.laplacian_compact(view, np.ascontiguousarray(V[:, plan.columns[w]]), *weights)
         for k, rows, c in zip(parts[w], got, weights):
             assert np.array_equal(rows, laplacian_block(blocks[k], c, V))
+
+
+@pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0), ("sne", 2, 0), ("snest", 2, 1), ("tsne", 1, 0)])
+def test_convolution_shares_join_to_the_whole_convolution(model, space, time_dims):
+    """Split into 1, 2, 3 or 4 shares (potential columns; a time axis' components) and joined in any order, the
+    convolution is ``convolve``'s, bit for bit; a share missing or repeated is refused."""
+    Y = _layout(3000, space, time_dims, seed=4)
+    grid = make_grid(get_model(model), space, Y.min(1), Y.max(1), FFTParams(), Y.shape[1])
+    charges = spread(grid, Y, 0, Y.shape[1])
+    whole = convolve(grid, charges, workers=2)
+    for k in range(1, min(4, convolution_shares(grid)) + 1):
+        shares = [convolve_share(grid, charges, i, k, workers=1 + i % 2) for i in range(k)]
+        joined = join_convolution(grid, shares[::-1])
+        assert np.array_equal(joined.potentials, whole.potentials) and joined.z == whole.z
+    if convolution_shares(grid) > 1:
+        with pytest.raises(ValueError, match="every share"):
+            join_convolution(grid, [shares[0], shares[0]])
+    with pytest.raises(ValueError, match="share must be in"):
+        convolve_share(grid, charges, 2, 2)
+
+
+def test_worker_schedule_pieces_give_the_blocks_results(store):
+    """The pieces of a worker's evaluation (its own rows visited once in box order, spread from that visit,
+    the attraction apart, the convolution's shares summed from all workers' grids, the interpolation of all its
+    rows at once) give ``evaluate_block_fft``'s numbers on the full coordinates, bit for bit, for 1, 2 and 3
+    workers (t-SNE, and SNEST on a time-banded grid)."""
+    st = AffinityStore(store)
+    affinity = st.to_affinity()
+    n = st.n_points
+    bounds = [tuple(map(int, b)) for b in zip(st.partitions[:-1], st.partitions[1:])]
+    blocks = [affinity.row_block(r0, r1) for r0, r1 in bounds]
+    rng = np.random.default_rng(4)
+    for model, time_dims, banded, spread_out in (("tsne", 0, False, 1), ("tsne", 0, False, 12),
+                                                  ("snest", 1, False, 1), ("snest", 1, True, 1)):
+        m = get_model(model)
+        Y = _layout(n, 2, time_dims, seed=6)
+        Y[:2] *= spread_out  # 12: a grid large enough to be visited box by box (``Grid.visit``'s sort)
+        if banded:  # a narrow time bulk and a few outliers: the grid spans the band
+            Y[2] *= 0.1
+            Y[2, rng.choice(n, 25, replace=False)] = rng.uniform(-1.5, 1.5, 25)
+        grid = grid_for(m, 2, Y, FFTParams(time_band=banded, max_nodes=2 ** 20))
+        assert not grid.capped and (grid.time_band is not None) == banded
+        assert spread_out == 1 or grid.n_nodes * 8 > SORT_ABOVE_BYTES
+        want = [evaluate_block_fft(m, b, Y, 2, grid, convolve(grid, spread(grid, Y, 0, n)).potentials)
+                for b in blocks]
+        for holders in (["a"] * 7, ["a", "a", "a", "b", "b", "b", "b"], ["a", "b", "c", "c", "c", "a", "b"]):
+            parts = {w: [k for k, h in enumerate(holders) if h == w] for w in sorted(set(holders))}
+            halos = {w: halo.own_halo([bounds[k] for k in ks], *[blocks[k] for k in ks]) for w, ks in parts.items()}
+            plan = halo.plan_halos(n, bounds, holders, halos)
+            views = {w: halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
+                     for w in plan.workers}
+            X = {w: np.ascontiguousarray(Y[:, plan.columns[w]]) for w in plan.workers}
+            own = {w: np.ascontiguousarray(Y[:, plan.own[w]]) for w in plan.workers}
+            visits = {w: halo.visit_view(views[w], own[w], grid) for w in plan.workers}
+            grids = [halo.spread_view(views[w], own[w], grid, visits[w]) for w in plan.workers]
+            k = min(len(plan.workers), convolution_shares(grid))
+            shares = [halo.convolve_part(grid, halo.add_grids(*grids[i:], *grids[:i]), i, k, 1) for i in range(k)]
+            for w in plan.workers:
+                attraction = halo.attraction_view(views[w], X[w], m, 2, True)
+                for j, res in zip(parts[w], halo.finish_view(views[w], own[w], grid, visits[w], attraction, shares)):
+                    assert (res.r0, res.r1) == bounds[j]
+                    for name in ("attraction", "repulsion", "outlier_reaction"):
+                        a, b = getattr(res, name), getattr(want[j], name)
+                        assert (a is None and b is None) or np.array_equal(a, b)
+                    assert res.z == want[j].z and res.plogw == want[j].plogw
 
 
 @pytest.mark.parametrize("model,space,time_dims", [("tsne", 2, 0), ("snest", 2, 1)])

@@ -129,6 +129,40 @@ def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, request,
     _same(expected, got)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", [{"CONVOLVING_WORKERS": None}, {"CONVOLVING_WORKERS": 1},
+                                      {"CONVOLVING_WORKERS": None, "DIRECT_SUM_WORKERS": 2}])
+def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store, dask_cluster, grow_dask,
+                                                                          monkeypatch, schedule):
+    """t-SNE on three workers from a start wide enough for a grid visited box by box: the convolution's two shares
+    on two of them, each summing the three charge grids (``CONVOLVING_WORKERS = None``), on one of them (1, the
+    default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the
+    in-process run, bit for bit, every evaluation on the workers' halos."""
+    from scalemb.engine import distributed
+    from scalemb.repulsion.fft import SORT_ABOVE_BYTES, grid_for
+
+    for name, value in schedule.items():
+        monkeypatch.setattr(distributed, name, value)
+    n = AffinityStore(store).n_points
+    start = np.random.default_rng(9).normal(size=(2, n)) * 8.0
+    params = FFTParams(max_nodes=2 ** 19)  # uncapped while the layout grows
+    assert grid_for(get_model("tsne"), 2, start, params).n_nodes * 8 > SORT_ABOVE_BYTES
+    expected = _local_run(store, "tsne", 2, 0, start, 12, fft_params=params)
+    grow_dask(1)
+    with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft", fft_params=params) as dask:
+        submitted, submit = [], dask._submit
+        dask._submit = lambda fn, *args, **kwargs: submitted.append(fn.__name__) or submit(fn, *args, **kwargs)
+        got = make_optimizer("dbd", "tsne").optimize(dask, start, 12)
+        assert len(dask._halo[0].workers) == 3
+        evaluations = dask.stats["halo_evaluations"]
+    _same(expected, got)
+    assert evaluations >= 12 and submitted.count("visit_view") == 3 * evaluations
+    shares = schedule["CONVOLVING_WORKERS"] or 2
+    assert submitted.count("convolve_part") == shares * evaluations
+    sums = 2 if "DIRECT_SUM_WORKERS" in schedule else shares  # a tree: two pairwise sums; else one per share
+    assert submitted.count("add_grids") == sums * evaluations
+
+
 def _held_keys(client) -> int:
     return sum(sum(1 for key in keys if str(key).startswith("held-put"))
                for keys in client.run(lambda dask_worker: list(dask_worker.data.keys())).values())

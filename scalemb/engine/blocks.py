@@ -112,12 +112,29 @@ def evaluate_block_fft(model: Model, block: RowBlock, coords: np.ndarray, space_
     (``scalemb.repulsion.fft``: the charges of all rows, spread, summed and convolved; ``cells`` the near-field
     index of a split grid; ``Yt`` as in ``evaluate_block``; ``grid_rows``: the grid part of all rows, if already
     interpolated, ``scalemb.repulsion.fft.interpolate_grid``)."""
+    A, plogw = attraction_block(model, block, coords, space_dims, with_kl, Yt)
+    return repulsion_block_fft(block, A, plogw, coords, grid, potentials, cells, grid_rows)
+
+
+def attraction_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int, with_kl: bool = True,
+                     Yt: np.ndarray | None = None) -> tuple:
+    """``(A, sum p log w)`` of rows ``[block.r0, block.r1)``: the attraction part of ``evaluate_block_fft``,
+    which needs the coordinates only (not the potentials: a Dask worker computes it while the charges are
+    convolved, ``engine.halo.attraction_view``)."""
     A = np.zeros((block.r1 - block.r0, coords.shape[0]))
     Yt = point_major(coords) if Yt is None else Yt
     plogw = model.attraction(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, A, with_kl)
+    return A, float(plogw)
+
+
+def repulsion_block_fft(block: RowBlock, A: np.ndarray, plogw: float, coords: np.ndarray, grid: Grid,
+                        potentials: np.ndarray, cells: NearCells | None = None,
+                        grid_rows: GridRows | None = None) -> BlockResult:
+    """``evaluate_block_fft`` given the rows' attraction ``A, plogw`` (``attraction_block``): the interpolated
+    repulsion of rows ``[block.r0, block.r1)``."""
     reaction = None if grid.time_band is None else np.zeros((coords.shape[0], grid.n_outliers))
     R, z = interpolate(grid, coords, potentials, block.r0, block.r1, cells, reaction, grid_rows)
-    return BlockResult(block.r0, block.r1, A, R, z, float(plogw), repulsion_rows=True, outlier_reaction=reaction)
+    return BlockResult(block.r0, block.r1, A, R, z, plogw, repulsion_rows=True, outlier_reaction=reaction)
 
 
 def sum_partials(results, z_outside_blocks: float = 0.0) -> tuple:

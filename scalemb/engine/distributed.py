@@ -11,9 +11,11 @@ them apart.
   whose rows share columns, so the workers' halos are smaller than with partitions dealt round robin.
 * **Halo exchange** (``scalemb.engine.halo``, the default; ``halo=False`` turns it off).  Per evaluation the
   client sends each worker only its own rows of Y (N·d numbers in all); each worker receives the rows of its
-  halo from the workers that own them.  With FFT repulsion each worker spreads its own rows' charges (fixed
-  point: partial grids sum exactly in any order), the grids are summed pairwise among the workers, one worker
-  convolves, the potentials go back down a tree, and each worker interpolates its own rows.  The curvature
+  halo from the workers that own them.  With FFT repulsion each worker visits its own rows in box order once and
+  spreads their charges (fixed point: partial grids sum exactly in any order) and computes their attraction
+  while the grids are summed on, and the convolution is split among, up to as many workers as it has shares
+  (its potential columns, or time components); each worker then interpolates its own rows from all the shares
+  (``_halo_partials``).  The curvature
   weights use the same exchange; a Laplacian product of the spectral direction is one task round instead (the
   client sends each worker its own rows and its halo of V: ``laplacian_matvec``).  The exact all-pairs
   repulsion and a capped FFT grid (whose near field reads every point) still send all of Y to every worker,
@@ -53,7 +55,7 @@ from ..errors import InputError, ScalembError
 from .faults import SchedulerLostError, WorkersLostError  # noqa: F401 - re-exported: where callers import them
 from .faults import WorkerLeft as _WorkerLeft
 from ..models import model_ref
-from ..repulsion.fft import FFTParams, fft_dtype
+from ..repulsion.fft import FFTParams, convolution_shares, fft_dtype
 from . import halo as halo_fns
 from .base import Executor
 from .blocks import reduce_blocks
@@ -63,6 +65,14 @@ from .laplacian import laplacian_matrix
 logger = logging.getLogger("scalemb")
 
 
+# Workers that each sum all W charge grids themselves (``DaskExecutor._sum_grids``); above it, a tree.
+DIRECT_SUM_WORKERS = 4
+# How many workers share one evaluation's convolution (None: as many as it has shares, at most W; 1: one worker
+# convolves).  1 by default: with the workers on one machine the convolving worker's FFT threads (``-1``: every
+# CPU) use the cores the others leave while they wait for its potentials, and each further share repeats the
+# forward transform beside the others' threads (measured slower on a loaded 2-core machine: docs/scaling.md).
+# None suits workers on separate machines, whose cores the others cannot use.
+CONVOLVING_WORKERS = 1
 RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up (WorkersLostError)
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
 
@@ -70,8 +80,10 @@ _POLL = 5.0  # seconds between checks that every partition holder is still alive
 # Dask task keys by operation, so that the dashboard's task stream and progress bars read as the algorithm
 # ("gradient", "repulsion-spread", "laplacian"), not as the generic wrapper every call goes through.
 _OPERATIONS = {
-    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft", "evaluate_view": "gradient",
-    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids", "convolve_total": "repulsion-convolution",
+    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft",
+    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids",
+    "convolve_part": "repulsion-convolution", "visit_view": "repulsion-box-order", "attraction_view": "attraction",
+    "finish_view": "gradient-rows", "held_finish_view": "held-gradient-rows",
     "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",
     "laplacian_block": "laplacian", "laplacian_compact": "laplacian", "diagonal_partition": "curvature-diag",
     "own_halo": "halo-own-rows", "make_view": "halo-view", "_make_view": "halo-view", "take_columns": "halo-cut",
@@ -800,43 +812,74 @@ class DaskExecutor(Executor):
         return super()._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice)
 
     def _evaluate_halo(self, coords, grid, exaggeration, with_kl):
-        results, grid_z = self._halo_partials(grid, with_kl, self._assemble(coords))
+        plan = self._halo_state()[0]
+        own = self._scatter_each({w: np.ascontiguousarray(coords[:, halo_fns.own_rows(self.partitions, plan.parts[w])])
+                                  for w in plan.workers})
+        results, grid_z = self._halo_partials(grid, with_kl, own, coords.shape[0])
         self.stats["bytes_received"] += sum(_nbytes(r) for r in results)
         return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
                              with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
 
-    def _halo_partials(self, grid, with_kl: bool, X: dict, keep=None) -> tuple:
-        """``(per-partition results, grid Z)`` of one FFT evaluation on the workers' compact coordinates ``X``
-        (futures per worker, ``_assemble``); ``keep(w)``: instead of ``halo.evaluate_view``, the arguments
-        ``(fn, *args)`` of the worker function that evaluates and keeps the rows there (``engine.held_dask``)."""
+    def _halo_partials(self, grid, with_kl: bool, own: dict, dims: int, keep=None) -> tuple:
+        """``(per-partition results, grid Z)`` of one FFT evaluation at the workers' own rows ``own`` (futures per
+        worker, ``(dims, rows)``); ``keep(w)``: instead of ``halo.finish_view``, the arguments ``(fn, *args)`` of
+        the worker function that finishes the evaluation and keeps the rows there (``engine.held_dask``).
+
+        The schedule, per worker: the halo pieces it cuts for the others (``_exchange``: they travel meanwhile);
+        its own rows in box order (``visit_view``) and their charges (``spread_view``), which need no halo; its
+        compact columns (``assemble``) and the rows' attraction (``attraction_view``: it needs no potentials, so it
+        runs while the grids travel and are convolved); on each of the first K workers (K: as many as the
+        convolution has shares, ``repulsion.fft.convolution_shares``, at most W) the summed charges
+        (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
+        the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
         plan, views, _ = self._halo_state()
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
         # the grid goes to each worker once (a task holding it), not with every task that uses it
         on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
-        grids = [self._submit(halo_fns.spread_view, views[w], X[w], on[w], worker=w) for w in workers]
-        for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
-            for i, j in round_:
-                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
-        convolution = self._submit(halo_fns.convolve_total, on[workers[0]], grids[0], self._fft_workers,
-                                   worker=workers[0])
-        copies = self._broadcast(convolution, workers)
+        own, pieces = self._exchange(None, own, dims)  # the halo pieces cut first: they travel while spreading
+        visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w) for w in workers}
+        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w) for w in workers]
+        X = {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
+                             worker=w) for w in workers}
+        attraction = {w: self._submit(halo_fns.attraction_view, views[w], X[w], self._model_arg, self.space_dims,
+                                      with_kl, worker=w) for w in workers}
+        shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
+        k = max(1, min(len(workers), shares))
+        totals = self._sum_grids(grids, workers, k)
+        parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
+                              worker=workers[i]) for i in range(k)]
         futures = []
-        for i, w in enumerate(workers):
-            fn, *extra = (halo_fns.evaluate_view,) if keep is None else keep(w)
-            futures.append(self._submit(fn, views[w], X[w], self._model_arg, self.space_dims, on[w], copies[i],
-                                        with_kl, *extra, worker=w))
-        z_future = self._submit(halo_fns.convolution_z, convolution, worker=workers[0])
+        for w in workers:
+            fn, *extra = (halo_fns.finish_view,) if keep is None else keep(w)
+            futures.append(self._submit(fn, views[w], own[w], on[w], visits[w], attraction[w], parts, *extra,
+                                        worker=w))
+        z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
         results = [None] * len(self.partitions)
         for w, batch in zip(workers, batches):
-            for k, res in zip(plan.parts[w], batch):
-                results[k] = res
+            for j, res in zip(plan.parts[w], batch):
+                results[j] = res
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
-        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * (8 + potential_bytes)
+        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
+        self.stats["bytes_between_workers"] += _summed_grid_transfers(len(workers), k) * grid.n_nodes * 8
         self.stats["bytes_sent"] += len(workers) * len(pickle.dumps(grid, protocol=5))  # the grid, once per worker
         return results, grid_z
+
+    def _sum_grids(self, grids: list, workers: list, k: int) -> list:
+        """The summed charge grids on each of ``workers[:k]`` (futures): with few workers
+        (``DIRECT_SUM_WORKERS``) each of them sums all the grids (fetched at once, no dependent rounds); else a
+        pairwise tree among the workers into the first, then copies down a tree (``_broadcast``).  Integer sums:
+        the same grid either way."""
+        if len(workers) <= DIRECT_SUM_WORKERS:
+            return [self._submit(halo_fns.add_grids, grids[i], *(grids[:i] + grids[i + 1:]), worker=workers[i])
+                    for i in range(k)]
+        grids = list(grids)
+        for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
+            for i, j in round_:
+                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
+        return self._broadcast(grids[0], workers[:k])
 
     def _broadcast(self, future, workers: list) -> list:
         """``future``'s value on every worker, by a tree of copies (round r: workers ``0 .. 2^r - 1`` send to
@@ -934,6 +977,13 @@ def _forget_span_metrics(dask_worker=None) -> int:
             del digests[k]
         dropped += len(stale)
     return dropped
+
+
+def _summed_grid_transfers(workers: int, k: int) -> int:
+    """Charge grids that travel between workers to leave the sum on ``k`` of ``workers`` (``_sum_grids``)."""
+    if workers <= DIRECT_SUM_WORKERS:
+        return k * (workers - 1)
+    return workers - 1 + k - 1
 
 
 def _make_view(args, *blocks):

@@ -8,10 +8,11 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
 2. each worker cuts, for every other worker, the columns of its own rows that the other's halo holds
    (``take_columns``), and the other worker assembles its compact ``(d, |U_w|)`` array (``assemble``): the halo
    travels worker to worker, never through the client;
-3. with FFT repulsion, each worker spreads its own rows' charges (``spread_view``: fixed point, so partial grids
-   sum exactly in any order), the grids are summed pairwise among the workers (a tree, ``add_grids``), one worker
-   convolves (``convolve_total``), the potentials travel back down a tree (``relay``), and each worker
-   interpolates its own rows (``evaluate_view``);
+3. with FFT repulsion, each worker visits its own rows in box order (``visit_view``) and spreads their charges
+   (``spread_view``: fixed point, so partial grids sum exactly in any order); it computes their attraction
+   (``attraction_view``) while the grids are summed (``add_grids``) on each of the K workers that convolve (one
+   by default; each of K computes every K-th potential column or time component, ``convolve_part``); each worker
+   interpolates its own rows from the convolution's shares (``finish_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
 A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..affinity.affinity import RowBlock
-from ..repulsion.fft import Convolution, convolve, fixed_charges, spread_fixed
-from .blocks import curvature_block, evaluate_block_fft, laplacian_block, point_major
+from ..repulsion.fft import (ConvolutionShare, convolve_share, fixed_charges, interpolate_grid, join_convolution,
+                             spread_fixed)
+from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 
 
 @dataclass
@@ -84,22 +86,36 @@ def assemble(view: WorkerView, own: np.ndarray, *pieces: np.ndarray) -> np.ndarr
     return X
 
 
-def spread_view(view: WorkerView, X: np.ndarray, grid) -> np.ndarray:
-    """The fixed-point charges of the worker's own rows (``scalemb.repulsion.fft.spread_fixed``)."""
-    out = None
-    for b in view.blocks:
-        out = spread_fixed(grid, X, b.r0, b.r1, out)
-    return np.zeros(grid.n_nodes, dtype=np.int64) if out is None else out
+def visit_view(view: WorkerView, own: np.ndarray, grid) -> tuple:
+    """The worker's own rows ``own`` (``(d, rows)``: its partitions' rows in order) in the grid's box order
+    (``Grid.visit``), once per evaluation for both the spreading (``spread_view``) and the interpolation
+    (``finish_view``), as the in-process pass visits all rows once (``engine.fft_pass``).  It needs only the
+    worker's own rows, not its halo: the charges are spread while the halo travels.
+
+    Why: visited per partition, each partition's rows (spread over the whole layout) are sorted and walked
+    apart, and a box's nodes leave the cache between them (t-SNE R^2 at N = 7.7e5 on 2 workers: the spreading
+    took 40-60 % less in one pass in box order: docs/scaling.md)."""
+    return grid.visit(own, 0, own.shape[1])
 
 
-def add_grids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One step of the tree reduction of fixed-point charge grids (exact: integer addition)."""
-    return a + b
+def spread_view(view: WorkerView, own: np.ndarray, grid, visit: tuple | None = None) -> np.ndarray:
+    """The fixed-point charges of the worker's own rows ``own`` (``scalemb.repulsion.fft.spread_fixed``) in the
+    order ``visit`` (``visit_view``; made here if None): integers, so the same grid as any split of the rows."""
+    return spread_fixed(grid, own, 0, own.shape[1], visit=visit_view(view, own, grid) if visit is None else visit)
 
 
-def convolve_total(grid, total: np.ndarray, workers: int = -1) -> Convolution:
-    """The potentials (and t-SNE's grid part of Z) from the summed fixed-point charges."""
-    return convolve(grid, fixed_charges(grid, total), workers=workers)
+def add_grids(*grids: np.ndarray) -> np.ndarray:
+    """The sum of fixed-point charge grids (exact: integer addition, any order gives the same)."""
+    total = grids[0] + grids[1] if len(grids) > 1 else grids[0].copy()
+    for g in grids[2:]:
+        total += g
+    return total
+
+
+def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int = -1) -> ConvolutionShare:
+    """Share ``share`` of ``shares`` of the convolution of the summed fixed-point charges
+    (``repulsion.fft.convolve_share``)."""
+    return convolve_share(grid, fixed_charges(grid, total), share, shares, workers)
 
 
 def relay(value):
@@ -107,25 +123,40 @@ def relay(value):
     return value
 
 
-def convolution_z(convolution: Convolution) -> float:
+def convolution_z(convolution) -> float:
+    """Z's grid part of a ``Convolution`` or of the ``ConvolutionShare`` that holds it (the last)."""
     return float(convolution.z)
 
 
-def evaluate_view(view: WorkerView, X: np.ndarray, model, space_dims: int, grid, convolution: Convolution,
-                  with_kl: bool) -> list:
-    """``evaluate_block_fft`` of each of the worker's partitions on its compact coordinates; the results carry
-    the partitions' global rows."""
+def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, with_kl: bool) -> list:
+    """``blocks.attraction_block`` of each of the worker's partitions on its compact coordinates: ``[(A,
+    plogw), ...]``.  It needs no potentials, so it runs while the charges are summed and convolved."""
     from .base import block_model
 
-    if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
-        raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
     model = block_model(model)
     Yt = point_major(X)
+    return [attraction_block(model, b, X, space_dims, with_kl, Yt) for b in view.blocks]
+
+
+def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:
+    """Each partition's ``BlockResult`` from its attraction (``attraction_view``) and the repulsion interpolated
+    from the convolution's ``shares`` (``repulsion.fft.join_convolution``) at the worker's own rows ``own``: the
+    grid part of all of them in one pass in the visit order (``interpolate_grid``), each partition taking its
+    rows, as in-process (``engine.fft_pass``); the results carry the partitions' global rows.  The numbers of
+    ``evaluate_block_fft`` on the full coordinates, bit for bit (the same rows' values, summed in the same
+    order)."""
+    if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
+        raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
+    potentials = join_convolution(grid, shares).potentials
+    rows = interpolate_grid(grid, own, potentials, 1, visit) if own.shape[1] else None
     results = []
-    for b, (r0, r1) in zip(view.blocks, view.bounds):
-        res = evaluate_block_fft(model, b, X, space_dims, grid, convolution.potentials, None, with_kl, Yt)
+    start = 0
+    for b, (r0, r1), (A, plogw) in zip(view.blocks, view.bounds, attraction):
+        at = RowBlock(start, start + r1 - r0, b.indptr, b.indices, b.data)  # its rows' place in ``own``
+        res = repulsion_block_fft(at, A, plogw, own, grid, potentials, None, rows)
         res.r0, res.r1 = r0, r1
         results.append(res)
+        start += r1 - r0
     return results
 
 

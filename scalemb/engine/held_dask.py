@@ -51,7 +51,7 @@ import numpy as np
 from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
 from .blocks import Evaluation, add_reaction, laplacian_block, sum_partials
 from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
-from .halo import assemble, curvature_view, evaluate_view
+from .halo import assemble, curvature_view, finish_view
 from .held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
 from .laplacian import row_sums
 
@@ -197,10 +197,10 @@ def held_ensure(rows: dict, shapes: dict) -> None:
             rows[name] = np.zeros((int(d), width))
 
 
-def held_evaluate_view(view, X, model, space_dims, grid, convolution, with_kl, box, ks) -> list:
-    """``halo.evaluate_view``, keeping each partition's rows of attraction and repulsion here; returns the
+def held_finish_view(view, own, grid, visit, attraction, shares, box, ks) -> list:
+    """``halo.finish_view``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
-    results = evaluate_view(view, X, model, space_dims, grid, convolution, with_kl)
+    results = finish_view(view, own, grid, visit, attraction, shares)
     for k, res in zip(ks, results):
         rows = _rows(box, k)
         rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
@@ -559,9 +559,8 @@ class DaskHeld:
         shift = self._take_shift()
         own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
         ex.stats["bytes_sent"] += len(own) * _size(shift)
-        X = ex._assemble(None, own, ex.space_dims + ex.time_dims)
-        results, grid_z = ex._halo_partials(grid, with_kl, X,
-                                            keep=lambda w: (held_evaluate_view, self._boxes[w], plan.parts[w]))
+        results, grid_z = ex._halo_partials(grid, with_kl, own, ex.space_dims + ex.time_dims,
+                                            keep=lambda w: (held_finish_view, self._boxes[w], plan.parts[w]))
         ex.stats["bytes_received"] += _size(results)
         z, plogw, reaction = sum_partials(results, grid_z)
         value, total = ex.model.objective.values(plogw, z, ex._entropy, exaggeration, with_kl, n)

@@ -1013,39 +1013,94 @@ def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> Convolution:
     per evaluation, on the summed unit charges): zero-padded FFT convolutions over the space axes in
     ``fft_dtype``, and, if planned, Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self
     pairs are removed per row by ``interpolate``).  A time axis' components are convolved alike, one at a
-    time on each of ``workers`` threads (one forward and one inverse transform per kernel in flight each)."""
+    time on each of ``workers`` threads (one forward and one inverse transform per kernel in flight each).
+    The one share of ``convolve_share`` that holds everything."""
     if charges.shape != (grid.n_nodes,):
         raise ValueError(f"charges must have shape {(grid.n_nodes,)}, got {charges.shape}")
+    share = convolve_share(grid, charges, 0, 1, workers)
+    return Convolution(share.values.reshape(grid.n_potentials, grid.n_nodes), share.z)
+
+
+class ConvolutionShare(NamedTuple):
+    """Share ``share`` of ``shares`` of a convolution (``convolve_share``): without a time axis the potential
+    columns ``share, share + shares, ...`` (``values``: ``(columns, n_nodes)``) and Z's grid part in the last
+    share (``z``; 0 elsewhere and without one); with one, the time components ``share, share + shares, ...`` of
+    every column (``values``: ``(n_potentials, components) + space nodes``)."""
+
+    share: int
+    shares: int
+    values: np.ndarray
+    z: float
+
+
+def convolution_shares(grid: Grid) -> int:
+    """Into how many independent shares ``convolve_share`` can split the grid's convolution: its potential
+    columns (no time axis; each share transforms the charges forward itself) or its time components."""
+    return grid.n_potentials if grid.time_in is None else grid.nodes[0]
+
+
+def convolve_share(grid: Grid, charges: np.ndarray, share: int, shares: int, workers: int = 1) -> ConvolutionShare:
+    """Share ``share`` of ``shares`` of ``convolve`` (``ConvolutionShare``): the same transforms, on the same
+    numbers, as ``convolve`` runs for those columns or time components, so ``join_convolution`` of all shares is
+    ``convolve``'s result bit for bit (scipy's transforms give the same values on any number of threads).
+
+    Why: a Dask evaluation's convolution is one task; split among the workers (each with the summed charges),
+    no worker waits for another's whole convolution (``DaskExecutor._halo_partials``).  Without a time axis every
+    share repeats the forward transform (~a third of the work for t-SNE R^2: one forward, two inverse), which is
+    cheaper than sending its padded spectrum."""
+    if not 0 <= share < shares:
+        raise ValueError(f"share must be in [0, {shares}), got {share}")
     ds = grid.space_dims
     padded = grid.padded()
     plan = grid.plan
-    kernels = [kernel_spectrum(grid, plan.kernels[k], workers) for k in plan.potentials]
-    potentials = np.empty((grid.n_potentials, grid.n_nodes), dtype=fft_dtype(ds))
+    columns = list(range(share, grid.n_potentials, shares)) if grid.time_in is None else range(grid.n_potentials)
+    kernels = [kernel_spectrum(grid, plan.kernels[plan.potentials[c]], workers) for c in columns]
     if grid.time_in is None:
-        spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
-        for column, kernel in enumerate(kernels):
-            potentials[column] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
+        values = np.empty((len(columns), grid.n_nodes), dtype=fft_dtype(ds))
         z = 0.0
-        if plan.z_kernel is not None:
-            z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
-        return Convolution(potentials, z)
+        with_z = plan.z_kernel is not None and share == shares - 1
+        if columns or with_z:
+            spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
+            for i, kernel in enumerate(kernels):
+                values[i] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
+            if with_z:
+                z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
+        return ConvolutionShare(share, shares, values, z)
     by_component = charges.reshape(grid.nodes)
-    out = potentials.reshape((grid.n_potentials,) + grid.nodes)
+    components = range(share, grid.nodes[0], shares)
+    out = np.empty((grid.n_potentials, len(components)) + grid.space_nodes, dtype=fft_dtype(ds))
 
-    def component(c):
-        spectrum = _forward_padded(by_component[c].astype(fft_dtype(ds)), padded, 1)
+    def component(i):
+        spectrum = _forward_padded(by_component[components[i]].astype(fft_dtype(ds)), padded, 1)
         product = np.empty_like(spectrum)
         for column, kernel in enumerate(kernels):
-            out[column, c] = _inverse_cropped(np.multiply(kernel, spectrum, out=product), padded, grid.space_nodes, 1)
+            out[column, i] = _inverse_cropped(np.multiply(kernel, spectrum, out=product), padded, grid.space_nodes, 1)
 
-    threads = min(_thread_count(workers), grid.nodes[0])
-    if threads == 1:
-        for c in range(grid.nodes[0]):
-            component(c)
+    threads = min(_thread_count(workers), len(components))
+    if threads <= 1:
+        for i in range(len(components)):
+            component(i)
     else:
         with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(component, range(grid.nodes[0])))
-    return Convolution(potentials, 0.0)
+            list(pool.map(component, range(len(components))))
+    return ConvolutionShare(share, shares, out, 0.0)
+
+
+def join_convolution(grid: Grid, shares: list) -> Convolution:
+    """``convolve``'s result from all of its shares (``ConvolutionShare``, any order)."""
+    if len(shares) == 1 and shares[0].shares == 1:
+        return Convolution(shares[0].values.reshape(grid.n_potentials, grid.n_nodes), shares[0].z)
+    if sorted(s.share for s in shares) != list(range(len(shares))) or any(s.shares != len(shares) for s in shares):
+        raise ValueError(f"need every share of the convolution once, got {[(s.share, s.shares) for s in shares]}")
+    potentials = np.empty((grid.n_potentials, grid.n_nodes), dtype=fft_dtype(grid.space_dims))
+    z = 0.0
+    for s in shares:
+        if grid.time_in is None:
+            potentials[s.share::s.shares] = s.values
+        else:
+            potentials.reshape((grid.n_potentials,) + grid.nodes)[:, s.share::s.shares] = s.values
+        z = s.z if s.share == s.shares - 1 else z
+    return Convolution(potentials, z)
 
 
 @dataclass(frozen=True)
