@@ -7,8 +7,8 @@ split: embed the rest (not timed), then place the held-out nodes with ``place``'
 grown graph + start + optimisation, as ``scalemb transform`` does after reading the run), and compare the
 placed nodes' neighbourhood preservation (``transform.neighbourhood_preservation``: fraction of each one's graph
 neighbours among its deg nearest in the map) with the re-embedding's; "NP all": the same over every node of the
-map (the stored nodes a free phase moved among them), KL of the whole map under the full graph's P.  Both times come from the same run;
-the ratios are the figures to quote on a shared machine.
+map (the stored nodes a free phase moved among them), KL of the whole map under the full graph's P.  Both times
+come from the same run; the ratios are the figures to quote on a shared machine.
 
     python benchmarks/transform_defaults.py --coauthor-authors 13000 --out /tmp/defaults.md
     # a sweep of placement settings against the same maps (cached), e.g.
