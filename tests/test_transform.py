@@ -323,6 +323,18 @@ def test_cli_places_new_graph_nodes(school_run):
     freed_result = EmbeddingResult.load(freed)
     assert freed_result.provenance["n_moved"] == n_moved
     np.testing.assert_array_equal(freed_result.embedding, after.embedding)
+    assert (freed_result.optimizer["free_exaggeration"], freed_result.optimizer["free_stored_attraction"]) == \
+        (FREE_EXAGGERATION, FREE_STORED_ATTRACTION)
+    plain = tmp_path / "plain.zarr"  # the free phase on the plain KL: other weights, another map
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(plain), "--free-exaggeration", "1",
+                   "--free-stored-attraction", "1", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    plain_result = EmbeddingResult.load(plain)
+    assert (plain_result.optimizer["free_exaggeration"], plain_result.optimizer["free_stored_attraction"]) == (1, 1)
+    assert plain_result.provenance["n_moved"] == n_moved and not np.array_equal(plain_result.embedding, after.embedding)
+    bad = tmp_path / "bad.zarr"
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(bad), "--free-stored-attraction", "0")
+    assert proc.returncode == 2 and "--free-stored-attraction must be > 0" in proc.stderr and not bad.exists()
     fixed = tmp_path / "fixed.zarr"
     proc = run_cli("transform", str(run), str(new_path), "--out", str(fixed), "--free-hops", "0", "--quiet")
     assert proc.returncode == 0, proc.stderr and "moved" not in proc.stdout

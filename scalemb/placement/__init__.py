@@ -327,7 +327,8 @@ def knn_optimizer(optimizer, with_time: bool) -> PlacementOptimizer:
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
                free_hops: int | None = None, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
-               scheduler: str | None = None, workers: int | None = None):
+               scheduler: str | None = None, workers: int | None = None, free_exaggeration: float | None = None,
+               free_stored_attraction: float | None = None):
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
     ``EmbeddingResult`` (old rows first, unchanged unless a free phase moved some: see ``place``).
@@ -353,7 +354,9 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
             client = stack.enter_context(dask_client(scheduler, workers))
         placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
                                    optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
-                                   free_iterations=free_iterations, repulsion=repulsion, client=client)
+                                   free_iterations=free_iterations, repulsion=repulsion, client=client,
+                                   free_exaggeration=free_exaggeration,
+                                   free_stored_attraction=free_stored_attraction)
     provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
                   "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
                   "n_moved": int(placed.moved.size), "run_provenance": result.provenance,
@@ -364,7 +367,8 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
                   n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int | None = None,
                   free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", scheduler: str | None = None,
-                  workers: int | None = None):
+                  workers: int | None = None, free_exaggeration: float | None = None,
+                  free_stored_attraction: float | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
     from ..store.results import EmbeddingResult
@@ -378,6 +382,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
         raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
     combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run,
                           free_hops=free_hops, free_iterations=free_iterations, repulsion=repulsion,
-                          scheduler=scheduler, workers=workers)
+                          scheduler=scheduler, workers=workers, free_exaggeration=free_exaggeration,
+                          free_stored_attraction=free_stored_attraction)
     combined.save(out, overwrite=overwrite)
     return combined
