@@ -488,6 +488,11 @@ def test_service_transform_job(tmp_path):
         assert record["state"] == "done" and record["n_points"] == 44, record
         csv = service.request("GET", f"/jobs/{job['id']}/embedding")[1].decode().splitlines()
         assert [line.split(",")[0] for line in csv[-2:]] == ["100", "101"]
+        weights = {"new": "uploads/new.txt", "free_exaggeration": 1.0, "free_stored_attraction": 1.0}
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", weights)
+        assert status == 201 and service.wait(job["id"])["state"] == "done", job
+        status, _ = service.json("POST", f"/jobs/{created['id']}/transform", dict(weights, free_stored_attraction=0))
+        assert status == 422
         status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 and 0 are stored nodes
         status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/bad.txt"})
         record = service.wait(job["id"])
@@ -651,7 +656,9 @@ def test_placement_defaults_are_one_table_every_front_reads():
     assert (args.iterations, args.free_hops, args.free_iterations, args.tol) == \
         (None, None, FREE_ITERATIONS, PlacementOptimizer.tol)
     request = TransformRequest(new="uploads/new.txt")
-    assert (request.iterations, request.free_hops, request.free_iterations) == (None, None, None)
+    assert (request.iterations, request.free_hops, request.free_iterations, request.free_exaggeration,
+            request.free_stored_attraction) == (None, None, None, None, None)
+    assert (args.free_exaggeration, args.free_stored_attraction) == (None, None)
     with pytest.raises(ValueError, match="time coordinates"):
         PlacementOptimizer(final_exaggeration=1.5).resolved(with_time=True)
     with pytest.raises(ValueError, match="iterations"):
