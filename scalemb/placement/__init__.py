@@ -158,7 +158,7 @@ PRE_FREE_ITERATIONS = 50
 # FREE_EXAGGERATION, of the freed stored points' other pairs (to each other and to the fixed map) x
 # FREE_STORED_ATTRACTION (``PlacementObjective``'s ``stored_attraction``): the freed points follow the new links the
 # stored map lacks instead of holding to its old layout (docs/design/placement.md).  The KL reported is the map's own
-FREE_EXAGGERATION = 3.5
+FREE_EXAGGERATION = 4.0
 FREE_STORED_ATTRACTION = 0.75
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
