@@ -11,8 +11,9 @@ from scalemb.embedding import EmbeddingResult
 from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 from scalemb.models import get_model
-from scalemb.placement import (FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, PRE_FREE_ITERATIONS, PlacementObjective,
-                               PlacementOptimizer, auto_free_hops, freed_points, place, placement_defaults)
+from scalemb.placement import (FREE_EXAGGERATION, FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, FREE_STORED_ATTRACTION,
+                               PRE_FREE_ITERATIONS, PlacementObjective, PlacementOptimizer, auto_free_hops,
+                               freed_points, place, placement_defaults)
 from scalemb.placement.optimize import (EXAGGERATION, EXAGGERATION_ITERATIONS, FINAL_EXAGGERATION, ITERATIONS,
                                         TIME_STEPS, initial_positions)
 
@@ -123,8 +124,9 @@ def test_free_hops_moves_only_the_stored_neighbours_and_lowers_the_kl():
     assert set(two) == expected
     old = np.random.default_rng(1).standard_normal((2, n))
     plain = PlacementOptimizer(exaggeration=1.0, final_exaggeration=1.0)  # the KL itself descends
+    unweighted = dict(free_exaggeration=1.0, free_stored_attraction=1.0)  # ... in the free phase too
     fixed, _ = place("tsne", 2, old, P, plain, free_hops=0)
-    freed, _ = place("tsne", 2, old, P, plain, free_hops=1, free_iterations=20)
+    freed, _ = place("tsne", 2, old, P, plain, free_hops=1, free_iterations=20, **unweighted)
     assert fixed.moved.size == 0 and list(freed.moved) == [0, 1, 2, 3]
     assert freed.kl < fixed.kl
     assert np.all(np.diff(freed.kl_history) <= 1e-12)  # both phases descend the same whole-map KL
@@ -164,6 +166,44 @@ def test_curvature_matrix_is_the_attractive_partial_hessian(name):
         np.testing.assert_allclose(B @ X[:ds].T, attractive[:ds].T, rtol=1e-9, atol=1e-13)
 
 
+@pytest.mark.parametrize("name", ["tsne", "sne"])
+def test_free_phase_objective_weighs_the_pairs_of_placed_points_apart(name):
+    """With freed rows (``n_placed`` < the moving rows) the exaggeration alpha weighs the pairs with a placed point
+    and ``stored_attraction`` beta the others: the KL is the map's own, the gradient and the curvature those of
+    the affinity so reweighted, the gradient that of the descended objective by finite differences."""
+    n, m, freed = 30, 12, 5  # moving rows: 5 freed stored points, then 7 placed ones
+    P = random_affinity(n + m, seed=9).P
+    P = sp.csr_matrix(P / P.sum())
+    rng = np.random.default_rng(10)
+    old, X = rng.standard_normal((2, n)), rng.standard_normal((2, m))
+    alpha, beta = 3.5, 0.75
+    coo = P.tocoo()
+    placed = (coo.row >= n + freed) | (coo.col >= n + freed)
+    moving = (coo.row >= n) | (coo.col >= n)
+    weights = np.where(placed, alpha, np.where(moving, beta, 1.0))
+    reweighted = sp.csr_matrix((coo.data * weights, (coo.row, coo.col)), shape=P.shape)
+    model = get_model(name)
+    with PlacementObjective(model, 2, P, old, n_placed=m - freed, stored_attraction=beta) as weighed, \
+            PlacementObjective(model, 2, P, old) as plain, PlacementObjective(model, 2, reweighted, old) as target:
+        ev, plain_ev = weighed.evaluate(X, alpha), plain.evaluate(X, alpha)
+        assert ev.kl == pytest.approx(plain_ev.kl, rel=1e-12) and ev.z == pytest.approx(plain_ev.z, rel=1e-12)
+        np.testing.assert_allclose(ev.gradient, target.evaluate(X).gradient, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(weighed.curvature_matrix(X, alpha).toarray(),
+                                   target.curvature_matrix(X).toarray(), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(weighed.curvature_diagonal(X, alpha), target.curvature_diagonal(X), rtol=1e-10)
+        assert not np.allclose(ev.gradient, plain_ev.gradient)  # beta != alpha: not the plain exaggeration
+        entries = [(k, i) for k in range(2) for i in range(0, m, 2)]
+        numeric = central_differences(lambda c: weighed.evaluate(c, alpha).objective, X, entries)
+        for k, i in entries:
+            assert numeric[k, i] == pytest.approx(ev.gradient[k, i], rel=1e-5, abs=1e-9)
+        same = PlacementObjective(model, 2, P, old, n_placed=m - freed)  # beta 1, alpha 1: the KL's own gradient
+        np.testing.assert_allclose(same.evaluate(X).gradient, plain.evaluate(X).gradient, rtol=1e-12, atol=1e-15)
+        same.close()
+    for bad in (dict(n_placed=0), dict(n_placed=m + 1), dict(stored_attraction=0.0)):
+        with pytest.raises(ValueError):
+            PlacementObjective(model, 2, P, old, **bad)
+
+
 def test_spectral_direction_places_and_frees_like_the_jacobi_one():
     """The spectral direction (``direction='spectral'``): the same objective descended; with no edge among the
     moving points it is the Jacobi direction exactly."""
@@ -179,7 +219,7 @@ def test_spectral_direction_places_and_frees_like_the_jacobi_one():
     assert np.all(np.diff(spectral.kl_history) <= 1e-12) and spectral.kl < spectral.kl_history[0]
     assert spectral.kl == pytest.approx(jacobi.kl, rel=2e-3)
     freed, _ = place("tsne", 2, old, P, PlacementOptimizer(iterations=40, direction="spectral", **plain),
-                     free_hops=1, free_iterations=10)
+                     free_hops=1, free_iterations=10, free_exaggeration=1.0, free_stored_attraction=1.0)
     assert freed.moved.size and freed.kl < spectral.kl and np.all(np.diff(freed.kl_history) <= 1e-12)
     lone = P.tolil()
     lone[n:, n:] = 0
@@ -283,6 +323,18 @@ def test_cli_places_new_graph_nodes(school_run):
     freed_result = EmbeddingResult.load(freed)
     assert freed_result.provenance["n_moved"] == n_moved
     np.testing.assert_array_equal(freed_result.embedding, after.embedding)
+    assert (freed_result.optimizer["free_exaggeration"], freed_result.optimizer["free_stored_attraction"]) == \
+        (FREE_EXAGGERATION, FREE_STORED_ATTRACTION)
+    plain = tmp_path / "plain.zarr"  # the free phase on the plain KL: other weights, another map
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(plain), "--free-exaggeration", "1",
+                   "--free-stored-attraction", "1", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    plain_result = EmbeddingResult.load(plain)
+    assert (plain_result.optimizer["free_exaggeration"], plain_result.optimizer["free_stored_attraction"]) == (1, 1)
+    assert plain_result.provenance["n_moved"] == n_moved and not np.array_equal(plain_result.embedding, after.embedding)
+    bad = tmp_path / "bad.zarr"
+    proc = run_cli("transform", str(run), str(new_path), "--out", str(bad), "--free-stored-attraction", "0")
+    assert proc.returncode == 2 and "--free-stored-attraction must be > 0" in proc.stderr and not bad.exists()
     fixed = tmp_path / "fixed.zarr"
     proc = run_cli("transform", str(run), str(new_path), "--out", str(fixed), "--free-hops", "0", "--quiet")
     assert proc.returncode == 0, proc.stderr and "moved" not in proc.stdout
@@ -436,6 +488,11 @@ def test_service_transform_job(tmp_path):
         assert record["state"] == "done" and record["n_points"] == 44, record
         csv = service.request("GET", f"/jobs/{job['id']}/embedding")[1].decode().splitlines()
         assert [line.split(",")[0] for line in csv[-2:]] == ["100", "101"]
+        weights = {"new": "uploads/new.txt", "free_exaggeration": 1.0, "free_stored_attraction": 1.0}
+        status, job = service.json("POST", f"/jobs/{created['id']}/transform", weights)
+        assert status == 201 and service.wait(job["id"])["state"] == "done", job
+        status, _ = service.json("POST", f"/jobs/{created['id']}/transform", dict(weights, free_stored_attraction=0))
+        assert status == 422
         status, _ = service.json("PUT", "/uploads/bad.txt", raw=b"5 0\n")  # 5 and 0 are stored nodes
         status, job = service.json("POST", f"/jobs/{created['id']}/transform", {"new": "uploads/bad.txt"})
         record = service.wait(job["id"])
@@ -592,11 +649,16 @@ def test_placement_defaults_are_one_table_every_front_reads():
     defaults = placement_defaults()
     assert defaults["final_exaggeration"] == FINAL_EXAGGERATION and defaults["free_iterations"] == FREE_ITERATIONS
     assert defaults["iterations before a free phase"] == PRE_FREE_ITERATIONS
+    assert (defaults["free_exaggeration"], defaults["free_stored_attraction"]) == \
+        (FREE_EXAGGERATION, FREE_STORED_ATTRACTION)
+    assert FREE_EXAGGERATION > 1.0 and 0 < FREE_STORED_ATTRACTION <= 1.0
     args = build_parser().parse_args(["transform", "run.zarr", "new.txt", "--out", "o.zarr"])
     assert (args.iterations, args.free_hops, args.free_iterations, args.tol) == \
         (None, None, FREE_ITERATIONS, PlacementOptimizer.tol)
     request = TransformRequest(new="uploads/new.txt")
-    assert (request.iterations, request.free_hops, request.free_iterations) == (None, None, None)
+    assert (request.iterations, request.free_hops, request.free_iterations, request.free_exaggeration,
+            request.free_stored_attraction) == (None, None, None, None, None)
+    assert (args.free_exaggeration, args.free_stored_attraction) == (None, None)
     with pytest.raises(ValueError, match="time coordinates"):
         PlacementOptimizer(final_exaggeration=1.5).resolved(with_time=True)
     with pytest.raises(ValueError, match="iterations"):
@@ -622,10 +684,17 @@ def test_default_free_phase_follows_the_share_of_the_map_it_would_move():
     assert run.settings["final_exaggeration"] == FINAL_EXAGGERATION and run.settings["iterations"] == ITERATIONS
     run, _ = place("tsne", 2, old, few)
     assert run.settings["iterations"] == PRE_FREE_ITERATIONS  # the first phase's cap before a free phase
+    assert (run.settings["free_exaggeration"], run.settings["free_stored_attraction"]) == \
+        (FREE_EXAGGERATION, FREE_STORED_ATTRACTION)
     timed = np.concatenate([old, np.zeros((1, n))])
     run, _ = place("snest", 2, timed, few)  # time coordinates: no exaggeration, the full first phase
     assert run.settings["exaggeration"] == 1.0 and run.settings["final_exaggeration"] == 1.0
     assert run.moved.size and run.settings["iterations"] == ITERATIONS
+    assert (run.settings["free_exaggeration"], run.settings["free_stored_attraction"]) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="time coordinates"):
+        place("snest", 2, timed, few, free_exaggeration=2.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        place("tsne", 2, old, few, free_stored_attraction=0.0)
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 
 def add_parser(commands):
-    from ..placement import FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, PRE_FREE_ITERATIONS, PlacementOptimizer
+    from ..placement import (FREE_EXAGGERATION, FREE_HOPS, FREE_ITERATIONS, FREE_MAX_SHARE, FREE_STORED_ATTRACTION,
+                             PRE_FREE_ITERATIONS, PlacementOptimizer)
     from ..placement.optimize import EXAGGERATION, FINAL_EXAGGERATION, ITERATIONS, KNN_FINAL_EXAGGERATION
 
     tra = commands.add_parser(
@@ -35,6 +36,13 @@ def add_parser(commands):
                           f"{FREE_MAX_SHARE:g} of the stored map, else 0; 0 for feature rows)")
     tra.add_argument("--free-iterations", type=int, default=FREE_ITERATIONS,
                      help="iterations of that second phase at most (default %(default)s)")
+    tra.add_argument("--free-exaggeration", type=float, default=None,
+                     help="that phase's attraction of the pairs with a new point, times this (default "
+                          f"{FREE_EXAGGERATION:g}; 1 with time coordinates)")
+    tra.add_argument("--free-stored-attraction", type=float, default=None,
+                     help="that phase's attraction of the moving stored points' other pairs, times this (default "
+                          f"{FREE_STORED_ATTRACTION:g}; 1 with time coordinates; 1 with --free-exaggeration 1: the "
+                          "plain KL)")
     tra.add_argument("--repulsion", choices=("auto", "exact", "fft"), default="auto",
                      help="repulsion from the stored points: exact sums or one frozen FFT grid of the stored map "
                           "(default auto: fft from 20000 stored points or 2e7 stored x new pairs)")
@@ -56,6 +64,10 @@ def run_transform(args) -> int:
         raise ScalembError(f"--free-hops must be >= 0, got {args.free_hops}")
     if args.free_iterations < 1:
         raise ScalembError(f"--free-iterations must be >= 1, got {args.free_iterations}")
+    for flag, value in (("--free-exaggeration", args.free_exaggeration),
+                        ("--free-stored-attraction", args.free_stored_attraction)):
+        if value is not None and not value > 0:
+            raise ScalembError(f"{flag} must be > 0, got {value}")
     if args.workers is not None and args.workers < 1:
         raise ScalembError(f"--workers must be >= 1, got {args.workers}")
     if args.threads is not None and args.threads < 1:
@@ -64,7 +76,9 @@ def run_transform(args) -> int:
                            optimizer=PlacementOptimizer(iterations=args.iterations, tol=args.tol), seed=args.seed,
                            n_threads=args.threads, refuse_unattached=args.refuse_unattached,
                            free_hops=args.free_hops, free_iterations=args.free_iterations,
-                           repulsion=args.repulsion, scheduler=args.scheduler, workers=args.workers)
+                           repulsion=args.repulsion, scheduler=args.scheduler, workers=args.workers,
+                           free_exaggeration=args.free_exaggeration,
+                           free_stored_attraction=args.free_stored_attraction)
     prov = result.provenance
     moved = f", {prov['n_moved']} stored points moved" if prov.get("n_moved") else ""
     print(f"wrote {args.out}: placed {prov['n_new']} new points into {prov['n_old']} "

@@ -32,7 +32,8 @@ from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_e
 from .objective import PlacementObjective
 from .optimize import KNN_FINAL_EXAGGERATION, UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
 
-__all__ = ["FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
+__all__ = ["FREE_EXAGGERATION", "FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "FREE_STORED_ATTRACTION",
+           "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
            "placement_defaults", "PlacementOptimizer", "PlacementObjective", "UNATTACHED_RULE",
            "freed_points", "knn_optimizer", "knn_settings", "new_feature_rows", "place", "placement_repulsion",
            "place_into", "reference_of", "transform_run"]
@@ -152,7 +153,13 @@ FREE_DIRECTION = "spectral"
 FREE_HOPS = 1
 FREE_MAX_SHARE = 0.5
 FREE_ITERATIONS = 30
-PRE_FREE_ITERATIONS = 100
+PRE_FREE_ITERATIONS = 50
+# the free phase's objective (maps without time coordinates): the attraction of the pairs with a placed point x
+# FREE_EXAGGERATION, of the freed stored points' other pairs (to each other and to the fixed map) x
+# FREE_STORED_ATTRACTION (``PlacementObjective``'s ``stored_attraction``): the freed points follow the new links the
+# stored map lacks instead of holding to its old layout (docs/design/placement.md).  The KL reported is the map's own
+FREE_EXAGGERATION = 4.0
+FREE_STORED_ATTRACTION = 0.75
 # repulsion="auto": the frozen FFT grid from this many old points, or this many old x new pairs, on (if the model
 # has an FFT repulsion); below, the exact sums (cheap there, and exact)
 FFT_MIN_OLD = 20_000
@@ -169,7 +176,8 @@ def placement_defaults() -> dict:
             "final_exaggeration": first.final_exaggeration,
             "final_exaggeration of new feature rows": KNN_FINAL_EXAGGERATION, "free_hops": f"{FREE_HOPS} if at most "
             f"{FREE_MAX_SHARE:g} of the stored map, else 0", "free_iterations": FREE_ITERATIONS,
-            "free_direction": FREE_DIRECTION}
+            "free_direction": FREE_DIRECTION, "free_exaggeration": FREE_EXAGGERATION,
+            "free_stored_attraction": FREE_STORED_ATTRACTION}
 
 
 def auto_free_hops(P: sp.csr_matrix, n: int) -> int:
@@ -205,7 +213,7 @@ def freed_points(P: sp.csr_matrix, n: int, hops: int) -> np.ndarray:
 def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, optimizer=None, seed: int = 0,
           n_threads: int | None = None, refuse_unattached: bool = False, callback=None, free_hops: int | None = None,
           free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", free_direction: str = FREE_DIRECTION,
-          client=None):
+          client=None, free_exaggeration: float | None = None, free_stored_attraction: float | None = None):
     """Place the new points of ``P'`` (rows after ``old``'s ``N = old.shape[1]`` columns) into the fixed map
     ``old`` (``(ds + dt, N)``).  Returns ``(PlacementRun, n_unattached)``.
 
@@ -219,7 +227,10 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     map of the other 90 % it cannot (docs/design/placement.md): the gap is the stored map's, and
     only moving stored points closes it.  The freed rows are returned in ``PlacementRun.moved`` /
     ``moved_coords``; every other stored row stays exactly where it was.  The free phase descends along
-    ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one).
+    ``free_direction`` (``PlacementOptimizer.direction``; default ``FREE_DIRECTION``, the spectral one), on the
+    KL with the attraction of the pairs with a placed point x ``free_exaggeration`` and of the freed points' other
+    pairs x ``free_stored_attraction`` (``PlacementObjective``; defaults ``FREE_EXAGGERATION`` and
+    ``FREE_STORED_ATTRACTION``, 1.0 and 1.0 with time coordinates: the free phase then descends the KL itself).
 
     ``repulsion``: ``"exact"`` sums, the frozen FFT grid of the fixed map (``"fft"``, ``placement.frozen``), or
     ``"auto"`` (``placement_repulsion``).  ``client``: a ``distributed.Client``; the objective's row blocks
@@ -232,6 +243,14 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
     exaggerated as ``PlacementOptimizer`` says."""
     if (free_hops is not None and free_hops < 0) or free_iterations < 1:
         raise ValueError(f"free_hops must be >= 0 and free_iterations >= 1, got {free_hops}, {free_iterations}")
+    with_time = old.shape[0] > space_dims
+    if with_time and (free_exaggeration not in (None, 1.0) or free_stored_attraction not in (None, 1.0)):
+        raise ValueError("an exaggerated free phase is not supported for models with time coordinates")
+    link = (1.0 if with_time else FREE_EXAGGERATION) if free_exaggeration is None else float(free_exaggeration)
+    stored = (1.0 if with_time else FREE_STORED_ATTRACTION) if free_stored_attraction is None \
+        else float(free_stored_attraction)
+    if not (link > 0 and stored > 0):
+        raise ValueError(f"free_exaggeration and free_stored_attraction must be > 0, got {link}, {stored}")
     model = get_model(model_name)
     n = old.shape[1]
     P = sp.csr_matrix(P)
@@ -261,13 +280,14 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
                                 mu=optimizer.mu, time_ratio=optimizer.time_ratio, growth=optimizer.growth,
                                 max_step=optimizer.max_step, c=optimizer.c, rho=optimizer.rho,
                                 direction=free_direction, exaggeration=1.0, exaggeration_iterations=0,
-                                final_exaggeration=optimizer.final_exaggeration)
+                                final_exaggeration=link)
     start = np.ascontiguousarray(np.concatenate([old[:, free], run.coords], axis=1))
     with PlacementObjective(model, space_dims, P[order][:, order], np.ascontiguousarray(old[:, fixed]),
-                            n_threads=n_threads, repulsion=method, client=client) as objective:
+                            n_threads=n_threads, repulsion=method, client=client, n_placed=P.shape[0] - n,
+                            stored_attraction=stored) as objective:
         run2 = second.optimize(objective, start, space_dims)
     settings = dict(run.settings, free_hops=int(free_hops), free_iterations=int(free_iterations),
-                    n_moved=int(free.size))
+                    n_moved=int(free.size), free_exaggeration=link, free_stored_attraction=stored)
     return PlacementRun(np.ascontiguousarray(run2.coords[:, free.size:]), run2.kl,
                         np.concatenate([run.kl_history, run2.kl_history[1:]]), run.iterations + run2.iterations,
                         run2.converged, run.seconds + run2.seconds, run.evaluations + run2.evaluations, settings,
@@ -307,7 +327,8 @@ def knn_optimizer(optimizer, with_time: bool) -> PlacementOptimizer:
 def place_into(result, new, reference: Reference | None = None, optimizer=None, seed: int = 0,
                n_threads: int | None = None, refuse_unattached: bool = False, run_name="the stored map",
                free_hops: int | None = None, free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto",
-               scheduler: str | None = None, workers: int | None = None):
+               scheduler: str | None = None, workers: int | None = None, free_exaggeration: float | None = None,
+               free_stored_attraction: float | None = None):
     """Place ``new`` (edge list path, or feature rows: path or array) into the map of the ``EmbeddingResult``
     ``result``; ``reference`` defaults to the one its provenance names.  Returns the whole map's
     ``EmbeddingResult`` (old rows first, unchanged unless a free phase moved some: see ``place``).
@@ -333,7 +354,9 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
             client = stack.enter_context(dask_client(scheduler, workers))
         placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
                                    optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
-                                   free_iterations=free_iterations, repulsion=repulsion, client=client)
+                                   free_iterations=free_iterations, repulsion=repulsion, client=client,
+                                   free_exaggeration=free_exaggeration,
+                                   free_stored_attraction=free_stored_attraction)
     provenance = {"transform_of": str(run_name), "new": str(new) if isinstance(new, (str, Path)) else "array",
                   "n_old": int(result.node_ids.size), "n_new": int(new_ids.size), "n_unattached": unattached,
                   "n_moved": int(placed.moved.size), "run_provenance": result.provenance,
@@ -344,7 +367,8 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
 def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: int = 0,
                   n_threads: int | None = None, refuse_unattached: bool = False, free_hops: int | None = None,
                   free_iterations: int = FREE_ITERATIONS, repulsion: str = "auto", scheduler: str | None = None,
-                  workers: int | None = None):
+                  workers: int | None = None, free_exaggeration: float | None = None,
+                  free_stored_attraction: float | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
     from ..store.results import EmbeddingResult
@@ -358,6 +382,7 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
         raise InputError(run, f"not a scalemb result ({exc.__class__.__name__}: {exc})") from None
     combined = place_into(result, new, None, optimizer, seed, n_threads, refuse_unattached, run_name=run,
                           free_hops=free_hops, free_iterations=free_iterations, repulsion=repulsion,
-                          scheduler=scheduler, workers=workers)
+                          scheduler=scheduler, workers=workers, free_exaggeration=free_exaggeration,
+                          free_stored_attraction=free_stored_attraction)
     combined.save(out, overwrite=overwrite)
     return combined

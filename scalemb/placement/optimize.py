@@ -271,7 +271,7 @@ class _PlacementRun(StepRun):
     def advance(self, it: int) -> str:
         r, s, alpha = self.rule, self.state, self.state.alpha
         if r.direction == "spectral":
-            B = alpha * self.executor.curvature_matrix(s.coords)
+            B = self.executor.curvature_matrix(s.coords, alpha)
             h = B.diagonal()
             shift = r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0)
             if B.nnz > B.shape[0]:  # coupled moving points: solve (B + shift I) D = -G^T
@@ -282,7 +282,7 @@ class _PlacementRun(StepRun):
             else:  # no edge among the moving points: B is diagonal, the Jacobi direction
                 direction = -self.ev.gradient * (1.0 / (h + shift))[None, :]
         else:
-            h = alpha * self.executor.curvature_diagonal(s.coords)
+            h = self.executor.curvature_diagonal(s.coords, alpha)
             scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
             direction = -self.ev.gradient * scale[None, :]
         direction[self.space_dims:] *= r.time_ratio
@@ -313,7 +313,7 @@ class _PlacementRun(StepRun):
             if rows.start == 0:
                 part[rows] = direction[rows]
             else:  # the time direction at the point the space search reached
-                h = alpha * self.executor.curvature_diagonal(s.coords)
+                h = self.executor.curvature_diagonal(s.coords, alpha)
                 scale = 1.0 / (h + r.mu * (h.mean() if h.size and h.mean() > 0 else 1.0))
                 part[rows] = -self.ev.gradient[rows] * scale[None, :] * r.time_ratio
             result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, part, self.ev, getattr(s, attr),

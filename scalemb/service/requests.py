@@ -85,4 +85,9 @@ class TransformRequest(BaseModel):
                                   "scalemb transform's, 1 hop for new graph nodes unless that frees most of the map)")
     free_iterations: int | None = Field(None, ge=1, le=100_000, description="iterations of that phase at most "
                                                                              "(default: scalemb transform's)")
+    free_exaggeration: float | None = Field(None, gt=0, le=100, description="that phase's attraction of the pairs "
+                                            "with a new node, times this (default: scalemb transform's)")
+    free_stored_attraction: float | None = Field(None, gt=0, le=100, description="that phase's attraction of the "
+                                                 "moving stored nodes' other pairs, times this (default: scalemb "
+                                                 "transform's)")
 

@@ -149,6 +149,8 @@ def transform(svc: ServiceDep, job_id: str, request: TransformRequest):
         params = {"kind": "transform", "source_job": job_id, "input": request.new,
                   **input_snapshot(svc.root, request.new), "iterations": request.iterations,
                   "free_hops": request.free_hops, "free_iterations": request.free_iterations,
+                  "free_exaggeration": request.free_exaggeration,
+                  "free_stored_attraction": request.free_stored_attraction,
                   "model": source["params"].get("model")}
         return svc.queue(params)
 

@@ -485,6 +485,8 @@ class JobRunner:
                 transform_run(self.result_path(params["source_job"]), params["input_path"], run,
                               optimizer=PlacementOptimizer(iterations=params.get("iterations")),
                               n_threads=self.n_threads, free_hops=params.get("free_hops"),
+                              free_exaggeration=params.get("free_exaggeration"),
+                              free_stored_attraction=params.get("free_stored_attraction"),
                               **({} if params.get("free_iterations") is None else
                                  {"free_iterations": params["free_iterations"]}))
             except Exception as exc:  # bad input included: the job fails with the message
