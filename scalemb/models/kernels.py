@@ -216,8 +216,8 @@ def fused_pairs_of(pair, n_space, n_time):
 
     Why: the general loops make four passes over a segment (squared distances coordinate by coordinate, ``pair``
     into two coefficient buffers, the forces coordinate by coordinate), storing and reloading three buffers per
-    pair; fused, a pair is its coordinates loaded once and its forces stored once (t-SNE in R^2 at 5241 points:
-    2.9x fewer CPU seconds per evaluation, SNEST in R^{2,1}: 1.7x).  The arithmetic is the same, but under
+    pair; fused, a pair is its coordinates loaded once and its forces stored once (in R^2 about a third of the
+    CPU per pair; with SNEST's ``exp`` per pair about 0.6).  The arithmetic is the same, but under
     ``fastmath`` the compiler contracts and orders it differently in one loop than across four, so Z and the
     forces differ from the general loops' in the last bits (relative ~1e-16, tests/test_blocks.py); the results
     are as reproducible as before (any thread count, any array placement).  The unused coordinates are closure
