@@ -87,6 +87,29 @@ def test_every_model_repulsion_writes_only_its_column_window(n):
             assert np.array_equal(R[:, inside], full[:, inside]) and not full[:, ~inside].any()
 
 
+@pytest.mark.parametrize("name", ["tsne", "sne", "snest"])
+def test_fused_repulsion_equals_the_general_loops(name):
+    """The fused all-pairs loop (``kernels.fused_pairs_of``, every ``(ds, dt)`` of ``FUSED_DIMS``) gives the
+    general loops' Z and forces to rounding (1e-13 relative: they differ in the last bits only), on odd and even N,
+    whole maps and row ranges that wrap; a dimension outside ``FUSED_DIMS`` takes the general loops (compiled inside
+    the model's kernel, which may round differently from the same loops compiled alone: to rounding there too)."""
+    from scalemb.models import kernels
+    from scalemb.models import sne, snest, tsne
+
+    pair = {"tsne": tsne.pair, "sne": sne.pair, "snest": snest.pair}[name]
+    fused, general = get_model(name).repulsion, kernels.general_repulsion_kernel(pair)
+    rng = np.random.default_rng(3)
+    for ds, dt in kernels.FUSED_DIMS + ((2, 2), (4, 0)):
+        for n in (2, 3, 10, 41, 300):
+            Y = np.ascontiguousarray(rng.normal(size=(ds + dt, n)) * (1.0 if name == "sne" else 3.0))
+            Y[ds:] *= 0.3
+            for r0, r1 in ((0, n), (n // 3, n // 2 + 1), (n - 1, n)):
+                Rf, Rg = np.zeros_like(Y), np.zeros_like(Y)
+                zf, zg = fused(Y, ds, r0, r1, Rf), general(Y, ds, r0, r1, Rg)
+                assert zf == pytest.approx(zg, rel=1e-13, abs=1e-300), (ds, dt, n, r0, r1)
+                np.testing.assert_allclose(Rf, Rg, rtol=0, atol=1e-13 * max(np.abs(Rg).max(), 1e-300))
+
+
 def test_row_partition_covers_rows():
     for n, k in [(10, 3), (5, 8), (1, 1), (100, 7)]:
         bounds = row_partition(n, k)

@@ -204,8 +204,121 @@ def curvature_kernel(log_pair):
     return curvature
 
 
+# (space, time) dimensions with a fused all-pairs loop (``fused_pairs_of``); the others take the general loops
+FUSED_DIMS = ((1, 0), (2, 0), (3, 0), (1, 1), (2, 1), (3, 1))
+
+
+def fused_pairs_of(pair, n_space, n_time):
+    """``fused_pairs(Y, ys, r0, r1, R, z)`` for ``(ds, dt) = (n_space, n_time)`` (``FUSED_DIMS``): the all-pairs
+    loop of rows ``[r0, r1)`` as one pass per row segment -- coordinate differences, ``pair``, Z and the forces
+    scattered to both ends -- with ``ys``: the ``scratch`` block holding ``Y``'s rows (the coordinates read while
+    ``R`` is stored to, module docstring); returns ``z`` plus the segments' sum of ``w``.
+
+    Why: the general loops make four passes over a segment (squared distances coordinate by coordinate, ``pair``
+    into two coefficient buffers, the forces coordinate by coordinate), storing and reloading three buffers per
+    pair; fused, a pair is its coordinates loaded once and its forces stored once (in R^2 about a third of the
+    CPU per pair; with SNEST's ``exp`` per pair about 0.6).  The arithmetic is the same, but under
+    ``fastmath`` the compiler contracts and orders it differently in one loop than across four, so Z and the
+    forces differ from the general loops' in the last bits (relative ~1e-16, tests/test_blocks.py); the results
+    are as reproducible as before (any thread count, any array placement).  The unused coordinates are closure
+    constants, so their branches compile away and the loop vectorises."""
+    s1, s2, t0 = n_space > 1, n_space > 2, n_time > 0
+    dims = n_space + n_time
+
+    @njit(inline="always", fastmath=True, boundscheck=False, error_model="numpy")
+    def fused_pairs(Y, ys, r0, r1, R, z):
+        n_points = Y.shape[1]
+        half = (n_points - 1) // 2
+        y0 = scratch_row(ys, 0, n_points)
+        y1 = scratch_row(ys, min(1, dims - 1), n_points)
+        y2 = scratch_row(ys, min(2, dims - 1), n_points)
+        y3 = scratch_row(ys, dims - 1, n_points)  # the time coordinate, if any
+        R0, R1, R2, R3 = R[0], R[min(1, dims - 1)], R[min(2, dims - 1)], R[dims - 1]
+        for i in range(r0, r1):
+            partners = partners_of(i, n_points, half)
+            yi0, yi1, yi2, yi3 = Y[0, i], Y[min(1, dims - 1), i], Y[min(2, dims - 1), i], Y[dims - 1, i]
+            for segment in range(2):
+                a, b = pair_segment(i, partners, n_points, segment)
+                acc0 = acc1 = acc2 = acc3 = 0.0
+                v0, v1, v2, v3 = y0[a:b], y1[a:b], y2[a:b], y3[a:b]
+                g0, g1, g2, g3 = R0[a:b], R1[a:b], R2[a:b], R3[a:b]
+                for jj in range(b - a):
+                    x0 = yi0 - v0[jj]
+                    d2s = x0 * x0
+                    x1 = x2 = x3 = d2t = 0.0
+                    if s1:
+                        x1 = yi1 - v1[jj]
+                        d2s += x1 * x1
+                    if s2:
+                        x2 = yi2 - v2[jj]
+                        d2s += x2 * x2
+                    if t0:
+                        x3 = yi3 - v3[jj]
+                        d2t = x3 * x3
+                    w, ca, cb = pair(d2s, d2t)
+                    z += w
+                    f = ca * x0
+                    acc0 += f
+                    g0[jj] -= f
+                    if s1:
+                        f = ca * x1
+                        acc1 += f
+                        g1[jj] -= f
+                    if s2:
+                        f = ca * x2
+                        acc2 += f
+                        g2[jj] -= f
+                    if t0:
+                        f = cb * x3
+                        acc3 += f
+                        g3[jj] -= f
+                R0[i] += acc0
+                if s1:
+                    R1[i] += acc1
+                if s2:
+                    R2[i] += acc2
+                if t0:
+                    R3[i] += acc3
+        return z
+
+    return fused_pairs
+
+
 def repulsion_kernel(pair):
-    """``repulsion(Y, ds, r0, r1, R)`` of the model with ``pair`` (module docstring)."""
+    """``repulsion(Y, ds, r0, r1, R)`` of the model with ``pair`` (module docstring): the fused loop of
+    ``fused_pairs_of`` for the dimensions of ``FUSED_DIMS``, ``general_repulsion_kernel``'s loops for the others."""
+    f10, f20, f30, f11, f21, f31 = (fused_pairs_of(pair, ns, nt) for ns, nt in FUSED_DIMS)
+    general = general_repulsion_kernel(pair)
+
+    @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
+    def repulsion(Y, space_dims, r0, r1, R):
+        dims, n_points = Y.shape
+        time_dims = dims - space_dims
+        if not (1 <= space_dims <= 3 and 0 <= time_dims <= 1):
+            return general(Y, space_dims, r0, r1, R)
+        ys = scratch(dims, n_points)  # the coordinates the pair loop reads while it stores to R: module docstring
+        for k in range(dims):
+            scratch_row(ys, k, n_points)[:] = Y[k]
+        if time_dims == 0:
+            if space_dims == 1:
+                return 2.0 * f10(Y, ys, r0, r1, R, 0.0)
+            if space_dims == 2:
+                return 2.0 * f20(Y, ys, r0, r1, R, 0.0)
+            return 2.0 * f30(Y, ys, r0, r1, R, 0.0)
+        if space_dims == 1:
+            return 2.0 * f11(Y, ys, r0, r1, R, 0.0)
+        if space_dims == 2:
+            return 2.0 * f21(Y, ys, r0, r1, R, 0.0)
+        return 2.0 * f31(Y, ys, r0, r1, R, 0.0)
+
+    return repulsion
+
+
+def general_repulsion_kernel(pair):
+    """``repulsion(Y, ds, r0, r1, R)`` for any dimensions, in four passes over each row segment: squared
+    distances coordinate by coordinate, ``pair`` into two coefficient buffers, the forces coordinate by coordinate
+    (``scatter_forces``).  ``repulsion_kernel`` calls it outside ``FUSED_DIMS``; tests compare the fused loops
+    with it."""
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):

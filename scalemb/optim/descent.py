@@ -335,8 +335,12 @@ class LineSearchDescent:
         direction only needs its first digit; at 7.7e4 points the inexact solve gave a lower KL per iteration than
         the one to 1e-3 at 40 % of its products.  Not for the lagged-LU preconditioner: there the descent
         converges linearly, choice 2 then stays at its ceiling and the direction degrades towards a scaled
-        gradient (SCHOOL, t-SNE: KL 0.640 after 100 iterations against 0.618 at 1e-3)."""
-        return self._forcing_from_norm(s, float(np.linalg.norm(space_grad)), preconditioner)
+        gradient (SCHOOL, t-SNE: KL 0.640 after 100 iterations against 0.618 at 1e-3).
+
+        The norm is taken only where it is read: past 1e4 entries ``np.linalg.norm`` is a threaded BLAS dot
+        product, whose threads, on a loaded machine, wait to be scheduled for longer than the LU solve takes."""
+        needed = self.cg_tol == "auto" and preconditioner == "jacobi"
+        return self._forcing_from_norm(s, float(np.linalg.norm(space_grad)) if needed else None, preconditioner)
 
     def _forcing_from_norm(self, s: "DescentState", norm: float | None, preconditioner: str) -> float:
         """``_forcing`` from the space gradient's norm (only read for ``cg_tol='auto'`` with Jacobi: None
