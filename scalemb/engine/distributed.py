@@ -86,7 +86,8 @@ _OPERATIONS = {
     "finish_view": "gradient-rows", "held_finish_view": "held-gradient-rows",
     "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",
     "laplacian_block": "laplacian", "laplacian_compact": "laplacian", "diagonal_partition": "curvature-diag",
-    "own_halo": "halo-own-rows", "make_view": "halo-view", "_make_view": "halo-view", "take_columns": "halo-cut",
+    "own_halo": "halo-own-rows", "make_view": "halo-view", "plan_view": "halo-view", "worker_plan": "halo-plan",
+    "plan_sizes": "halo-plan", "plan_needs": "halo-plan", "take_columns": "halo-cut",
     "assemble": "halo-join", "relay": "halo-relay", "factorize_partitions": "curvature-factorize",
     "factor_ordering": "curvature-ordering", "entropy_partition": "entropy", "solve_factorized": "curvature-solve",
     "getitem": "take",
@@ -984,12 +985,6 @@ def _summed_grid_transfers(workers: int, k: int) -> int:
     if workers <= DIRECT_SUM_WORKERS:
         return k * (workers - 1)
     return workers - 1 + k - 1
-
-
-def _make_view(args, *blocks):
-    """``halo.make_view`` with its arrays scattered as one tuple."""
-    columns, own, sources = args
-    return halo_fns.make_view(columns, own, sources, *blocks)
 
 
 def _nbytes(value) -> int:
