@@ -746,7 +746,7 @@ class DaskExecutor(Executor):
                   for i, w in enumerate(workers)}
         sizes = dict(zip(workers, self._gather([self._submit(halo_fns.plan_sizes, shares[w], worker=w)
                                                 for w in workers])))
-        pieces = {(v, w): sizes[w][1][j] for w in workers for j, v in enumerate(workers) if j in sizes[w][1]}
+        pieces = {(v, w): sizes[w][j] for w in workers for j, v in enumerate(workers) if j in sizes[w]}
         plan = halo_fns.HaloLayout(workers, parts, pieces)
         views = {w: self._submit(halo_fns.plan_view, shares[w], *[self._blocks[k] for k in parts[w]], worker=w)
                  for w in workers}

@@ -226,9 +226,10 @@ def worker_plan(bounds: list, parts: list, i: int, halo: np.ndarray) -> WorkerPl
     return WorkerPlan(columns, np.searchsorted(columns, own), needs, fills)
 
 
-def plan_sizes(plan: WorkerPlan) -> tuple:
-    """``(halo rows, {j: rows needed from worker j})`` of a worker's plan: what the client keeps of it."""
-    return plan.columns.shape[0] - plan.own_positions.shape[0], {j: int(v.size) for j, v in plan.needs.items()}
+def plan_sizes(plan: WorkerPlan) -> dict:
+    """``{j: rows needed from worker j}`` of a worker's plan: what the client keeps of it (its halo rows are their
+    sum, ``HaloLayout.halo_rows``)."""
+    return {j: int(v.size) for j, v in plan.needs.items()}
 
 
 def plan_view(plan: WorkerPlan, *blocks: RowBlock) -> WorkerView:
@@ -277,9 +278,9 @@ class HaloPlan(HaloLayout):
     fills: dict
 
 
-def plan_halos(n_points: int, bounds: list, holders: list, halos: dict) -> HaloPlan:
-    """The ``HaloPlan`` for partitions ``bounds`` (of ``n_points`` rows) held by ``holders`` (a worker address per
-    partition) and each worker's halo ``halos[w]`` (``own_halo``): ``worker_plan`` for each worker."""
+def plan_halos(bounds: list, holders: list, halos: dict) -> HaloPlan:
+    """The ``HaloPlan`` for partitions ``bounds`` held by ``holders`` (a worker address per partition) and each
+    worker's halo ``halos[w]`` (``own_halo``): ``worker_plan`` for each worker."""
     workers = sorted(set(holders))
     parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
     listed = [parts[w] for w in workers]
