@@ -60,6 +60,9 @@ def assert_same_result(a, b):
                           "exaggeration": 12.0, "exaggeration_iterations": 20, "exaggeration_steps": "momentum",
                           "spectral_iterations": 10, "tol": 0.0}),
     ("sd", "snest", 2, 1, {"spectral_iterations": 30, "tol": 0.0}),
+    # SNEST's per-point time gains (state from the first spectral step on)
+    ("sd", "snest", 2, 1, {"time_gains": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 20,
+                           "exaggeration_steps": "momentum", "tol": 0.0}),
     ("sd", "tsne", 2, 0, {"solver": "cg", "preconditioner": "jacobi", "max_point_step": 0.5, "exaggeration": 12.0,
                           "exaggeration_iterations": 20, "exaggeration_steps": "momentum", "spectral_iterations": 10,
                           "polish_spectral_every": 7, "tol": 0.0}),

@@ -467,3 +467,46 @@ def test_snest_polish_steps_take_the_starting_time_rate_and_back_off_from_a_blow
         run = wild.optimize(LocalExecutor(school_affinity, get_model("snest"), 2, 1), coords, 40)
     assert "diverged" in caplog.text and run.iterations < 40 and np.isfinite(run.kl)
     assert np.all(np.isfinite(run.coords))
+
+
+def test_time_gains_give_each_points_time_step_its_own_gain(school_affinity):
+    """``time_gains=g``: each point's time step in the line-search direction is scaled by its own gain (ones at
+    first, ``+0.2`` while its time gradient keeps its sign against the last accepted time step, ``x0.8`` otherwise,
+    within ``[0.01, g]``); the space rows and a run without time rows are untouched; SNEST's small-size default
+    sets it, the schedule at scale does not."""
+    from scalemb.optim import LineSearchDescent, make_optimizer
+    from scalemb.optim.descent import time_gains
+
+    for bad in (0.5, "2", -1.0):
+        with pytest.raises(ValueError, match="time_gains"):
+            LineSearchDescent(time_gains=bad)
+    gains = time_gains(None, np.array([[1.0, -1.0, 2.0]]), None, 2.0)
+    assert np.array_equal(gains, np.ones((1, 3)))
+    gains = time_gains(gains, np.array([[1.0, -1.0, 2.0]]), np.array([[-0.1, -0.1, 0.3]]), 2.0)
+    assert np.allclose(gains, [[1.2, 0.8, 0.8]])
+    gains = time_gains(np.array([[1.9, 0.011, 1.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([[-1.0, 1.0, 1.0]]),
+                       2.0)
+    assert np.allclose(gains, [[2.0, 0.01, 0.8]])
+    assert make_optimizer("auto", "snest", 5000).time_gains == 2.0
+    assert make_optimizer("auto", "snest", 50_000).time_gains is None
+    assert "time_gains" not in LineSearchDescent().params() and LineSearchDescent(time_gains=3).params()[
+        "time_gains"] == 3
+
+    ex = LocalExecutor(school_affinity, get_model("snest"), 2, 1)
+    coords = initial_coords(school_affinity.n_points, 2, 1, np.random.default_rng(0))
+    kw = dict(exaggeration=4.0, exaggeration_iterations=10, exaggeration_steps="momentum", tol=0.0)
+    states = []
+    run = LineSearchDescent(time_gains=2.0, **kw).optimize(ex, coords, 40,
+                                                           checkpoint=lambda it, export: states.append(export()))
+    plain = LineSearchDescent(**kw).optimize(ex, coords, 40)
+    assert np.array_equal(run.kl_history[:11], plain.kl_history[:11])  # the same run through the momentum phase
+    at = {state.iteration: state for state in states}
+    assert at[10].time_gains is None and at[39].time_gains.shape == (1, school_affinity.n_points)
+    assert at[39].time_gains.min() >= 0.01 and at[39].time_gains.max() <= 2.0
+    assert np.array_equal(at[11].time_gains, np.ones((1, school_affinity.n_points)))  # the first spectral step's
+    assert at[39].time_gains.max() > 1  # grown where the time descent kept its direction
+    assert not np.array_equal(run.coords, plain.coords) and np.all(np.isfinite(run.coords))
+    tsne = LocalExecutor(school_affinity, get_model("tsne"), 2, 0)
+    start = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
+    assert np.array_equal(LineSearchDescent(time_gains=2.0, **kw).optimize(tsne, start, 20).coords,
+                          LineSearchDescent(**kw).optimize(tsne, start, 20).coords)

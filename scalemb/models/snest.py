@@ -67,6 +67,11 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, near_pa
 # 0.617, 0.646 (KL 4.01 -> 3.28), and at 7.7e5 30 -> 90 raises it from 0.473 to 0.540 (KL 6.02 -> 5.03) for ~2.4x
 # the CPU; the old schedule's 750 delta-bar-delta iterations spread the time coordinates (time std 0.4: 11 time
 # components against 3-5, the grid capped) and ended at NP@deg 0.33 at 7.7e5: docs/design/optimisation.md.
+# From 1024 to 2e4 points the spectral steps give each point's time step its own gain, at most 2
+# (``LineSearchDescent.time_gains``): GrQc R^{2,1}, seeds 0-5, iterations to KL 0.75 median 642 against 976 with one
+# global time rate (ceiling 3: mean 661 on seeds 0-2 against 802; 1.5: seed 0 at 1257; no ceiling: seed 0 stalled at
+# 0.7513; benchmarks/results/sd_scale.md, stop 46).
+TIME_GAINS = 2.0
 SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 100,
                         "exaggeration_steps": "momentum", "spectral_iterations": 90, "polish_spectral_every": 25,
@@ -74,4 +79,5 @@ SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "ja
 MODEL = Model("snest", "space-time SNE, exp(dt^2)/(1+ds^2)", True, *make_kernels(log_pair, pair),
               similarity=similarity, fft=FFT, default_optimizer="sd",
               default_optimizer_at_scale=SPECTRAL_THEN_POLISH,
-              default_optimizer_options={**MOMENTUM_EXAGGERATION, "exaggeration": 4.0, "exaggeration_iterations": 100})
+              default_optimizer_options={**MOMENTUM_EXAGGERATION, "exaggeration": 4.0, "exaggeration_iterations": 100,
+                                         "time_gains": TIME_GAINS})

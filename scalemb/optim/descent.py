@@ -12,7 +12,11 @@ repulsion only, so mu must be small (measured: 1e-5 relative; see benchmarks/opt
 Time coordinates (SNEST): their attractive term ``-sum p |t_i - t_j|^2`` is concave, so ``L(C)`` is no
 curvature model there.  We keep the SNEST paper's choice, one global adaptive learning rate, and put its
 step ``-eta_t G_t`` into the same search direction; ``eta_t`` grows by ``x1.2`` while successive time
-gradients keep the descent direction and halves otherwise.
+gradients keep the descent direction and halves otherwise.  ``time_gains = g_max`` scales each point's time step
+by its own gain as delta-bar-delta does (``+0.2`` while its time gradient keeps its sign across accepted steps,
+``x0.8`` otherwise, within ``[0.01, g_max]``; ``time_gains``): the time rows start at the saddle ``t = 0`` of
+``exp(dt^2)`` and leave it at different speeds, which one global rate follows badly.  The ceiling keeps the line
+search, which scales space and time together, from shrinking the space step for a few runaway time rows.
 
 On a manifold (the model's ``geometry``) the descent is Riemannian: the gradient direction is the Riemannian
 gradient, trial points are ``geometry.retract(x, a p)`` and accepted points are re-centred by
@@ -114,6 +118,7 @@ class DescentState(OptimizerState):
     gradient_norm: float | None = None  # cg_tol='auto': the space gradient's norm at the last solve
     time_gain: float = 1.0  # the polish phase's time gain (delta-bar-delta's global one)
     polish_time_rate: float | None = None  # the polish phase's time learning rate (None before it; halved on blow-up)
+    time_gains: np.ndarray | None = None  # time_gains set: the per-point gains of the time rows (None before any)
 
     def evaluation(self):
         return Evaluation(self.kl, self.objective, self.gradient, self.z)
@@ -150,6 +155,7 @@ class LineSearchDescent:
     max_step: float = 1.0
     max_point_step: float | None = None
     time_rate: float | str = "auto"
+    time_gains: float | None = None
     exaggeration: float = 1.0
     exaggeration_iterations: int = 0
     exaggeration_steps: str = "spectral"
@@ -181,6 +187,8 @@ class LineSearchDescent:
                                                        or self.polish_spectral_every < 1):
             raise ValueError(f"polish_spectral_every must be an integer >= 1 or None, got "
                              f"{self.polish_spectral_every!r}")
+        if self.time_gains is not None and not (isinstance(self.time_gains, (int, float)) and self.time_gains >= 1):
+            raise ValueError(f"time_gains must be a number >= 1 or None, got {self.time_gains!r}")
         if not 0 <= self.polish_momentum < 1:
             raise ValueError(f"polish_momentum must be in [0, 1), got {self.polish_momentum!r}")
         if self.cg_maxiter != "auto" and not (isinstance(self.cg_maxiter, int) and self.cg_maxiter >= 1):
@@ -211,6 +219,7 @@ class LineSearchDescent:
                 "spectral_iterations": self.spectral_iterations, "polish_momentum": self.polish_momentum,
                 "polish_spectral_every": self.polish_spectral_every,
                 "tol": self.tol, "window": self.window,
+                **({} if self.time_gains is None else {"time_gains": self.time_gains}),
                 **({} if self.max_iterations is None else {"max_iterations": self.max_iterations})}
 
     def methods(self, n_points: int) -> tuple[str, str]:
@@ -460,6 +469,19 @@ def momentum_diverged(s: "DescentState", it: int, ev, before) -> bool:
     return True
 
 
+def time_gains(gains: np.ndarray | None, gradient: np.ndarray, previous: np.ndarray | None, ceiling: float
+               ) -> np.ndarray:
+    """Per-point gains of the time rows (``time_gains``): ones at first, then delta-bar-delta's rule against
+    the last accepted time step ``previous`` (``+0.2`` where the time gradient and that step have opposite signs,
+    i.e. the descent kept its direction, ``x0.8`` where not), clipped to ``[0.01, ceiling]``."""
+    if gains is None:
+        return np.ones_like(gradient)
+    if previous is None:
+        return gains
+    kept = np.sign(gradient) != np.sign(previous)
+    return np.clip(np.where(kept, gains + 0.2, gains * 0.8), 0.01, ceiling)
+
+
 def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float) -> np.ndarray:
     """The space direction with every point's step (a column of ``direction``, ``(ds, N)``) scaled down to
     Euclidean norm ``radius`` where it is longer (a per-point trust region); if that is no longer a descent
@@ -543,6 +565,9 @@ class _DescentRun(StepRun):
             if s.previous_time_step is not None:
                 s.time_rate *= 1.2 if np.sum(rgrad[ds:] * s.previous_time_step) < 0 else 0.5
             direction[ds:] = -s.time_rate * rgrad[ds:]
+            if r.time_gains is not None and not polishing:
+                s.time_gains = time_gains(s.time_gains, rgrad[ds:], s.previous_time_step, r.time_gains)
+                direction[ds:] *= s.time_gains
         alpha = s.alpha
         # a trial that is accepted is the next iteration's point: its objective is iteration it + 1's
         result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,

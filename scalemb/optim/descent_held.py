@@ -3,7 +3,8 @@
 ``LineSearchDescent`` (``optim.descent``) runs this step rule where its solve is the matrix-free one a cluster runs:
 Jacobi-preconditioned CG on row-block Laplacian products of the current iterate's curvature (``methods() ==
 ('cg', 'jacobi')``, ``curvature='iterate'``: ``solver='auto'`` from ``AUTO_LU_MAX_POINTS`` points, the schedule at
-scale), on a Euclidean model without a point term.  Coordinates, gradient, the momentum buffer / CG warm start,
+scale), on a Euclidean model without a point term, with one global time rate (``time_gains=None``; per-point time
+gains run the client-side rule, whose arrays the executor keeps).  Coordinates, gradient, the momentum buffer / CG warm start,
 the polish gains, the time step, the search direction, the line search's base point and the CG vectors ``x, r, z,
 p, Ap`` are held arrays; every step is a row-block function run where the rows are (``HeldState.map``), and what
 crosses the client per iteration is scalars and d-vectors:
@@ -43,7 +44,7 @@ MAX_TRIALS = 30  # ``linesearch.armijo``'s
 def held_mode(rule, executor, n_points: int) -> bool:
     """Whether ``rule`` runs as ``_HeldDescentRun`` on ``executor`` (module docstring)."""
     model = getattr(executor, "model", None)
-    return (rule.direction == "spectral" and rule.methods(n_points) == ("cg", "jacobi")
+    return (rule.direction == "spectral" and rule.methods(n_points) == ("cg", "jacobi") and rule.time_gains is None
             and rule.curvature == "iterate" and model is not None and getattr(model, "point_term", None) is None
             and geometry_of(executor).translates)
 
