@@ -409,9 +409,7 @@ def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, 
         rows["best"][...] = coords
     grad = geometry.riemannian_gradient(coords, rows["gradient"])
     space_grad, space_update = grad[:ds], update[:ds]
-    same = np.sign(space_grad) == np.sign(space_update)
-    gains[...] = np.where(same, gains * gain_decrease, gains + gain_increase)
-    np.maximum(gains, min_gain, out=gains)
+    gains[...] = gains_update(gains, space_grad, space_update, gain_increase, gain_decrease, min_gain)
     update[:ds] = mom * space_update - lr * gains * space_grad
     if max_step_norm is not None:
         clip_step_norms(update[:ds], max_step_norm)
@@ -419,6 +417,19 @@ def _step(rows: dict, ds: int, geometry, mom: float, lr: float, lr_time: float, 
         update[ds:] = mom * update[ds:] - lr_time * time_gain * grad[ds:]
     coords[...] = geometry.retract(coords, update)
     return coords.sum(axis=1), coords.min(axis=1), coords.max(axis=1)
+
+
+def gains_update(gains: np.ndarray, gradient: np.ndarray, previous: np.ndarray, increase: float = 0.2,
+                 decrease: float = 0.8, floor: float = 0.01, ceiling: float | None = None) -> np.ndarray:
+    """Delta-bar-delta's gains, a new array: ``+increase`` where ``gradient`` and the last step ``previous``
+    disagree in sign (the descent kept its direction), ``x decrease`` where they agree, at least ``floor`` (and at
+    most ``ceiling``)."""
+    same = np.sign(gradient) == np.sign(previous)
+    new = np.where(same, gains * decrease, gains + increase)
+    np.maximum(new, floor, out=new)
+    if ceiling is not None:
+        np.minimum(new, ceiling, out=new)
+    return new
 
 
 def clip_step_norms(steps: np.ndarray, max_norm: float) -> None:

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..engine.blocks import Evaluation
 from .base import OptimizeResult, OptimizerState
+from .dbd import clip_step_norms, gains_update
 from .linesearch import armijo
 from .loop import HALT, KEPT, MOVED, StepRun, run_loop
 from .solvers import SetupInterrupted, interruptible, jacobi_preconditioner, pcg
@@ -478,8 +479,7 @@ def time_gains(gains: np.ndarray | None, gradient: np.ndarray, previous: np.ndar
         return np.ones_like(gradient)
     if previous is None:
         return gains
-    kept = np.sign(gradient) != np.sign(previous)
-    return np.clip(np.where(kept, gains + 0.2, gains * 0.8), 0.01, ceiling)
+    return gains_update(gains, gradient, previous, ceiling=ceiling)
 
 
 def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float) -> np.ndarray:
@@ -487,8 +487,6 @@ def bounded_direction(direction: np.ndarray, gradient: np.ndarray, radius: float
     Euclidean norm ``radius`` where it is longer (a per-point trust region); if that is no longer a descent
     direction (``<gradient, direction> >= 0``: the solve coupled the points), the negative gradient bounded the
     same way, which always is."""
-    from .dbd import clip_step_norms
-
     bounded = direction.copy()
     clip_step_norms(bounded, radius)
     if np.sum(gradient * bounded) < 0:
@@ -610,8 +608,6 @@ class _DescentRun(StepRun):
         best iterate (``max_failures`` in a row stop the run)."""
         r, s, ds = self.rule, self.state, self.space_dims
         if r.max_point_step is not None:
-            from .dbd import clip_step_norms
-
             clip_step_norms(update, r.max_point_step)
         direction = np.empty_like(s.coords)
         direction[:ds] = update
@@ -657,9 +653,7 @@ class _DescentRun(StepRun):
         grad = rgrad[:ds]
         if s.previous_space is None:
             s.previous_space = np.zeros_like(grad)
-        same = np.sign(grad) == np.sign(s.previous_space)
-        s.gains = np.where(same, s.gains * 0.8, s.gains + 0.2)
-        np.maximum(s.gains, 0.01, out=s.gains)
+        s.gains = gains_update(s.gains, grad, s.previous_space)
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         update = r.polish_momentum * s.previous_space - max(1.0, self.n_points / 12.0) * scale * s.gains * grad
         time_step = None

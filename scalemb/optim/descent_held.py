@@ -4,10 +4,10 @@
 Jacobi-preconditioned CG on row-block Laplacian products of the current iterate's curvature (``methods() ==
 ('cg', 'jacobi')``, ``curvature='iterate'``: ``solver='auto'`` from ``AUTO_LU_MAX_POINTS`` points, the schedule at
 scale), on a Euclidean model without a point term, with one global time rate (``time_gains=None``; per-point time
-gains run the client-side rule, whose arrays the executor keeps).  Coordinates, gradient, the momentum buffer / CG warm start,
-the polish gains, the time step, the search direction, the line search's base point and the CG vectors ``x, r, z,
-p, Ap`` are held arrays; every step is a row-block function run where the rows are (``HeldState.map``), and what
-crosses the client per iteration is scalars and d-vectors:
+gains run the client-side rule, whose arrays the executor keeps).  Coordinates, gradient, the momentum buffer / CG
+warm start, the polish gains, the time step, the search direction, the line search's base point and the CG
+vectors ``x, r, z, p, Ap`` are held arrays; every step is a row-block function run where the rows are
+(``HeldState.map``), and what crosses the client per iteration is scalars and d-vectors:
 
 * the momentum (exaggeration) and polish steps: one ``map`` (the step, returning the new coordinates' column sums
   and extent) and the held evaluation; SNEST's polish time gain needs one more (its ``sum g_t . v``);
@@ -30,7 +30,7 @@ import numpy as np
 from ..engine.blocks import Evaluation
 from ..engine.held import RowsExport, hold
 from ..geometry import geometry_of
-from .dbd import clip_step_norms
+from .dbd import clip_step_norms, gains_update
 from .descent import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
@@ -576,9 +576,7 @@ def _polish(rows: dict, ds: int, geometry, rate: float, momentum: float, with_bu
         rows["prev"][...] = 0.0
     previous = rows["prev"]
     gains = rows["gains"]
-    same = np.sign(grad) == np.sign(previous)
-    gains[...] = np.where(same, gains * 0.8, gains + 0.2)
-    np.maximum(gains, 0.01, out=gains)
+    gains[...] = gains_update(gains, grad, previous)
     update = momentum * previous - rate * gains * grad
     if time_step is None:
         step_t = -time_rate * rgrad[ds:]
