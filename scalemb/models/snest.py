@@ -68,9 +68,8 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, near_pa
 # the CPU; the old schedule's 750 delta-bar-delta iterations spread the time coordinates (time std 0.4: 11 time
 # components against 3-5, the grid capped) and ended at NP@deg 0.33 at 7.7e5: docs/design/optimisation.md.
 # From 1024 to 2e4 points the spectral steps give each point's time step its own gain, at most 2
-# (``LineSearchDescent.time_gains``): GrQc R^{2,1}, seeds 0-5, iterations to KL 0.75 median 642 against 976 with one
-# global time rate (ceiling 3: mean 661 on seeds 0-2 against 802; 1.5: seed 0 at 1257; no ceiling: seed 0 stalled at
-# 0.7513; benchmarks/results/sd_scale.md, stop 46).
+# (``LineSearchDescent.time_gains``): the time rows leave the saddle t = 0 at their own speeds; measured in
+# docs/design/optimisation.md.
 TIME_GAINS = 2.0
 SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 100,
