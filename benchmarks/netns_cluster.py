@@ -10,7 +10,8 @@ is removed at the end, also on errors and Ctrl-C.
 For each rate it runs ``--iterations`` of delta-bar-delta (t-SNE R^2, FFT, learning rate 1 so the layout and the
 grid stay the start's, as ``benchmarks/cluster.py``) with the optimiser's state held on the workers and with it
 held on the client, and reports per iteration: wall time, the bytes the model of ``docs/scaling.md`` predicts
-(client payload from the executor's counters; worker to worker: halo rows and grid tree from the plan), the
+(client payload from the executor's counters; worker to worker: the grids through the convolving worker's link,
+``_critical_bytes``; the model before stop 47, which also counted the largest halo piece, beside it), the
 communication time those bytes take at the link rate (the model), and the measured excess over the same run on
 unshaped links (the measurement).
 
@@ -119,14 +120,20 @@ def _run(executor, model, start, iterations):
     return run(executor, model, start, iterations)
 
 
-def _critical_bytes(executor, grid_nodes: int, potentials: int) -> float:
-    """Worker-to-worker bytes on an evaluation's critical path, the model of docs/scaling.md: the largest halo
-    piece (pieces travel in parallel on different links; d = 2, 8 B) + log2(W) rounds of the grid tree up (int64
-    charges) and down (float32 potentials), each round one grid through one link."""
+def _critical_bytes(executor, grid_nodes: int, potentials: int) -> tuple:
+    """Worker-to-worker bytes on an evaluation's critical path, the model of docs/scaling.md, as ``(now,
+    before)``: the largest halo piece (pieces travel in parallel on different links; d = 2, 8 B) plus the grids
+    through the convolving worker's link -- with ``distributed.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches
+    the other W - 1 workers' int64 charge grids and sends each its float32 potentials (docs/scaling.md's FFT row),
+    beyond 4 workers log2(W) rounds of a pairwise tree.  ``before``: the model up to stop 46, log2(W) rounds of
+    one grid up and its potentials down at every W (``grid_nodes``: the run's grid, ``FFTParams`` resolved for N
+    points; up to stop 46 this script took the 'default' accuracy's, 1/0.6 the nodes of the run's 'fast')."""
     plan = executor._halo[0]
     piece = max(plan.pieces.values(), default=0) * 2 * 8
-    rounds = int(np.ceil(np.log2(max(2, len(plan.workers)))))
-    return piece + rounds * grid_nodes * (8 + 4 * potentials)
+    w = max(2, len(plan.workers))
+    rounds = int(np.ceil(np.log2(w)))
+    grid = grid_nodes * (8 + 4 * potentials)
+    return piece + (w - 1 if w <= 4 else rounds) * grid, piece + rounds * grid
 
 
 def main(argv=None) -> None:
@@ -153,12 +160,12 @@ def main(argv=None) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     report = Report.start(f"Dask workers in {args.workers} network namespaces behind tbf-shaped links",
                           "Per iteration of delta-bar-delta (t-SNE R^2, FFT), median of rounds; comm. model = "
-                          "(client bytes + worker-to-worker bytes on the critical path) / link rate; measured "
+                          "(client bytes / W + the grids through the convolving worker's link) / link rate; measured "
                           "comm. = time at the rate - time unshaped (same run).  No latency added (no netem).")
     st = AffinityStore(args.store)
     model = get_model("tsne")
     start = _start(st.n_points, 2)
-    grid = grid_for(model, 2, start, FFTParams().resolved(model.fft, 2))
+    grid = grid_for(model, 2, start, FFTParams().resolved(model.fft, 2, st.n_points))
     namespaces = Namespaces(args.workers)
     rows = []
     try:
@@ -179,16 +186,19 @@ def main(argv=None) -> None:
                         traffic.append(nbytes)
                     results[rate, held] = (statistics.median(times), statistics.median(traffic), between)
                     report(f"  {rate or 'unshaped'}, state on the {held}: {results[rate, held][0]:.3f} s per "
-                           f"iteration, client {results[rate, held][1] / 1e6:.3f} MB, workers {between / 1e6:.2f} MB")
+                           f"iteration, client {results[rate, held][1] / 1e6:.3f} MB, workers "
+                           f"{between[0] / 1e6:.2f} MB on the critical path ({between[1] / 1e6:.2f} MB in the "
+                           "model before stop 47)")
             for rate in args.rates.split(","):
                 bits = float(rate.replace("gbit", "e9").replace("mbit", "e6"))
                 for held in ("workers", "client"):
                     t, client_bytes, between = results[rate, held]
                     base = results[None, held][0]
                     # the client's bytes cross its W links in parallel (~1/W each); the workers' critical path
-                    model_seconds = (client_bytes / args.workers + between) * 8 / bits
-                    rows.append([rate, held, f"{t:.3f}", f"{base:.3f}", f"{t - base:.3f}", f"{model_seconds:.3f}",
-                                 f"{client_bytes / 1e3:,.1f}", f"{between / 1e6:.2f}"])
+                    now, before = ((client_bytes / args.workers + b) * 8 / bits for b in between)
+                    rows.append([rate, held, f"{t:.3f}", f"{base:.3f}", f"{t - base:.3f}", f"{now:.3f}",
+                                 f"{(t - base) / now:.2f}", f"{before:.3f}", f"{client_bytes / 1e3:,.1f}",
+                                 f"{between[0] / 1e6:.2f}"])
         finally:
             cluster.close()
     finally:
@@ -196,7 +206,8 @@ def main(argv=None) -> None:
         namespaces.close()
     report()
     report(markdown_table(["link rate", "state held on", "s / iteration", "unshaped", "measured comm.",
-                           "model comm.", "client KB / it.", "worker-worker critical MB / it."], rows))
+                           "model comm.", "measured / model", "model before stop 47", "client KB / it.",
+                           "worker-worker critical MB / it."], rows))
     report.save(args.out)
 
 
