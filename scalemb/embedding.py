@@ -9,13 +9,14 @@ from .params import GRAPH_AFFINITIES
 from .run.inputs import load_affinity, plan_of
 from .run.runner import Runner, held_in_memory
 from .run.spec import RunSpec, fft_settings
+from .init import random_coords
+from .io.storage import output_target
 
 __all__ = ["GRAPH_AFFINITIES", "Embedder", "EmbeddingResult", "embed", "initial_coords", "load_affinity"]
 
 
 def initial_coords(n_points: int, space_dims: int, time_dims: int, rng):
     """Small random start, ``(ds + dt, N)``: space 1e-4 N(0,1), time 1e-5 N(0,1) (``scalemb.init``)."""
-    from .init import random_coords
 
     return random_coords(n_points, space_dims, time_dims, rng)
 
@@ -73,7 +74,6 @@ def embed(data=None, out=None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     runner = Runner(spec, init=array, optimizer=instance, quiet=quiet, client=client)
     if out is None:
         return runner.fit(plan_of(data, graph_affinity)).result_
-    from .io.storage import output_target
 
     with output_target(out, overwrite) as target, \
             Checkpointer(target, every=checkpoint_every, overwrite=overwrite) as checkpoint:

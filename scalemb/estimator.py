@@ -45,9 +45,15 @@ from .io.edgelist import graph_from_edges
 from .io.nodeids import as_node_ids, check_node_ids
 from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
-from .affinity.knn import default_neighbours
+from .affinity.knn import affinity_from_distances, default_neighbours, exact_knn
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
-from .run.inputs import fitting_perplexity, knn_features_affinity, object_kind  # noqa: F401 - kept importable
+from .datasets import recorded_graph
+from .placement import PlacementOptimizer, Reference, place, place_into, reference_of
+from .placement.affinity import extended_graph_affinity, new_edges, read_new_edges
+from .progress import phase, reporting
+from .run.inputs import fitting_perplexity, knn_features_affinity, object_kind, resolve  # noqa: F401 - kept importable
+from .run.runner import Runner
+from .run.spec import RUN_PARAMS, RunSpec, fft_settings
 
 OBSM_KEY = "X_scalemb"
 
@@ -72,7 +78,6 @@ def _graph_affinity(A, kind: str, source: str, node_names=None):
 
 def _knn_pair(pair, perplexity, n_jobs):
     """P from a ``(indices, distances)`` kNN pair (umap-learn's ``precomputed_knn``; a self column is dropped)."""
-    from .affinity.knn import affinity_from_distances
 
     indices, distances = (np.asarray(a) for a in pair)
     if indices.ndim != 2 or distances.shape != indices.shape:
@@ -170,8 +175,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         estimator spells as scikit-learn does, e.g. ``n_components`` for ``space_dims``, named so in messages)."""
         import warnings
 
-        from .run.spec import RUN_PARAMS, RunSpec, fft_settings
-
         for alias in (p for p in PARAMS if p.alias_of and getattr(self, p.name) is not None):
             warnings.warn(f"{alias.name} is a deprecated alias of {alias.alias_of}; use {alias.alias_of}",
                           FutureWarning, stacklevel=4)
@@ -203,8 +206,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         return RunSpec.from_values(values), array, None if isinstance(optimizer, str) else optimizer
 
     def _runner(self):
-        from .run.runner import Runner
-
         spec, init, optimizer = self._spec()
         runner = Runner(spec, init=init, optimizer=optimizer, quiet=not self._verbose(), client=self.client)
         callbacks, every = self._callbacks(), self.callbacks_every_iters
@@ -226,7 +227,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         """``(data for the runner, node ids of the rows or None, AnnData to write to or None)``: a path, a
         dataset name or None as every front reads one (``scalemb.run.resolve``); the in-memory kinds
         (``scalemb.run.inputs.object_kind``) here."""
-        from .run.inputs import resolve
 
         kind = object_kind(X)
         if callable(self.metric) and kind not in ("array", "anndata"):
@@ -321,9 +321,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         ``metric``; a non-finite or negative distance anywhere is refused."""
         from scipy.spatial.distance import cdist
 
-        from .affinity.knn import exact_knn
-        from .progress import phase
-
         f = self.metric
         name = getattr(f, "__name__", type(f).__name__)
         try:
@@ -411,7 +408,6 @@ class Embedder(TransformerMixin, BaseEstimator):
             from sklearn.utils import check_array
 
             check_array(X, dtype=None, ensure_min_samples=2, ensure_all_finite=False, ensure_2d=False)
-        from .progress import reporting
 
         runner = self._runner()
         runner._check()  # the settings, before any work on the input
@@ -453,8 +449,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         two fitted nodes in a file, or a map fitted to P, a kNN pair, distances or with metric='liram'."""
         from sklearn.utils.validation import check_is_fitted, validate_data
 
-        from .placement import PlacementOptimizer, Reference, place_into
-
         check_is_fitted(self, "result_")
         if self._graph_reference() is not None:
             return self._transform_nodes(X)
@@ -478,15 +472,12 @@ class Embedder(TransformerMixin, BaseEstimator):
         else None."""
         import dataclasses
 
-        from .placement import Reference, reference_of
-
         graph = getattr(self, "_fitted_graph", None)
         provenance = self.result_.provenance
         if graph is not None:
             rule = provenance.get("affinity") or self.graph_affinity
             return Reference("graph", graph=graph, rule=rule), dataclasses.replace(self.result_,
                                                                                    node_ids=np.asarray(graph.node_ids))
-        from .datasets import recorded_graph
 
         kind, source = recorded_graph(provenance)
         if provenance.get("method") is None and not provenance.get("store") and \
@@ -495,10 +486,6 @@ class Embedder(TransformerMixin, BaseEstimator):
         return None
 
     def _transform_nodes(self, X):
-        from .io.nodeids import as_node_ids
-        from .placement import PlacementOptimizer, place
-        from .placement.affinity import extended_graph_affinity, new_edges, read_new_edges
-
         reference, result = self._graph_reference()
         old_ids = np.asarray(result.node_ids)
         kind = object_kind(X)

@@ -27,6 +27,8 @@ import numpy as np
 
 from .errors import InputError, ScalembError
 from .geometry import EUCLIDEAN, Geometry, geometry_of
+from .affinity.knn import read_features
+from .engine.eigenmap import laplacian_eigenmap
 
 INIT_NAMES = ("random", "spectral", "pca")
 SCALE = 1e-4  # standard deviation of the first space coordinate (openTSNE's rescale); random space start
@@ -67,7 +69,6 @@ def rescale(Y: np.ndarray, target: float = SCALE) -> np.ndarray:
 def spectral_layout(executor, space_dims: int, seed: int = 0, method: str = "lanczos") -> np.ndarray:
     """``(N, ds)`` diffusion-map coordinates ``mu_k v_k`` of P's graph (not yet rescaled); rows of components
     the eigenvectors do not reach are NaN (they take the random start, see ``initial_coords``)."""
-    from .engine.eigenmap import laplacian_eigenmap
 
     solution = laplacian_eigenmap(executor, space_dims, method=method, seed=seed)
     Y = solution.coords * (1.0 - solution.eigenvalues)
@@ -89,7 +90,6 @@ def pca_layout(features: np.ndarray, space_dims: int) -> np.ndarray:
 
 def features_from_provenance(provenance: dict) -> np.ndarray:
     """The feature rows a kNN affinity was built from (its provenance ``source``), for ``init='pca'``."""
-    from .affinity.knn import read_features
 
     source = provenance.get("source")
     if provenance.get("method") != "knn" or not source or not Path(str(source)).exists():

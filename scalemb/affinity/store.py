@@ -30,9 +30,11 @@ import zarr
 
 from .._version import __version__
 from ..errors import InputError
-from ..io.atomic import atomic_directory
+from ..io.atomic import atomic_directory, file_sha256
 from ..io.nodeids import from_stored, ids_bytes, to_stored
 from .affinity import Affinity, RowBlock, check_radii, row_partition
+from ..io.storage import local_input
+from .ordering import check_point_order, store_point_order
 
 ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 DEFAULT_CHUNK_NNZ = 1 << 20
@@ -155,7 +157,6 @@ def write_affinity_store(path, affinity: Affinity, n_partitions: int | None = No
     small (``store_point_order``).  Rows, columns, node ids, radii and ``extra_arrays`` all follow the order (so
     results, indexed by node id, map back to the input's points); the provenance records it as ``point_order``
     and the content hash covers the renumbered arrays and ids."""
-    from .ordering import check_point_order, store_point_order
 
     check_point_order(point_order)
     extra_arrays = dict(extra_arrays or {})
@@ -215,8 +216,6 @@ class AffinityStore:
     """Read access to an affinity store; ``read_rows`` is what a worker calls for its partition."""
 
     def __init__(self, path):
-        from ..io.storage import local_input
-
         self.path = Path(local_input(path))  # an object-storage URL: its local copy
         if not is_affinity_store(self.path):
             raise InputError(self.path, "not a scalemb affinity store (Zarr group with encoding-type csr_matrix)")
@@ -381,7 +380,6 @@ class AffinityStore:
 def check_source(provenance: dict) -> None:
     """``InputError`` if the file the run's affinity was read from (``source``) no longer has the SHA-256 recorded
     when the run read it (``source_sha256``; ``scalemb.embedding``), as ``resume`` refuses a changed input."""
-    from ..io.atomic import file_sha256
 
     source, recorded = provenance.get("source"), provenance.get("source_sha256")
     if source and recorded and Path(source).is_file() and file_sha256(source) != recorded:

@@ -6,6 +6,12 @@ from sklearn.base import BaseEstimator
 
 from .._version import __version__
 from ..engine.eigenmap import EIGENSOLVERS, laplacian_eigenmap, nystrom_extend
+from ..params import BY_NAME
+from ..progress import phase, reporting
+from ..run.inputs import plan_of
+from ..run.runner import executor_for
+from ..run.spec import RunSpec
+from ..store.results import EmbeddingResult
 
 
 class Eigenmap(BaseEstimator):
@@ -47,8 +53,6 @@ class Eigenmap(BaseEstimator):
         import numbers
         import warnings
 
-        from ..params import BY_NAME
-
         def alias(old, new, value, default):
             given = getattr(self, old)
             if given is None:
@@ -79,12 +83,6 @@ class Eigenmap(BaseEstimator):
                 "workers": BY_NAME["workers"].check(self.workers, "workers")}
 
     def fit(self, data=None, graph_affinity: str = "coauthorship") -> "Eigenmap":
-        from ..store.results import EmbeddingResult
-        from ..progress import phase, reporting
-        from ..run.inputs import plan_of
-        from ..run.runner import executor_for
-        from ..run.spec import RunSpec
-
         settings = self._settings()
         seed = 0 if settings["random_state"] is None else int(settings["random_state"])
         # An eigenmap uses only the executors' row-block maps and Laplacian products with the constant weights

@@ -35,6 +35,9 @@ import time
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
+from ..affinity.knn import knn_graph
+from ..params import BY_NAME
+from ..store.results import EmbeddingResult
 
 CORRECTIONS = ("reweighted", "affine", "stochastic", "raw")
 
@@ -42,7 +45,6 @@ CORRECTIONS = ("reweighted", "affine", "stochastic", "raw")
 def inverse_distance_graph(X: np.ndarray, n_neighbors: int = 12, random_state: int | None = 0,
                            n_jobs: int | None = None) -> sp.csr_matrix:
     """Symmetric kNN graph with weights ``1/distance`` scaled to a maximum of 1 (zero distances: the largest)."""
-    from ..affinity.knn import knn_graph
 
     indices, distances = knn_graph(X, n_neighbors=n_neighbors, random_state=random_state, n_jobs=n_jobs)
     n = X.shape[0]
@@ -113,8 +115,6 @@ class KernelEigenmap:
     def _seed(self) -> int:
         """``random_state`` (or the deprecated ``seed``, FutureWarning) checked by its table row; None: 0."""
         import warnings
-
-        from ..params import BY_NAME
 
         value = self.random_state
         if self.seed is not None:
@@ -205,7 +205,6 @@ class KernelEigenmap:
 
     def to_result(self, source=None):
         """An ``EmbeddingResult`` (``save`` writes the embed-run store) holding the map in ``optimizer``."""
-        from ..store.results import EmbeddingResult
 
         params = {**{k: getattr(self, k) for k in ("n_centres", "n_neighbors", "bandwidth", "regularize")},
                   "seed": self.seed_}
@@ -221,7 +220,6 @@ class KernelEigenmap:
     def from_result(cls, result) -> "KernelEigenmap":
         """The fitted map stored in a ``kernel-eigenmap`` result (``EmbeddingResult`` or its store path), ready
         for ``transform``."""
-        from ..store.results import EmbeddingResult
 
         if not isinstance(result, EmbeddingResult):
             result = EmbeddingResult.load(result)

@@ -18,6 +18,9 @@ from ..errors import InputError, ScalembError
 from ..methods import Method
 from ..params import Param
 from .kernel import CORRECTIONS, KernelEigenmap
+from ..affinity.knn import read_features
+from ..placement import PlacementRun, grown_affinity, new_feature_rows, new_point_ids, placed_result, reference_of
+from .estimator import Eigenmap
 
 GRAPH_PARAMS = (
     Param("eigensolver", "lanczos", "eigenmap: Lanczos (default) or LOBPCG on the row-block Laplacian products",
@@ -44,7 +47,6 @@ def _check_output(name: str, values: dict, out, overwrite: bool) -> None:
 def fit_graph_eigenmap(source, values: dict, *, out=None, overwrite: bool = False, checkpoint_every=None,
                        front: str = "python", quiet: bool = True):
     """The graph eigenmap of ``source``'s P (``Eigenmap``), written to ``out`` if given."""
-    from .estimator import Eigenmap
 
     values = GRAPH_EIGENMAP.values(values)
     _check_output(GRAPH_EIGENMAP.name, values, out, overwrite)
@@ -60,7 +62,6 @@ def fit_graph_eigenmap(source, values: dict, *, out=None, overwrite: bool = Fals
 def fit_kernel_eigenmap(source, values: dict, *, out=None, overwrite: bool = False, checkpoint_every=None,
                         front: str = "python", quiet: bool = True):
     """The kernel eigenmap of the feature file ``source`` (``KernelEigenmap``), written to ``out`` if given."""
-    from ..affinity.knn import read_features
 
     values = KERNEL_EIGENMAP.values(values)
     _check_output(KERNEL_EIGENMAP.name, values, out, overwrite)
@@ -86,7 +87,6 @@ def _new_points_provenance(result, run_name, method: str, n_new: int) -> dict:
 def place_nystrom(result, new, *, reference=None, run_name="the stored map", n_threads: int | None = None, **_):
     """Eigenmap runs: the new points of the grown ``P'`` through the map's continuous (Nyström) extension, no
     optimisation (weights: the new rows of ``P'`` on the stored columns)."""
-    from ..placement import PlacementRun, grown_affinity, placed_result, reference_of
 
     reference = reference or reference_of(run_name, result.provenance, result.node_ids)
     P, new_ids = grown_affinity(reference, result.node_ids, new, n_threads)
@@ -110,7 +110,6 @@ def place_nystrom(result, new, *, reference=None, run_name="the stored map", n_t
 def place_kernel_map(result, new, *, reference=None, run_name="the stored map", n_threads: int | None = None, **_):
     """Kernel-eigenmap runs: the stored continuous map ``y(x) = V^T z(x)`` applied to new feature rows (a path or
     an array), no optimisation."""
-    from ..placement import PlacementRun, new_feature_rows, new_point_ids, placed_result
 
     fitted = KernelEigenmap.from_result(result)
     X_new = new_feature_rows(new, fitted.centres_.shape[1], "the stored map takes")

@@ -61,6 +61,9 @@ from .base import Executor
 from .blocks import reduce_blocks
 from .fft_pass import fft_grid
 from .laplacian import laplacian_matrix
+from .factor import factorize
+from .held import LocalHeld
+from .held_dask import DaskHeld
 
 logger = logging.getLogger("scalemb")
 
@@ -176,8 +179,6 @@ class WorkerFactor:
         self._solver = None
 
     def _build(self):
-        from .factor import factorize
-
         if self._solver is None:
             self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
         return self._solver
@@ -701,8 +702,6 @@ class DaskExecutor(Executor):
         (``engine.held_dask.DaskHeld``), where the evaluations can run there: the halo exchange on, FFT or auto
         repulsion, a model without a ``point_term`` (which needs every point on the client); else on the client
         (``engine.held.LocalHeld``)."""
-        from .held import LocalHeld
-        from .held_dask import DaskHeld
 
         if self.halo and self.repulsion in ("fft", "auto") and self.model is not None and \
                 self.model.point_term is None:

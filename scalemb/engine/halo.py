@@ -34,6 +34,7 @@ from ..affinity.affinity import RowBlock
 from ..repulsion.fft import (ConvolutionShare, convolve_share, fixed_charges, interpolate_grid, join_convolution,
                              spread_fixed)
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
+from .base import block_model
 
 
 @dataclass
@@ -131,7 +132,6 @@ def convolution_z(convolution) -> float:
 def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, with_kl: bool) -> list:
     """``blocks.attraction_block`` of each of the worker's partitions on its compact coordinates: ``[(A,
     plogw), ...]``.  It needs no potentials, so it runs while the charges are summed and convolved."""
-    from .base import block_model
 
     model = block_model(model)
     Yt = point_major(X)
@@ -164,7 +164,6 @@ def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exag
                    fixed: bool) -> list:
     """``curvature_block`` of each of the worker's partitions (per non-zero: the same arrays as on the rows'
     global labels)."""
-    from .base import block_model
 
     model = block_model(model)
     return [curvature_block(model, b, X, space_dims, exaggeration, fixed) for b in view.blocks]

@@ -54,6 +54,8 @@ from pathlib import Path
 
 from ..errors import ScalembError
 from .markers import has_marker
+from .._version import __version__
+from .storage import check_output, is_url, output_target
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -153,7 +155,6 @@ def check_output_path(path, overwrite: bool, inputs=(), kind: str = "directory")
     an existing directory output scalemb did not write, a file where a directory is written (and the reverse),
     and a missing parent directory.  An object-storage URL (``scalemb.io.storage``) is checked there: a group
     only, as ``scalemb.io.storage.check_output`` says."""
-    from .storage import check_output, is_url
 
     if is_url(path):
         if kind != "directory":
@@ -356,7 +357,6 @@ def atomic_file(path, marked: bool = False):
     """Yield a path to write one file to, inside a fresh temporary (``make_temporary``) next to ``path``; on
     normal exit it replaces ``path`` (``os.replace``) and, with ``marked``, its sidecar records its SHA-256
     (``is_scalemb_file``); the temporary is removed in any case."""
-    from .._version import __version__
 
     path = Path(path)
     tmp = make_temporary(path, "tmp")
@@ -434,7 +434,6 @@ def atomic_directory(path, overwrite: bool = False, inputs=()):
     exit it replaces ``path`` (an existing one only when ``overwrite`` and scalemb wrote it:
     ``check_output_path``); the temporary is removed in any case.  An object-storage URL ``path``: the group is
     built in a local staging directory and published there (``scalemb.io.storage.output_target``)."""
-    from .storage import is_url, output_target
 
     if is_url(path):
         with output_target(path, overwrite) as staged, atomic_directory(staged) as group:

@@ -32,6 +32,13 @@ import numpy as np
 
 from ..errors import ScalembError
 from .layout import components, pack_components, place_labels, poincare_grid, robust_frame
+from . import density
+from ..embedding import EmbeddingResult
+from ..geometry import POINCARE
+from ..metrics.evaluate import _resolve_affinity, affinity_from_provenance, align_affinity
+from ..models import get_model
+from ..models.registry import objective_of
+from .communities import PALETTE, community_labels, load_communities
 
 DIVERGING_CMAP = "RdBu_r"
 MIN_SIZE, MAX_SIZE, PLAIN_SIZE = 4.0, 120.0, 12.0
@@ -55,7 +62,6 @@ def _matplotlib():
 
 def _load(result):
     """An ``EmbeddingResult`` from a result or the path of a result store."""
-    from ..embedding import EmbeddingResult
 
     if isinstance(result, EmbeddingResult):
         return result
@@ -81,7 +87,6 @@ def layout_axes(result):
 def run_affinity(result, affinity="auto", name: str = "the run"):
     """The run's affinity aligned to its node order: ``affinity`` (an ``Affinity``, store, edge list or dataset
     name; node ids checked) or, with ``"auto"``, the one found from its provenance (``None`` if not found)."""
-    from ..metrics.evaluate import _resolve_affinity, affinity_from_provenance, align_affinity
 
     if affinity is None:
         return None
@@ -127,7 +132,6 @@ def map_data(result, affinity="auto", classes=None, communities="auto") -> MapDa
     """The display data of ``result`` (a result or a result store path); see ``run_affinity`` for ``affinity``.
     ``communities``: ``(membership, info)``, ``None``, or ``"auto"``: those stored with the run when ``result`` is
     a store path (``scalemb communities``)."""
-    from .communities import load_communities
 
     run = result if isinstance(result, (str, os.PathLike)) else None
     result = _load(result)
@@ -167,8 +171,6 @@ DISK_FRAME = (-1.05, 1.05, -1.05, 1.05)
 
 def is_ball(result) -> bool:
     """True if the run's model embeds in the Poincaré ball (decided by the model's geometry, not its name)."""
-    from ..geometry import POINCARE
-    from ..models import get_model
 
     try:
         model = get_model(result.model)
@@ -235,7 +237,6 @@ def _label_candidates(data: MapData, colour: str, count: int) -> list:
         return []
     result = data.result
     if colour == "community":
-        from .communities import community_labels
 
         membership, _ = data.communities
         # the largest communities first; a few times ``count`` of them, since some anchors lie outside the frame
@@ -267,9 +268,6 @@ class Raster:
 def _density_raster(fig, ax, data: MapData, colour: str, colorbar: bool, engine=None):
     """The density layer of the main panel (module docstring) as a ``Raster`` (drawn empty until filled)."""
     from matplotlib.colors import LogNorm, Normalize
-
-    from . import density
-    from .communities import PALETTE
 
     xy, result = data.xy, data.result
     categorical = colour in ("community", "label")
@@ -365,7 +363,6 @@ def _draw_points(fig, ax, data: MapData, colour: str, dense: bool, scale: float,
 
     result, xy, ds = data.result, data.xy, data.result.space_dims
     if colour == "community" and not dense:
-        from .communities import PALETTE
 
         palette = np.asarray(PALETTE, dtype=float) / 255.0
         ax.scatter(xy[:, 0], xy[:, 1], c=palette[np.asarray(data.communities[0]) % palette.shape[0]],
@@ -493,7 +490,6 @@ def finish_map(fig, ax, data: MapData, labels, overview_ax=None, rasters=()):
 
 def draw_kl(ax, result):
     """The run's objective (KL(P‖Q), or its model's own, e.g. EE's E) per computed iteration on ``ax``."""
-    from ..models.registry import objective_of
 
     objective = objective_of(result)
     history = np.asarray(result.kl_history, dtype=float)

@@ -25,8 +25,11 @@ import numpy as np
 
 from ..errors import ScalembError
 from ..io.nodeids import is_string_ids
-from ..plot.communities import PALETTE
+from ..plot.communities import PALETTE, community_labels, detect_communities, load_communities
 from ..plot.layout import poincare_grid
+from ..metrics import EXACT_MAX_ROWS, node_preservation
+from ..metrics.evaluate import load_run, read_labels
+from ..plot.figure import map_data, run_affinity
 
 MAX_MAP_EDGES = 200_000
 
@@ -39,7 +42,6 @@ def _array(values, dtype: str) -> dict:
 
 def _per_node_np(result, affinity):
     """NP@deg per node (NaN without edges), or ``None`` without an affinity or above ``EXACT_MAX_ROWS`` nodes."""
-    from ..metrics import EXACT_MAX_ROWS, node_preservation
 
     if affinity is None or result.embedding.shape[0] > EXACT_MAX_ROWS:
         return None
@@ -95,7 +97,6 @@ def map_payload(data, per_node_np=None, communities=None) -> dict:
         payload["classes"] = _array(codes, "u32")
         payload["class_names"] = [str(v) for v in names]
     if communities is not None:
-        from ..plot.communities import community_labels
 
         membership, info = communities
         payload["community"] = _array(membership, "u32")
@@ -183,7 +184,6 @@ def map_html(payload: dict, title: str) -> str:
 def run_communities(run, result, affinity) -> tuple | None:
     """The communities stored with ``run`` (a path), else detected on the run's affinity graph (a kNN graph for
     features), else ``None``."""
-    from ..plot.communities import detect_communities, load_communities
 
     stored = load_communities(run) if isinstance(run, (str, os.PathLike)) else None
     if stored is not None:
@@ -200,8 +200,6 @@ def build_map_page(run, affinity=None, labels=None, title=None) -> str:
     """The interactive map page of a finished run (path or ``EmbeddingResult``); ``affinity`` as in
     ``scalemb.report.build_report`` (default: found from the run's provenance), ``labels`` one per node.
     Communities: stored with the run, else detected on its graph (``run_communities``)."""
-    from ..metrics.evaluate import load_run, read_labels
-    from ..plot.figure import map_data, run_affinity
 
     result, run_name = load_run(run)
     classes = None if labels is None else read_labels(labels, result.embedding.shape[0])

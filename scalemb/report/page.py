@@ -16,17 +16,18 @@ from pathlib import Path
 import numpy as np
 
 from ..models.registry import objective_of
+from ..io.atomic import atomic_file, check_output_path
+from ..metrics import evaluate_run, to_json
+from ..metrics.evaluate import load_run, read_labels
+from ..plot.communities import load_communities
+from ..plot.figure import draw_kl, figure_png, map_data, map_figure, new_figure, run_affinity
 
 
 def _png_uri(fig, dpi: int = 100) -> str:
-    from ..plot.figure import figure_png
-
     return "data:image/png;base64," + base64.b64encode(figure_png(fig, dpi=dpi)).decode("ascii")
 
 
 def _kl_figure(result):
-    from ..plot.figure import draw_kl, new_figure
-
     fig = new_figure((6.5, 3.6))
     draw_kl(fig.add_subplot(), result)
     return fig
@@ -34,7 +35,6 @@ def _kl_figure(result):
 
 def _time_degree_figure(result, degree):
     """Time 1 against the degree (log axis), with the median |time 1| per degree bin (the sign is arbitrary)."""
-    from ..plot.figure import new_figure
 
     t = result.embedding[:, result.space_dims]
     fig = new_figure((6.5, 3.8))
@@ -61,7 +61,6 @@ def _time_degree_figure(result, degree):
 
 def _figures(data, labels: int):
     """``[(title, caption, data URI)]`` of the report's figures."""
-    from ..plot.figure import map_figure
 
     result = data.result
     figures = []
@@ -140,7 +139,6 @@ def report_html(result, metrics: dict, figures: list, run_name: str, input_name:
 def write_text_atomic(path, text: str, marked: bool = False) -> Path:
     """Write ``text`` to a temporary next to ``path``, then rename it into place (``scalemb.io.atomic.atomic_file``;
     ``marked``: with the sidecar by which ``--overwrite`` recognises it as scalemb's)."""
-    from ..io.atomic import atomic_file
 
     path = Path(path)
     with atomic_file(path, marked=marked) as tmp:
@@ -156,10 +154,6 @@ def build_report(run, affinity=None, labels=None, *, n_labels: int = 12, sample=
     dataset name (default: found from the run's provenance); ``labels``: array or file (one per node).  Bad input
     raises ``scalemb.errors.InputError`` naming the file (node ids that differ, labels of the wrong length,
     non-finite coordinates)."""
-    from ..metrics import evaluate_run
-    from ..metrics.evaluate import load_run, read_labels
-    from ..plot.communities import load_communities
-    from ..plot.figure import map_data, run_affinity
 
     result, run_name = load_run(run)
     classes = None if labels is None else read_labels(labels, result.embedding.shape[0])
@@ -187,8 +181,6 @@ def _provenance_name(provenance: dict) -> str:
 def write_report(run, out, json_out=None, overwrite: bool = False, **kwargs) -> dict:
     """Build the report (``build_report``) and write it to ``out`` (and the metrics as JSON to ``json_out``);
     nothing is written when any input is bad."""
-    from ..io.atomic import check_output_path
-    from ..metrics import to_json
 
     targets = [check_output_path(out, overwrite, kind="scalemb-file")] + \
         ([] if json_out is None else [check_output_path(json_out, overwrite, kind="scalemb-file")])

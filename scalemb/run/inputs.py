@@ -20,14 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..affinity import Affinity, AffinityStore, coauthorship_affinity, is_affinity_store, normalized_affinity
-from ..affinity.store import content_hash
-from ..affinity.knn import FEATURE_SUFFIXES, default_neighbours, looks_like_features
+from ..affinity.store import check_source, content_hash, write_affinity_store
+from ..affinity.knn import (FEATURE_SUFFIXES, PERPLEXITY, default_neighbours, knn_affinity, looks_like_features,
+                           read_features)
 from ..datasets import DATASETS, load_dataset
 from ..io.edgelist import read_edge_list
 from ..io.storage import is_url, local_input
 from ..params import BY_NAME, DEFAULTS, GRAPH_AFFINITIES, KNN_PARAMS
 from ..progress import phase
 from .spec import front_name
+from ..affinity.ingest import ingest_edge_list
+from ..errors import InputError
 
 
 def is_dataset(source, root=None) -> bool:
@@ -143,10 +146,8 @@ class InputPlan:
     def write_store(self, out, n_partitions: int | None = None) -> None:
         """Write P into a new affinity store at ``out``: an edge-list file streamed (``ingest_edge_list``: the
         edges and P are never held whole), anything else through ``load_affinity``."""
-        from ..affinity.store import write_affinity_store
 
         if isinstance(self.data, (str, Path)) and Path(self.data).is_file():
-            from ..affinity.ingest import ingest_edge_list
 
             ingest_edge_list(self.data, out, affinity=self.graph_affinity, n_partitions=n_partitions)
         else:
@@ -175,7 +176,6 @@ def resolve(source, spec, front: str = "python", shown=None) -> InputPlan:
     check_knn_settings(kind, spec, front, shown or source)
     if kind != "knn":
         return InputPlan(kind, source, source, spec.graph_affinity)
-    from ..affinity.knn import read_features
 
     with phase("reading", str(source)):
         features = read_features(source)
@@ -217,7 +217,6 @@ def knn_features_affinity(X, perplexity, n_neighbors, metric: str, seed: int, n_
     """kNN affinities of a feature array ``X`` (N x d) or feature file: for an array, ``n_neighbors`` defaults to
     ``min(N - 1, 3 perplexity)`` and the perplexity is lowered below it (``fitting_perplexity``).  ``source``:
     the feature file ``X`` was read from, recorded in the provenance (placing new rows reads it)."""
-    from ..affinity.knn import knn_affinity
 
     if not isinstance(perplexity, numbers.Real) or not perplexity >= 1:
         raise ValueError(f"perplexity must be a number >= 1, got {perplexity!r}")
@@ -260,9 +259,6 @@ def reopen(provenance: dict, graph_affinity: str = "coauthorship"):
     """``(Affinity or None, source name, features path or None)``: a finished run's input again, from its
     ``provenance`` (what metrics, reports and maps read; a file or store changed since the run is refused:
     ``check_source``, the store's content hash)."""
-    from ..affinity.knn import PERPLEXITY, knn_affinity
-    from ..affinity.store import check_source
-    from ..errors import InputError
 
     check_source(provenance)
     if provenance.get("store"):

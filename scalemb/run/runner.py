@@ -23,8 +23,13 @@ from ..affinity.knn import from_point_distances
 from ..models import get_model
 from ..optim import make_optimizer, resolve_optimizer
 from ..progress import Progress, phase, reporting
-from .inputs import input_hash, input_reference, plan_of
+from .inputs import input_hash, input_reference, plan_of, resolve
 from .spec import RunSpec
+from ..affinity import Affinity
+from ..io.atomic import file_sha256
+from ..io.storage import output_target
+from ..placement import PlacementOptimizer, Reference, knn_settings, place_into
+from ..store.checkpoint import Checkpointer, DEFAULT_EVERY, read_final_state
 
 
 def _with_source_hash(provenance: dict) -> dict:
@@ -32,8 +37,6 @@ def _with_source_hash(provenance: dict) -> dict:
     a feature file; an affinity store carries its own ``content_hash``): what reads the run's input again
     (metrics, report, transform: ``scalemb.metrics.evaluate.check_source``) refuses a file changed since."""
     from pathlib import Path
-
-    from ..io.atomic import file_sha256
 
     source = provenance.get("source")
     if source and "store" not in provenance and "source_sha256" not in provenance and \
@@ -243,7 +246,6 @@ class Runner:
         previous = self.result_
         state = self.run_.state
         if getattr(self.run_, "written", None) is not None:  # the workers wrote its arrays into the result's store
-            from ..store.checkpoint import read_final_state
 
             state = read_final_state(previous.__dict__["_store"])[1]
         total = int(state.iteration) + int(n_iter)
@@ -286,8 +288,6 @@ class Runner:
         graph inputs, feature rows (array or path) for kNN inputs.  ``reference``: the reference feature rows
         when the fit input was an in-memory kNN ``Affinity`` (otherwise the provenance names them).  The whole
         map, old rows first: ``transform_result_``."""
-        from ..affinity import Affinity
-        from ..placement import PlacementOptimizer, Reference, knn_settings, place_into
 
         if not hasattr(self, "result_"):
             raise ValueError("fit the Embedder before transform")
@@ -312,9 +312,6 @@ def run(spec: RunSpec, source=None, out=None, checkpoint_every: int | None = Non
     object-storage URL ``out`` is written on local disk (checkpoints included) and published there once the run
     is done (``scalemb.io.storage.output_target``): an interrupted run publishes nothing.
     ``extra``: the ``Runner``'s Python-only values (``init``, ``optimizer``, ``quiet``)."""
-    from ..store.checkpoint import DEFAULT_EVERY, Checkpointer
-    from ..io.storage import output_target
-    from .inputs import resolve
 
     runner = Runner(spec, **extra)
     runner._check()

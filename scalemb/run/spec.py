@@ -11,6 +11,7 @@ never in it.
 from dataclasses import field, fields, make_dataclass, replace
 
 from ..params import BY_NAME, FFT_PARAMS, OPTIMIZER_PARAMS, PARAMS
+from ..repulsion import FFTParams
 
 RUN_PARAMS = tuple(p for p in PARAMS if p.run)
 FRONTS = ("python", "cli", "service")
@@ -75,7 +76,6 @@ class _Spec:
 
     def fft_params(self):
         """The ``scalemb.repulsion.FFTParams`` of the ``fft_*`` settings."""
-        from ..repulsion import FFTParams
 
         return FFTParams(**{attr: getattr(self, name) for name, attr in FFT_PARAMS.items()})
 

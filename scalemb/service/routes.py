@@ -21,6 +21,10 @@ from .jobs import ENDED, InUse, JobStore, QueueFull
 from .runner import JobRunner
 from .requests import JobRequest, TransformRequest
 from .uploads import store_upload
+from ..plot import plot_png
+from ..report import build_report
+from ..report.mappage import build_map_page
+from ..report.page import write_text_atomic
 
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -59,7 +63,6 @@ class Service:
 
     def page(self, job_id: str, name: str, build) -> HTMLResponse:
         """A cached HTML page of a done job (built once, written atomically)."""
-        from ..report.page import write_text_atomic
 
         self.done(job_id)
         cached = self.runner.run_dir(job_id) / name
@@ -231,7 +234,6 @@ def plot(svc: ServiceDep, job_id: str):
     svc.done(job_id)
     cached = svc.runner.run_dir(job_id) / "plot.png"
     if not cached.exists():
-        from ..plot import plot_png
 
         tmp = cached.with_name(f".plot.{os.getpid()}.{time.monotonic_ns()}.png")
         try:
@@ -245,7 +247,6 @@ def plot(svc: ServiceDep, job_id: str):
          responses=schemas.error_responses(401, 404, 409, 422, html=True))
 def report(svc: ServiceDep, job_id: str):
     """The run report of ``scalemb report`` (self-contained HTML: metrics, maps, KL curve)."""
-    from ..report import build_report
 
     return svc.page(job_id, "report.html", lambda run: build_report(run, map_href=f"/jobs/{job_id}/map")[0])
 
@@ -253,7 +254,6 @@ def report(svc: ServiceDep, job_id: str):
          responses=schemas.error_responses(401, 404, 409, 422, html=True))
 def map_page(svc: ServiceDep, job_id: str):
     """The interactive map page (self-contained HTML canvas: pan, zoom, hover, find a node)."""
-    from ..report.mappage import build_map_page
 
     return svc.page(job_id, "map.html", build_map_page)
 

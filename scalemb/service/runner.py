@@ -38,6 +38,9 @@ from .jobs import ENDED, InUse, JobLogHandler, JobStore, SharedLock, disk_full
 from .jsonsafe import dumps, loads
 from .snapshots import clean_snapshots, remove_snapshot
 from .stores import clean_stores, ensure_store, touch
+from ..metrics import evaluate_run, to_json
+from ..placement import PlacementOptimizer, transform_run
+from ..report.page import write_text_atomic
 
 logger = logging.getLogger("scalemb")
 FLUSH_SECONDS = 0.5  # progress is written to the database at most this often per job
@@ -450,8 +453,6 @@ class JobRunner:
         """Write the run's quality metrics to ``metrics.json``: the job's metrics phase.  A failure leaves the
         job done with ``metrics_state`` 'failed' and the reason in ``metrics_error`` and its log (a full disk:
         tried again on the next request for them)."""
-        from ..metrics import evaluate_run, to_json
-        from ..report.page import write_text_atomic
 
         self._current.job = job_id
         self.store.log(job_id, "metrics: computing")
@@ -476,7 +477,6 @@ class JobRunner:
     def _run_transform(self, job_id: str, params: dict):
         """A ``POST /jobs/{id}/transform`` job: place new nodes into a done job's map (``scalemb.placement``).
         No checkpoints (placing is short): a restarted service runs it again unless its result was written."""
-        from ..placement import PlacementOptimizer, transform_run
 
         run = self.run_dir(job_id) / "run.zarr"
         if not run.exists():

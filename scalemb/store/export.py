@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ScalembError
+from .results import column_names, read_result, to_anndata, write_group
 
 FORMATS = ("csv", "parquet", "npy", "h5ad", "zarr")
 SUFFIXES = {"csv": ".csv", "parquet": ".parquet", "npy": ".npy", "h5ad": ".h5ad", "zarr": ".zarr.zip"}
@@ -36,7 +37,6 @@ def check_format(fmt: str) -> None:
 
 def columns(arrays: dict, attrs: dict) -> dict:
     """The table of ``csv``/``parquet``: ``node_id`` then one column per embedding component."""
-    from .results import column_names
 
     names = column_names(int(attrs["space_dims"]), int(attrs["time_dims"]))
     return {"node_id": arrays["node_ids"], **{n: arrays["embedding"][:, k] for k, n in enumerate(names)}}
@@ -44,7 +44,6 @@ def columns(arrays: dict, attrs: dict) -> dict:
 
 def write_embedding(run, fmt: str, target) -> None:
     """Write result group ``run`` as ``fmt`` to the new file ``target`` (the caller makes it atomic)."""
-    from .results import read_result, to_anndata, write_group
 
     check_format(fmt)
     run, target = Path(run), Path(target)

@@ -31,6 +31,7 @@ from ..engine.held import rows_digest
 from ..errors import ScalembError
 from ..io.atomic import atomic_directory, recover_directory
 from ..io.nodeids import from_stored, ids_bytes, is_string_ids, to_stored
+from ..io.storage import local_input
 
 _ARRAYS = ("embedding", "node_ids", "kl_history")
 # the node axis is named after the node ids, so that xarray opens them as its index: ds.sel(node_ids=...)
@@ -159,7 +160,6 @@ def hash_attrs(arrays: dict, attrs: dict, row_blocks=None, digests: dict | None 
 
 def read_result(path) -> tuple[dict, dict]:
     """Read a result group: ``(arrays, attrs)`` with NumPy arrays; an object-storage URL from its local copy."""
-    from ..io.storage import local_input
 
     path = Path(local_input(path))
     recover_directory(path)
