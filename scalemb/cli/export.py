@@ -10,6 +10,8 @@ from pathlib import Path
 from ..errors import ScalembError
 from ..io.atomic import atomic_file, check_output_path
 from ..store.export import FORMATS, SUFFIXES, check_format, write_embedding
+from ..io.storage import is_url, local_input
+from ..store.results import read_result
 
 
 def add_parser(commands) -> None:
@@ -24,10 +26,8 @@ def add_parser(commands) -> None:
 
 def export(run, fmt: str, out=None, overwrite: bool = False) -> Path:
     """Write the result group ``run`` as ``fmt`` to ``out``; returns the path written."""
-    from ..store.results import read_result
 
     check_format(fmt)
-    from ..io.storage import is_url, local_input
 
     if is_url(run) and not out:  # a run in object storage: the file is written here, named after it
         out = Path(run.rstrip("/").rsplit("/", 1)[-1]).with_suffix(SUFFIXES[fmt])

@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, ScalembError
+from ..affinity.knn import read_features
+from ..affinity.store import write_affinity_store
+from ..methods import label_metric_names
 
 
 def add_arguments(parser):
@@ -68,9 +71,6 @@ def learned_affinity(args, metric) -> None:
     """Fit, build and write the store for ``scalemb affinity --metric M --labels FILE``, ``M`` a metric learned
     from labels (``scalemb.methods.AffinityMetric``, e.g. liram; ``metric``: it, or None); validates everything
     first."""
-    from ..affinity.knn import read_features
-    from ..affinity.store import write_affinity_store
-    from ..methods import label_metric_names
 
     if metric is None or not metric.learns_from_labels:
         raise ScalembError(f"--labels is used with --metric {' or '.join(label_metric_names())} (got --metric "

@@ -12,7 +12,7 @@ from ..datasets import DATASETS
 from ..affinity.knn import PERPLEXITY
 from ..engine.distributed import SchedulerLostError
 from ..errors import ScalembError
-from ..store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted
+from ..store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, RunInterrupted, interruption_note
 from ..params import GRAPH_AFFINITIES, PARAMS
 from ..methods import method_names, method_of
 from . import cont as continue_cli, export as export_cli
@@ -21,6 +21,12 @@ from .lvq import add_arguments as add_liram_arguments
 from . import metrics as metrics_command
 from . import report as report_command
 from . import transform as transform_cli
+from ..io import storage
+from ..io.atomic import check_output_path
+from ..io.coauthor_generator import write_coauthor_edge_list
+from ..io.storage import check_prefix, is_url
+from ..plot import save_plot
+from ..resume import resume
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -95,7 +101,6 @@ def add_param_arguments(parser, names, groups=None, extra_choices=None) -> None:
     """``parser``'s flags for the ``scalemb.params.PARAMS`` rows ``names``, generated from the rows (flag,
     default, help, choices, type, bounds; ``Param.parse`` checks a value), as the service's job fields are.
     ``groups``: ``{name: argparse group}`` to add a row's flag to; ``extra_choices``: ``{name: values}``."""
-    from ..params import PARAMS
 
     groups, extra_choices = groups or {}, extra_choices or {}
     for p in (row for row in PARAMS if row.name in names):
@@ -277,14 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _refuse_existing(path, overwrite: bool, inputs=(), kind: str = "directory"):
     """Refuse an output that exists without --overwrite, that scalemb did not write, or that is an input."""
-    from ..io.atomic import check_output_path
 
     check_output_path(path, overwrite, inputs, kind)
 
 
 def _generate(args) -> int:
-    from ..io.coauthor_generator import write_coauthor_edge_list
-
     _refuse_existing(args.out, args.overwrite, kind="file")
     write_coauthor_edge_list(args.out, args.authors, seed=args.seed, edges_per_author=args.edges_per_author)
     print(f"wrote {args.out}")
@@ -292,8 +294,6 @@ def _generate(args) -> int:
 
 
 def _plot(args) -> int:
-    from ..plot import save_plot
-
     _refuse_existing(args.out, args.overwrite, (args.run,), kind="file")
     save_plot(args.run, args.out, dpi=args.dpi, labels=args.labels, title=args.title, colour=args.colour,
               engine=args.density_engine)
@@ -325,8 +325,6 @@ def _serve(args) -> int:
         raise ScalembError(f"{root}: data root is not a directory")
     storage = args.storage or os.environ.get("SCALEMB_STORAGE") or None
     if storage is not None:
-        from ..io.storage import check_prefix
-
         storage = check_prefix(storage)  # a bad URL, a missing bucket, no credentials: refused before serving
     config = ServiceConfig(data_root=root, token=None if args.insecure_no_auth else token,
                            scheduler=args.scheduler, max_queue=args.max_queue, max_running=args.max_running,
@@ -375,8 +373,6 @@ def _report(out, result) -> int:
 
 
 def _resume(args) -> int:
-    from ..resume import resume
-
     return _report(args.run, resume(args.run, iterations=args.iterations, quiet=args.quiet,
                                     scheduler=args.scheduler, in_process=args.in_process))
 
@@ -415,16 +411,12 @@ def main(argv=None) -> int:
     if args.command != "serve" and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _raise_interrupt)  # Ctrl-C as before, remembered (the service has its own)
     if args.s3_endpoint:
-        from ..io import storage
-
         storage.configure(args.s3_endpoint)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s scalemb %(message)s", stream=sys.stderr)
     try:
         return _dispatch(args)
     except RunInterrupted as exc:
-        from ..io.storage import is_url
-
         out = getattr(args, "out", None)
         print(f"scalemb: interrupted; nothing published at {out}" if is_url(out) else f"scalemb: {exc}",
               file=sys.stderr)
@@ -450,12 +442,10 @@ def main(argv=None) -> int:
 def _report_interruption(args) -> None:
     """The line after Ctrl-C / SIGTERM: where an embed or resume run's checkpoint is, else that nothing was
     written (nothing published, for an object-storage output)."""
-    from ..io.storage import is_url
 
     if args.command not in ("embed", "resume"):
         print("scalemb: interrupted; nothing written", file=sys.stderr)
         return
-    from ..store.checkpoint import interruption_note
 
     out = args.out if args.command == "embed" else args.run
     if is_url(out):

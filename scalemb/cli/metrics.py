@@ -1,6 +1,8 @@
 """``scalemb metrics RUN.zarr [--input P.zarr|EDGES] [--features X] [--labels y.npy] [--json]``: the quality
 metrics of a finished run (``scalemb.metrics.evaluate_run``) as a table or JSON on stdout.  Writes nothing."""
 import json
+from ..embedding import GRAPH_AFFINITIES
+from ..metrics import evaluate_run, metrics_table, to_json
 
 
 def _positive_int(text):
@@ -19,8 +21,6 @@ def add_run_arguments(parser) -> None:
 
 
 def add_parser(commands):
-    from ..embedding import GRAPH_AFFINITIES
-
     met = commands.add_parser("metrics", help="quality metrics of a finished run (KL, NP@deg, trustworthiness, ...)",
                               description="KL under the run's model and neighbourhood preservation (NP@deg, "
                                           "Jaccard) for its affinity; trustworthiness, continuity, kNN precision "
@@ -43,8 +43,6 @@ def add_parser(commands):
 
 
 def run(args) -> int:
-    from ..metrics import evaluate_run, metrics_table, to_json
-
     metrics = evaluate_run(args.run, affinity=args.input, X=args.features, labels=args.labels, sample=args.sample,
                            seed=args.seed, k=args.k, k_max=args.k_max, graph_affinity=args.graph_affinity,
                            n_threads=args.threads)

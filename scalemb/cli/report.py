@@ -2,6 +2,14 @@
 [--map map.html]``: a self-contained HTML report of a finished run (metrics, maps, KL curve) and, with ``--map``,
 the interactive map page.  Nothing is written when an input is bad."""
 from .metrics import add_run_arguments
+from ..errors import ScalembError
+from ..io.atomic import check_output_path
+from ..metrics.evaluate import load_run
+from ..plot.communities import ARRAY, detect_communities, store_communities
+from ..plot.figure import run_affinity
+from ..report import write_report
+from ..report.mappage import build_map_page
+from ..report.page import write_text_atomic
 
 
 def add_parser(commands):
@@ -28,13 +36,8 @@ def add_parser(commands):
 def run(args) -> int:
     import os
 
-    from ..io.atomic import check_output_path
-    from ..report import write_report
-
     map_page = None
     if args.map is not None:
-        from ..report.mappage import build_map_page
-
         check_output_path(args.map, args.overwrite, kind="scalemb-file")
         map_page = build_map_page(args.run, affinity=args.input, labels=args.labels)
     href = None if args.map is None else os.path.relpath(os.path.abspath(args.map),
@@ -43,8 +46,6 @@ def run(args) -> int:
                            labels=args.labels, n_labels=args.node_labels, sample=args.sample, n_threads=args.threads,
                            map_href=href)
     if map_page is not None:
-        from ..report.page import write_text_atomic
-
         write_text_atomic(args.map, map_page, marked=True)
     if not args.quiet:
         print(f"wrote {args.out}" + (f", {args.json}" if args.json else "") + (f", {args.map}" if args.map else "")
@@ -73,11 +74,6 @@ def run_communities(args) -> int:
     from pathlib import Path
 
     import numpy as np
-
-    from ..errors import ScalembError
-    from ..metrics.evaluate import load_run
-    from ..plot.communities import ARRAY, detect_communities, store_communities
-    from ..plot.figure import run_affinity
 
     result, _ = load_run(args.run)
     if (Path(args.run) / ARRAY).exists() and not args.overwrite:

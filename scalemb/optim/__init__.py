@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 from .base import OptimizeResult, OptimizerState
 from .dbd import DBDState, DeltaBarDelta
 from .descent import AUTO_LU_MAX_POINTS, DescentState, LineSearchDescent
+from ..models import Model, get_model
 
 OPTIMIZER_NAMES = ("auto", "dbd", "sd", "gd")
 # 'auto' from this many points on: the model's ``default_optimizer_at_scale`` (t-SNE: an exaggeration phase, a
@@ -33,7 +34,6 @@ def default_optimizer_name(model=None, n_points: int | None = None, from_points:
     for SNE), or from ``AUTO_SCALE_MIN_POINTS`` on -- and at every size for P made from distances between points
     (``from_points``: features, a kNN pair, a distance matrix; not a graph) -- its ``default_optimizer_at_scale``
     where it has one; without a model the ``Model`` defaults."""
-    from ..models import Model, get_model
 
     if model is None:
         small = Model.__dataclass_fields__["default_optimizer"].default
@@ -114,7 +114,6 @@ def fitted_schedule(schedule: dict, iterations: int | None) -> dict:
 def _at_scale(model, from_points: bool = False) -> dict | None:
     """The model's ``default_optimizer_at_scale`` (``{"optimizer": name, **options}``) or None; ``from_points``
     (P made from distances between points): its ``default_optimizer_for_points`` where it has one."""
-    from ..models import get_model
 
     if model is None:
         return None
@@ -126,7 +125,6 @@ def _at_scale(model, from_points: bool = False) -> dict | None:
 
 def _schedule(model) -> dict | None:
     """The model's ``default_optimizer_options`` or None."""
-    from ..models import get_model
 
     if model is None:
         return None

@@ -31,6 +31,9 @@ from ..models import get_model
 from .affinity import extended_graph_affinity, extended_knn_affinity, read_new_edges
 from .objective import PlacementObjective
 from .optimize import KNN_FINAL_EXAGGERATION, UNATTACHED_RULE, PlacementOptimizer, PlacementRun, initial_positions
+from ..affinity.store import check_source, check_store
+from ..engine.cluster import dask_client
+from ..store.results import EmbeddingResult
 
 __all__ = ["FREE_EXAGGERATION", "FREE_HOPS", "FREE_ITERATIONS", "FREE_MAX_SHARE", "FREE_STORED_ATTRACTION",
            "PRE_FREE_ITERATIONS", "Reference", "auto_free_hops",
@@ -79,7 +82,6 @@ def _knn_reference(run, provenance: dict, store) -> Reference:
 
 def reference_of(run, provenance: dict, node_ids: np.ndarray) -> Reference:
     """The ``Reference`` of a stored run from its provenance (``run`` names it in errors)."""
-    from ..affinity.store import check_source, check_store
 
     store = provenance.get("store")
     if store is not None and not Path(store).exists():
@@ -297,7 +299,6 @@ def place(model_name: str, space_dims: int, old: np.ndarray, P: sp.csr_matrix, o
 def placed_result(result, run: PlacementRun, new_ids: np.ndarray, provenance: dict, repulsion: dict | None = None):
     """An ``EmbeddingResult`` of the whole map: the old rows (unchanged but for the ones ``run.moved``
     names), the placed rows after them; ``repulsion``: its record (default: the placement's repulsion method)."""
-    from ..store.results import EmbeddingResult
 
     stored = result.embedding.copy()
     if run.moved.size:
@@ -349,8 +350,6 @@ def place_into(result, new, reference: Reference | None = None, optimizer=None, 
     with ExitStack() as stack:
         client = None
         if scheduler is not None or workers is not None:
-            from ..engine.cluster import dask_client
-
             client = stack.enter_context(dask_client(scheduler, workers))
         placed, unattached = place(result.model, result.space_dims, np.ascontiguousarray(result.embedding.T), P,
                                    optimizer, seed, n_threads, refuse_unattached, free_hops=free_hops,
@@ -371,7 +370,6 @@ def transform_run(run, new, out, overwrite: bool = False, optimizer=None, seed: 
                   free_stored_attraction: float | None = None):
     """Read the stored run ``run``, place ``new`` (edge list or features) and write the whole map to ``out``
     (atomically; nothing is written on any error).  Returns the ``EmbeddingResult`` written."""
-    from ..store.results import EmbeddingResult
 
     out = check_output_path(out, overwrite)
     try:

@@ -237,7 +237,6 @@ def _label_candidates(data: MapData, colour: str, count: int) -> list:
         return []
     result = data.result
     if colour == "community":
-
         membership, _ = data.communities
         # the largest communities first; a few times ``count`` of them, since some anchors lie outside the frame
         named = community_labels(data.xy, membership, data.degree, result.node_ids, limit=4 * count)
@@ -363,7 +362,6 @@ def _draw_points(fig, ax, data: MapData, colour: str, dense: bool, scale: float,
 
     result, xy, ds = data.result, data.xy, data.result.space_dims
     if colour == "community" and not dense:
-
         palette = np.asarray(PALETTE, dtype=float) / 255.0
         ax.scatter(xy[:, 0], xy[:, 1], c=palette[np.asarray(data.communities[0]) % palette.shape[0]],
                    s=PLAIN_SIZE * scale * 1.5, linewidths=0, alpha=0.9, zorder=2)

@@ -97,7 +97,6 @@ def map_payload(data, per_node_np=None, communities=None) -> dict:
         payload["classes"] = _array(codes, "u32")
         payload["class_names"] = [str(v) for v in names]
     if communities is not None:
-
         membership, info = communities
         payload["community"] = _array(membership, "u32")
         payload["communities"] = {**community_labels(data.xy, membership, data.degree, ids),

@@ -148,7 +148,6 @@ class InputPlan:
         edges and P are never held whole), anything else through ``load_affinity``."""
 
         if isinstance(self.data, (str, Path)) and Path(self.data).is_file():
-
             ingest_edge_list(self.data, out, affinity=self.graph_affinity, n_partitions=n_partitions)
         else:
             write_affinity_store(out, load_affinity(self.data, self.graph_affinity), n_partitions=n_partitions)

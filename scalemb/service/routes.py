@@ -234,7 +234,6 @@ def plot(svc: ServiceDep, job_id: str):
     svc.done(job_id)
     cached = svc.runner.run_dir(job_id) / "plot.png"
     if not cached.exists():
-
         tmp = cached.with_name(f".plot.{os.getpid()}.{time.monotonic_ns()}.png")
         try:
             tmp.write_bytes(plot_png(svc.runner.result_path(job_id)))

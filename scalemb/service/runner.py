@@ -212,7 +212,6 @@ class JobRunner:
                 return False
             shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
             if self.storage is not None and record["state"] == "done":
-
                 try:
                     remove_output(self.result_url(job_id))
                 except ScalembError as exc:  # the record is gone: the object store's copy is left, said so
