@@ -24,6 +24,7 @@ import numpy as np
 
 from common import machine_description, run_description
 from scale import executor_for
+from sd_scale import warm_up
 
 from scalemb.embedding import initial_coords
 from scalemb.models.base import OPENTSNE_SCHEDULE
@@ -52,9 +53,7 @@ def first_reaching(curve, target):
 def measure(path, sd_iterations, dbd_iterations, report):
     with executor_for(path) as ex:
         coords = initial_coords(ex.n_points, 2, 0, np.random.default_rng(0))
-        ex.evaluate(coords)
-        ex.set_curvature(coords)
-        ex.laplacian_matvec(coords)
+        warm_up(ex, coords)
         phase = make_optimizer("sd", "tsne", ex.n_points, **PHASE, tol=0.0)
         t0 = time.perf_counter()
         start = np.array(phase.optimize(ex, coords, PHASE["exaggeration_iterations"]).coords)
