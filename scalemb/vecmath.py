@@ -12,6 +12,14 @@ range, so results saturate instead of overflowing to inf.
 ``log m = 2 atanh(s)``, ``s = (m - 1)/(m + 1)``, ``|s| <= 0.172``, by its odd series to ``s^21`` (truncation
 < 1e-17): absolute error below 1e-15 for positive normal x (tests/test_vecmath.py); +inf gives ``1024 ln 2``.
 
+``wide_vectors()``: LLVM vectorises for 256-bit registers on Intel CPUs with AVX-512 unless a function asks for
+more (their tuning "prefer-256-bit", against older cores' clock penalty).  The all-pairs kernels ask for 512 bits:
+per pair they do some thirty vector operations on registers (``fast_exp``'s polynomial, a division, the forces)
+and no gathers, so wider vectors pay where a pair needs an exponential or logarithm (SNEST, CO-SNE); the sparse
+kernels, which gather neighbours' rows, gained nothing and keep the target's default (docs/design/repulsion.md).
+On a CPU without AVX-512 the call does nothing.  The width changes how sums split into lanes, so results differ
+in the last bits between the two (tests/test_bit_identity.py keys its hashes by it).
+
 ``scratch`` / ``scratch_row``: buffers for kernels whose results must not depend on where the arrays lie.  With
 ``fastmath`` LLVM vectorises a sum by splitting it into lanes, so its rounding depends on whether the vector loop
 or the scalar fallback runs.  A loop that both sums and stores gets a run-time test on its arrays' addresses and
@@ -23,8 +31,9 @@ doubles clear of each other and of anything allocated before, and copies there w
 stores to an array it was given: the test then always passes and the vector loop always runs.  (Summing in a
 loop of its own would need no gaps, but adds two passes over every row of the all-pairs kernel.)
 """
+import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -50,6 +59,32 @@ def _int64_bits_as_float64(typingctx, bits):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+def _widest_vector_bits(features: str | None = None) -> int | None:
+    """512 when the CPU numba compiles for has AVX-512 (``NUMBA_CPU_FEATURES`` if set, else the host's
+    features, as numba itself decides), else None (the target's own preference stands)."""
+    if features is None:
+        features = numba.config.CPU_FEATURES or binding.get_host_cpu_features().flatten()
+    return 512 if "+avx512f" in features.split(",") else None
+
+
+WIDE_VECTOR_BITS = _widest_vector_bits()
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """``wide_vectors()`` at the top of a kernel: LLVM may vectorise its loops with the CPU's widest vectors
+    (``WIDE_VECTOR_BITS``; no effect on a CPU without AVX-512).  The module docstring says why.  Read when the
+    kernel compiles: the attribute is set on the function the call is compiled into."""
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        if WIDE_VECTOR_BITS is not None:  # a string attribute: llvmlite's add() knows only the keyword ones
+            set.add(builder.function.attributes, f'"prefer-vector-width"="{WIDE_VECTOR_BITS}"')
+        return context.get_dummy_value()
 
     return sig, codegen
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from numba import vectorize
 
-from scalemb.vecmath import fast_exp, fast_log
+from scalemb.vecmath import WIDE_VECTOR_BITS, _widest_vector_bits, fast_exp, fast_log
 
 
 def _elementwise(scalar_function):
@@ -36,3 +36,23 @@ def test_fast_log_absolute_error():
     np.testing.assert_allclose(_apply_log(x), np.log(x), rtol=1e-15, atol=1e-15)
     assert _apply_log(np.array([1.0]))[0] == 0.0
     assert _apply_log(np.array([np.inf]))[0] == pytest.approx(1024 * np.log(2.0))
+
+
+def test_widest_vector_bits_reads_avx512_from_the_feature_string():
+    assert _widest_vector_bits("+sse2,+avx2,+avx512f,+avx512dq") == 512
+    assert _widest_vector_bits("+sse2,+avx2,-avx512f") is None
+    assert _widest_vector_bits("+avx512fp16,+avx2") is None  # only the foundation flag counts
+
+
+@pytest.mark.skipif(WIDE_VECTOR_BITS != 512, reason="the host has no AVX-512: the kernels keep the default width")
+def test_all_pairs_kernels_use_512_bit_vectors_and_sparse_ones_do_not():
+    from scalemb.models import snest
+    from scalemb.models.kernels import attraction_kernel, repulsion_kernel
+
+    repulsion, attraction = repulsion_kernel(snest.pair), attraction_kernel(snest.log_pair)  # compiled here
+    Y = np.random.default_rng(0).normal(size=(3, 64))
+    repulsion(Y, 2, 0, 64, np.zeros_like(Y))
+    assert "zmm" in "".join(repulsion.inspect_asm().values())
+    indptr, indices, data = np.array([0, 1, 2]), np.array([1, 0]), np.array([0.5, 0.5])
+    attraction(indptr, indices, data, 0, np.ascontiguousarray(Y[:, :2].T), 2, np.zeros((2, 3)), True)
+    assert "zmm" not in "".join(attraction.inspect_asm().values())

@@ -52,7 +52,7 @@ from ..geometry import POINCARE
 from ..numba_cache import disk_cached
 from .base import Model
 from .kernels import pair_segment, partners_of, scatter_forces
-from ..vecmath import fast_log, scratch, scratch_row
+from ..vecmath import fast_log, scratch, scratch_row, wide_vectors
 
 DEGREE_RADIUS_SCALE = 0.5  # c of degree_radii (measured on GrQc: docs/design/inputs.md)
 SERIES_BELOW = 1e-5  # δ below which h(δ) = 1 - δ/3 + 2δ²/15 (truncation ~δ³/16 < 1e-16)
@@ -218,6 +218,7 @@ def _repulsion(inv_g2):
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
+        wide_vectors()
         dims, n_points = Y.shape
         half = (n_points - 1) // 2
         # the pair loops store while summing: scratch rows and a copy of Y (kernels' module docstring)
@@ -273,6 +274,7 @@ def _cross_repulsion(inv_g2):
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
+        wide_vectors()
         dims, n_sources = Ys.shape
         block = scratch(3, n_sources)  # the pair loop stores to c while summing (kernels' module docstring)
         ia = scratch_row(block, 0, n_sources)

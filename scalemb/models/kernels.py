@@ -55,7 +55,7 @@ import numpy as np
 from numba import njit
 
 from ..numba_cache import disk_cached
-from ..vecmath import scratch, scratch_row
+from ..vecmath import scratch, scratch_row, wide_vectors
 
 
 @njit(inline="always")
@@ -292,6 +292,7 @@ def repulsion_kernel(pair):
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
+        wide_vectors()
         dims, n_points = Y.shape
         time_dims = dims - space_dims
         if not (1 <= space_dims <= 3 and 0 <= time_dims <= 1):
@@ -322,6 +323,7 @@ def general_repulsion_kernel(pair):
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def repulsion(Y, space_dims, r0, r1, R):
+        wide_vectors()
         dims, n_points = Y.shape
         half = (n_points - 1) // 2
         block = scratch(4 + dims, n_points)  # the pair loops store while summing: module docstring
@@ -370,6 +372,7 @@ def cross_repulsion_kernel(pair):
 
     @njit(nogil=True, fastmath=True, boundscheck=False, error_model="numpy")
     def cross_repulsion(Yq, r0, r1, Ys, space_dims, skip_self, R):
+        wide_vectors()
         dims, n_sources = Ys.shape
         block = scratch(4, n_sources)  # the pair loop stores to cs, ct while summing: module docstring
         d2s = scratch_row(block, 0, n_sources)
