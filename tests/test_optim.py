@@ -510,3 +510,17 @@ def test_time_gains_give_each_points_time_step_its_own_gain(school_affinity):
     start = initial_coords(school_affinity.n_points, 2, 0, np.random.default_rng(0))
     assert np.array_equal(LineSearchDescent(time_gains=2.0, **kw).optimize(tsne, start, 20).coords,
                           LineSearchDescent(**kw).optimize(tsne, start, 20).coords)
+
+
+@pytest.mark.parametrize("optimizer", ["dbd", "sd"])
+def test_coordinates_of_the_wrong_shape_are_refused(school_affinity, optimizer):
+    """The kernels read rows by index: (5, N) coordinates for an R^{2,1} executor ran before and gave numbers."""
+    from scalemb.optim import make_optimizer
+
+    with LocalExecutor(school_affinity, get_model("snest"), 2, 1) as ex:
+        for bad in (initial_coords(ex.n_points, 3, 2, np.random.default_rng(0)),
+                    initial_coords(ex.n_points - 1, 2, 1, np.random.default_rng(0))):
+            with pytest.raises(ValueError, match=r"expects \(3, "):
+                make_optimizer(optimizer, "snest", ex.n_points).optimize(ex, bad, 5)
+            with pytest.raises(ValueError, match="coordinates of shape"):
+                ex.evaluate(bad)

@@ -6,7 +6,7 @@ from ..errors import ScalembError
 from ..io.atomic import check_output_path
 from ..metrics.evaluate import load_run
 from ..plot.communities import ARRAY, detect_communities, store_communities
-from ..plot.figure import run_affinity
+from ..plot.mapdata import run_affinity
 from ..report import write_report
 from ..report.mappage import build_map_page
 from ..report.page import write_text_atomic

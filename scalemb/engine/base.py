@@ -105,6 +105,14 @@ class Executor:
 
     # --- evaluation
 
+    def check_coords(self, coords) -> None:
+        """ValueError unless ``coords`` is ``(ds + dt, N)`` for this executor's dimensions and points: the kernels
+        read rows by index, so another shape would give numbers, not an error."""
+        shape, expected = np.shape(coords), (self.space_dims + self.time_dims, self.n_points)
+        if shape != expected:
+            raise ValueError(f"coordinates of shape {shape}: this executor embeds {self.n_points} points in "
+                             f"{self.space_dims} space and {self.time_dims} time dimensions, so expects {expected}")
+
     def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True,
                  iteration: int | None = None, choice=None) -> Evaluation:
         """The model's objective (``Evaluation.kl``, without exaggeration; NaN without ``with_kl``: not computed),
@@ -120,6 +128,7 @@ class Executor:
         ``repulsion='auto'``, the decision already made for ``coords`` (``AutoRepulsion.decide``)."""
         if self.model is None:
             raise RuntimeError("this executor has no model (a Laplacian-only executor): it cannot evaluate")
+        self.check_coords(coords)
         coords = self._to_internal(coords)
         if choice is None and self.auto_repulsion is not None:
             choice = self.auto_repulsion.choose(coords)

@@ -136,6 +136,8 @@ class DeltaBarDelta:
         The iterations are ``optim.loop.run_loop``'s; this class supplies the step rule (``_DBDRun``)."""
         scale = getattr(getattr(executor, "model", None), "learning_rate_scale", 1.0)
         recipe = None
+        if state is None and not callable(coords):
+            executor.check_coords(coords)
         if state is None and callable(coords):
             recipe = partial(self.initial_state, space_dims=executor.space_dims, lr_scale=scale)
             recipe = partial(_derived, recipe, coords)

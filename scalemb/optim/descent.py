@@ -286,6 +286,8 @@ class LineSearchDescent:
         recipe = None
         if state is None and callable(coords):  # a recipe (``derives_start``): a rewind to the start re-derives it
             recipe, coords = coords, coords()
+        if state is None:
+            executor.check_coords(coords)
         n_points = (np.shape(coords) if state is None else np.shape(state.coords))[1]
         if held_mode(self, executor, n_points):  # the per-point state held where the row blocks are
             s = initial_state(self, coords) if state is None else \

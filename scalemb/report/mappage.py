@@ -29,7 +29,7 @@ from ..plot.communities import PALETTE, community_labels, detect_communities, lo
 from ..plot.layout import poincare_grid
 from ..metrics import EXACT_MAX_ROWS, node_preservation
 from ..metrics.evaluate import load_run, read_labels
-from ..plot.figure import map_data, run_affinity
+from ..plot.mapdata import map_data, run_affinity
 
 MAX_MAP_EDGES = 200_000
 
@@ -69,7 +69,7 @@ def home_frame(data) -> list:
 
 
 def map_payload(data, per_node_np=None, communities=None) -> dict:
-    """The page's JSON data from ``scalemb.plot.figure.MapData``; ``communities``: ``(membership, info)`` of
+    """The page's JSON data from ``scalemb.plot.mapdata.MapData``; ``communities``: ``(membership, info)`` of
     ``scalemb.plot.communities``."""
     result = data.result
     ids = np.asarray(result.node_ids)

@@ -20,7 +20,8 @@ from ..io.atomic import atomic_file, check_output_path
 from ..metrics import evaluate_run, to_json
 from ..metrics.evaluate import load_run, read_labels
 from ..plot.communities import load_communities
-from ..plot.figure import draw_kl, figure_png, map_data, map_figure, new_figure, run_affinity
+from ..plot.figure import draw_kl, figure_png, map_figure, new_figure
+from ..plot.mapdata import map_data, run_affinity
 
 
 def _png_uri(fig, dpi: int = 100) -> str:
