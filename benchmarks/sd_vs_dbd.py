@@ -70,7 +70,7 @@ def measure(path, sd_iterations, dbd_iterations, report):
         report(f"  dbd: {dbd_iterations} iterations in {dbd[-1][1]:.1f} s, KL {dbd[-1][2]:.4f}")
     rows = []
     last = dbd[-1][0]
-    for m in [m for m in (50, 100, 200, 300, 400, 500) if m < last] + [last]:
+    for m in [m for m in (50, 100, 200, 300, 400, 500, 624, 750, 1000) if m < last] + [last]:
         target = next(kl for it, s, kl in dbd if it >= m)
         d = first_reaching(dbd, target)
         row = [f"{ex.n_points:,}", f"dbd's KL at {m}: {target:.4f}", f"{d[0]} ({d[1]:.0f} s)"]

@@ -6,8 +6,8 @@ Jacobi-preconditioned CG on row-block Laplacian products of the current iterate'
 scale), on a Euclidean model without a point term, with one global time rate (``time_gains=None``; per-point time
 gains run the client-side rule, whose arrays the executor keeps).  Coordinates, gradient, the momentum buffer / CG
 warm start, the polish gains, the time step, the search direction, the line search's base point and the CG
-vectors ``x, r, z, p, Ap`` are held arrays; every step is a row-block function run where the rows are
-(``HeldState.map``), and what crosses the client per iteration is scalars and d-vectors:
+vectors ``x, r, z, p, Ap`` are held arrays; every step is a row-block function (``optim.held_rows``) run where the
+rows are (``HeldState.map``), and what crosses the client per iteration is scalars and d-vectors:
 
 * the momentum (exaggeration) and polish steps: one ``map`` (the step, returning the new coordinates' column sums
   and extent) and the held evaluation; SNEST's polish time gain needs one more (its ``sum g_t . v``);
@@ -30,7 +30,7 @@ import numpy as np
 from ..engine.blocks import Evaluation
 from ..engine.held import RowsExport, hold
 from ..geometry import geometry_of
-from .dbd import clip_step_norms, gains_update
+from . import held_rows
 from .descent import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
@@ -214,15 +214,15 @@ class _HeldDescentRun(StepRun):
         r, s, ds = self.rule, self.state, self.space_dims
 
         def solve():
-            norm = float(np.sqrt(_sum(self.held.map(_space_square, ds)))) if r.cg_tol == "auto" else None
+            norm = float(np.sqrt(_sum(self.held.map(held_rows.space_square, ds)))) if r.cg_tol == "auto" else None
             self._solve(s.alpha, r._forcing_from_norm(s, norm, self.methods[1]))
 
         guarded_solve(self, it, solve)
         # the solve's x: the next warm start (zeros inside the polish phase), bounded into the direction
-        parts = self.held.map(_direction, ds, self.geometry, polishing, r.max_point_step, self.has["ptime"])
+        parts = self.held.map(held_rows.direction, ds, self.geometry, polishing, r.max_point_step, self.has["ptime"])
         self.has["prev"] = True
         if r.max_point_step is not None and not _sum([p[0] for p in parts]) < 0:
-            self.held.map(_gradient_direction, ds, r.max_point_step)
+            self.held.map(held_rows.gradient_direction, ds, r.max_point_step)
         if self.dims > ds and self.has["ptime"]:
             s.time_rate *= 1.2 if _sum([p[1] for p in parts]) < 0 else 0.5
         result = self._armijo(it, s.step, s.time_rate)
@@ -235,7 +235,7 @@ class _HeldDescentRun(StepRun):
             if polishing:
                 self.has["ptime"] = False
             else:
-                self.held.map(_time_step, ds, result.step)
+                self.held.map(held_rows.time_step, ds, result.step)
                 self.has["ptime"] = True
         s.step = min(result.step * (r.growth if result.trials == 1 else 1.0), r._max_step())
         self.ev = result.evaluation
@@ -253,9 +253,10 @@ class _HeldDescentRun(StepRun):
         self.held.ensure({"x": ds, "r": ds, "z": ds, "p": ds, "Ap": ds, "invd": 1})
         warm = self.has["prev"]
         if warm:  # r = rhs - (L x + mu x)
-            parts = self.held.laplacian("x", "Ap", before=(_cg_warm, (ds, mu)), after=(_cg_start, (ds, mu, True)))
+            parts = self.held.laplacian("x", "Ap", before=(held_rows.cg_warm, (ds, mu)),
+                                        after=(held_rows.cg_start, (ds, mu, True)))
         else:
-            parts = self.held.map(_cg_cold, ds, mu)
+            parts = self.held.map(held_rows.cg_cold, ds, mu)
         rz = _sum([p[0] for p in parts])
         rr = _sum([p[1] for p in parts])
         rhs_norm = np.maximum(np.sqrt(_sum([p[2] for p in parts])), np.finfo(float).tiny)
@@ -266,10 +267,10 @@ class _HeldDescentRun(StepRun):
         while it < maxiter and residual.max() > tol:
             if self.should_stop is not None and self.should_stop():
                 raise SetupInterrupted("stop requested during the CG solve")
-            pap = _sum(self.held.laplacian("p", "Ap", before=None if beta is None else (_cg_direction, (beta,)),
-                                           after=(_cg_product, (mu,))))
+            before = None if beta is None else (held_rows.cg_direction, (beta,))
+            pap = _sum(self.held.laplacian("p", "Ap", before=before, after=(held_rows.cg_product, (mu,))))
             step = np.where(pap > 0, rz / np.where(pap > 0, pap, 1.0), 0.0)
-            parts = self.held.map(_cg_step, step)
+            parts = self.held.map(held_rows.cg_step, step)
             rz_new = _sum([p[0] for p in parts])
             beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
             rz = rz_new
@@ -283,20 +284,20 @@ class _HeldDescentRun(StepRun):
         r, s, ds = self.rule, self.state, self.space_dims
         current = self.ev
         # the slope and the first trial point in one map (the trial undone if the slope is no descent)
-        moved = self.held.map(_slope_trial, ds, self.geometry, time_rate, step)
+        moved = self.held.map(held_rows.slope_trial, ds, self.geometry, time_rate, step)
         slope = float(_sum([p[0] for p in moved]))
         if not slope < 0:
-            self.held.map(_restore)
+            self.held.map(held_rows.restore)
             return LineSearchResult(None, current, 0.0, 0, False)
         for trial in range(1, MAX_TRIALS + 1):
             if trial > 1:
-                moved = self.held.map(_trial, self.geometry, step)
+                moved = self.held.map(held_rows.trial, self.geometry, step)
             self._hint(moved)
             ev = self._evaluate(s.alpha, it + 1)
             if np.isfinite(ev.objective) and ev.objective <= current.objective + r.c * step * slope:
                 return LineSearchResult(moved, ev, step, trial, True)
             step *= r.rho
-        self.held.map(_restore)
+        self.held.map(held_rows.restore)
         return LineSearchResult(None, current, 0.0, MAX_TRIALS, False)
 
     # --- the momentum and polish steps
@@ -306,7 +307,7 @@ class _HeldDescentRun(StepRun):
         r, s = self.rule, self.state
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         rate = -max(1.0, self.n_points / 12.0) * scale
-        parts = self.held.map(_momentum, self.space_dims, self.geometry, rate, r.exaggeration_momentum,
+        parts = self.held.map(held_rows.momentum, self.space_dims, self.geometry, rate, r.exaggeration_momentum,
                               self.has["prev"], r.max_point_step, s.time_rate)
         return self._moved(it, parts, None)
 
@@ -314,7 +315,7 @@ class _HeldDescentRun(StepRun):
         """``_DescentRun._polish_step`` by rows."""
         r, s, ds = self.rule, self.state, self.space_dims
         if not self.has["gains"]:
-            self.held.map(_unit_gains)
+            self.held.map(held_rows.unit_gains)
             self.has["gains"] = True
             self.has["prev"] = False
             self.has["ptime"] = False
@@ -326,12 +327,12 @@ class _HeldDescentRun(StepRun):
             if not self.has["ptime"]:
                 s.time_gain, time_step = 1.0, ("first", s.polish_time_rate)
             else:
-                agree = float(_sum(self.held.map(_time_dot, ds, self.geometry))) < 0
+                agree = float(_sum(self.held.map(held_rows.time_dot, ds, self.geometry))) < 0
                 s.time_gain = s.time_gain + 0.2 if agree else max(s.time_gain * 0.8, 0.01)
                 time_step = ("momentum", r.polish_momentum, s.polish_time_rate * s.time_gain)
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         rate = max(1.0, self.n_points / 12.0) * scale
-        parts = self.held.map(_polish, ds, self.geometry, rate, r.polish_momentum, self.has["prev"],
+        parts = self.held.map(held_rows.polish, ds, self.geometry, rate, r.polish_momentum, self.has["prev"],
                               r.max_point_step, s.time_rate, time_step)
         self.has["prev"] = True
         return self._moved(it, parts, time_step)
@@ -344,7 +345,7 @@ class _HeldDescentRun(StepRun):
         s.evaluations += 1
         if momentum_diverged(s, it, ev, self.ev):
             self.has["prev"] = self.has["ptime"] = False
-            self.held.map(_restore)
+            self.held.map(held_rows.restore)
             return HALT if s.failures >= r.max_failures else KEPT
         s.failures = 0
         self.has["prev"] = True
@@ -378,9 +379,9 @@ class _HeldDescentRun(StepRun):
         the exaggerated one's, as ``export`` writes)."""
         if self.state.alpha == 1.0:
             return self.ev.kl
-        self.held.map(_keep_gradient)
+        self.held.map(held_rows.keep_gradient)
         kl = self._evaluate(1.0, it).kl
-        self.held.map(_restore_gradient)
+        self.held.map(held_rows.restore_gradient)
         return kl
 
     def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float,
@@ -404,186 +405,3 @@ class _HeldDescentRun(StepRun):
 
     def close(self) -> None:
         self.held.close()
-
-
-# --------------------------------------------------------------------------- row-block steps (held state)
-
-def _moved_summary(coords: np.ndarray) -> tuple:
-    """The new coordinates' column sums (the re-centring's partial) and their minima and maxima (the extent)."""
-    return coords.sum(axis=1), coords.min(axis=1), coords.max(axis=1)
-
-
-def _space_square(rows: dict, ds: int) -> float:
-    """The block's ``|g_s|^2`` as ``np.linalg.norm`` of the whole space gradient sums it (``x.dot(x)``)."""
-    g = np.ascontiguousarray(rows["gradient"][:ds]).ravel()
-    return float(g.dot(g))
-
-
-def _dot_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``pcg``'s per-coordinate inner products ``einsum('kn,kn->k')`` of the block's rows."""
-    return np.einsum("kn,kn->k", np.ascontiguousarray(a), np.ascontiguousarray(b))
-
-
-def _squares(a: np.ndarray) -> np.ndarray:
-    """``np.linalg.norm(a, axis=1)**2``'s block partial: ``add.reduce(a * a, axis=1)``."""
-    return np.add.reduce(a * a, axis=1)
-
-
-def _cg_warm(rows: dict, ds: int, mu: float) -> None:
-    """The warm start ``x = previous`` and the preconditioner ``1 / (diag + mu)``."""
-    rows["x"][...] = rows["prev"]
-    rows["invd"][...] = 1.0 / (rows["diag"] + mu)
-
-
-def _cg_cold(rows: dict, ds: int, mu: float) -> tuple:
-    rows["x"][...] = 0.0
-    rows["invd"][...] = 1.0 / (rows["diag"] + mu)
-    return _cg_start(rows, ds, mu, False)
-
-
-def _cg_start(rows: dict, ds: int, mu: float, warm: bool) -> tuple:
-    """``pcg``'s start: ``r = rhs - (L x + mu x)`` (warm; ``Ap`` holds ``L x``) or ``rhs``, ``z = M r``, ``p = z``
-    with ``rhs = -g_s``; partials of ``r . z``, ``|r|^2`` and ``|rhs|^2``."""
-    rhs = -rows["gradient"][:ds]
-    r = rhs - (rows["Ap"] + mu * rows["x"]) if warm else rhs.copy()
-    rows["r"][...] = r
-    z = r * rows["invd"][0]
-    rows["z"][...] = z
-    rows["p"][...] = z
-    return _dot_rows(r, z), _squares(r), _squares(rhs)
-
-
-def _cg_direction(rows: dict, beta: np.ndarray) -> None:
-    rows["p"][...] = rows["z"] + beta[:, None] * rows["p"]
-
-
-def _cg_product(rows: dict, mu: float) -> np.ndarray:
-    """``Ap = L p + mu p`` (``Ap`` holds ``L p``); the block's ``p . Ap``."""
-    rows["Ap"][...] = rows["Ap"] + mu * rows["p"]
-    return _dot_rows(rows["p"], rows["Ap"])
-
-
-def _cg_step(rows: dict, step: np.ndarray) -> tuple:
-    rows["x"] += step[:, None] * rows["p"]
-    rows["r"] -= step[:, None] * rows["Ap"]
-    z = rows["r"] * rows["invd"][0]
-    rows["z"][...] = z
-    return _dot_rows(rows["r"], z), _squares(rows["r"])
-
-
-def _direction(rows: dict, ds: int, geometry, polishing: bool, radius, with_time: bool) -> tuple:
-    """The solve's ``x`` kept as the next warm start (zeros inside the polish phase) and, bounded by ``radius``
-    (``descent.bounded_direction``), the space direction; partials of ``<g_s, bounded>`` and, with a time step
-    kept, ``sum g_t . v_t`` (the time rate's test)."""
-    x = rows["x"]
-    rows["prev"][...] = 0.0 if polishing else x
-    bounded = x.copy()
-    if radius is not None:
-        clip_step_norms(bounded, radius)
-    rows["dir"][:ds] = bounded
-    slope = float(np.sum(rows["gradient"][:ds] * bounded)) if radius is not None else 0.0
-    time_dot = 0.0
-    if with_time and rows["coords"].shape[0] > ds:
-        rgrad = geometry.riemannian_gradient(rows["coords"], rows["gradient"])
-        time_dot = float(np.sum(rgrad[ds:] * rows["ptime"]))
-    return slope, time_dot
-
-
-def _gradient_direction(rows: dict, ds: int, radius: float) -> None:
-    """``bounded_direction``'s fallback: the negative space gradient, bounded."""
-    bounded = -rows["gradient"][:ds]
-    clip_step_norms(bounded, radius)
-    rows["dir"][:ds] = bounded
-
-
-def _slope_trial(rows: dict, ds: int, geometry, time_rate: float, step: float) -> tuple:
-    """The direction's time rows ``-time_rate g_t``, the point kept for the trials, the first trial point; the
-    block's ``<g, p>`` and the trial's summary."""
-    coords, grad = rows["coords"], rows["gradient"]
-    if coords.shape[0] > ds:
-        rows["dir"][ds:] = -time_rate * geometry.riemannian_gradient(coords, grad)[ds:]
-    rows["base"][...] = coords
-    rows["bgrad"][...] = grad
-    return (float(np.sum(grad * rows["dir"])),) + _trial(rows, geometry, step)
-
-
-def _trial(rows: dict, geometry, step: float) -> tuple:
-    rows["coords"][...] = geometry.retract(rows["base"], step * rows["dir"])
-    return _moved_summary(rows["coords"])
-
-
-def _restore(rows: dict) -> None:
-    """Back to the point kept before the move (no step passed, or it diverged)."""
-    rows["coords"][...] = rows["base"]
-    rows["gradient"][...] = rows["bgrad"]
-
-
-def _time_step(rows: dict, ds: int, step: float) -> None:
-    rows["ptime"][...] = step * rows["dir"][ds:]
-
-
-def _keep_gradient(rows: dict) -> None:
-    rows["bgrad"][...] = rows["gradient"]
-
-
-def _restore_gradient(rows: dict) -> None:
-    rows["gradient"][...] = rows["bgrad"]
-
-
-def _unit_gains(rows: dict) -> None:
-    rows["gains"][...] = 1.0
-
-
-def _time_dot(rows: dict, ds: int, geometry) -> float:
-    rgrad = geometry.riemannian_gradient(rows["coords"], rows["gradient"])
-    return float(np.sum(rgrad[ds:] * rows["ptime"]))
-
-
-def _move(rows: dict, ds: int, geometry, update: np.ndarray, radius, time_step) -> tuple:
-    """``_DescentRun._momentum_move``'s move: the space ``update`` bounded and kept as the momentum buffer, the
-    time rows ``time_step``, the point kept (``base``, ``bgrad``) to undo it; the new coordinates' summary."""
-    if radius is not None:
-        clip_step_norms(update, radius)
-    coords = rows["coords"]
-    direction = np.empty_like(coords)
-    direction[:ds] = update
-    direction[ds:] = time_step
-    rows["base"][...] = coords
-    rows["bgrad"][...] = rows["gradient"]
-    rows["prev"][...] = update
-    rows["coords"][...] = geometry.retract(coords, direction)
-    return _moved_summary(rows["coords"])
-
-
-def _momentum(rows: dict, ds: int, geometry, rate: float, momentum: float, with_buffer: bool, radius,
-              time_rate: float) -> tuple:
-    """An exaggeration-phase momentum step: ``u = -lr g_s (+ m u)``, time ``-time_rate g_t``."""
-    rgrad = geometry.riemannian_gradient(rows["coords"], rows["gradient"])
-    update = rate * rgrad[:ds]
-    if with_buffer:
-        update += momentum * rows["prev"]
-    return _move(rows, ds, geometry, update, radius, -time_rate * rgrad[ds:])
-
-
-def _polish(rows: dict, ds: int, geometry, rate: float, momentum: float, with_buffer: bool, radius,
-            time_rate: float, time_step) -> tuple:
-    """A polish step: delta-bar-delta's gains and ``u = m u - lr gains g_s``; time ``-time_rate g_t`` (no time
-    step: ``time_step`` None), ``-rate_t g_t`` (``('first', rate_t)``) or ``m v - rate_t g_t`` (``('momentum',
-    m, rate_t)``, ``rate_t`` the time rate times its gain); the time step kept (``ptime``)."""
-    rgrad = geometry.riemannian_gradient(rows["coords"], rows["gradient"])
-    grad = rgrad[:ds]
-    if not with_buffer:
-        rows["prev"][...] = 0.0
-    previous = rows["prev"]
-    gains = rows["gains"]
-    gains[...] = gains_update(gains, grad, previous)
-    update = momentum * previous - rate * gains * grad
-    if time_step is None:
-        step_t = -time_rate * rgrad[ds:]
-    elif time_step[0] == "first":
-        step_t = -time_step[1] * rgrad[ds:]
-    else:
-        step_t = time_step[1] * rows["ptime"] - time_step[2] * rgrad[ds:]
-    if time_step is not None:
-        rows["ptime"][...] = step_t
-    return _move(rows, ds, geometry, update, radius, step_t)
