@@ -338,7 +338,7 @@ def test_worker_killed_inside_a_cg_product_recovers_identical(store, dask_cluste
     import signal
 
     from scalemb.engine.held import LocalHeld
-    from scalemb.engine.held_dask import held_laplacian
+    from scalemb.engine.held_tasks import held_laplacian
 
     st = AffinityStore(store)
     start = np.random.default_rng(6).normal(size=(2, st.n_points)) * 1e-4

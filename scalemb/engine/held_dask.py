@@ -48,200 +48,20 @@ import pickle
 
 import numpy as np
 
-from ..repulsion.fft import band_counts, band_outliers, block_extent, grid_from_summaries
-from .blocks import Evaluation, add_reaction, laplacian_block, sum_partials
+from ..repulsion.fft import band_outliers, grid_from_summaries
+from .blocks import Evaluation, sum_partials
 from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
-from .halo import assemble, curvature_view, finish_view
-from .held import HeldRowsLost, digest_block, read_block, shift_rows, write_block, write_result_block
-from .laplacian import row_sums
-
-class HeldStateLost(RuntimeError):
-    """A worker was asked for held rows it does not have (it restarted, or the run was released)."""
+from .held import HeldRowsLost, digest_block, write_block, write_result_block
+from .held_tasks import (
+    HeldStateLost, held_put, held_load, held_apply, held_apply_formed, held_band_counts, held_own, held_cut,
+    held_pick, held_curvature, held_laplacian, held_ensure, held_finish_view, held_gradient, held_put_rows,
+    rows_extent, rows_copy)
 
 
 class HeldWorkersLost(WorkersLostError, HeldRowsLost):
     """A worker holding the optimiser's rows was lost: the optimiser rewinds to its last exported state and holds
     it again (``DaskHeld.recover``); where it cannot, the run stops like any lost cluster (exit 4, the last
     checkpoint intact)."""
-
-
-# --------------------------------------------------------------------------- functions run on the workers
-
-def _rows(box: dict, k: int) -> dict:
-    try:
-        return box[k]
-    except KeyError:
-        raise HeldStateLost(f"this worker holds no rows of partition {k}") from None
-
-
-def held_put(parts: list, ks: list, starts: list) -> dict:
-    """The worker's box of held rows: per partition ``k`` of ``ks`` (whose first row is ``starts[i]``) its
-    ``{name: (d, rows)}`` of ``parts``."""
-    box = {}
-    for k, r0, rows in zip(ks, starts, parts):
-        box[k] = {name: np.array(a, dtype=np.float64, order="C") for name, a in rows.items()}
-        box[k]["_r0"] = int(r0)
-    return box
-
-
-def held_load(directory: str, fields: dict, ks: list, bounds: list) -> dict:
-    """The worker's box read from the store: per partition ``k`` of ``ks`` (rows ``bounds[i]``) its rows of the
-    arrays ``directory/field`` (``read_block``)."""
-    box = {}
-    for k, (r0, r1) in zip(ks, bounds):
-        box[k] = read_block(directory, fields, r0, r1)
-        box[k]["_r0"] = int(r0)
-    return box
-
-
-def held_apply(box: dict, ks: list, shift, fn, args: tuple) -> list:
-    """``[fn(rows_k, *args) for k in ks]`` on the held rows, after the pending ``shift``."""
-    out = []
-    for k in ks:
-        rows = _rows(box, k)
-        shift_rows(rows, shift)
-        out.append(fn(rows, *args))
-    return out
-
-
-def held_apply_formed(box: dict, ks: list, shift, pending: tuple, fn, args: tuple) -> tuple:
-    """``held_gradient(*pending)`` (the deferred gradient's rows), then ``held_apply``: ``(flags, results)``."""
-    flags = held_gradient(box, ks, *pending)
-    return flags, held_apply(box, ks, shift, fn, args)
-
-
-def held_band_counts(box: dict, ks: list, shift, space_dims: int, lo_t: float, h: float) -> np.ndarray:
-    """The time-bin counts of the worker's partitions, summed here (integers: any order gives the same)."""
-    total = None
-    for k in ks:
-        rows = _rows(box, k)
-        shift_rows(rows, shift)
-        counts = band_counts(rows["coords"][space_dims], lo_t, h)
-        total = counts if total is None else total + counts
-    return total
-
-
-def held_own(box: dict, ks: list, shift) -> np.ndarray:
-    """The worker's own rows of the held coordinates (its partitions in order), after the pending ``shift``."""
-    parts = []
-    for k in ks:
-        rows = _rows(box, k)
-        shift_rows(rows, shift)
-        parts.append(rows["coords"])
-    return np.ascontiguousarray(np.concatenate(parts, axis=1))
-
-
-def held_cut(box: dict, ks: list, shift, name: str, before, needs: list) -> list:
-    """On a worker v: the pending ``shift`` and ``before = (fn, args)`` (None: nothing) applied to its partitions'
-    rows, then the columns of its own rows of the held array ``name`` that each other worker's halo needs (``needs``:
-    positions in v's own rows, one array per destination, in the plan's order): the pieces, in that order."""
-    parts = []
-    for k in ks:
-        rows = _rows(box, k)
-        shift_rows(rows, shift)
-        if before is not None:
-            before[0](rows, *before[1])
-        parts.append(rows[name])
-    if not needs:
-        return []
-    own = np.concatenate(parts, axis=1)
-    return [np.ascontiguousarray(own[:, positions]) for positions in needs]
-
-
-def held_pick(pieces: list, i: int) -> list:
-    """Piece ``i`` of a worker's cut (``held_cut``), alone: what one destination fetches."""
-    return [pieces[i]]
-
-
-def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray:
-    """The worker's compact columns of the held array ``name``: its own rows (its partitions in order: ``held_cut``
-    ran here first) and its halo, the first piece of each of ``received`` (``halo.assemble``)."""
-    own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
-    return assemble(view, own, *[r[0] for r in received])
-
-
-def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, model, space_dims: int,
-                   exaggeration: float, fixed: bool) -> list:
-    """``halo.curvature_view`` of the worker's partitions on its compact coordinates (``cut``: this worker's own
-    ``held_cut``, run first): each partition's weights kept with its rows (``_weights``), the diagonal of ``L(C)``
-    held as ``diag`` (``(1, rows)``); the diagonal's sum per partition."""
-    X = _compact(box, ks, view, name, received)
-    sums = []
-    for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
-        rows = _rows(box, k)
-        diagonal = row_sums(b.indptr, weights)
-        rows["_weights"], rows["diag"] = weights, diagonal[None, :]
-        sums.append(float(diagonal.sum()))
-    return sums
-
-
-def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, target: str, after) -> list:
-    """Each partition's rows of ``L(C) V`` for the held array ``V = name`` (``blocks.laplacian_block`` on its
-    compact columns: own rows and halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results
-    (None without it)."""
-    X = _compact(box, ks, view, name, received)
-    out = []
-    for k, b in zip(ks, view.blocks):
-        rows = _rows(box, k)
-        if "_weights" not in rows:
-            raise HeldStateLost(f"this worker holds no curvature weights of partition {k}")
-        rows[target] = laplacian_block(b, rows["_weights"], X)
-        out.append(None if after is None else after[0](rows, *after[1]))
-    return out
-
-
-def held_ensure(rows: dict, shapes: dict) -> None:
-    width = rows["coords"].shape[1]
-    for name, d in shapes.items():
-        if name not in rows:
-            rows[name] = np.zeros((int(d), width))
-
-
-def held_finish_view(view, own, grid, visit, attraction, shares, box, ks) -> list:
-    """``halo.finish_view``, keeping each partition's rows of attraction and repulsion here; returns the
-    partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
-    results = finish_view(view, own, grid, visit, attraction, shares)
-    for k, res in zip(ks, results):
-        rows = _rows(box, k)
-        rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
-        res.attraction = res.repulsion = None
-    return results
-
-
-def held_gradient(box: dict, ks: list, bounds: list, z: float, exaggeration: float, objective, n_points: int,
-                  outliers, reaction) -> list:
-    """Each partition's rows of the gradient from its kept rows (``reduce_blocks``' arithmetic, by rows):
-    whether they are all finite, per partition."""
-    flags = []
-    for k, (r0, r1) in zip(ks, bounds):
-        rows = _rows(box, k)
-        A, R = rows.pop("_attraction").T, rows.pop("_repulsion") + 0.0  # + 0.0: reduce_blocks' 0 + R (no -0.0)
-        add_reaction(R, r0, r1, outliers, reaction)
-        rows["gradient"] = np.ascontiguousarray(objective.gradient(A, R, z, exaggeration, n_points))
-        flags.append(bool(np.isfinite(rows["gradient"]).all()))
-    return flags
-
-
-def held_put_rows(box: dict, ks: list, name: str, arrays: list) -> int:
-    for k, a in zip(ks, arrays):
-        _rows(box, k)[name] = np.ascontiguousarray(a, dtype=np.float64)
-    return len(ks)
-
-
-def _extent(rows: dict) -> tuple:
-    c = rows["coords"]
-    return block_extent(c, 0, c.shape[1])
-
-
-def _copy(rows: dict, names: tuple) -> list:
-    return [rows[name].copy() for name in names]
-
-
-# ------------------------------------------------------------------------------------------------ client
-
-def _size(value) -> int:
-    """Bytes ``value`` takes on the wire (pickled), for the executor's client-traffic counters."""
-    return len(pickle.dumps(value, protocol=5))
 
 
 class DaskHeld:
@@ -506,7 +326,7 @@ class DaskHeld:
         self._extent = None
 
     def gather(self, *names) -> dict:
-        parts = self.map(_copy, names)
+        parts = self.map(rows_copy, names)
         return {name: np.concatenate([p[i] for p in parts], axis=1) for i, name in enumerate(names)}
 
     def put(self, name: str, array: np.ndarray) -> None:
@@ -530,7 +350,7 @@ class DaskHeld:
         if self._extent is not None:
             lo, hi = self._extent
         else:
-            extents = self.map(_extent)
+            extents = self.map(rows_extent)
             lo = np.minimum.reduce([e[0] for e in extents])
             hi = np.maximum.reduce([e[1] for e in extents])
         self._extent = None
@@ -624,3 +444,8 @@ def _noop(rows: dict) -> None:
 def _band_outliers_at(rows: dict, space_dims: int, band: tuple) -> tuple:
     """``band_outliers`` of a partition's rows with their global row numbers (``rows['_r0']``: its first)."""
     return band_outliers(rows["coords"], space_dims, band, rows["_r0"])
+
+
+def _size(value) -> int:
+    """Bytes ``value`` takes on the wire (pickled), for the executor's client-traffic counters."""
+    return len(pickle.dumps(value, protocol=5))
