@@ -1,7 +1,7 @@
 """The spectral direction's state on the Dask workers (issue 30, item 1): the Jacobi-CG schedule (momentum
 exaggeration, bounded spectral steps with CG and a line search, polish) run on held rows is the in-process run bit
 for bit at W = 1, 2, 3, moves scalars and d-vectors through the client per iteration, and a checkpoint it takes on
-the cluster resumes in-process exactly; with one block it is the client-side step rule (``_DescentRun``) exactly."""
+the cluster resumes in-process exactly; with one block it is the client-side step rule (``DescentRun``) exactly."""
 import numpy as np
 import pytest
 
@@ -10,7 +10,7 @@ from scalemb.engine import LocalExecutor
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
-from scalemb.optim.descent import _DescentRun
+from scalemb.optim.descent_steps import DescentRun
 from scalemb.optim.descent_held import _HeldDescentRun, held_mode
 from scalemb.optim.loop import run_loop
 from scalemb.repulsion import FFTParams
@@ -58,7 +58,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("model,time_dims,cg_tol", [("tsne", 0, 0.1), ("snest", 1, "auto")])
 def test_one_block_is_the_client_side_step_rule_bit_for_bit(store, model, time_dims, cg_tol):
-    """Every block partial of one block is the whole-array expression ``_DescentRun`` computes."""
+    """Every block partial of one block is the whole-array expression ``DescentRun`` computes."""
     n = AffinityStore(store).n_points
     start = _start(n, 2 + time_dims, 3)
     results = []
@@ -70,7 +70,7 @@ def test_one_block_is_the_client_side_step_rule_bit_for_bit(store, model, time_d
                 results.append(optimizer.optimize(ex, start, ITERATIONS))
             else:
                 state = optimizer.initial_state(ex, start)
-                results.append(run_loop(_DescentRun(optimizer, ex, state, False, None), ITERATIONS))
+                results.append(run_loop(DescentRun(optimizer, ex, state, False, None), ITERATIONS))
     _same(*results)
     assert results[0].state.gains is not None  # the polish phase ran
 

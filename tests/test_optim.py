@@ -192,7 +192,7 @@ def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):
 
 
 def test_bounded_direction_scales_long_steps_and_stays_a_descent_direction():
-    from scalemb.optim.descent import bounded_direction
+    from scalemb.optim.descent_steps import bounded_direction
 
     gradient = np.array([[-1.0, -1.0, 1.0], [0.0, 0.0, 0.0]])
     direction = np.array([[3.0, 0.1, -6.0], [4.0, 0.2, 8.0]])
@@ -475,7 +475,7 @@ def test_time_gains_give_each_points_time_step_its_own_gain(school_affinity):
     within ``[0.01, g]``); the space rows and a run without time rows are untouched; SNEST's small-size default
     sets it, the schedule at scale does not."""
     from scalemb.optim import LineSearchDescent, make_optimizer
-    from scalemb.optim.descent import time_gains
+    from scalemb.optim.descent_steps import time_gains
 
     for bad in (0.5, "2", -1.0):
         with pytest.raises(ValueError, match="time_gains"):

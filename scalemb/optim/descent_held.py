@@ -19,8 +19,8 @@ rows are (``HeldState.map``), and what crosses the client per iteration is scala
 
 Every reduction is the block partials summed in block order (the blocks are data-determined: the affinity store's
 partitions), so the run is the same number whichever executor holds the rows and however many workers there are;
-with one block every partial is today's whole-array expression, so the run is ``_DescentRun``'s bit for bit.  The
-arithmetic of each step is ``_DescentRun``'s, restated by rows (see its methods for the reasons).
+with one block every partial is today's whole-array expression, so the run is ``DescentRun``'s bit for bit.  The
+arithmetic of each step is ``DescentRun``'s, restated by rows (see its methods for the reasons).
 """
 import logging
 from dataclasses import replace
@@ -31,7 +31,8 @@ from ..engine.blocks import Evaluation
 from ..engine.held import RowsExport, hold
 from ..geometry import geometry_of
 from . import held_rows
-from .descent import DescentState, guarded_solve, momentum_diverged, search_failed
+from .descent import DescentState
+from .descent_steps import guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
 from .solvers import SetupInterrupted
@@ -77,7 +78,7 @@ FIELDS = {"coords": "coords", "gradient": "gradient", **dict(OPTIONAL)}
 
 
 class _HeldDescentRun(StepRun):
-    """``_DescentRun`` on held rows (module docstring).  The client keeps the scalars (``state``'s, with its arrays
+    """``DescentRun`` on held rows (module docstring).  The client keeps the scalars (``state``'s, with its arrays
     None while the rows are held) and which optional arrays are set (``has``: ``previous_space``,
     ``previous_time_step``, ``gains`` not None)."""
     recentres = False  # re-centred here, from the blocks' column sums
@@ -180,7 +181,7 @@ class _HeldDescentRun(StepRun):
 
     def _evaluate(self, alpha: float, iteration: int):
         """The held evaluation; its gradient's rows formed by the next ``map``'s tasks on Dask (one round trip
-        fewer; the step rule reads the objective only, as ``_DescentRun`` does)."""
+        fewer; the step rule reads the objective only, as ``DescentRun`` does)."""
         return self.held.evaluate(alpha, True, iteration, defer=True)
 
     def observe(self, it: int, history: np.ndarray) -> tuple[float, float]:
@@ -303,7 +304,7 @@ class _HeldDescentRun(StepRun):
     # --- the momentum and polish steps
 
     def _momentum_step(self, it: int) -> str:
-        """``_DescentRun._momentum_step`` by rows."""
+        """``DescentRun._momentum_step`` by rows."""
         r, s = self.rule, self.state
         scale = getattr(getattr(self.executor, "model", None), "learning_rate_scale", 1.0)
         rate = -max(1.0, self.n_points / 12.0) * scale
@@ -312,7 +313,7 @@ class _HeldDescentRun(StepRun):
         return self._moved(it, parts, None)
 
     def _polish_step(self, it: int) -> str:
-        """``_DescentRun._polish_step`` by rows."""
+        """``DescentRun._polish_step`` by rows."""
         r, s, ds = self.rule, self.state, self.space_dims
         if not self.has["gains"]:
             self.held.map(held_rows.unit_gains)
@@ -338,7 +339,7 @@ class _HeldDescentRun(StepRun):
         return self._moved(it, parts, time_step)
 
     def _moved(self, it: int, parts: list, time_step) -> str:
-        """``_DescentRun._momentum_move`` after the move (taken by ``parts``' map): evaluate, undo a diverged one."""
+        """``DescentRun._momentum_move`` after the move (taken by ``parts``' map): evaluate, undo a diverged one."""
         r, s = self.rule, self.state
         self._hint(parts)
         ev = self._evaluate(s.alpha, it + 1)

@@ -1,7 +1,7 @@
 """The row-block steps of the held spectral direction (``optim.descent_held``): each a function of one block's
 held rows (a dict of arrays: ``coords``, ``gradient``, the CG vectors, ...) and small parameters, returning that
 block's partial sums; ``HeldState.map`` runs them where the rows are, in-process or on the Dask workers, and the
-client sums the partials in block order.  The arithmetic is ``optim.descent._DescentRun``'s, restated by rows."""
+client sums the partials in block order.  The arithmetic is ``optim.descent_steps.DescentRun``'s, restated by rows."""
 import numpy as np
 
 from .dbd import clip_step_norms, gains_update
@@ -139,7 +139,7 @@ def time_dot(rows: dict, ds: int, geometry) -> float:
 
 
 def move(rows: dict, ds: int, geometry, update: np.ndarray, radius, time_step) -> tuple:
-    """``_DescentRun._momentum_move``'s move: the space ``update`` bounded and kept as the momentum buffer, the
+    """``DescentRun._momentum_move``'s move: the space ``update`` bounded and kept as the momentum buffer, the
     time rows ``time_step``, the point kept (``base``, ``bgrad``) to undo it; the new coordinates' summary."""
     if radius is not None:
         clip_step_norms(update, radius)
