@@ -175,7 +175,7 @@ def status(svc: ServiceDep, job_id: str):
     record = svc.job(job_id)
     out = _public(record)
     if record["state"] == "done":
-        out["metrics"] = svc.runner.metrics(record)
+        out["metrics"] = svc.runner.metrics_phase.metrics(record)
     return out
 
 @router.delete("/jobs/{job_id}", response_model=schemas.Cancelled | schemas.Deleted,

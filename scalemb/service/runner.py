@@ -35,12 +35,10 @@ from ..run import Runner, RunSpec
 from ..run.inputs import input_kind, plan_of
 from .features import knn_settings
 from .jobs import ENDED, InUse, JobLogHandler, JobStore, SharedLock, disk_full
-from .jsonsafe import dumps, loads
+from .metrics_phase import MetricsPhase
 from .snapshots import clean_snapshots, remove_snapshot
 from .stores import clean_stores, ensure_store, touch
-from ..metrics import evaluate_run, to_json
 from ..placement import PlacementOptimizer, transform_run
-from ..report.page import write_text_atomic
 
 logger = logging.getLogger("scalemb")
 FLUSH_SECONDS = 0.5  # progress is written to the database at most this often per job
@@ -70,12 +68,12 @@ class JobRunner:
         self._active = {}  # job id -> Checkpointer of the running job
         self._held = set()  # jobs (and metrics phases) this service holds a lease on
         self._cancelled = set()
-        self._evaluating = set()  # done jobs whose metrics this service computes
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._current = threading.local()
         self._handler = JobLogHandler(store, self._current)
+        self.metrics_phase = MetricsPhase(self)
         logger.addHandler(self._handler)
         self._last_renewal = time.monotonic()
         if store.db.dialect == "sqlite":
@@ -255,7 +253,8 @@ class JobRunner:
         last_sweep = 0.0
         while not self._stopping.wait(self.store.lease / 10):
             with self._lock:
-                held, evaluating = set(self._held), set(self._evaluating)
+                held = set(self._held)
+            evaluating = self.metrics_phase.evaluating()
             lost, cancel = self._renew(held, evaluating)
             with self._lock:
                 for job_id in lost | cancel:
@@ -346,7 +345,7 @@ class JobRunner:
         if final.get("state") in ENDED:
             self.store.log(job_id, f"{final['state']}" + (f": {final['error']}" if final.get("error") else ""))
         if final.get("state") == "done" and job_id not in self.store.lost:
-            self._start_evaluation(job_id)  # after the "done" line: the log reads in order
+            self.metrics_phase.start(job_id)  # after the "done" line: the log reads in order
         with self._lock:
             self._held.discard(job_id)
         self.store.release(job_id)
@@ -421,57 +420,6 @@ class JobRunner:
         else:
             self.store.flush(job_id)
             self.store.log(job_id, "interrupted: the service stopped; the job resumes from its checkpoint")
-
-    def metrics(self, record: dict):
-        """The done job's metrics (``metrics.json``), or ``None`` while they are computed (a background thread
-        started when the job finished, or here for a job whose evaluator stopped) or when they failed
-        (``metrics_state`` 'failed', the reason in ``metrics_error``)."""
-        job_id = record["id"]
-        path = self.run_dir(job_id) / "metrics.json"
-        if path.exists():
-            return loads(path.read_text())
-        if record.get("metrics_state") != "failed":
-            self._start_evaluation(job_id)
-        return None
-
-    def _start_evaluation(self, job_id: str) -> None:
-        with self._lock:
-            if job_id in self._evaluating:
-                return
-        try:
-            if not self.store.claim_metrics(job_id, self.owner):
-                return
-        except self.store._errors as exc:
-            logger.warning("job %s: metrics not started (%s)", job_id, str(exc).splitlines()[0])
-            return
-        with self._lock:
-            self._evaluating.add(job_id)
-        threading.Thread(target=self._evaluate, args=(job_id,), name=f"scalemb-metrics-{job_id}", daemon=True).start()
-
-    def _evaluate(self, job_id: str) -> None:
-        """Write the run's quality metrics to ``metrics.json``: the job's metrics phase.  A failure leaves the
-        job done with ``metrics_state`` 'failed' and the reason in ``metrics_error`` and its log (a full disk:
-        tried again on the next request for them)."""
-
-        self._current.job = job_id
-        self.store.log(job_id, "metrics: computing")
-        try:
-            metrics = to_json(evaluate_run(self.result_path(job_id), n_threads=self.n_threads))
-            write_text_atomic(self.run_dir(job_id) / "metrics.json", dumps(metrics))
-            self.store.set_metrics(job_id, "done")
-            self.store.log(job_id, "metrics: done")
-        except Exception as exc:  # noqa: BLE001 - metrics are a phase of their own: never fail a finished job
-            record = self.store.get(job_id)
-            message = self.reason(exc, record["params"] if record else {})
-            logger.warning("job %s: no metrics (%s)", job_id, message)
-            try:
-                self.store.set_metrics(job_id, None if disk_full(exc) else "failed", message)
-            except self.store._errors + (OSError,):
-                pass
-        finally:
-            self._current.job = None
-            with self._lock:
-                self._evaluating.discard(job_id)
 
     def _run_transform(self, job_id: str, params: dict):
         """A ``POST /jobs/{id}/transform`` job: place new nodes into a done job's map (``scalemb.placement``).
