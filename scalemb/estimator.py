@@ -39,60 +39,23 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from .affinity import Affinity, coauthorship_affinity, normalized_affinity
-from .errors import InputError
+from .affinity import Affinity
 from .io.edgelist import graph_from_edges
-from .io.nodeids import as_node_ids, check_node_ids
 from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
-from .affinity.knn import affinity_from_distances, default_neighbours, exact_knn
+from .affinity.knn import default_neighbours
 from .params import BY_NAME, DEFAULTS, ESTIMATOR_ALIASES, ESTIMATOR_DEFAULTS, ESTIMATOR_NAMES, PARAMS, estimator_name
 from .datasets import recorded_graph
 from .placement import PlacementOptimizer, Reference, place, place_into, reference_of
-from .placement.affinity import extended_graph_affinity, new_edges, read_new_edges
-from .progress import phase, reporting
+from .placement.affinity import extended_graph_affinity, networkx_new_edges, read_new_edges
+from .progress import reporting
 from .run.inputs import fitting_perplexity, knn_features_affinity, object_kind, resolve  # noqa: F401 - kept importable
+from .run.objects import (callable_metric_affinity, distance_matrix_affinity, graph_affinity, knn_pair_affinity,
+                          networkx_adjacency)
 from .run.runner import Runner
 from .run.spec import RUN_PARAMS, RunSpec, fft_settings
 
 OBSM_KEY = "X_scalemb"
-
-
-def _graph_affinity(A, kind: str, source: str, node_names=None):
-    """P from a square weighted adjacency ``A`` (symmetrised by the larger of ``A_ij``, ``A_ji``)."""
-    A = sp.coo_matrix(A, dtype=np.float64)
-    if A.shape[0] != A.shape[1]:
-        raise InputError(source, f"an adjacency matrix must be square, got shape {A.shape}")
-    if A.nnz and (not np.all(np.isfinite(A.data)) or A.data.min() < 0):
-        raise InputError(source, "adjacency weights must be finite and non-negative")
-    keep = A.data > 0
-    graph = graph_from_edges(A.row[keep].astype(np.uint64), A.col[keep].astype(np.uint64), A.data[keep], source)
-    if graph.n_nodes != A.shape[0]:
-        missing = np.setdiff1d(np.arange(A.shape[0]), graph.node_ids)
-        where = node_names[missing[0]] if node_names is not None else int(missing[0])
-        raise InputError(source, f"{missing.size} of {A.shape[0]} nodes have no edge (e.g. node {where!r}); "
-                                 "every node needs a neighbour to be embedded")
-    affinity = coauthorship_affinity(graph) if kind == "coauthorship" else normalized_affinity(graph)
-    return affinity, graph
-
-
-def _knn_pair(pair, perplexity, n_jobs):
-    """P from a ``(indices, distances)`` kNN pair (umap-learn's ``precomputed_knn``; a self column is dropped)."""
-
-    indices, distances = (np.asarray(a) for a in pair)
-    if indices.ndim != 2 or distances.shape != indices.shape:
-        raise ValueError(f"a kNN pair needs indices and distances of one shape (N, k); got {indices.shape} and "
-                         f"{distances.shape}")
-    n, k = indices.shape
-    if not np.issubdtype(indices.dtype, np.integer) or (indices.size and (indices.min() < 0 or indices.max() >= n)):
-        raise ValueError(f"kNN indices must be integers in 0..{n - 1}")
-    if not np.all(np.isfinite(distances)) or (distances.size and distances.min() < 0):
-        raise ValueError("kNN distances must be finite and non-negative")
-    D = sp.csr_matrix((distances.astype(np.float64).ravel(), indices.astype(np.int64).ravel(),
-                       np.arange(0, n * k + 1, k)), shape=(n, n))
-    neighbours = k - int(np.all(indices[:, 0] == np.arange(n)))
-    return affinity_from_distances(D, fitting_perplexity(perplexity, neighbours), n_jobs=n_jobs,
-                                   source="precomputed_knn")
 
 
 class Embedder(TransformerMixin, BaseEstimator):
@@ -237,22 +200,12 @@ class Embedder(TransformerMixin, BaseEstimator):
         if kind == "affinity":
             return X, None, None
         if kind == "pair":
-            return _knn_pair(X, self.perplexity, self._threads()), None, None
+            return knn_pair_affinity(X, self.perplexity, self._threads()), None, None
         return {"anndata": self._from_anndata, "networkx": self._from_networkx, "sparse": self._from_sparse,
                 "array": self._from_array}[kind](X)
 
     def _from_networkx(self, X):
-        import networkx as nx
-
-        nodes = list(X.nodes())
-        names = np.empty(len(nodes), dtype=object)
-        names[:] = nodes
-        check_node_ids(names, "networkx graph", unit="nodes")  # before <U, which would drop trailing NULs
-        try:
-            names = as_node_ids(names, "node names")
-        except ValueError as exc:  # mixed or other node types
-            raise InputError("networkx graph", str(exc)) from None
-        A = nx.to_scipy_sparse_array(X, nodelist=nodes, weight="weight", format="csr")
+        A, names = networkx_adjacency(X)
         return self._graph(A, "networkx graph", names), names, None
 
     def _from_sparse(self, X):
@@ -266,9 +219,9 @@ class Embedder(TransformerMixin, BaseEstimator):
         return self._graph(X, "sparse adjacency"), None, None
 
     def _graph(self, A, source: str, names=None):
-        """P of the adjacency ``A`` (``_graph_affinity``); the graph is kept, its nodes named as the user named
-        them (``names``: a networkx graph's), for ``transform`` to grow it by new nodes."""
-        affinity, graph = _graph_affinity(A, self.graph_affinity, source, names)
+        """P of the adjacency ``A`` (``run.objects.graph_affinity``); the graph is kept, its nodes named as the user
+        named them (``names``: a networkx graph's), for ``transform`` to grow it by new nodes."""
+        affinity, graph = graph_affinity(A, self.graph_affinity, source, names)
         if names is not None:
             graph = graph_from_edges(names[graph.node_ids[graph.src]], names[graph.node_ids[graph.dst]],
                                      graph.weight, source)
@@ -286,70 +239,14 @@ class Embedder(TransformerMixin, BaseEstimator):
         if self.affinity == "graph":
             return self._graph(X, "adjacency array"), None, None
         if self.metric == "precomputed":
-            return self._from_distances(X), None, None
+            return distance_matrix_affinity(X, self.perplexity, self.n_neighbors, self._threads()), None, None
         return self._knn(X), None, None
-
-    def _from_distances(self, D):
-        """kNN affinities of a square distance matrix ``D`` (``metric='precomputed'``, as scikit-learn's TSNE
-        takes it): each row's ``n_neighbors`` nearest other points (default ``min(N - 1, 3 perplexity)``) and their
-        distances, calibrated to the perplexity as for features (the ``(indices, distances)`` pair's path)."""
-        n = D.shape[0]
-        if D.shape[1] != n:
-            raise ValueError(f"metric='precomputed' needs a square distance matrix, got shape {D.shape}")
-        if D.min() < 0:
-            raise ValueError("metric='precomputed': distances must be non-negative")
-        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
-            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
-        k = default_neighbours(n, float(self.perplexity), self.n_neighbors)
-        ranked = D.copy()
-        np.fill_diagonal(ranked, -1.0)  # each row's own point first, then its k nearest others (stable order)
-        indices = np.argsort(ranked, axis=1, kind="stable")[:, :k + 1]
-        distances = np.take_along_axis(D, indices, axis=1)
-        return _knn_pair((indices, distances), self.perplexity, self._threads())
 
     def _knn(self, X):
         self._features = X  # the reference rows transform places new rows against
         if callable(self.metric):
-            return self._callable_knn(X)
+            return callable_metric_affinity(X, self.metric, self.perplexity, self.n_neighbors, self._threads())
         return knn_features_affinity(X, self.perplexity, self.n_neighbors, self.metric, self._seed(), self._threads())
-
-    def _callable_knn(self, X):
-        """kNN affinities under ``metric=f``, a callable ``f(u, v) -> distance`` of two feature rows (as
-        scikit-learn's ``NearestNeighbors(metric=f)`` takes it): the exact ``n_neighbors`` nearest rows (``N^2``
-        calls of ``f``, in row blocks; ties to the lower index), calibrated to the perplexity as for a named
-        metric.  ``f`` is tried on the first two rows first, so a bad callable fails in one line naming
-        ``metric``; a non-finite or negative distance anywhere is refused."""
-        from scipy.spatial.distance import cdist
-
-        f = self.metric
-        name = getattr(f, "__name__", type(f).__name__)
-        try:
-            first = f(X[0], X[1])
-            first = float(first)
-        except Exception as exc:  # noqa: BLE001 - the user's function: any failure is reported in one line
-            raise ValueError(f"metric: the callable {name} fails on two feature rows ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); it must take two 1-D rows and "
-                             "return their distance") from None
-        if not np.isfinite(first) or first < 0:
-            raise ValueError(f"metric: the callable {name} must return a finite distance >= 0, got {first!r}")
-        if not isinstance(self.perplexity, numbers.Real) or not self.perplexity >= 1:
-            raise ValueError(f"perplexity must be a number >= 1, got {self.perplexity!r}")
-        n = X.shape[0]
-        k = default_neighbours(n, float(self.perplexity), self.n_neighbors)
-        with phase("kNN", f"{n} points x {X.shape[1]} features, {k} neighbours, exact, metric {name}"):
-            try:
-                indices, distances = exact_knn(X, k, lambda rows, ref: cdist(rows, ref, metric=f))
-            except Exception as exc:  # noqa: BLE001
-                raise ValueError(f"metric: the callable {name} fails ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-        bad = ~np.isfinite(distances) | (distances < 0)
-        if bad.any():
-            i, j = np.argwhere(bad)[0]
-            raise ValueError(f"metric: the callable {name} returned {float(distances[i, j])!r} for rows {i} and "
-                             f"{indices[i, j]}; distances must be finite and >= 0")
-        affinity = _knn_pair((indices, distances), self.perplexity, self._threads())
-        affinity.provenance.update(method="knn", metric=f"callable:{name}", n_neighbors=int(k), knn="exact")
-        return affinity
 
     def _from_anndata(self, adata):
         if "connectivities" in adata.obsp and self.affinity in ("auto", "graph", "precomputed"):
@@ -492,26 +389,7 @@ class Embedder(TransformerMixin, BaseEstimator):
         if kind == "source" and X is not None:  # an edge-list path
             new_ids, src, dst, weight = read_new_edges(X, old_ids)
         elif kind == "networkx":
-            edges = list(X.edges(data="weight", default=1.0))
-            names = np.empty(2 * len(edges), dtype=object)
-            names[:] = [end for u, v, _ in edges for end in (u, v)]
-            try:
-                ends = as_node_ids(names, "node names") if len(edges) else np.zeros(0, dtype=np.int64)
-            except ValueError as exc:
-                raise InputError("networkx graph", str(exc)) from None
-            first, second = ends[0::2], ends[1::2]
-            weight = np.asarray([w for _, _, w in edges], dtype=np.float64)
-            fitted = np.isin(first, old_ids) & np.isin(second, old_ids)  # the fitted graph's own edges
-            if (~fitted).sum() == 0:
-                raise InputError("networkx graph", "no edge with a new node (every node is in the fitted map)")
-            if not np.all(np.isfinite(weight)) or (weight <= 0).any():
-                raise InputError("networkx graph", "edge weights must be finite and positive")
-            new_ids, src, dst, weight = new_edges(first[~fitted], second[~fitted], weight[~fitted], old_ids,
-                                                  "networkx graph")
-            isolated = [n for n in X.nodes() if X.degree(n) == 0]
-            if isolated:
-                raise InputError("networkx graph", f"{len(isolated)} new nodes have no edge (e.g. node "
-                                                   f"{isolated[0]!r}); every new node needs a neighbour")
+            new_ids, src, dst, weight = networkx_new_edges(X, old_ids)
         else:
             raise ValueError(f"{type(self).__name__} was fitted to a graph: transform takes the new nodes' edges, "
                              f"an edge-list path or a networkx graph, got {type(X).__name__}")

@@ -75,6 +75,32 @@ def new_edges(first, second, weight, old_ids: np.ndarray, source, line=None):
     return new_ids, src[keep], dst[keep], weight[keep]
 
 
+def networkx_new_edges(G, old_ids: np.ndarray):
+    """``read_new_edges`` for a networkx graph ``G`` holding the new nodes' edges (``weight`` attributes, 1
+    without; edges between fitted nodes are ignored): ``(new_ids, src, dst, weight)``."""
+    edges = list(G.edges(data="weight", default=1.0))
+    names = np.empty(2 * len(edges), dtype=object)
+    names[:] = [end for u, v, _ in edges for end in (u, v)]
+    try:
+        ends = as_node_ids(names, "node names") if len(edges) else np.zeros(0, dtype=np.int64)
+    except ValueError as exc:
+        raise InputError("networkx graph", str(exc)) from None
+    first, second = ends[0::2], ends[1::2]
+    weight = np.asarray([w for _, _, w in edges], dtype=np.float64)
+    fitted = np.isin(first, old_ids) & np.isin(second, old_ids)  # the fitted graph's own edges
+    if (~fitted).sum() == 0:
+        raise InputError("networkx graph", "no edge with a new node (every node is in the fitted map)")
+    if not np.all(np.isfinite(weight)) or (weight <= 0).any():
+        raise InputError("networkx graph", "edge weights must be finite and positive")
+    new_ids, src, dst, weight = new_edges(first[~fitted], second[~fitted], weight[~fitted], old_ids,
+                                          "networkx graph")
+    isolated = [n for n in G.nodes() if G.degree(n) == 0]
+    if isolated:
+        raise InputError("networkx graph", f"{len(isolated)} new nodes have no edge (e.g. node "
+                                           f"{isolated[0]!r}); every new node needs a neighbour")
+    return new_ids, src, dst, weight
+
+
 def extended_graph_affinity(old: Graph, rule: str, old_ids: np.ndarray, new_ids, src, dst, weight) -> sp.csr_matrix:
     """``P'`` over ``[old_ids, new_ids]`` (that order) from the union of graph ``old`` and the new edges,
     with the run's ``rule`` (``coauthorship`` or ``normalized``)."""
