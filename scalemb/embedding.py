@@ -2,7 +2,8 @@
 ``embed(data, out, **kwargs)``, translated at this edge into a ``scalemb.run.RunSpec`` and run by the one runner
 (``scalemb.run.runner.Runner``); ``EmbeddingResult`` (``scalemb.store.results``) and ``load_affinity``
 (``scalemb.run.inputs``) are re-exported from their homes."""
-from .store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY, Checkpointer
+from .store.checkpoint import DEFAULT_EVERY as DEFAULT_CHECKPOINT_EVERY
+from .store.checkpointer import Checkpointer
 from .store.results import EmbeddingResult
 from .models import DEFAULT_MODEL
 from .params import GRAPH_AFFINITIES

@@ -296,7 +296,7 @@ class Embedder(TransformerMixin, BaseEstimator):
     def fit(self, X=None, y=None, *, checkpoint=None, graph_affinity=None):
         """Embed ``X`` (see the module docstring for the inputs); ``y``: the labels with ``metric='liram'``,
         otherwise ignored.  ``checkpoint``: a
-        ``scalemb.store.checkpoint.Checkpointer`` (as ``scalemb.embed`` uses).  ``graph_affinity``: overrides the
+        ``scalemb.store.checkpointer.Checkpointer`` (as ``scalemb.embed`` uses).  ``graph_affinity``: overrides the
         parameter for this call (the earlier ``fit(data, graph_affinity)`` form)."""
         if isinstance(y, str):  # the earlier fit(data, graph_affinity) form: y is a label vector here
             raise TypeError(f"fit(X, y): y={y!r} looks like a graph affinity; pass graph_affinity={y!r} as a "

@@ -2,7 +2,8 @@
 ``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state.  Both read
 the run's stored ``RunSpec`` back (``stored_spec``) and hand it to the one runner."""
 from .errors import ScalembError
-from .store.checkpoint import Checkpointer, read_config, read_final_state, with_iterations, write_final_state
+from .store.checkpoint import read_config, read_final_state, with_iterations, write_final_state
+from .store.checkpointer import Checkpointer
 from .store.results import EmbeddingResult
 from .optim import optimizer_from_config
 from .run.inputs import input_hash, plan_of, resolve

@@ -12,7 +12,8 @@ import pytest
 
 import scalemb
 from scalemb.embedding import Embedder as Runner, EmbeddingResult
-from scalemb.store.checkpoint import Checkpointer, RunInterrupted
+from scalemb.store.checkpoint import RunInterrupted
+from scalemb.store.checkpointer import Checkpointer
 from scalemb.vecmath import WIDE_VECTOR_BITS
 
 from .cli_runner import run_cli

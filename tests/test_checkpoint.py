@@ -16,8 +16,8 @@ from scalemb.embedding import initial_coords
 from scalemb.engine import LocalExecutor
 from scalemb.errors import ScalembError
 import scalemb.store.checkpoint as checkpoint_io
-from scalemb.store.checkpoint import (Checkpoint, Checkpointer, create_store, read_checkpoint, read_config,
-                                      write_checkpoint)
+from scalemb.store.checkpoint import Checkpoint, create_store, read_checkpoint, read_config, write_checkpoint
+from scalemb.store.checkpointer import Checkpointer
 from scalemb.models import get_model
 from scalemb.optim import DBDState, DescentState, make_optimizer
 

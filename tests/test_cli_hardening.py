@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 import scalemb
-from scalemb.store.checkpoint import Checkpointer
+from scalemb.store.checkpointer import Checkpointer
 
 from .cli_runner import message_lines, run_cli
 

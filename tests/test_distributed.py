@@ -217,7 +217,8 @@ def test_interrupted_dask_run_resumes_identical(store, dask_cluster, tmp_path):
     """Stopped at a checkpoint, then ``scalemb resume`` (CLI) on the same cluster: the uninterrupted result."""
     import scalemb
     from scalemb.embedding import EmbeddingResult
-    from scalemb.store.checkpoint import Checkpointer, read_checkpoint
+    from scalemb.store.checkpoint import read_checkpoint
+    from scalemb.store.checkpointer import Checkpointer
 
     settings = dict(model="snest", iterations=60, seed=3, optimizer="sd", scheduler=dask_cluster.address)
     reference = scalemb.embed(str(store), **settings)

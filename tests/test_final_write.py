@@ -106,7 +106,7 @@ def test_each_continues_on_the_other_executor_bit_for_bit(in_process, on_cluster
 def test_an_embedder_whose_result_the_workers_wrote_optimizes_on(store, in_process, dask_cluster, tmp_path):
     """``Embedder.optimize`` after a checkpointed cluster fit continues from the final state the workers wrote
     (read back from the output store): as the in-process result continued."""
-    from scalemb.store.checkpoint import Checkpointer
+    from scalemb.store.checkpointer import Checkpointer
 
     with Checkpointer(tmp_path / "run.zarr", every=10) as checkpointer:
         embedder = scalemb.Embedder(model="tsne", max_iter=30, random_state=3, optimizer="dbd", repulsion="fft",

@@ -277,7 +277,7 @@ def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_p
     import zarr
 
     import scalemb
-    from scalemb.store.checkpoint import Checkpointer
+    from scalemb.store.checkpointer import Checkpointer
 
     from .test_checkpoint import assert_same_result, pointer, stop_at
 
@@ -306,7 +306,7 @@ def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(
 
     import scalemb
     from scalemb.engine.held_dask import DaskHeld
-    from scalemb.store.checkpoint import Checkpointer
+    from scalemb.store.checkpointer import Checkpointer
 
     from .test_checkpoint import assert_same_result
 

@@ -18,7 +18,8 @@ from scalemb.affinity import AffinityStore
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.engine.held_dask import DaskHeld
 from scalemb.errors import ScalembError
-from scalemb.store.checkpoint import Checkpointer, read_checkpoint, record_hash
+from scalemb.store.checkpoint import read_checkpoint, record_hash
+from scalemb.store.checkpointer import Checkpointer
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.engine.held import store_chunk

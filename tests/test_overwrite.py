@@ -10,7 +10,7 @@ import pytest
 import scalemb
 from scalemb.embedding import EmbeddingResult
 from scalemb.io.atomic import hidden_sibling, recover_directory
-from scalemb.store.checkpoint import Checkpointer
+from scalemb.store.checkpointer import Checkpointer
 from scalemb.optim import make_optimizer
 
 from .cli_runner import run_cli

@@ -200,7 +200,8 @@ def test_an_error_raised_after_ctrl_c_is_reported_as_the_interruption(tmp_path, 
 
 def test_interruption_note_tells_what_is_on_disk(tmp_path):
     import scalemb
-    from scalemb.store.checkpoint import Checkpointer, interruption_note
+    from scalemb.store.checkpoint import interruption_note
+    from scalemb.store.checkpointer import Checkpointer
 
     out = tmp_path / "run.zarr"
     assert "nothing written" in interruption_note(out)

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from scalemb.embedding import initial_coords, load_affinity
 from scalemb.engine.local import LocalExecutor
 from scalemb.store.checkpoint import RunInterrupted, create_store, read_checkpoint
-from scalemb.store.checkpoint import Checkpointer
+from scalemb.store.checkpointer import Checkpointer
 from scalemb.models import get_model
 from scalemb.optim import LineSearchDescent
 from scalemb.optim.descent import AUTO_LU_MAX_POINTS

@@ -9,8 +9,8 @@ import zarr
 
 import scalemb
 from scalemb.errors import ScalembError
-from scalemb.store.checkpoint import (ATTR, FINAL_ATTR, Checkpointer, read_checkpoint, read_config, read_final_state,
-                                      record_hash)
+from scalemb.store.checkpoint import ATTR, FINAL_ATTR, read_checkpoint, read_config, read_final_state, record_hash
+from scalemb.store.checkpointer import Checkpointer
 
 from .cli_runner import run_cli, run_cli_process
 

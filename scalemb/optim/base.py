@@ -17,7 +17,7 @@ class OptimizeResult:
     evaluations: int = 0  # KL + gradient evaluations (line-search trials included)
     stopped: bool = False  # a ``stop`` callback ended the run
     state: object = None  # the optimiser's state at the end: ``optimize(..., state=result.state)`` continues
-    # the final rows, written by the workers holding them into a staged result (``store.checkpoint.StagedResult``):
+    # the final rows, written by the workers holding them into a staged result (``store.checkpointer.StagedResult``):
     # ``coords`` and ``state``'s per-point arrays are then None (the client never held them)
     written: object = None
 

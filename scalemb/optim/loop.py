@@ -179,7 +179,7 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
 
 def _write_final(run: StepRun, checkpoint, export):
     """The final rows written by the processes holding them (``checkpoint.final_rows(rows)``, a hook of a
-    checkpointed run whose output store they can see: a staged result, ``store.checkpoint.StagedResult``), or None
+    checkpointed run whose output store they can see: a staged result, ``store.checkpointer.StagedResult``), or None
     (the final state is then gathered: ``export()``).  Only a rule whose rows are held elsewhere
     (``run.held_rows()``) has them written there; the light export first applies what is pending to the rows."""
     final_rows = getattr(checkpoint, "final_rows", None)

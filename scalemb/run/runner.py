@@ -29,7 +29,8 @@ from ..affinity import Affinity
 from ..io.atomic import file_sha256
 from ..io.storage import output_target
 from ..placement import PlacementOptimizer, Reference, knn_settings, place_into
-from ..store.checkpoint import Checkpointer, DEFAULT_EVERY, read_final_state
+from ..store.checkpoint import DEFAULT_EVERY, read_final_state
+from ..store.checkpointer import Checkpointer
 
 
 def _with_source_hash(provenance: dict) -> dict:
@@ -163,7 +164,7 @@ class Runner:
 
     def _fit(self, data=None, graph_affinity: str | None = None, checkpoint=None) -> "Runner":
         """Embed ``data`` (an ``InputPlan`` from ``scalemb.run.resolve``, or an input read as given).
-        ``checkpoint``: a ``scalemb.store.checkpoint.Checkpointer`` that writes checkpoints into the output store (or
+        ``checkpoint``: a ``scalemb.store.checkpointer.Checkpointer`` that writes checkpoints into the output store (or
         continues the run stored there) and saves the result there at the end."""
         spec = self.spec
         data = plan_of(data, graph_affinity or spec.graph_affinity)

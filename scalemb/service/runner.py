@@ -29,7 +29,8 @@ import numpy as np
 
 from ..embedding import EmbeddingResult
 from ..errors import ScalembError
-from ..store.checkpoint import Checkpointer, RunInterrupted, read_checkpoint, read_config
+from ..store.checkpoint import RunInterrupted, read_checkpoint, read_config
+from ..store.checkpointer import Checkpointer
 from ..io.storage import join, local_input, publish, remove_output
 from ..run import Runner, RunSpec
 from ..run.inputs import input_kind, plan_of
