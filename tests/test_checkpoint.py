@@ -338,12 +338,3 @@ def test_killed_before_first_checkpoint_resumes_from_the_start(tmp_path):
     assert pointer(out) is None and read_checkpoint(out) is None
     reference = scalemb.embed("school", model="tsne", iterations=100, optimizer=make_optimizer("sd", "tsne", tol=0))
     assert_same_result(scalemb.resume(out, iterations=100), reference)
-
-
-def test_checkpointer_still_imports_from_its_old_module():
-    from scalemb.store import checkpoint, checkpointer
-
-    assert checkpoint.Checkpointer is checkpointer.Checkpointer
-    assert checkpoint.StagedResult is checkpointer.StagedResult
-    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
-        checkpoint.Nothing

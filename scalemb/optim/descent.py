@@ -47,14 +47,14 @@ steps on the exaggerated objective; the spectral steps follow.  ``max_iterations
 (as delta-bar-delta's), on top of the run's; ``budget``.
 """
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.blocks import Evaluation
-from .base import OptimizeResult, OptimizerState
+from .base import OptimizeResult
 from .loop import run_loop
-from .descent_steps import DescentRun, factorize
+from .descent_held import _HeldDescentRun, held_mode, initial_state
+from .descent_steps import DescentRun, DescentState, factorize
 from .solvers import interruptible, jacobi_preconditioner, pcg
 
 logger = logging.getLogger("scalemb")
@@ -75,60 +75,6 @@ AMG_REFRESH_AFTER = 20
 EW_MIN, EW_MAX = 1e-3, 0.5
 # cg_maxiter='auto': CG's iteration cap per preconditioner (``LineSearchDescent._cg_maxiter``).
 AUTO_CG_MAXITER = {"jacobi": 10, "lu": 50, "amg": 50}
-
-
-@dataclass
-class DescentState(OptimizerState):
-    """Line-search descent between iterations.
-
-    ``kl``, ``objective``, ``gradient``, ``z``: the evaluation at ``coords`` that the next iteration reuses
-    (stored, not recomputed: ``coords`` were re-centred after it was taken).  ``alpha``: exaggeration in
-    force; ``step``: next first trial step; ``time_rate``: SNEST time rate; ``previous_space`` /
-    ``previous_time_step``: last space direction (CG warm start) and time step; ``failures``: failed line
-    searches in a row.  Spectral solver: ``stale`` (refactorise next), ``factored_at`` (iteration of the last
-    factorisation), ``ordering`` (the reused fill-reducing order), ``curvature_coords``/``curvature_alpha``
-    (where the executor's curvature was last computed) and ``factor_coords``/``factor_alpha``/
-    ``factor_ordered`` (where the current factorisation's curvature was computed, and whether it reused
-    ``ordering``): resuming recomputes both instead of storing an LU.
-    """
-
-    kl: float
-    objective: float
-    gradient: np.ndarray
-    z: float
-    alpha: float
-    step: float
-    time_rate: float
-    previous_space: np.ndarray | None
-    previous_time_step: np.ndarray | None
-    failures: int
-    factored_at: int
-    stale: bool
-    ordering: np.ndarray | None
-    curvature_coords: np.ndarray | None
-    curvature_alpha: float | None
-    factor_coords: np.ndarray | None
-    factor_alpha: float | None
-    factor_ordered: bool
-    gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
-    forcing: float | None = None  # cg_tol='auto': the last CG tolerance (Eisenstat-Walker forcing term)
-    gradient_norm: float | None = None  # cg_tol='auto': the space gradient's norm at the last solve
-    time_gain: float = 1.0  # the polish phase's time gain (delta-bar-delta's global one)
-    polish_time_rate: float | None = None  # the polish phase's time learning rate (None before it; halved on blow-up)
-    time_gains: np.ndarray | None = None  # time_gains set: the per-point gains of the time rows (None before any)
-
-    def evaluation(self):
-        return Evaluation(self.kl, self.objective, self.gradient, self.z)
-
-    def export(self, iteration: int, history, seconds, elapsed: float, ev, solver: dict) -> "DescentState":
-        """A snapshot with the current evaluation ``ev`` and the spectral solver cache ``solver``."""
-        curvature = solver.get("curvature_at", (None, None))
-        factor = solver.get("factor_at", ((None, None), False)) if "factor" in solver else ((None, None), False)
-        copy = replace(self, kl=float(ev.kl), objective=float(ev.objective), gradient=ev.gradient, z=float(ev.z),
-                       stale=bool(solver.get("stale", False)), ordering=solver.get("ordering"),
-                       curvature_coords=curvature[0], curvature_alpha=curvature[1], factor_coords=factor[0][0],
-                       factor_alpha=factor[0][1], factor_ordered=bool(factor[1]))
-        return copy.snapshot(iteration, history, seconds, elapsed)
 
 
 @dataclass
@@ -277,8 +223,6 @@ class LineSearchDescent:
         ``stop(it, kl, coords)`` after ``callback``: True ends the run there (``stopped``).  The result's ``state``
         continues the run (``state=result.state``).  The iterations are ``optim.loop.run_loop``'s; this class
         supplies the step rule (``DescentRun``)."""
-        from .descent_held import _HeldDescentRun, held_mode, initial_state
-
         recipe = None
         if state is None and callable(coords):  # a recipe (``derives_start``): a rewind to the start re-derives it
             recipe, coords = coords, coords()

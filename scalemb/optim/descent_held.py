@@ -31,8 +31,7 @@ from ..engine.blocks import Evaluation
 from ..engine.held import RowsExport, hold
 from ..geometry import geometry_of
 from . import held_rows
-from .descent import DescentState
-from .descent_steps import guarded_solve, momentum_diverged, search_failed
+from .descent_steps import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
 from .solvers import SetupInterrupted

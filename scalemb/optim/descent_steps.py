@@ -1,21 +1,75 @@
 """The line-search descent's steps (``optim.descent.LineSearchDescent``): ``DescentRun``, its step rule for
 ``optim.loop.run_loop`` with the whole arrays on the client (the momentum, spectral and polish steps, each point's
 time gain, the bounded direction), and the guards the held rule (``optim.descent_held``) shares: a failed solve or
-search, a diverged momentum step."""
+search, a diverged momentum step; ``DescentState``, what both rules continue from.  ``rule`` is a
+``LineSearchDescent`` throughout (``optim.descent`` imports this module, not the other way round)."""
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..engine.blocks import Evaluation
+from .base import OptimizerState
 from .dbd import clip_step_norms, gains_update
 from .linesearch import armijo
 from .loop import HALT, KEPT, MOVED, StepRun
 from .solvers import SetupInterrupted
 
-if TYPE_CHECKING:
-    from .descent import DescentState, LineSearchDescent
-
 logger = logging.getLogger("scalemb")
+
+
+@dataclass
+class DescentState(OptimizerState):
+    """Line-search descent between iterations.
+
+    ``kl``, ``objective``, ``gradient``, ``z``: the evaluation at ``coords`` that the next iteration reuses
+    (stored, not recomputed: ``coords`` were re-centred after it was taken).  ``alpha``: exaggeration in
+    force; ``step``: next first trial step; ``time_rate``: SNEST time rate; ``previous_space`` /
+    ``previous_time_step``: last space direction (CG warm start) and time step; ``failures``: failed line
+    searches in a row.  Spectral solver: ``stale`` (refactorise next), ``factored_at`` (iteration of the last
+    factorisation), ``ordering`` (the reused fill-reducing order), ``curvature_coords``/``curvature_alpha``
+    (where the executor's curvature was last computed) and ``factor_coords``/``factor_alpha``/
+    ``factor_ordered`` (where the current factorisation's curvature was computed, and whether it reused
+    ``ordering``): resuming recomputes both instead of storing an LU.
+    """
+
+    kl: float
+    objective: float
+    gradient: np.ndarray
+    z: float
+    alpha: float
+    step: float
+    time_rate: float
+    previous_space: np.ndarray | None
+    previous_time_step: np.ndarray | None
+    failures: int
+    factored_at: int
+    stale: bool
+    ordering: np.ndarray | None
+    curvature_coords: np.ndarray | None
+    curvature_alpha: float | None
+    factor_coords: np.ndarray | None
+    factor_alpha: float | None
+    factor_ordered: bool
+    gains: np.ndarray | None = None  # the polish phase's delta-bar-delta gains (None before it)
+    forcing: float | None = None  # cg_tol='auto': the last CG tolerance (Eisenstat-Walker forcing term)
+    gradient_norm: float | None = None  # cg_tol='auto': the space gradient's norm at the last solve
+    time_gain: float = 1.0  # the polish phase's time gain (delta-bar-delta's global one)
+    polish_time_rate: float | None = None  # the polish phase's time learning rate (None before it; halved on blow-up)
+    time_gains: np.ndarray | None = None  # time_gains set: the per-point gains of the time rows (None before any)
+
+    def evaluation(self):
+        return Evaluation(self.kl, self.objective, self.gradient, self.z)
+
+    def export(self, iteration: int, history, seconds, elapsed: float, ev, solver: dict) -> "DescentState":
+        """A snapshot with the current evaluation ``ev`` and the spectral solver cache ``solver``."""
+        curvature = solver.get("curvature_at", (None, None))
+        factor = solver.get("factor_at", ((None, None), False)) if "factor" in solver else ((None, None), False)
+        copy = replace(self, kl=float(ev.kl), objective=float(ev.objective), gradient=ev.gradient, z=float(ev.z),
+                       stale=bool(solver.get("stale", False)), ordering=solver.get("ordering"),
+                       curvature_coords=curvature[0], curvature_alpha=curvature[1], factor_coords=factor[0][0],
+                       factor_alpha=factor[0][1], factor_ordered=bool(factor[1]))
+        return copy.snapshot(iteration, history, seconds, elapsed)
 
 # A momentum step (no line search: exaggeration, polish) whose KL exceeds this factor times the KL before it is
 # undone (``DescentRun._momentum_move``), as delta-bar-delta's ``divergence_factor``.
@@ -61,7 +115,7 @@ def search_failed(run, it: int) -> str:
     return KEPT
 
 
-def momentum_diverged(s: "DescentState", it: int, ev, before) -> bool:
+def momentum_diverged(s, it: int, ev, before) -> bool:
     """Whether the momentum or polish step of iteration ``it`` diverged: its evaluation ``ev`` is not finite or its
     KL exceeds ``MOMENTUM_DIVERGENCE`` times the KL ``before`` it.  If so, counts the failure, halves the time
     rates (and resets the polish time gain) in ``s`` and logs it; the caller goes back to the point before."""
@@ -120,7 +174,7 @@ class DescentRun(StepRun):
     coordinates, and a Newton direction does not change with the metric (``(G^{-1} H)^{-1} G^{-1} grad =
     H^{-1} grad``), so scaling the gradient by the metric would only be undone by the curvature's."""
 
-    def __init__(self, rule: "LineSearchDescent", executor, state: "DescentState", resumed: bool, checkpoint):
+    def __init__(self, rule, executor, state, resumed: bool, checkpoint):
         super().__init__(executor, state)
         self.rule = rule
         self.stall_start, self.window, self.tol = rule.exaggeration_iterations, rule.window, rule.tol
@@ -281,5 +335,5 @@ class DescentRun(StepRun):
         evaluation is not counted in ``evaluations``, as it never was)."""
         return self.ev.kl if self.state.alpha == 1.0 else self.evaluate(self.state.coords, 1.0, it).kl
 
-    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float) -> "DescentState":
+    def export(self, it: int, history: np.ndarray, seconds: np.ndarray, elapsed: float):
         return self.state.export(it, history, seconds, elapsed, self.ev, self.solver_state)

@@ -443,13 +443,3 @@ def with_iterations(config: dict, iterations: int) -> dict:
     if "spec" in config:
         return {**config, "spec": {**config["spec"], "iterations": int(iterations)}}
     return {**config, "iterations": int(iterations)}
-
-
-def __getattr__(name: str):
-    """``Checkpointer`` and ``StagedResult`` live in ``scalemb.store.checkpointer``; importing them from here, as
-    before they moved, still works."""
-    if name in ("Checkpointer", "StagedResult"):
-        from . import checkpointer
-
-        return getattr(checkpointer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
