@@ -136,11 +136,11 @@ class DeltaBarDelta:
         The iterations are ``optim.loop.run_loop``'s; this class supplies the step rule (``_DBDRun``)."""
         scale = getattr(getattr(executor, "model", None), "learning_rate_scale", 1.0)
         recipe = None
-        if state is None and not callable(coords):
-            executor.check_coords(coords)
         if state is None and callable(coords):
             recipe = partial(self.initial_state, space_dims=executor.space_dims, lr_scale=scale)
             recipe = partial(_derived, recipe, coords)
+        elif state is None:
+            executor.check_coords(coords)
         s = (recipe() if recipe is not None else self.initial_state(coords, executor.space_dims, scale)) \
             if state is None else state.snapshot(state.iteration, state.kl_history, state.seconds, state.elapsed)
         del coords
