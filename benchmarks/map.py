@@ -37,7 +37,7 @@ RENDERER = ("(() => { const g = document.createElement('canvas').getContext('web
 def build_page(run: str, out: Path) -> dict:
     from scalemb.metrics.evaluate import load_run
     from scalemb.plot.communities import detect_communities, load_communities
-    from scalemb.plot.figure import map_data, run_affinity
+    from scalemb.plot.mapdata import map_data, run_affinity
     from scalemb.report.mappage import _per_node_np, map_html, map_payload
 
     t0 = time.perf_counter()

@@ -321,7 +321,7 @@ def cli_cosne_run(tmp_path):
 
 def test_cli_cosne_runs_plots_and_refuses_bad_input(tmp_path, capsys):
     from scalemb.cli.main import main
-    from scalemb.plot.figure import map_data
+    from scalemb.plot.mapdata import map_data
 
     store, out = cli_cosne_run(tmp_path)
     X = np.load(tmp_path / "x.npy")

@@ -13,7 +13,7 @@ from scalemb.embedding import EmbeddingResult
 from scalemb.errors import ScalembError
 from scalemb.plot import density, plot_embedding
 from scalemb.plot.communities import PALETTE, community_labels, load_communities
-from scalemb.plot.figure import map_data
+from scalemb.plot.mapdata import map_data
 from scalemb.plot.layout import poincare_grid
 
 from .cli_runner import run_cli

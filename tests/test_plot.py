@@ -7,7 +7,7 @@ import pytest
 import scalemb
 from scalemb.errors import ScalembError
 from scalemb.plot import plot_embedding, plot_png, save_plot
-from scalemb.plot.figure import layout_axes, map_data
+from scalemb.plot.mapdata import layout_axes, map_data
 from scalemb.plot.layout import components, place_labels, robust_frame
 
 from .cli_runner import run_cli

@@ -194,7 +194,7 @@ def test_report_opens_in_chromium_with_every_figure(school_run, tmp_path, browse
     info = browser.evaluate("scalembMap.find('20'), document.getElementById('info').textContent")
     assert info.startswith("node 20community ") and "degree 21time " in info  # the first teacher
     assert "NP@deg" in info and "label 0" in info
-    from scalemb.plot.figure import run_affinity
+    from scalemb.plot.mapdata import run_affinity
     from scalemb.report.mappage import _per_node_np
 
     result = EmbeddingResult.load(school_run)
@@ -442,7 +442,7 @@ def grqc_map(tmp_path_factory):
 @pytest.mark.parametrize("renderer", ["webgl", "canvas"])
 def test_grqc_map_frames_every_component_names_communities_and_searches(grqc_map, browser, renderer):
     from scalemb.plot.communities import community_labels, load_communities
-    from scalemb.plot.figure import map_data
+    from scalemb.plot.mapdata import map_data
 
     run, page = grqc_map
     browser.open("about:blank")

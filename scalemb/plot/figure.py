@@ -34,7 +34,7 @@ from .layout import place_labels, poincare_grid
 from . import density
 from ..models.registry import objective_of
 from .communities import PALETTE, community_labels
-from .mapdata import DISK_FRAME, MapData, _load, layout_axes, map_data, run_affinity  # noqa: F401 (the public names)
+from .mapdata import MapData, map_data
 
 DIVERGING_CMAP = "RdBu_r"
 MIN_SIZE, MAX_SIZE, PLAIN_SIZE = 4.0, 120.0, 12.0
