@@ -252,7 +252,7 @@ class LineSearchDescent:
             executor.set_curvature(s.factor_coords, s.factor_alpha, fixed=fixed)
             mu = self.mu * float(executor.curvature_diagonal().mean())
             state["factor"] = factorize(executor, mu, s.ordering if s.factor_ordered else None,
-                                         self._factor_kind(methods))
+                                        self._factor_kind(methods))
             state["factor_at"] = ((s.factor_coords, s.factor_alpha), s.factor_ordered)
         if s.curvature_coords is not None:
             executor.set_curvature(s.curvature_coords, s.curvature_alpha, fixed=fixed)
