@@ -23,7 +23,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
 from common import Report, machine_description, markdown_table  # noqa: E402
 
-from scalemb.io.edgelist import Edges, graph_from_edges, parse_edge_chunks  # noqa: E402
+from scalemb.io.edges import Edges, graph_from_edges  # noqa: E402
+
+from scalemb.io.edgelist import parse_edge_chunks  # noqa: E402
 
 
 def write_edge_list(path: Path, n_lines: int, strings: bool, seed: int = 0):

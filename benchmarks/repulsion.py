@@ -320,7 +320,7 @@ def million_child(model, ds, dt, n, extent, time_std, out):
     """Runs in its own process: N-point generated co-authorship P, fft timings, peak RSS (JSON to ``out``)."""
     from scalemb.affinity import coauthorship_affinity
     from scalemb.io.coauthor_generator import generate_coauthor_edges
-    from scalemb.io.edgelist import Graph
+    from scalemb.io.edges import Graph
 
     t0 = time.perf_counter()
     src, dst = map(np.concatenate, zip(*generate_coauthor_edges(n, seed=0, edges_per_author=7.5)))

@@ -25,7 +25,8 @@ from scalemb.affinity import coauthorship_affinity, knn_affinity
 from scalemb.datasets import grqc_path
 from scalemb.embedding import Embedder
 from scalemb.engine import LocalExecutor
-from scalemb.io.edgelist import graph_from_edges, read_edge_list
+from scalemb.io.edges import graph_from_edges
+from scalemb.io.edgelist import read_edge_list
 from scalemb.models import get_model
 from scalemb.placement import PlacementObjective, PlacementOptimizer, place, placement_repulsion
 from scalemb.placement.affinity import _knn_against, extended_graph_affinity, extended_knn_affinity

@@ -4,7 +4,8 @@ from importlib import resources
 import numpy as np
 
 from .affinity import Affinity, coauthorship_affinity, normalized_affinity
-from .io.edgelist import graph_from_edges, read_edge_list
+from .io.edges import graph_from_edges
+from .io.edgelist import read_edge_list
 
 DATASETS = ("grqc", "school")
 
@@ -49,7 +50,7 @@ def school() -> Affinity:
 
 
 def dataset_graph(name: str):
-    """The graph (``scalemb.io.edgelist.Graph``) of a built-in dataset by name (one of ``DATASETS``)."""
+    """The graph (``scalemb.io.edges.Graph``) of a built-in dataset by name (one of ``DATASETS``)."""
     if name == "grqc":
         return read_edge_list(grqc_path())
     src, dst = school_edges()

@@ -40,7 +40,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 
 from .affinity import Affinity
-from .io.edgelist import graph_from_edges
+from .io.edges import graph_from_edges
 from .methods import affinity_metric, label_metric_names
 from .models import ESTIMATOR_MODEL
 from .affinity.knn import default_neighbours

@@ -9,7 +9,8 @@ import pytest
 from scalemb.affinity import coauthorship_affinity, normalized_affinity
 from scalemb.datasets import grqc, school
 from scalemb.errors import InputError
-from scalemb.io.edgelist import graph_from_edges, read_edge_list
+from scalemb.io.edges import graph_from_edges
+from scalemb.io.edgelist import read_edge_list
 
 
 def _write(tmp_path, text, name="g.txt"):
@@ -159,7 +160,8 @@ TRICKY = [
 def test_pyarrow_reader_gives_the_exact_readers_graph_and_errors(tmp_path, text, chunk_lines):
     """The pyarrow CSV path (default when pyarrow is installed) and the exact reader agree on every file:
     the same Graph or the same error at the same line, whatever the chunking."""
-    from scalemb.io.edgelist import Edges, check_ids, parse_edge_chunks
+    from scalemb.io.edges import Edges
+    from scalemb.io.edgelist import check_ids, parse_edge_chunks
 
     path = _write(tmp_path, text)
 
@@ -179,7 +181,8 @@ def test_pyarrow_reader_gives_the_exact_readers_graph_and_errors(tmp_path, text,
 def test_pyarrow_hands_over_mid_file_at_the_right_line(tmp_path, late):
     """Blocks pyarrow read are kept; from the first block it cannot vouch for the exact reader continues at that
     block's first row: the same Graph or the same error line as the exact reader alone."""
-    from scalemb.io.edgelist import Edges, parse_edge_chunks
+    from scalemb.io.edges import Edges
+    from scalemb.io.edgelist import parse_edge_chunks
 
     lines = [f"{k}\t{k + 1}\t{1 + k % 3}\n" for k in range(3000)]
     lines.insert(2200, late)

@@ -14,7 +14,8 @@ import pytest
 import scalemb
 from scalemb.affinity.ingest import ingest_edge_list
 from scalemb.errors import InputError
-from scalemb.io.edgelist import Edges, PairSet, graph_from_edges, parse_edge_chunks, read_edge_list
+from scalemb.io.edges import Edges, PairSet, graph_from_edges
+from scalemb.io.edgelist import parse_edge_chunks, read_edge_list
 from scalemb.io.nodeids import check_node_ids
 
 from .cli_runner import run_cli

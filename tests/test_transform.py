@@ -705,7 +705,7 @@ def test_default_placement_keeps_most_of_a_reembeddings_neighbourhoods():
     from scalemb.affinity import coauthorship_affinity
     from scalemb.embedding import Embedder
     from scalemb.io.coauthor_generator import generate_coauthor_edges
-    from scalemb.io.edgelist import graph_from_edges
+    from scalemb.io.edges import graph_from_edges
     from scalemb.placement.affinity import extended_graph_affinity
     from scipy.spatial import cKDTree
 

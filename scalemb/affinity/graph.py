@@ -2,7 +2,7 @@
 import numpy as np
 import scipy.sparse as sp
 
-from ..io.edgelist import Graph
+from ..io.edges import Graph
 from .affinity import Affinity
 
 

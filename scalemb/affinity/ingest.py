@@ -28,7 +28,8 @@ import zarr
 
 from ..errors import InputError
 from ..io.atomic import atomic_directory, check_output_path, make_temporary
-from ..io.edgelist import _EDGE, IdCodes, check_ids, parse_edge_chunks, unique_pairs
+from ..io.edges import IdCodes, _EDGE, unique_pairs
+from ..io.edgelist import check_ids, parse_edge_chunks
 from ..io.nodeids import ids_bytes
 from .store import AffinityStore, default_chunk_nnz, layout_block_count, write_affinity_store, write_store_metadata
 

@@ -25,7 +25,7 @@ bidirectional-formatting characters (NUL, newline, U+202E ...).
 Limits, so that a small file cannot take gigabytes: a ``.gz`` file may expand to ``SCALEMB_MAX_GZIP_RATIO`` (100)
 times its size (at least 1 MiB), a Parquet / Arrow file decode to as many bytes at 16 per row; a line is at most
 ``2 SCALEMB_MAX_ID_CHARS + 1024`` characters (longer comment lines are skipped).  Repeated pairs are merged as
-the chunks stream in (``PairSet``), so memory follows the distinct pairs, not the rows.
+the chunks stream in (``scalemb.io.edges.PairSet``), so memory follows the distinct pairs, not the rows.
 
 Self-loops are dropped; an unordered pair listed several times (duplicates or both directions, as SNAP does
 for undirected graphs) is one edge whose weight is the largest listed; nodes with no remaining edge are
@@ -35,160 +35,22 @@ for integers, by code point for strings).
 import gzip
 import io
 import warnings
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
-from .nodeids import (FORBIDDEN_RE2, MAX_ID_CHARS_ENV, check_case_collision, env_limit, id_problem, is_string_ids,
-                      max_id_chars)
+from .arrow_edges import arrow_chunks
+from .edges import (_EDGE, _INT64_MAX, MAX_WEIGHT, MIN_WEIGHT, Edges, Graph, PairSet, expansion_error,
+                    expansion_limit)
+from .nodeids import FORBIDDEN_RE2, MAX_ID_CHARS_ENV, check_case_collision, id_problem, max_id_chars
 
-_INT64_MAX = np.iinfo(np.int64).max
-_EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
 _PAIR = np.dtype([("src", "<i8"), ("dst", "<i8")])
 ARROW_SUFFIXES = (".parquet", ".arrow", ".feather")
 HEADER_NAMES = frozenset({"src", "dst", "source", "target", "from", "to", "node1", "node2", "head", "tail",
                           "id1", "id2", "source_id", "target_id", "from_id", "to_id", "fromnodeid", "tonodeid",
                           "node_a", "node_b", "src_id", "dst_id", "weight"})
-
-
-@dataclass
-class Graph:
-    """An undirected weighted graph on contiguous indices ``0..n-1``, each edge once with ``src < dst``."""
-
-    node_ids: np.ndarray  # int64 or <U (strings), (n,)
-    src: np.ndarray  # int64, (m,)
-    dst: np.ndarray  # int64, (m,)
-    weight: np.ndarray  # float64, (m,)
-    source: str
-
-    @property
-    def n_nodes(self) -> int:
-        return int(self.node_ids.shape[0])
-
-    @property
-    def n_edges(self) -> int:
-        return int(self.src.shape[0])
-
-
-@dataclass
-class Edges:
-    """Raw edges of a chunk: ``src``/``dst`` int64 ids, or for string ids int64 codes into ``names`` (the
-    chunk's distinct ids, a list of str: a row costs 16 bytes whatever the length of its ids, where a ``<U``
-    array would cost 4 bytes per character of the chunk's longest id per row); ``weight`` float64.
-    ``materialized()``: the ids themselves (``<U`` for strings)."""
-
-    src: np.ndarray
-    dst: np.ndarray
-    weight: np.ndarray
-    names: list | None = None
-
-    @property
-    def size(self) -> int:
-        return int(self.src.size)
-
-    @property
-    def string_ids(self) -> bool:
-        return self.names is not None or is_string_ids(self.src)
-
-    def id_at(self, row: int, column: int = 0):
-        """The id in row ``row`` of column ``column`` (0: src, 1: dst)."""
-        value = (self.src, self.dst)[column][row]
-        return self.names[int(value)] if self.names is not None else value
-
-    def materialized(self) -> "Edges":
-        """These edges with the ids themselves in ``src``/``dst`` (``<U`` arrays for string ids)."""
-        if self.names is None:
-            return self
-        names = np.array(self.names, dtype=str) if self.names else np.empty(0, dtype="<U1")
-        return Edges(names[self.src], names[self.dst], self.weight)
-
-    @classmethod
-    def empty(cls) -> "Edges":
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
-
-    @classmethod
-    def join(cls, chunks) -> "Edges":
-        """One ``Edges`` of ``chunks`` of one id kind, string ids kept as codes (into the union of the names)."""
-        chunks = [c for c in chunks if c.size]
-        if not chunks:
-            return cls.empty()
-        weight = np.concatenate([c.weight for c in chunks])
-        if chunks[0].names is None:
-            return cls(np.concatenate([c.src for c in chunks]), np.concatenate([c.dst for c in chunks]), weight)
-        code_of, src, dst = {}, [], []
-        for c in chunks:
-            table = np.fromiter((code_of.setdefault(name, len(code_of)) for name in c.names), dtype=np.int64,
-                                count=len(c.names))
-            src.append(table[c.src])
-            dst.append(table[c.dst])
-        return cls(np.concatenate(src), np.concatenate(dst), weight, list(code_of))
-
-    @classmethod
-    def concat(cls, chunks) -> "Edges":
-        """One ``Edges`` of the ids themselves (``materialized``) of all ``chunks``."""
-        chunks = [c.materialized() for c in chunks if c.size]
-        if not chunks:
-            return cls.empty()
-        return cls(*(np.concatenate([getattr(c, name) for c in chunks]) for name in ("src", "dst", "weight")))
-
-
-class IdCodes:
-    """Integer codes of the string ids of a streamed edge list, given in order of first use: each chunk's
-    ``names`` map to them once per distinct id (a dict: memory follows the distinct ids, not the rows)."""
-
-    def __init__(self):
-        self.code_of = {}
-
-    def table(self, names: list, used: np.ndarray) -> np.ndarray:
-        """The codes of ``names[k]`` for the chunk codes ``k`` in ``used`` (an int64 table over the chunk codes;
-        entries not in ``used`` are -1: ids that occur only in dropped rows never get a code)."""
-        code_of = self.code_of
-        table = np.full(len(names), -1, dtype=np.int64)
-        table[used] = np.fromiter((code_of.setdefault(names[k], len(code_of)) for k in used.tolist()),
-                                  dtype=np.int64, count=used.size)
-        return table
-
-    def sorted_ids(self):
-        """``(ids sorted by code point as <U, rank)``: ``rank[code]`` is the sorted position of a code's id (sorted
-        as Python strings, the order of ``np.sort`` on ``<U``, so that only the result is a fixed-width array)."""
-        names = list(self.code_of)
-        order = sorted(range(len(names)), key=names.__getitem__)
-        rank = np.empty(len(names), dtype=np.int64)
-        rank[order] = np.arange(len(names), dtype=np.int64)
-        ids = np.array([names[k] for k in order], dtype=str) if names else np.empty(0, dtype="<U1")
-        return ids, rank
-
-
-# --- limits on what a small file may cost ----------------------------------------------------------------------
-
-# A gzip file may decompress to at most this many times its own size.  Text edge lists compress 3-5x (GrQc 3.2x,
-# a dense sorted list of consecutive integers 4.6x); DEFLATE's limit is ~1032x, which a file of one repeated line
-# reaches (98 KB -> 100 MB).  Set SCALEMB_MAX_GZIP_RATIO to read a file that expands more.
-DEFAULT_MAX_GZIP_RATIO = 100.0
-MAX_GZIP_RATIO_ENV = "SCALEMB_MAX_GZIP_RATIO"
-# Parquet / Arrow files: decoded rows cost 16 bytes (two int64 ids or codes) and may total at most this ratio
-# times the file's size too (run-length encoding stores a billion equal rows in a few bytes).
-_DECODED_ROW_BYTES = 16
-
-
-def max_gzip_ratio() -> float:
-    """How many times its own size a compressed input may expand to: ``SCALEMB_MAX_GZIP_RATIO`` or
-    ``DEFAULT_MAX_GZIP_RATIO``."""
-    return env_limit(MAX_GZIP_RATIO_ENV, DEFAULT_MAX_GZIP_RATIO, float, 1.0, "a number >= 1")
-
-
-def expansion_limit(path: Path) -> int:
-    """The most bytes ``path`` may decode to: ``max_gzip_ratio()`` times its size (at least 1 MiB)."""
-    return int(max(max_gzip_ratio() * path.stat().st_size, 1 << 20))
-
-
-def expansion_error(path: Path, what: str) -> InputError:
-    return InputError(path, f"{what} more than {expansion_limit(path):,} bytes (the limit: {max_gzip_ratio():g} "
-                            f"times the file's {path.stat().st_size:,} bytes, at least 1 MiB; set "
-                            f"{MAX_GZIP_RATIO_ENV} higher to read it)")
 
 
 class _CappedGzip(io.RawIOBase):
@@ -262,8 +124,6 @@ def _parse_id(token: str, path: Path, line_no: int) -> int | str:
     return value
 
 
-MIN_WEIGHT = float(np.finfo(np.float64).tiny)  # smallest normal float64
-MAX_WEIGHT = 1e300
 
 
 def _parse_weight(token: str, path: Path, line_no: int) -> float:
@@ -434,7 +294,7 @@ def parse_edge_chunks(path, chunk_lines: int = 1_000_000, reader: str = "auto"):
     exact reader throughout (``"arrow"``: pyarrow required)."""
     path = Path(path)
     if path.suffix.lower() in ARROW_SUFFIXES:
-        yield from _arrow_chunks(path, chunk_lines)
+        yield from arrow_chunks(path, chunk_lines)
         return
     if reader not in ("auto", "arrow", "exact"):
         raise ValueError(f"reader must be 'auto', 'arrow' or 'exact', got {reader!r}")
@@ -599,7 +459,7 @@ def first_lines(path, ids, column: int | None = None) -> list:
 def _first_rows(path: Path, wanted: dict, columns: tuple) -> list:
     """``first_lines`` of a columnar (Arrow, Parquet) edge list: rows counted from 1."""
     row = 0
-    for edges in _arrow_chunks(path, 1 << 20, check=False):
+    for edges in arrow_chunks(path, 1 << 20, check=False):
         edges = edges.materialized()
         for k in range(edges.size):
             for value in [(edges.src[k], edges.dst[k])[c] for c in columns]:
@@ -630,267 +490,3 @@ def read_edge_list(path) -> Graph:
     graph = pairs.graph(source=str(path))
     check_ids(graph.node_ids, path)
     return graph
-
-
-def unique_pairs(lo: np.ndarray, hi: np.ndarray, weight: np.ndarray):
-    """``(lo, hi, weight)`` sorted by ``(lo, hi)``, each pair once with its largest weight (``0 <= lo <= hi``).
-    Pairs of ids below 2^31 are sorted as one int64 key ``lo * 2^32 + hi``, by value alone when every weight is
-    equal (several times faster than the three-key sort)."""
-    if lo.size and int(hi.max()) < 2 ** 31:
-        key = (lo << 32) | hi
-        if weight.min() == weight.max():
-            key = np.sort(key)
-            first = np.concatenate([[True], key[1:] != key[:-1]])
-            key = key[first]
-            return key >> 32, key & 0xFFFFFFFF, np.full(key.size, weight[0])
-        order = np.lexsort((-weight, key))
-        key, weight = key[order], weight[order]
-        first = np.concatenate([[True], key[1:] != key[:-1]])
-        return key[first] >> 32, key[first] & 0xFFFFFFFF, weight[first]
-    order = np.lexsort((-weight, hi, lo))  # per pair, largest weight first
-    lo, hi, weight = lo[order], hi[order], weight[order]
-    first = np.ones(lo.size, dtype=bool)
-    first[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
-    return lo[first], hi[first], weight[first]
-
-
-class PairSet:
-    """The distinct unordered pairs of a streamed edge list, each with its largest weight: chunks are
-    de-duplicated as they arrive and merged when the pending ones outnumber the merged pairs, so memory follows
-    the distinct pairs (and ids), not the rows: a file repeating one line a hundred million times holds one pair.
-
-    Integer ids are kept as they are (``lo < hi`` by value), string ids as ``IdCodes`` codes; ``graph`` numbers
-    the nodes by sorted id, as ``graph_from_edges`` does, with the same result."""
-
-    def __init__(self):
-        self.ids, self.n_read = None, 0
-        empty = np.empty(0, dtype=np.int64)
-        self.merged, self.pending, self.n_pending = (empty, empty, np.empty(0)), [], 0
-
-    def add(self, edges: Edges) -> None:
-        self.n_read += edges.size
-        keep = edges.src != edges.dst
-        src, dst = edges.src[keep], edges.dst[keep]
-        if edges.names is not None:
-            self.ids = self.ids or IdCodes()
-            table = self.ids.table(edges.names, np.unique(np.concatenate([src, dst])))
-            src, dst = table[src], table[dst]
-        if not src.size:
-            return
-        self.pending.append(unique_pairs(np.minimum(src, dst), np.maximum(src, dst), edges.weight[keep]))
-        self.n_pending += self.pending[-1][0].size
-        if self.n_pending >= max(self.merged[0].size, 1 << 16):  # amortised: each merge at least doubles it
-            self._merge()
-
-    def _merge(self) -> None:
-        if self.pending:
-            parts = [self.merged, *self.pending]
-            self.merged = unique_pairs(*(np.concatenate([part[k] for part in parts]) for k in range(3)))
-            self.pending, self.n_pending = [], 0
-
-    def graph(self, source: str) -> Graph:
-        self._merge()
-        lo, hi, weight = self.merged
-        if lo.size == 0:
-            raise InputError(source, "graph has no edges once self-loops are removed")
-        if self.ids is None:
-            node_ids = np.unique(np.concatenate([lo, hi]))
-            return Graph(node_ids, np.searchsorted(node_ids, lo), np.searchsorted(node_ids, hi), weight, source)
-        node_ids, rank = self.ids.sorted_ids()  # every code is used: codes are given to ids of kept rows only
-        a, b = rank[lo], rank[hi]
-        lo, hi, weight = unique_pairs(np.minimum(a, b), np.maximum(a, b), weight)
-        return Graph(node_ids, lo, hi, weight, source)
-
-
-def graph_from_edges(src, dst, weight, source: str) -> Graph:
-    """Build a ``Graph`` from raw id arrays (non-negative integers, or strings): drop self-loops, merge repeated
-    pairs (max weight), drop isolated nodes."""
-    string = is_string_ids(src) or is_string_ids(dst)
-    id_type = str if string else np.uint64
-    src = np.asarray(src, dtype=id_type)
-    dst = np.asarray(dst, dtype=id_type)
-    weight = np.asarray(weight, dtype=np.float64)
-    keep = src != dst
-    src, dst, weight = src[keep], dst[keep], weight[keep]
-    if src.size == 0:
-        raise InputError(source, "graph has no edges once self-loops are removed")
-    node_ids, inverse = np.unique(np.concatenate([src, dst]), return_inverse=True)
-    m = src.size
-    a, b = inverse[:m].astype(np.int64), inverse[m:].astype(np.int64)
-    lo, hi, weight = unique_pairs(np.minimum(a, b), np.maximum(a, b), weight)
-    return Graph(node_ids if string else node_ids.astype(np.int64), lo, hi, weight, source)
-
-
-# --- Parquet / Arrow IPC / Feather -----------------------------------------------------------------------------
-
-def _require_pyarrow(path: Path):
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise InputError(path, f"reading {path.suffix} edge lists needs pyarrow: pip install 'scalemb[arrow]'") \
-            from None
-    return pyarrow
-
-
-def _arrow_batches(path: Path, chunk_rows: int):
-    """``(columns, iterator of record batches)`` of a Parquet, Arrow IPC (file or stream) or Feather file: the
-    columns read (``_arrow_columns``), string id columns dictionary-encoded as stored (a batch's rows then cost
-    their codes, not copies of their ids).  A Parquet file whose rows or pages decode to more than
-    ``expansion_limit`` is refused from its footer, before anything is decoded."""
-    pa = _require_pyarrow(path)
-    try:
-        if path.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
-
-            meta = pq.ParquetFile(path)
-            columns = _arrow_columns(path, meta.schema_arrow)
-            limit, rows = expansion_limit(path), meta.metadata.num_rows
-            decoded = sum(meta.metadata.row_group(k).total_byte_size for k in range(meta.metadata.num_row_groups))
-            if rows * _DECODED_ROW_BYTES > limit or decoded > limit:
-                raise expansion_error(path, f"{rows:,} rows ({decoded:,} bytes of pages) decode to")
-            strings = [name for name in columns[:2] if _is_text(meta.schema_arrow.field(name).type)]
-            reader = pq.ParquetFile(path, read_dictionary=strings)
-            return columns, reader.iter_batches(batch_size=chunk_rows, columns=columns)
-        import pyarrow.ipc as ipc
-
-        try:
-            reader = ipc.open_file(path)
-            batches = (reader.get_batch(k) for k in range(reader.num_record_batches))
-        except pa.ArrowInvalid:
-            reader = ipc.open_stream(path)
-            batches = iter(reader)
-        return _arrow_columns(path, reader.schema), batches
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(path, f"cannot read as a {path.suffix[1:]} table ({exc.__class__.__name__}: {exc})") \
-            from None
-
-
-def _is_text(kind) -> bool:
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-
-
-def _arrow_columns(path: Path, schema) -> list:
-    names = list(schema.names)
-    if "src" in names and "dst" in names:
-        columns = ["src", "dst"] + (["weight"] if "weight" in names else [])
-    elif len(names) not in (2, 3):
-        raise InputError(path, f"columns {names}: expected 'src', 'dst' [, 'weight'] columns, or two or three "
-                               "columns (endpoints, then the weight)")
-    else:
-        columns = names
-    for name in columns:
-        if names.count(name) > 1:
-            raise InputError(path, f"column name {name!r} occurs {names.count(name)} times (columns {names}): "
-                                   "rename the columns so that each is named once")
-    return columns
-
-
-def _arrow_integer_ids(path: Path, name: str, column, row0: int, check: bool) -> np.ndarray:
-    ids = column.to_numpy(zero_copy_only=False)
-    if check and ids.size and (ids.min() < 0 or (ids.dtype == np.uint64 and ids.max() > _INT64_MAX)):
-        row = int(np.flatnonzero((ids < 0) | (ids > _INT64_MAX))[0])
-        raise InputError(path, f"column {name!r}: node id {ids[row]} at row {row0 + row + 1} is outside "
-                               f"0..{_INT64_MAX}")
-    return ids.astype(np.int64)
-
-
-def _dictionary(column):
-    """``(dictionary as large_string, indices as int64)`` of a string or dictionary-of-strings column."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    return column.dictionary.cast(pa.large_string()), column.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _arrow_string_ids(path: Path, columns: list, src, dst, row0: int, check: bool):
-    """``(src codes, dst codes, names)`` of two string id columns through one dictionary; with ``check``, each
-    distinct id of the batch passes ``id_problem`` (else ``InputError`` naming the column and row)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    (d0, i0), (d1, i1) = _dictionary(src), _dictionary(dst)
-    unified = pc.dictionary_encode(pa.concat_arrays([d0, d1]))
-    table = unified.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    codes = (table[:len(d0)][i0], table[len(d0):][i1])
-    # only the ids this batch uses (a Parquet dictionary is its row group's, every batch of it shares it)
-    used = np.unique(np.concatenate(codes))
-    codes = tuple(np.searchsorted(used, c) for c in codes)
-    names = unified.dictionary.take(pa.array(used))
-    if check:
-        lengths, limit = pc.utf8_length(names), max_id_chars()
-        if pc.min(lengths).as_py() == 0 or pc.max(lengths).as_py() > limit or \
-                pc.any(pc.match_substring_regex(names, FORBIDDEN_RE2)).as_py():
-            code, name = next((k, name) for k, name in enumerate(names.to_pylist()) if id_problem(name, limit))
-            row, column = min((int(np.flatnonzero(ids == code)[0]), column)
-                              for column, ids in zip(columns, codes) if (ids == code).any())
-            raise InputError(path, f"column {column!r} has an empty node id at row {row0 + row + 1}" if not name
-                             else f"column {column!r}, row {row0 + row + 1}: {id_problem(name, limit)}")
-    return codes[0], codes[1], names.to_pylist()
-
-
-def _arrow_ids(path: Path, columns: list, batch, row0: int, check: bool):
-    """``(src, dst, names)`` of a batch: int64 ids and None, or string ids as codes into ``names``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    src, dst = (batch.column(name) for name in columns[:2])
-    for name, column in zip(columns, (src, dst)):
-        if check and column.null_count:
-            row = int(pc.index(pc.is_null(column), True).as_py())
-            raise InputError(path, f"column {name!r} has a null node id at row {row0 + row + 1}")
-        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
-        if not (pa.types.is_integer(kind) or _is_text(kind)):
-            raise InputError(path, f"column {name!r} has type {column.type}: node ids must be integers or strings")
-    text = [_is_text(column.type) for column in (src, dst)]
-    if text[0] != text[1]:
-        if not check:  # (first_lines of a file the checked reading accepted: never mixed)
-            return src.to_numpy(zero_copy_only=False), dst.to_numpy(zero_copy_only=False), None
-        raise InputError(path, f"column {columns[0]!r} holds {('integer', 'string')[text[0]]} ids and "
-                               f"{columns[1]!r} {('integer', 'string')[text[1]]} ids: ids must be all integers or all "
-                               "strings")
-    if text[0]:
-        return _arrow_string_ids(path, columns, src, dst, row0, check)
-    src, dst = (c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in (src, dst))
-    return _arrow_integer_ids(path, columns[0], src, row0, check), \
-        _arrow_integer_ids(path, columns[1], dst, row0, check), None
-
-
-def _arrow_weights(path: Path, name: str, column, row0: int) -> np.ndarray:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        raise InputError(path, f"column {name!r} has type {column.type}: the weight must be a number")
-    if column.null_count:
-        row = int(pc.index(pc.is_null(column), True).as_py())
-        raise InputError(path, f"column {name!r} has a null weight at row {row0 + row + 1}")
-    weight = column.to_numpy(zero_copy_only=False).astype(np.float64)
-    bad = ~((weight >= MIN_WEIGHT) & (weight <= MAX_WEIGHT))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise InputError(path, f"weight {weight[row]} at row {row0 + row + 1} must be a finite positive number in "
-                               f"[{MIN_WEIGHT:.3g}, {MAX_WEIGHT:.3g}]")
-    return weight
-
-
-def _arrow_chunks(path: Path, chunk_rows: int, check: bool = True):
-    """``Edges`` of the record batches of a Parquet / Arrow / Feather file; errors name the column and row.  The
-    rows read may decode to at most ``expansion_limit`` bytes (16 per row), checked batch by batch."""
-    columns, batches = _arrow_batches(path, chunk_rows)
-    row0, limit = 0, expansion_limit(path)
-    for batch in batches:
-        if check and (row0 + batch.num_rows) * _DECODED_ROW_BYTES > limit:
-            raise expansion_error(path, f"its first {row0 + batch.num_rows:,} rows decode to")
-        src, dst, names = _arrow_ids(path, columns, batch, row0, check)
-        weight = _arrow_weights(path, columns[2], batch.column(columns[2]), row0) if len(columns) == 3 \
-            else np.ones(len(src))
-        row0 += len(src)
-        yield Edges(src, dst, weight, names)

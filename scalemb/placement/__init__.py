@@ -24,7 +24,8 @@ from ..affinity.knn import PERPLEXITY
 from ..datasets import dataset_graph, recorded_graph
 from ..errors import InputError, ScalembError
 from ..io.atomic import check_output_path
-from ..io.edgelist import Graph, read_edge_list
+from ..io.edges import Graph
+from ..io.edgelist import read_edge_list
 from ..io.nodeids import is_string_ids
 from ..methods import affinity_metric, method_of
 from ..models import get_model

@@ -25,7 +25,8 @@ from ..affinity.graph import coauthorship_affinity, normalized_affinity
 from ..affinity.knn import METRICS, PERPLEXITY, conditional_affinities
 from ..methods import affinity_metric
 from ..errors import InputError
-from ..io.edgelist import Edges, Graph, first_lines, graph_from_edges, parse_edge_chunks
+from ..io.edges import Edges, Graph, graph_from_edges
+from ..io.edgelist import first_lines, parse_edge_chunks
 from ..io.nodeids import as_node_ids, check_case_collision, is_string_ids
 
 _BLOCK_ENTRIES = 1 << 22  # distances held at once by the exact search (32 MB)

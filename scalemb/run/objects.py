@@ -11,7 +11,7 @@ from scipy.spatial.distance import cdist
 from ..affinity import coauthorship_affinity, normalized_affinity
 from ..affinity.knn import affinity_from_distances, default_neighbours, exact_knn
 from ..errors import InputError
-from ..io.edgelist import graph_from_edges
+from ..io.edges import graph_from_edges
 from ..io.nodeids import as_node_ids, check_node_ids
 from ..progress import phase
 from .inputs import fitting_perplexity
