@@ -255,7 +255,7 @@ def test_factorisation_moved_to_another_worker_still_solves(store, dask_cluster)
     it pickles as its inputs and factorises again there, the same numbers -- scipy's ``SuperLU`` itself cannot be
     pickled, and each failed transfer was retried for ever (a hang).  The executor's own solves stay on the
     factor's worker."""
-    from scalemb.engine.distributed import solve_factorized
+    from scalemb.engine.dask_factor import solve_factorized
 
     rng = np.random.default_rng(1)
     n = AffinityStore(store).n_points

@@ -398,7 +398,7 @@ def test_operation_names_survive_dasks_key_split_and_dask_logs_are_quiet(monkeyp
     from dask.utils import key_split
 
     from scalemb.engine.cluster import quiet_dask_logs
-    from scalemb.engine.distributed import _OPERATIONS, task_key
+    from scalemb.engine.dask_keys import _OPERATIONS, task_key
 
     for name in _OPERATIONS.values():  # an 8-letter word starting with a-f would vanish from the dashboard
         assert key_split(f"{name}-{'0' * 32}") == name

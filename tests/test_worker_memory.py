@@ -37,7 +37,7 @@ def _worker_rss(dask_worker=None) -> int:
 
 def _factor_bytes(dask_worker=None) -> int:
     """Bytes of the L and U of the factor a worker holds (CSC: 8-byte values, 4-byte row indices)."""
-    from scalemb.engine.distributed import WorkerFactor
+    from scalemb.engine.dask_factor import WorkerFactor
 
     for value in dask_worker.data.values():
         if isinstance(value, WorkerFactor):

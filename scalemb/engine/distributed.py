@@ -27,8 +27,8 @@ them apart.
 * **Spectral direction.**  The curvature weights C of each partition stay on its worker
   (``set_curvature``); ``laplacian_matvec`` is a row-block product there; the sparse factorisation of
   ``L(C) + mu I`` is built and kept on one worker (``factorize_curvature``), so the client never holds P; its
-  solves are pinned to that worker, and it pickles as its inputs (``WorkerFactor``: scipy's SuperLU cannot be
-  pickled), so a move by the scheduler costs a refactorisation, never a transfer retried for ever.
+  solves are pinned to that worker, and it pickles as its inputs (``dask_factor.WorkerFactor``: scipy's SuperLU
+  cannot be pickled), so a move by the scheduler costs a refactorisation, never a transfer retried for ever.
 * **Faults.**  A partition whose worker died is recomputed from the store by the scheduler on a live worker
   (its future keeps the lineage).  Scattered coordinates and curvature weights on the dead worker are lost,
   so the call is repeated after planning the halos for the new placement and recomputing the curvature at the
@@ -42,7 +42,6 @@ import hashlib
 import logging
 import operator
 import pickle
-import threading
 import time
 import uuid
 from concurrent.futures import CancelledError
@@ -59,9 +58,9 @@ from ..repulsion.fft import FFTParams, convolution_shares, fft_dtype
 from . import halo as halo_fns
 from .base import Executor
 from .blocks import reduce_blocks
+from .dask_factor import RemoteFactorization
+from .dask_keys import task_key
 from .fft_pass import fft_grid
-from .laplacian import laplacian_matrix
-from .factor import factorize
 from .held import LocalHeld
 from .held_dask import DaskHeld
 
@@ -80,33 +79,6 @@ RECOVERY_TIMEOUT = 120.0  # seconds a recovery may take before the run gives up 
 _POLL = 5.0  # seconds between checks that every partition holder is still alive while waiting for a call
 
 
-# Dask task keys by operation, so that the dashboard's task stream and progress bars read as the algorithm
-# ("gradient", "repulsion-spread", "laplacian"), not as the generic wrapper every call goes through.
-_OPERATIONS = {
-    "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft",
-    "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids",
-    "convolve_part": "repulsion-convolution", "visit_view": "repulsion-box-order", "attraction_view": "attraction",
-    "finish_view": "gradient-rows", "held_finish_view": "held-gradient-rows",
-    "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",
-    "laplacian_block": "laplacian", "laplacian_compact": "laplacian", "diagonal_partition": "curvature-diag",
-    "own_halo": "halo-own-rows", "make_view": "halo-view", "plan_view": "halo-view", "worker_plan": "halo-plan",
-    "plan_sizes": "halo-plan", "plan_needs": "halo-plan", "take_columns": "halo-cut",
-    "assemble": "halo-join", "relay": "halo-relay", "factorize_partitions": "curvature-factorize",
-    "factor_ordering": "curvature-ordering", "entropy_partition": "entropy", "solve_factorized": "curvature-solve",
-    "getitem": "take",
-}
-
-
-def task_key(fn) -> str:
-    """A unique Dask key named by the operation ``fn`` performs: ``'<operation>-<uuid>'``.  Dask groups keys by
-    ``dask.utils.key_split``, which drops any 8-letter word starting with a-f as if it were a hash ("convolve",
-    "assemble", "diagonal"): operation names avoid such words.  Unlisted functions are named after themselves
-    (``_`` written ``-``)."""
-    name = getattr(fn, "__name__", type(fn).__name__)
-    name = _OPERATIONS.get(name, name.strip("_<>").replace("_", "-"))
-    return f"{name}-{uuid.uuid4().hex}"
-
-
 # --------------------------------------------------------------------------- functions run on the workers
 
 def run_partitions(fn, arguments: list) -> list:
@@ -123,209 +95,11 @@ def entropy_partition(block: RowBlock) -> float:
     return block.entropy_term()
 
 
-_FACTOR_THREAD = None  # this process's one thread for SuperLU (``_factor_thread``)
-_FACTOR_LOCK = threading.Lock()
-
-
-def _factor_thread():
-    """The single thread in which this process builds, uses and frees every ``WorkerFactor``'s solver.
-
-    Why: SciPy's SuperLU (``splu``, and pyamg's coarsest level) records each block it allocates in a registry
-    of the *thread* that allocates it, and its free releases a block only if the *freeing* thread's registry holds
-    it (``scipy/sparse/linalg/_dsolve/_superlu_utils.c``; scipy issue 15921).  A Dask worker runs tasks in its
-    executor's threads but drops a released key's value in its event-loop thread, so no factor's L and U was
-    ever freed and a worker's memory grew with every job.  One thread for all of it, whatever thread Dask runs
-    a task or releases a key in: every block is freed."""
-    global _FACTOR_THREAD
-    with _FACTOR_LOCK:
-        if _FACTOR_THREAD is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _FACTOR_THREAD = ThreadPoolExecutor(1, thread_name_prefix="scalemb-factor")
-        return _FACTOR_THREAD
-
-
-def _on_factor_thread(fn, *args):
-    """``fn(*args)`` on ``_factor_thread`` (directly when already there)."""
-    if threading.current_thread().name.startswith("scalemb-factor"):
-        return fn(*args)
-    return _factor_thread().submit(fn, *args).result()
-
-
-def _release(box: list) -> None:
-    """Drop the last reference, held in ``box``, in this thread (``_factor_thread``)."""
-    box.clear()
-
-
-class WorkerFactor:
-    """A factorisation of ``L(C) + mu I`` (``factor.factorize(kind, laplacian, mu, ordering)``) that can be
-    pickled: it pickles as its inputs (the sparse matrix, ``mu``, the ordering it was given, ``kind``) and
-    factorises again where it is unpickled.
-
-    Why: scipy's ``SuperLU`` (and pyamg's hierarchy, whose coarsest level is one) cannot be pickled, and Dask may
-    move any task result between workers -- work stealing, a dependent task placed on another worker, the Active
-    Memory Manager, a retiring worker.  An unpicklable result then fails every transfer and the dependent task is
-    retried for ever (seen: several jobs on one 2-worker cluster, ``cannot pickle 'SuperLU'`` logged thousands of
-    times, the jobs stuck).  The executor keeps the factor's dependents on its worker (``RemoteFactorization``),
-    so a move should not happen; if one does, it costs one factorisation and gives the same numbers (the same
-    inputs to the same deterministic factorisation), never a hang.  ``__sizeof__`` counts the arrays, so the
-    scheduler's cost of moving it is not a few bytes (which would invite work stealing).
-
-    The solver is built, used and freed on ``_factor_thread`` only (SuperLU frees a block only in the thread
-    that allocated it: see there); the same calls in the same order, so the same numbers."""
-
-    def __init__(self, kind: str, laplacian, mu: float, ordering):
-        self.kind, self.laplacian, self.mu, self.given_ordering = kind, laplacian, float(mu), ordering
-        self._solver = None
-
-    def _build(self):
-        if self._solver is None:
-            self._solver = factorize(self.kind, self.laplacian, self.mu, self.given_ordering)
-        return self._solver
-
-    @property
-    def solver(self):
-        if self._solver is None:
-            _on_factor_thread(self._build)
-        return self._solver
-
-    @property
-    def ordering(self):
-        return self.solver.ordering
-
-    def solve(self, G: np.ndarray) -> np.ndarray:
-        solver = self.solver
-        return _on_factor_thread(solver.solve, G)
-
-    def free(self) -> None:
-        """Free the solver now, on ``_factor_thread`` (also when the factor is garbage: ``__del__``)."""
-        box = [self.__dict__.pop("_solver", None)]
-        self._solver = None
-        if box[0] is None:
-            return
-        if threading.current_thread().name.startswith("scalemb-factor"):
-            box.clear()
-            return
-        try:
-            _factor_thread().submit(_release, box)
-        except RuntimeError:  # the interpreter is exiting (the executor refuses work): nothing to keep
-            pass
-
-    def __del__(self):
-        self.free()
-
-    def __getstate__(self):
-        return {"kind": self.kind, "laplacian": self.laplacian, "mu": self.mu, "given_ordering": self.given_ordering}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._solver = None
-
-    def __sizeof__(self) -> int:
-        A = self.laplacian
-        size = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
-        lu = getattr(self._solver, "_lu", None)
-        if lu is not None:  # the factors' fill, which a move would rebuild
-            size += 12 * (lu.L.nnz + lu.U.nnz)
-        return size + 1024
-
-
-def factorize_partitions(n_points: int, mu: float, ordering, kind, *blocks_and_weights) -> WorkerFactor:
-    """``factor.factorize(kind, ...)`` of ``L(C) + mu I`` from every partition's (block, weights) (runs on one
-    worker), as a picklable ``WorkerFactor``."""
-    import scipy.sparse as sp
-
-    blocks, weights = blocks_and_weights[0::2], blocks_and_weights[1::2]
-    indptr = np.concatenate([[0], np.cumsum([b.indptr[-1] for b in blocks])])
-    row_ptr = np.concatenate([b.indptr[:-1] + indptr[k] for k, b in enumerate(blocks)] + [[indptr[-1]]])
-    C = sp.csr_matrix((np.concatenate(weights), np.concatenate([b.indices for b in blocks]), row_ptr),
-                      shape=(n_points, n_points))
-    factor = WorkerFactor(kind, laplacian_matrix(C), mu, ordering)
-    factor.solver  # noqa: B018 - factorise here, in this task, not in the first solve
-    return factor
-
-
-def solve_factorized(factor, G: np.ndarray) -> np.ndarray:
-    return factor.solve(G)
-
-
-def factor_ordering(factor) -> np.ndarray:
-    return factor.ordering
-
-
 # ------------------------------------------------------------------------------------------------ client
 
 def _is_scheduler_loss(client, exc: BaseException | None = None) -> bool:
     """The client is not connected (it reconnects, then closes) or a future was cancelled for that reason."""
     return client.status != "running" or "scheduler-connection-lost" in str(exc)
-
-
-class RemoteFactorization:
-    """A ``FactorizedSolver`` living on a worker: ``solve(G)`` ships G there and the direction back.
-
-    Its dependents (``solve_factorized``, ``factor_ordering``) are pinned to the worker holding the factor
-    (``workers=[holder]``, no other worker allowed, so neither work stealing nor the scheduler's placement
-    moves the factor); a wait for them also fails as soon as that worker has left (``DaskExecutor._wait_for``'s
-    ``pinned``), and ``solve`` then recovers and factorises again on a live worker."""
-
-    def __init__(self, executor: "DaskExecutor", mu: float, ordering, kind: str = "lu"):
-        self._executor = executor
-        self._mu = mu
-        self._ordering = ordering
-        self._kind = kind
-        self._future = None
-        self._holder = None
-        self.ordering = None
-        self._build()
-
-    def _build(self):
-        """Factorise on a worker (and fetch the ordering, the first time), as one unit under the fault handling:
-        a retry after a recovery reads the partitions and curvature weights the recovery left (the lost ones were
-        recomputed under new keys: the old futures only fail again, "lost dependencies") and factorises again (an
-        ordering asked of a factor lost with its worker would fail every time)."""
-        ex = self._executor
-
-        def build():
-            parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
-            future = ex.client.submit(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind,
-                                      *parts, key=task_key(factorize_partitions))
-            ex._settle([future])
-            holders = ex.client.who_has([future]).get(future.key)
-            if not holders:
-                raise _WorkerLeft(f"the worker holding {future.key} left")
-            self._future, self._holder = future, min(holders)
-            if self.ordering is None:
-                self.ordering = self._on_holder(factor_ordering)
-
-        ex._run(build)
-
-    def _on_holder(self, fn, *args):
-        """``fn(factor, *args)`` on the factor's worker and nowhere else, gathered."""
-        ex = self._executor
-        future = ex.client.submit(fn, self._future, *args, workers=[self._holder], allow_other_workers=False,
-                                  key=task_key(fn))
-        return ex._gather([future], pinned=[self._holder])[0]
-
-    def solve(self, G: np.ndarray) -> np.ndarray:
-        ex = self._executor
-        G = np.ascontiguousarray(G, dtype=np.float64)
-
-        def attempt():
-            return self._on_holder(solve_factorized, G)
-
-        rounds = max(ex.retries, 1)  # one refactorisation even without retries
-        for tries in range(rounds + 1):
-            try:
-                return ex._run(attempt, retries=0)
-            except SchedulerLostError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the factor's worker died, or the factor was cancelled
-                lost = tries == 0 or ex._transient(exc) or self._holder not in ex._alive()
-                if tries == rounds or not lost:
-                    raise
-                logger.warning("lost the factorisation (%s: %s); refactorising", exc.__class__.__name__, exc)
-                ex._recover()
-                self._build()
 
 
 class DaskExecutor(Executor):
