@@ -57,7 +57,7 @@ def measure_store(store, layout, workers_list, evals, matvecs, halo_modes=(True,
     from scalemb.engine.distributed import CONVOLVING_WORKERS, DaskExecutor, _summed_grid_transfers
     from scalemb.models import get_model
     from scalemb.repulsion import FFTParams, make_grid
-    from scalemb.repulsion.fft import convolution_shares, fft_dtype
+    from scalemb.repulsion.convolution import convolution_shares, fft_dtype
 
     meta = AffinityStore(store)
     n = meta.n_points

@@ -175,7 +175,7 @@ def profile(n):
     from scalemb.engine import LocalExecutor
     from scalemb.engine.blocks import evaluate_block_fft, point_major, reduce_blocks
     from scalemb.models import get_model
-    from scalemb.repulsion import fft
+    from scalemb.repulsion import convolution, fft
 
     P, Y = load_problem(n)
     N = Y.shape[1]
@@ -194,14 +194,14 @@ def profile(n):
 
     visit = grid.visit(Y, 0, N)
     charges = fft.spread(grid, Y, 0, N, visit=visit)
-    potentials = fft.convolve(grid, charges).potentials
+    potentials = convolution.convolve(grid, charges).potentials
     Yt = point_major(Y)
     A = np.zeros((N, 2))
     results = [evaluate_block_fft(model, b, Y, 2, grid, potentials, None, False, Yt) for b in executor.blocks]
     stages = {
         "box-order sort (visit)": cpu_ms(lambda: grid.visit(Y, 0, N)),
         "spread": cpu_ms(lambda: fft.spread(grid, Y, 0, N, visit=visit)),
-        "FFT convolution": cpu_ms(lambda: fft.convolve(grid, charges)),
+        "FFT convolution": cpu_ms(lambda: convolution.convolve(grid, charges)),
         "interpolation, all rows (interpolate_grid)": cpu_ms(lambda: fft.interpolate_grid(grid, Y, potentials, 1,
                                                                                           visit)),
         "interpolation per row block (Dask path)": cpu_ms(lambda: [fft.interpolate(grid, Y, potentials, b.r0, b.r1)

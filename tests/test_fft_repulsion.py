@@ -142,7 +142,7 @@ def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt,
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), n_points=n)
     one = spread(grid, Y, 0, n, workers=1)
     for threads in (2, 3):
-        monkeypatch.setattr(fft, "_thread_count", lambda workers, t=threads: t)
+        monkeypatch.setattr(fft, "thread_count", lambda workers, t=threads: t)
         np.testing.assert_array_equal(spread(grid, Y, 0, n, workers=threads), one)
     parts = [spread_fixed(grid, Y, r0, r1) for r0, r1 in [(0, 7), (7, 9000), (9000, 9000), (9000, n)]]
     np.testing.assert_array_equal(fixed_charges(grid, parts[3] + parts[0] + parts[2] + parts[1]), one)
@@ -635,7 +635,7 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     assert np.all(np.diff(keys) >= 0) and np.array_equal(Yv, Y[:, order])
     assert (order != np.sort(order)).any() == (math.prod(grid.n_boxes) > 1)  # SNE's capped grid: one box
     for threads in (1, 2, 3):
-        monkeypatch.setattr(fft, "_thread_count", lambda workers, t=threads: t)
+        monkeypatch.setattr(fft, "thread_count", lambda workers, t=threads: t)
         for got, want in zip(grid.visit(Y, 0, n, workers=threads), (order, keys, Yv)):
             np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(fft.spread_fixed(grid, Y, 0, n, workers=threads), as_given)
@@ -650,7 +650,7 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
 def test_one_kernel_spectrum_serves_every_node_count_of_an_fft_length():
     """Two grids of different node counts with the same FFT lengths share one kernel spectrum (the circulant of
     the most nodes that length holds), and the convolution on the smaller one is still the node-to-node sum."""
-    from scalemb.repulsion import fft
+    from scalemb.repulsion import convolution
 
     grids = {}
     for width in np.linspace(3.0, 12.0, 40):  # box counts 5..18 of width 0.7: find two with one FFT length
@@ -658,10 +658,10 @@ def test_one_kernel_spectrum_serves_every_node_count_of_an_fft_length():
         grids.setdefault(grid.padded(), {})[grid.space_nodes] = grid
     small, large = next(sorted(g.values(), key=lambda g: g.n_nodes)[:2] for g in grids.values() if len(g) > 1)
     assert small.space_nodes != large.space_nodes and small.padded() == large.padded()
-    fft._spectra.clear()
+    convolution._spectra.clear()
     kernel = small.plan.kernels[small.plan.potentials[0]]
-    assert fft.kernel_spectrum(large, kernel) is fft.kernel_spectrum(small, kernel)
-    assert len(fft._spectra) == 1
+    assert convolution.kernel_spectrum(large, kernel) is convolution.kernel_spectrum(small, kernel)
+    assert len(convolution._spectra) == 1
     charges = np.random.default_rng(0).normal(size=small.n_nodes)
     potentials = convolve(small, charges).potentials
     axes = [small.lo[k] + small.box_width[k] * (np.arange(small.space_nodes[k]) + 0.5) / small.points[k]

@@ -11,8 +11,9 @@ from scalemb.engine.distributed import DaskExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.repulsion import FFTParams, make_grid
-from scalemb.repulsion.fft import (SORT_ABOVE_BYTES, ConvolutionShare, convolution_shares, convolve, convolve_share,
-                                   fixed_charges, grid_for, join_convolution, spread)
+from scalemb.repulsion.convolution import (ConvolutionShare, convolution_shares, convolve, convolve_share,
+                                           join_convolution)
+from scalemb.repulsion.fft import SORT_ABOVE_BYTES, fixed_charges, grid_for, spread
 
 from .test_distributed import coauthor_store
 

@@ -54,7 +54,8 @@ from ..errors import InputError, ScalembError
 from .faults import SchedulerLostError, WorkersLostError  # noqa: F401 - re-exported: where callers import them
 from .faults import WorkerLeft as _WorkerLeft
 from ..models import model_ref
-from ..repulsion.fft import FFTParams, convolution_shares, fft_dtype
+from ..repulsion.convolution import convolution_shares, fft_dtype
+from ..repulsion.fft import FFTParams
 from . import halo as halo_fns
 from .base import Executor
 from .blocks import reduce_blocks
@@ -603,7 +604,7 @@ class DaskExecutor(Executor):
         its own rows in box order (``visit_view``) and their charges (``spread_view``), which need no halo; its
         compact columns (``assemble``) and the rows' attraction (``attraction_view``: it needs no potentials, so it
         runs while the grids travel and are convolved); on each of the first K workers (K: as many as the
-        convolution has shares, ``repulsion.fft.convolution_shares``, at most W) the summed charges
+        convolution has shares, ``repulsion.convolution.convolution_shares``, at most W) the summed charges
         (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
         the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
         plan, views, _ = self._halo_state()

@@ -21,7 +21,8 @@ import logging
 import numpy as np
 
 from ..models import ModelRef
-from ..repulsion.fft import FFTParams, block_extent, convolve, grid_for, interpolate_grid, near_cells, spread
+from ..repulsion.convolution import convolve
+from ..repulsion.fft import FFTParams, block_extent, grid_for, interpolate_grid, near_cells, spread
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
 
 logger = logging.getLogger("scalemb")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..affinity.affinity import RowBlock
-from ..repulsion.fft import (ConvolutionShare, convolve_share, fixed_charges, interpolate_grid, join_convolution,
-                             spread_fixed)
+from ..repulsion.convolution import ConvolutionShare, convolve_share, join_convolution
+from ..repulsion.fft import fixed_charges, interpolate_grid, spread_fixed
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 from .base import block_model
 
@@ -115,7 +115,7 @@ def add_grids(*grids: np.ndarray) -> np.ndarray:
 
 def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int = -1) -> ConvolutionShare:
     """Share ``share`` of ``shares`` of the convolution of the summed fixed-point charges
-    (``repulsion.fft.convolve_share``)."""
+    (``repulsion.convolution.convolve_share``)."""
     return convolve_share(grid, fixed_charges(grid, total), share, shares, workers)
 
 
@@ -140,7 +140,7 @@ def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, wit
 
 def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:
     """Each partition's ``BlockResult`` from its attraction (``attraction_view``) and the repulsion interpolated
-    from the convolution's ``shares`` (``repulsion.fft.join_convolution``) at the worker's own rows ``own``: the
+    from the convolution's ``shares`` (``repulsion.convolution.join_convolution``) at the worker's own rows ``own``: the
     grid part of all of them in one pass in the visit order (``interpolate_grid``), each partition taking its
     rows, as in-process (``engine.fft_pass``); the results carry the partitions' global rows.  The numbers of
     ``evaluate_block_fft`` on the full coordinates, bit for bit (the same rows' values, summed in the same

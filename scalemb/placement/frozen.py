@@ -24,7 +24,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..repulsion.fft import FFTParams, convolve, fft_repulsion, fft_spec, make_grid, near_cells, spread
+from ..repulsion.convolution import convolve
+from ..repulsion.fft import FFTParams, fft_repulsion, fft_spec, make_grid, near_cells, spread
 from ..repulsion.interpolation import interpolate_rows
 from ..repulsion.near import near_kernel, near_self_weight
 

@@ -1,7 +1,8 @@
 """All-pairs repulsion approximated by FFT-accelerated polynomial interpolation (``scalemb.repulsion.fft``),
 and the choice between it and the exact kernel (``scalemb.repulsion.method``)."""
-from .fft import (DEFAULT_INTERPOLATION, Convolution, FFTParams, FFTSpec, Grid, block_extent, check_supported,
-                  convolve, fft_repulsion, fft_spec, grid_for, interpolate, make_grid, spread)
+from .convolution import Convolution, convolve
+from .fft import (DEFAULT_INTERPOLATION, FFTParams, FFTSpec, Grid, block_extent, check_supported, fft_repulsion,
+                  fft_spec, grid_for, interpolate, make_grid, spread)
 from .method import AUTO_FFT_MIN_POINTS, REPULSION_METHODS, resolve_repulsion
 
 __all__ = ["AUTO_FFT_MIN_POINTS", "Convolution", "DEFAULT_INTERPOLATION", "FFTParams", "FFTSpec", "Grid",

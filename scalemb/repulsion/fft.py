@@ -8,7 +8,7 @@ potentials ``phi(y_i) = sum_j K(y_i - y_j) c_j`` are approximated by
 1. spreading: each charge is distributed onto the interpolation nodes of its box with the Lagrange
    weights of its position (``scalemb.repulsion.interpolation``);
 2. convolution: the node-to-node sums ``sum_n K(x_m - x_n) C_n`` — on an equispaced grid a Toeplitz product,
-   computed once by zero-padded FFT (``scipy.fft``);
+   computed once by zero-padded FFT (``scipy.fft``; ``scalemb.repulsion.convolution``);
 3. interpolation: ``phi(y_i) ~ sum_m L_m(y_i) phi(x_m)`` over the nodes of y_i's box.
 
 The error is that of degree ``p - 1`` interpolation of K over one box in each of its two arguments, so the box
@@ -95,9 +95,6 @@ the full ``(d, N)`` coordinates, the grid / potentials and the small parameters.
 """
 import functools
 import math
-import os
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -105,11 +102,12 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.fft
-from numba import njit
 
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
                             gather_columns, interpolate_range, interpolate_visited, spread_visited, to_rows, z_sum)
+from .convolution import convolve
 from .near import near_kernel, time_outlier_rows
+from .threads import on_threads, thread_count
 
 MAX_TIME_POINTS = 64
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
@@ -561,7 +559,7 @@ class Grid:
         axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
         divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
         n = rows.size
-        workers = max(1, min(_thread_count(workers), n // SPREAD_ROWS_PER_THREAD))
+        workers = max(1, min(thread_count(workers), n // SPREAD_ROWS_PER_THREAD))
         cuts = np.linspace(0, n, workers + 1).astype(np.int64)
         keys = np.empty(n, dtype=np.int64)
         counts = np.zeros((workers, n_buckets), dtype=np.int64)
@@ -575,11 +573,11 @@ class Grid:
         def place(t):
             box_scatter(Y, rows, int(cuts[t]), int(cuts[t + 1]), keys, starts[t], order, sorted_keys, Yv)
 
-        _on_threads(count, workers)
+        on_threads(count, workers)
         # bucket b of share t starts after all rows of the buckets before b and share t's predecessors' rows in b
         totals = counts.sum(axis=0)
         starts = np.cumsum(counts, axis=0) - counts + (np.cumsum(totals) - totals)
-        _on_threads(place, workers)
+        on_threads(place, workers)
         return order, sorted_keys, Yv
 
     def describe(self) -> str:
@@ -796,7 +794,7 @@ def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | 
         return out
     order, keys, Yv = visit if visit is not None else grid.visit(Y, r0, r1)
     args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
-    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    workers = max(1, min(thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
     if workers == 1 or keys is None:
         spread_visited(Yv, 0, order.size, *args, grid.charge_scale, out)
         return out
@@ -825,78 +823,6 @@ def spread(grid: Grid, Y: np.ndarray, r0: int, r1: int, workers: int = 1, visit:
     spread by ``workers`` threads (``spread_fixed``; ``visit`` as there); the fixed-point sum makes the result
     the same for any ``workers``."""
     return fixed_charges(grid, spread_fixed(grid, Y, r0, r1, workers=workers, visit=visit))
-
-
-def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
-    """Node-difference coordinates in circular FFT order: ``m h`` at index m and ``(m - M) h`` at the end."""
-    off = np.zeros(padded)
-    off[:n] = np.arange(n) * spacing
-    off[padded - n + 1:] = -np.arange(n - 1, 0, -1) * spacing
-    return off
-
-
-def _kernel_key(grid: Grid) -> tuple:
-    """What a space kernel's grid depends on: node differences, FFT lengths and node spacing per space dimension,
-    sigma.  The differences are those of the most nodes each FFT length holds, ``(M + 1) // 2`` for length ``M``
-    (``2 n - 1 <= M``), not of the grid's ``n``: the circulant then holds ``K(m h)`` for every ``|m| <= (M - 1) // 2``,
-    which contains the ``|m| < n`` a linear convolution of ``n`` nodes reads (charges are zero beyond node
-    ``n - 1`` and potentials beyond it are cropped), so one spectrum serves every node count of the same FFT
-    length.  While a layout grows, its box count changes every few evaluations and the FFT length (the next
-    5-smooth number, ``Grid.padded``) ~half as often: half the spectra are computed."""
-    ds = grid.space_dims
-    padded = grid.padded()
-    return (tuple((m + 1) // 2 for m in padded), padded,
-            tuple(float(grid.box_width[k] / grid.points[k]) for k in range(ds)), float(grid.sigma))
-
-
-def fft_dtype(space_dims: int):
-    """Precision of the convolution's FFTs: single on 2-D and 3-D grids, where it halves their time and memory
-    and its rounding (~1e-7 of the largest potential) stays far below the interpolation error (>= 1e-5
-    relative; tests/test_fft_repulsion.py measures both against the exact kernel); double on 1-D grids, which
-    are cheap and whose converged SNEST R^{1,1} layouts lose accuracy in single (gradient error 4e-4 -> 7e-4).
-    Spreading and interpolation accumulate in double."""
-    return np.float64 if space_dims == 1 else np.float32
-
-
-def _kernel_values(kernel, nodes, padded, spacings, sigma) -> np.ndarray:
-    """``K(x_m - x_0)`` of a space kernel for every space node difference, zero-padded to the FFT lengths
-    (circulant embedding of the Toeplitz node-to-node matrix)."""
-    deltas = []
-    for k, (n, m, h) in enumerate(zip(nodes, padded, spacings)):
-        shape = [1] * len(padded)
-        shape[k] = m
-        deltas.append(_offsets(n, m, h).reshape(shape))
-    return np.ascontiguousarray(np.broadcast_to(kernel(deltas, sigma), padded))
-
-
-# Kernel spectra kept (``kernel_spectrum``): two grids' worth for t-SNE and SNE (three kernels each), so that an
-# optimiser whose trial steps alternate between two box counts reuses both (~33 MB each at N = 7.7e5).
-SPECTRUM_CACHE = 6
-_spectra: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
-_spectra_lock = threading.Lock()
-
-
-def kernel_spectrum(grid: Grid, kernel, workers: int = 1) -> np.ndarray:
-    """The FFT of the space kernel's node-difference values (``_kernel_values``; computed in double, kept in
-    ``fft_dtype``'s complex type).  Uncapped grids keep their node spacing between evaluations
-    (``make_grid``), so the last ``SPECTRUM_CACHE`` spectra are kept, keyed by the kernel and what its values
-    depend on (``_kernel_key``: FFT lengths, spacing, sigma), and reused while the FFT lengths are unchanged (two
-    of an evaluation's eight FFTs for t-SNE; every trial of a line search that keeps the FFT lengths).
-    Not by ``workers``: scipy's transforms give the same values on any number of threads."""
-    key = (kernel, *_kernel_key(grid))
-    with _spectra_lock:
-        if key in _spectra:
-            _spectra.move_to_end(key)
-            return _spectra[key]
-    nodes, padded, spacings, sigma = key[1:]
-    values = _kernel_values(kernel, nodes, padded, spacings, sigma)
-    spectrum = scipy.fft.rfftn(values, workers=workers).astype(np.result_type(fft_dtype(len(nodes)), np.complex64))
-    spectrum.flags.writeable = False
-    with _spectra_lock:
-        _spectra[key] = spectrum
-        while len(_spectra) > SPECTRUM_CACHE:
-            _spectra.popitem(last=False)
-    return spectrum
 
 
 def time_matrix(time_kernel, time_points: int, width: float) -> np.ndarray:
@@ -933,174 +859,6 @@ def time_factors(time_kernels, time_points: int, width: float, tol: float = TIME
     r = max(1, int(np.count_nonzero(sv > tol * sv[0])))
     out_of = U[:, :r].reshape(len(mats), time_points, r) * np.array(scales)[:, None, None]
     return np.ascontiguousarray(Vt[:r].T * sv[:r]), np.ascontiguousarray(out_of)
-
-
-def _inverse_cropped(product: np.ndarray, padded: tuple, nodes: tuple, workers: int) -> np.ndarray:
-    """``irfftn`` over the leading ``len(padded)`` axes (the space axes; a time axis, if any, trails), cropped
-    to the first ``nodes`` entries of each: the complex inverse transforms run axis by axis and drop the rows
-    outside the crop before the next axis (half the work of transforming everything and cropping at the end),
-    the real one runs last."""
-    ds = len(padded)
-    x = product
-    for k in range(ds - 1):
-        x = scipy.fft.ifft(x, axis=k, workers=workers, overwrite_x=True)[(slice(None),) * k + (slice(0, nodes[k]),)]
-    x = scipy.fft.irfft(x, n=padded[-1], axis=ds - 1, workers=workers, overwrite_x=True)
-    return x[(slice(None),) * (ds - 1) + (slice(0, nodes[ds - 1]),)]
-
-
-def _forward_padded(charge: np.ndarray, padded: tuple, workers: int) -> np.ndarray:
-    """``rfftn(charge, s=padded)`` over the leading ``len(padded)`` axes, pruned: the real transform of the
-    last space axis runs on the charge's rows only, before the complex ones zero-pad the other axes (the
-    padded rows are zero, so their transforms are skipped: ~1/4 of a 2-D transform's work)."""
-    ds = len(padded)
-    x = scipy.fft.rfft(charge, n=padded[-1], axis=ds - 1, workers=workers)
-    for k in range(ds - 2, -1, -1):
-        x = scipy.fft.fft(x, n=padded[k], axis=k, workers=workers, overwrite_x=True)
-    return x
-
-
-def _parseval_node_sum(kernel: np.ndarray, spectrum: np.ndarray, padded: tuple) -> float:
-    """``sum_m C_m (K * C)_m`` (circular convolution over the padded grid, which for charges zero outside
-    the nodes is the linear one) from the half spectra of a grid without a time axis: ``(1/M) sum_f K^_f
-    |C^_f|²``, the rfft axis' interior frequencies counted twice."""
-    last = spectrum.shape[-1]
-    weights = np.full(last, 2.0)
-    weights[0] = 1.0
-    if padded[-1] % 2 == 0:
-        weights[-1] = 1.0
-    total = _weighted_power(np.ascontiguousarray(kernel).reshape(-1, last),
-                            np.ascontiguousarray(spectrum).reshape(-1, last), weights)
-    return total / math.prod(padded)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _weighted_power(kernel, spectrum, weights):
-    """``sum_rc weights_c Re(kernel_rc) |spectrum_rc|²``, accumulated in double (one pass, no temporaries)."""
-    total = 0.0
-    for r in range(spectrum.shape[0]):
-        row = 0.0
-        for c in range(spectrum.shape[1]):
-            x = spectrum[r, c]
-            row += weights[c] * (np.float64(kernel[r, c].real) * (np.float64(x.real) ** 2 + np.float64(x.imag) ** 2))
-        total += row
-    return total
-
-
-class Convolution(NamedTuple):
-    """``convolve``'s result: ``potentials`` at the nodes, ``(n_potentials, n_nodes)``, and ``z``, the part of
-    Z taken on the grid (``Plan.z_kernel``; 0 when Z is interpolated from an output)."""
-
-    potentials: np.ndarray
-    z: float
-
-
-def _on_threads(fn, workers: int) -> None:
-    """``fn(t)`` for ``t < workers``, on that many threads (here if one)."""
-    if workers == 1:
-        fn(0)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(fn, range(workers)))
-
-
-def _thread_count(workers: int) -> int:
-    """``workers`` as a thread count (scipy's ``-1``: every CPU this process may use)."""
-    return len(os.sched_getaffinity(0)) if workers < 0 else max(1, int(workers))
-
-
-def convolve(grid: Grid, charges: np.ndarray, workers: int = 1) -> Convolution:
-    """Potentials at the nodes: ``sum_n K_c(x_m - x_n) C_n`` for each planned space kernel ``K_c`` (run once
-    per evaluation, on the summed unit charges): zero-padded FFT convolutions over the space axes in
-    ``fft_dtype``, and, if planned, Z's grid part ``sum_m C_m (K_z * C)_m`` (``_parseval_node_sum``; the self
-    pairs are removed per row by ``interpolate``).  A time axis' components are convolved alike, one at a
-    time on each of ``workers`` threads (one forward and one inverse transform per kernel in flight each).
-    The one share of ``convolve_share`` that holds everything."""
-    if charges.shape != (grid.n_nodes,):
-        raise ValueError(f"charges must have shape {(grid.n_nodes,)}, got {charges.shape}")
-    share = convolve_share(grid, charges, 0, 1, workers)
-    return Convolution(share.values.reshape(grid.n_potentials, grid.n_nodes), share.z)
-
-
-class ConvolutionShare(NamedTuple):
-    """Share ``share`` of ``shares`` of a convolution (``convolve_share``): without a time axis the potential
-    columns ``share, share + shares, ...`` (``values``: ``(columns, n_nodes)``) and Z's grid part in the last
-    share (``z``; 0 elsewhere and without one); with one, the time components ``share, share + shares, ...`` of
-    every column (``values``: ``(n_potentials, components) + space nodes``)."""
-
-    share: int
-    shares: int
-    values: np.ndarray
-    z: float
-
-
-def convolution_shares(grid: Grid) -> int:
-    """Into how many independent shares ``convolve_share`` can split the grid's convolution: its potential
-    columns (no time axis; each share transforms the charges forward itself) or its time components."""
-    return grid.n_potentials if grid.time_in is None else grid.nodes[0]
-
-
-def convolve_share(grid: Grid, charges: np.ndarray, share: int, shares: int, workers: int = 1) -> ConvolutionShare:
-    """Share ``share`` of ``shares`` of ``convolve`` (``ConvolutionShare``): the same transforms, on the same
-    numbers, as ``convolve`` runs for those columns or time components, so ``join_convolution`` of all shares is
-    ``convolve``'s result bit for bit (scipy's transforms give the same values on any number of threads).
-
-    Why: a Dask evaluation's convolution is one task; split among the workers (each with the summed charges),
-    no worker waits for another's whole convolution (``DaskExecutor._halo_partials``).  Without a time axis every
-    share repeats the forward transform (~a third of the work for t-SNE R^2: one forward, two inverse), which is
-    cheaper than sending its padded spectrum."""
-    if not 0 <= share < shares:
-        raise ValueError(f"share must be in [0, {shares}), got {share}")
-    ds = grid.space_dims
-    padded = grid.padded()
-    plan = grid.plan
-    columns = list(range(share, grid.n_potentials, shares)) if grid.time_in is None else range(grid.n_potentials)
-    kernels = [kernel_spectrum(grid, plan.kernels[plan.potentials[c]], workers) for c in columns]
-    if grid.time_in is None:
-        values = np.empty((len(columns), grid.n_nodes), dtype=fft_dtype(ds))
-        z = 0.0
-        with_z = plan.z_kernel is not None and share == shares - 1
-        if columns or with_z:
-            spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
-            for i, kernel in enumerate(kernels):
-                values[i] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
-            if with_z:
-                z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
-        return ConvolutionShare(share, shares, values, z)
-    by_component = charges.reshape(grid.nodes)
-    components = range(share, grid.nodes[0], shares)
-    out = np.empty((grid.n_potentials, len(components)) + grid.space_nodes, dtype=fft_dtype(ds))
-
-    def component(i):
-        spectrum = _forward_padded(by_component[components[i]].astype(fft_dtype(ds)), padded, 1)
-        product = np.empty_like(spectrum)
-        for column, kernel in enumerate(kernels):
-            out[column, i] = _inverse_cropped(np.multiply(kernel, spectrum, out=product), padded, grid.space_nodes, 1)
-
-    threads = min(_thread_count(workers), len(components))
-    if threads <= 1:
-        for i in range(len(components)):
-            component(i)
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(component, range(len(components))))
-    return ConvolutionShare(share, shares, out, 0.0)
-
-
-def join_convolution(grid: Grid, shares: list) -> Convolution:
-    """``convolve``'s result from all of its shares (``ConvolutionShare``, any order)."""
-    if len(shares) == 1 and shares[0].shares == 1:
-        return Convolution(shares[0].values.reshape(grid.n_potentials, grid.n_nodes), shares[0].z)
-    if sorted(s.share for s in shares) != list(range(len(shares))) or any(s.shares != len(shares) for s in shares):
-        raise ValueError(f"need every share of the convolution once, got {[(s.share, s.shares) for s in shares]}")
-    potentials = np.empty((grid.n_potentials, grid.n_nodes), dtype=fft_dtype(grid.space_dims))
-    z = 0.0
-    for s in shares:
-        if grid.time_in is None:
-            potentials[s.share::s.shares] = s.values
-        else:
-            potentials.reshape((grid.n_potentials,) + grid.nodes)[:, s.share::s.shares] = s.values
-        z = s.z if s.share == s.shares - 1 else z
-    return Convolution(potentials, z)
 
 
 @dataclass(frozen=True)
@@ -1171,7 +929,7 @@ def interpolate_grid(grid: Grid, Y: np.ndarray, potentials: np.ndarray, workers:
         interpolate_range(Yv, j0, j1, *loop)
         to_rows(order, j0, j1, 0, Rv, zv, R, z_rows, visited)
 
-    workers = max(1, min(_thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    workers = max(1, min(thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
     cuts = np.linspace(0, order.size, workers + 1).astype(np.int64)
     if workers == 1:
         share(0)
