@@ -6,10 +6,10 @@ scale (``models.tsne.SPECTRAL_THEN_POLISH``: 125 momentum steps at x12, lr N/12,
 layout, without exaggeration,
 
 * ``sd``: the schedule's spectral steps and polish (its ``SPECTRAL_THEN_POLISH`` options, no exaggeration phase,
-  no stopping rule), ``--sd-iterations`` iterations, with its trust radius 2 and with each other ``--radii`` entry;
+  no stopping rule), ``--sd-iterations`` iterations, with each ``--radii`` entry as its trust radius;
 * ``sd only, radius r``: the same options with every iteration a spectral step (``spectral_iterations`` None: no
   delta-bar-delta polish), the spectral direction as an optimiser on its own, each point's step bounded by ``r``
-  (``max_point_step``; one row per ``--radii`` entry, the schedule's 2 by default);
+  (``max_point_step``; one row per ``--radii`` entry, the schedule's 3 by default);
 * ``dbd``: delta-bar-delta as openTSNE runs after its exaggeration phase (``OPENTSNE_SCHEDULE``'s second phase:
   momentum 0.8, lr N/12, each point's step bounded by 5), ``--dbd-iterations`` iterations;
 
@@ -125,8 +125,8 @@ def main(argv=None):
     parser.add_argument("--stores", required=True, help="comma-separated affinity stores")
     parser.add_argument("--sd-iterations", type=int, default=150)
     parser.add_argument("--dbd-iterations", type=int, default=625, help="openTSNE's 750 less its phase's 125")
-    parser.add_argument("--radii", default="2", help="comma-separated trust radii (max_point_step) of the 'sd' and "
-                        "'sd only' rows (the schedule's: 2)")
+    parser.add_argument("--radii", default="3", help="comma-separated trust radii (max_point_step) of the 'sd' and "
+                        "'sd only' rows (the schedule's: 3)")
     parser.add_argument("--sample", type=int, default=10000, help="rows sampled for NP@deg")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

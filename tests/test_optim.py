@@ -140,7 +140,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     big = resolve_optimizer(auto, AUTO_SCALE_MIN_POINTS)
     assert big == LineSearchDescent(**{k: v for k, v in SPECTRAL_THEN_POLISH.items() if k != "optimizer"})
     assert (big.exaggeration, big.exaggeration_iterations, big.exaggeration_steps, big.spectral_iterations,
-            big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 125, "momentum", 60, 2.0,
+            big.max_point_step, big.polish_spectral_every, big.max_iterations) == (12.0, 125, "momentum", 60, 3.0,
                                                                                    25, 750)
     assert (big.tol, big.window) == (2e-4, 25)
     assert big.budget(1000) == 750 and big.budget(100) == 100 and LineSearchDescent().budget(1000) == 1000
@@ -151,7 +151,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert (snest.exaggeration, snest.exaggeration_iterations, snest.exaggeration_steps, snest.spectral_iterations,
             snest.max_point_step, snest.max_iterations, snest.cg_maxiter) == (4.0, 100, "momentum", 90, 2.0, 300, 5)
     mine = make_optimizer("auto", "tsne", exaggeration=4.0).resolve(10 ** 6)
-    assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 2.0
+    assert isinstance(mine, LineSearchDescent) and mine.exaggeration == 4.0 and mine.max_point_step == 3.0
     with pytest.raises(ValueError, match="max_iterations"):
         LineSearchDescent(max_iterations=0)
     # from AUTO_SCHEDULE_MIN_POINTS (below the size at scale) the spectral direction after a momentum
