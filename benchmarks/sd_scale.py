@@ -192,12 +192,19 @@ def opentsne_child(store, out, every):
 def score(affinity, coords_n2, sample, model="tsne"):
     """``(KL, sampled NP@deg, x extent)`` of the ``(N, d)`` layout under ``model``'s kernel (the space dimensions
     of ``MODEL_DIMS``)."""
-    from scalemb.metrics import graph_metrics, kl
+    from scalemb.metrics import kl
 
     Y = np.ascontiguousarray(coords_n2)
-    space = MODEL_DIMS[model][0]
-    npd = graph_metrics(affinity.P, Y, model, space, sample=sample)["np@deg"]
-    return kl(affinity, Y, model, space), npd.value, float(np.ptp(Y[:, 0]))
+    return (kl(affinity, Y, model, MODEL_DIMS[model][0]), *neighbourhoods(affinity, Y, sample, model))
+
+
+def neighbourhoods(affinity, coords_n2, sample, model="tsne"):
+    """``(sampled NP@deg, x extent)`` of the ``(N, d)`` layout (``score`` without the KL, for a caller that has it)."""
+    from scalemb.metrics import graph_metrics
+
+    Y = np.ascontiguousarray(coords_n2)
+    npd = graph_metrics(affinity.P, Y, model, MODEL_DIMS[model][0], sample=sample)["np@deg"]
+    return npd.value, float(np.ptp(Y[:, 0]))
 
 
 def first_time_below(curve, target):

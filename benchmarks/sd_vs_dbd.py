@@ -28,7 +28,7 @@ import numpy as np
 
 from common import machine_description, run_description
 from scale import executor_for
-from sd_scale import score, warm_up
+from sd_scale import neighbourhoods, warm_up
 
 from scalemb.embedding import initial_coords
 from scalemb.models.base import OPENTSNE_SCHEDULE
@@ -113,7 +113,7 @@ def measure(path, sd_iterations, dbd_iterations, radii, sample, report):
                     rows.append([f"{ex.n_points:,}", f"dbd's KL at {m}: {target:.4f}", label, f"> {sd_iterations}",
                                  f"< {d[0] / sd_iterations:.1f}", "-", "-", "-"])
                     continue
-                _, np_deg, extent = score(affinity, kept[s[0]].T, sample)
+                np_deg, extent = neighbourhoods(affinity, kept[s[0]].T, sample)  # its KL is in the curve
                 rows.append([f"{ex.n_points:,}", f"dbd's KL at {m}: {target:.4f}", label, f"{s[0]} ({s[1]:.0f} s)",
                              "1" if label == "dbd" else f"**{d[0] / s[0]:.1f}**",
                              "1" if label == "dbd" else f"{d[1] / s[1]:.2f}", f"{np_deg:.3f}", f"{extent:.0f}"])
