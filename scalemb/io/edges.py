@@ -15,7 +15,6 @@ _INT64_MAX = np.iinfo(np.int64).max
 _EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
 
 
-
 @dataclass
 class Graph:
     """An undirected weighted graph on contiguous indices ``0..n-1``, each edge once with ``src < dst``."""
