@@ -17,12 +17,12 @@ point (a new point enters only if strictly more similar than the root, since it 
 outside the kept lists is counted directly: ``1 + #{l != i, j: l before j}``.
 """
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
+from ..affinity.affinity import default_threads
 from ..models.kernels import euclidean_similarity
 from ..numba_cache import disk_cached
 
@@ -303,7 +303,7 @@ def map_rows(fn, n_rows: int, n_threads: int | None = None) -> list:
     """``[fn(b0, b1) for each block]`` over blocks of ``BLOCK_ROWS`` consecutive rows, on a thread pool (the
     kernels write per-row outputs in place; a block's partial sums are its return value)."""
     bounds = [(b0, min(b0 + BLOCK_ROWS, n_rows)) for b0 in range(0, n_rows, BLOCK_ROWS)]
-    threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+    threads = n_threads or default_threads()
     if threads == 1 or len(bounds) <= 1:
         return [fn(b0, b1) for b0, b1 in bounds]
     with ThreadPoolExecutor(min(threads, len(bounds))) as pool:
