@@ -103,7 +103,9 @@ def child_scalemb(n, threads, setting):
     from scalemb.affinity import Affinity
     from scalemb.engine import LocalExecutor
     from scalemb.models import get_model
-    from scalemb.repulsion.fft import FFTParams, fft_repulsion, grid_for
+    from scalemb.repulsion.fft import fft_repulsion
+    from scalemb.repulsion.grid import grid_for
+    from scalemb.repulsion.spec import FFTParams
 
     P, Y = load_problem(n)
     params = FFTParams() if setting == "default" else FFTParams(points=3, box_width=1.0, min_boxes=50)
@@ -175,13 +177,13 @@ def profile(n):
     from scalemb.engine import LocalExecutor
     from scalemb.engine.blocks import evaluate_block_fft, point_major, reduce_blocks
     from scalemb.models import get_model
-    from scalemb.repulsion import convolution, fft
+    from scalemb.repulsion import convolution, fft, grid as grid_module
 
     P, Y = load_problem(n)
     N = Y.shape[1]
     model = get_model("tsne")
     executor = LocalExecutor(Affinity(P, np.arange(N)), model, 2, 0, repulsion="fft", n_threads=1)
-    grid = fft.grid_for(model, 2, Y, executor.fft_params)
+    grid = grid_module.grid_for(model, 2, Y, executor.fft_params)
 
     def cpu_ms(fn):
         fn()

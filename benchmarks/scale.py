@@ -54,7 +54,7 @@ from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.optim import DeltaBarDelta, LineSearchDescent
 from scalemb.optim.solvers import jacobi_preconditioner, pcg
-from scalemb.repulsion.fft import FFTParams
+from scalemb.repulsion.spec import FFTParams
 from scalemb.repulsion.method import AUTO_FFT_MIN_POINTS, AutoRepulsion
 
 
@@ -249,7 +249,7 @@ def caps_section(store, layouts, rounds, lines):
 
 def accuracy_section(store, layouts, rounds, lines):
     """Each FFT accuracy level against the exact evaluation on saved t-SNE layouts."""
-    from scalemb.repulsion.fft import FFT_ACCURACY
+    from scalemb.repulsion.spec import FFT_ACCURACY
 
     st = AffinityStore(store)
     affinity = st.to_affinity()
@@ -483,7 +483,7 @@ def _chain_time_per_evaluation(store, model, lines, evaluations=3):
     """Seconds per FFT evaluation of ``model`` (R^2, or R^{2,1} with time) on the chain's P at each accuracy
     setting, at a layout of openTSNE's extent (Gaussian, std 30 in space; time N(0, 0.3²)): the cost of a
     750-iteration run that was not made."""
-    from scalemb.repulsion.fft import FFT_ACCURACY
+    from scalemb.repulsion.spec import FFT_ACCURACY
 
     affinity = AffinityStore(store).to_affinity()
     m = get_model(model)

@@ -28,7 +28,7 @@ from sd_scale import candidate, load
 from scalemb.embedding import initial_coords
 from scalemb.models.base import OPENTSNE_SCHEDULE
 from scalemb.optim import make_optimizer
-from scalemb.repulsion.fft import grid_for
+from scalemb.repulsion.grid import grid_for
 
 
 class Timed:
@@ -93,7 +93,7 @@ def main():
         from scalemb.affinity.store import AffinityStore
         from scalemb.engine.local import LocalExecutor
         from scalemb.models import get_model
-        from scalemb.repulsion.fft import FFTParams
+        from scalemb.repulsion.spec import FFTParams
 
         params = FFTParams(**{k: json.loads(v) for k, v in (kv.split("=") for kv in args.fft.split(","))})
         partitions = AffinityStore(args.store).partitions

@@ -38,7 +38,7 @@ from scalemb.models import get_model
 from scalemb.models.base import OPENTSNE_SCHEDULE
 from scalemb.models.tsne import SPECTRAL_THEN_POLISH
 from scalemb.optim import make_optimizer
-from scalemb.repulsion.fft import FFTParams
+from scalemb.repulsion.spec import FFTParams
 
 
 # The spectral-direction candidate at scale measured here (issue 29), all of it ``LineSearchDescent`` options:

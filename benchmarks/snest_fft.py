@@ -36,7 +36,9 @@ from common import Report, markdown_table  # noqa: E402
 from scalemb.affinity import AffinityStore  # noqa: E402
 from scalemb.engine import LocalExecutor  # noqa: E402
 from scalemb.models import get_model  # noqa: E402
-from scalemb.repulsion.fft import FFTParams, fft_repulsion, grid_for  # noqa: E402
+from scalemb.repulsion.fft import fft_repulsion  #noqa: E402
+from scalemb.repulsion.grid import grid_for  #noqa: E402
+from scalemb.repulsion.spec import FFTParams  #noqa: E402
 
 PATHS = {"old": FFTParams(time_band=False), "new": FFTParams()}
 

@@ -24,7 +24,7 @@ from .models import DEFAULT_MODEL, ESTIMATOR_MODEL, ModelChoices
 from .optim import OPTIMIZER_NAMES
 from .optim.descent import CURVATURES, PRECONDITIONERS, SOLVERS
 from .repulsion import REPULSION_METHODS
-from .repulsion.fft import BOX_WIDTH_RANGE, FFT_ACCURACY_CHOICES
+from .repulsion.spec import BOX_WIDTH_RANGE, FFT_ACCURACY_CHOICES
 
 _SAME = object()
 _BAD = object()

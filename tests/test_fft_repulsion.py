@@ -135,14 +135,15 @@ def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
 def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt, monkeypatch):
     """Fixed-point spreading: partial grids of any row split, summed in any order, and ``spread`` on any number
     of threads give the same charges bit for bit (what lets Dask workers each spread their own rows)."""
-    from scalemb.repulsion import fft
+    from scalemb.repulsion import fft, grid as grid_module
 
     n = 20_000
     Y = _clustered_layout(n, ds, dt, 30.0, np.random.default_rng(3))
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), n_points=n)
     one = spread(grid, Y, 0, n, workers=1)
     for threads in (2, 3):
-        monkeypatch.setattr(fft, "thread_count", lambda workers, t=threads: t)
+        for module in (fft, grid_module):  # spread_fixed's shares, Grid.visit's sort
+            monkeypatch.setattr(module, "thread_count", lambda workers, t=threads: t)
         np.testing.assert_array_equal(spread(grid, Y, 0, n, workers=threads), one)
     parts = [spread_fixed(grid, Y, r0, r1) for r0, r1 in [(0, 7), (7, 9000), (9000, 9000), (9000, n)]]
     np.testing.assert_array_equal(fixed_charges(grid, parts[3] + parts[0] + parts[2] + parts[1]), one)
@@ -226,10 +227,10 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt, by
     ``W_map potentials[column]`` (``W`` the dense node weights); the loop holds outputs in scalars up to
     ``MAX_OUTPUTS``.  The rows come in an order unrelated to their boxes; ``by_box``: the loops visit them box
     by box (``Grid.visit_order``, used for large grids)."""
-    from scalemb.repulsion import fft
+    from scalemb.repulsion import grid as grid_module
     from scalemb.repulsion.interpolation import MAX_OUTPUTS
 
-    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", -1 if by_box else 2 ** 62)
+    monkeypatch.setattr(grid_module, "SORT_ABOVE_BYTES", -1 if by_box else 2 ** 62)
     rng = np.random.default_rng(ds + 3 * dt)
     Y = _clustered_layout(40, ds, dt, 2.0, rng)
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), FFTParams(points=3, box_width=1.3))
@@ -238,7 +239,7 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt, by
     # fixed point: each weight rounded to 1 / charge_scale, and every weight well inside the int64 headroom
     np.testing.assert_allclose(spread(grid, Y, 0, Y.shape[1]), dense.sum(axis=0), rtol=0,
                                atol=0.5 * Y.shape[1] / grid.charge_scale)
-    assert np.abs(dense).sum(axis=1).max() < 2.0 ** fft.CHARGE_HEADROOM_BITS
+    assert np.abs(dense).sum(axis=1).max() < 2.0 ** grid_module.CHARGE_HEADROOM_BITS
     potentials = rng.normal(size=(len(grid.plan.potentials), grid.n_nodes))
     maps = [None] if grid.time_out is None else list(grid.time_out)
     phi = np.stack([_node_weights(grid, Y, maps[time_map]) @ potentials[column]
@@ -258,7 +259,7 @@ def test_spreading_and_interpolation_loops_match_dense_weights(model, ds, dt, by
 def test_time_kernel_factors_have_low_rank():
     """SNEST's time kernels (``exp(Δt²)`` and the time force's ``2 Δt exp(Δt²)``) between the Chebyshev nodes
     are held by r < m components, one basis for both, that reproduce each."""
-    from scalemb.repulsion.fft import TIME_RANK_TOL, time_factors, time_matrix
+    from scalemb.repulsion.grid import TIME_RANK_TOL, time_factors, time_matrix
 
     grid = make_grid("snest", 2, [0.0, 0.0, -1.8], [20.0, 20.0, 1.8])
     m, r = grid.points[-1], grid.counts[-1]
@@ -467,7 +468,7 @@ def test_accuracy_setting_orders_the_error(coauthor_affinity):
     layout is the one the presets were measured on at 7.7e4 points: openTSNE's schedule (compact), on an uncapped
     grid (a capped grid sums the near pairs exactly: its error says little of the interpolation's)."""
     from scalemb.models.base import OPENTSNE_SCHEDULE
-    from scalemb.repulsion.fft import FFT_ACCURACY
+    from scalemb.repulsion.spec import FFT_ACCURACY
 
     assert FFTParams(accuracy="fast").resolved("tsne", 2) == FFTParams(points=5, box_width=0.9, accuracy="fast")
     high = FFTParams(accuracy="high").resolved("tsne", 2)
@@ -500,7 +501,7 @@ def test_snest_fast_grid_fewer_time_components_bounded_error(outliers):
     exact kernel (measured at 7.7e4 co-authors: gradient error 6.4e-3, default 1.9e-3); the time factorisation
     itself within 10x its tolerance."""
     from scalemb.repulsion import grid_for
-    from scalemb.repulsion.fft import TIME_RANK_TOLS, time_factors, time_matrix
+    from scalemb.repulsion.grid import TIME_RANK_TOLS, time_factors, time_matrix
 
     assert TIME_RANK_TOLS["fast"] == 1e-6 and TIME_RANK_TOLS["default"] == TIME_RANK_TOLS["high"] == 1e-9
     n = 4000
@@ -572,7 +573,7 @@ def test_time_extent_past_the_kernels_range_is_a_blow_up_not_a_crash(coauthor_af
     """SNEST's ``exp(Δt²)`` overflows float64 beyond |Δt| ~ 26: a layout whose time axis spans more has no FFT
     grid; the evaluation is then not finite (fixed and 'auto' repulsion alike), which delta-bar-delta treats as
     a blow-up (back to the best iterate, learning rates halved) instead of failing inside the grid's SVD."""
-    from scalemb.repulsion.fft import time_factors
+    from scalemb.repulsion.grid import time_factors
     from scalemb.repulsion.method import AutoRepulsion
 
     n = coauthor_affinity.n_points
@@ -612,7 +613,7 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     one grid, and interpolated in one pass over all rows (``interpolate_grid``, on threads) give every row block
     the same repulsion and Z, bit for bit, as the block's own pass in row order; also on a time-banded grid
     (SNEST) and on capped ones (near field)."""
-    from scalemb.repulsion import fft, grid_for
+    from scalemb.repulsion import fft, grid as grid_module, grid_for
     from scalemb.repulsion.fft import interpolate_grid, near_cells
 
     n = 6000
@@ -620,22 +621,24 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     Y = _banded_layout(n, rng) if dt else _clustered_layout(n, ds, dt, 6.0, rng)
     grid = grid_for(model, ds, Y, FFTParams(max_nodes=max_nodes))
     assert grid.capped == (max_nodes is not None) and (grid.time_band is not None) == bool(dt)
-    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", 2 ** 62)
+    monkeypatch.setattr(grid_module, "SORT_ABOVE_BYTES", 2 ** 62)
     as_given = fft.spread_fixed(grid, Y, 0, n)
     potentials = convolve(grid, fixed_charges(grid, as_given)).potentials
     cells = near_cells(grid, Y)
     bounds = [(0, 1), (1, 2500), (2500, 2500), (2500, n)]
     reaction = np.zeros((Y.shape[0], grid.n_outliers))
     expected = [interpolate(grid, Y, potentials, r0, r1, cells, reaction.copy()) for r0, r1 in bounds]
-    monkeypatch.setattr(fft, "SORT_ABOVE_BYTES", -1)
-    monkeypatch.setattr(fft, "SORT_BUCKETS", buckets)
-    monkeypatch.setattr(fft, "SPREAD_ROWS_PER_THREAD", 100)
+    monkeypatch.setattr(grid_module, "SORT_ABOVE_BYTES", -1)
+    monkeypatch.setattr(grid_module, "SORT_BUCKETS", buckets)
+    for module in (fft, grid_module):  # spread_fixed's shares, Grid.visit's sort
+        monkeypatch.setattr(module, "SPREAD_ROWS_PER_THREAD", 100)
     order, keys, Yv = grid.visit(Y, 0, n)
     assert np.array_equal(np.sort(order), grid.in_band(Y, np.arange(n)))
     assert np.all(np.diff(keys) >= 0) and np.array_equal(Yv, Y[:, order])
     assert (order != np.sort(order)).any() == (math.prod(grid.n_boxes) > 1)  # SNE's capped grid: one box
     for threads in (1, 2, 3):
-        monkeypatch.setattr(fft, "thread_count", lambda workers, t=threads: t)
+        for module in (fft, grid_module):
+            monkeypatch.setattr(module, "thread_count", lambda workers, t=threads: t)
         for got, want in zip(grid.visit(Y, 0, n, workers=threads), (order, keys, Yv)):
             np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(fft.spread_fixed(grid, Y, 0, n, workers=threads), as_given)

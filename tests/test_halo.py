@@ -13,7 +13,8 @@ from scalemb.optim import make_optimizer
 from scalemb.repulsion import FFTParams, make_grid
 from scalemb.repulsion.convolution import (ConvolutionShare, convolution_shares, convolve, convolve_share,
                                            join_convolution)
-from scalemb.repulsion.fft import SORT_ABOVE_BYTES, fixed_charges, grid_for, spread
+from scalemb.repulsion.fft import fixed_charges, spread
+from scalemb.repulsion.grid import SORT_ABOVE_BYTES, grid_for
 
 from .test_distributed import coauthor_store
 

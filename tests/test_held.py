@@ -139,7 +139,7 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the
     in-process run, bit for bit, every evaluation on the workers' halos."""
     from scalemb.engine import distributed
-    from scalemb.repulsion.fft import SORT_ABOVE_BYTES, grid_for
+    from scalemb.repulsion.grid import SORT_ABOVE_BYTES, grid_for
 
     for name, value in schedule.items():
         monkeypatch.setattr(distributed, name, value)

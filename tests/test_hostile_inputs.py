@@ -279,7 +279,7 @@ def test_out_of_range_settings_are_refused_by_the_api_and_the_service_schema():
     from pydantic import ValidationError
 
     from scalemb.models import get_model
-    from scalemb.repulsion.fft import FFTParams
+    from scalemb.repulsion.spec import FFTParams
     from scalemb.service.requests import JobRequest
 
     for gamma in (1e-200, 1e300, 1e-7, 2e6):

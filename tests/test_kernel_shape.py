@@ -9,7 +9,8 @@ from numba import njit
 from scalemb.models import Model, get_model, register_model, unregister_model
 from scalemb.models.kernels import euclidean_similarity, make_kernels
 from scalemb.repulsion import FFTParams, make_grid
-from scalemb.repulsion.fft import FFTSpec, SpaceKernel, Plan, fft_repulsion
+from scalemb.repulsion.fft import fft_repulsion
+from scalemb.repulsion.spec import FFTSpec, Plan, SpaceKernel
 from scalemb.vecmath import fast_exp, fast_log
 
 

@@ -16,7 +16,9 @@ from scalemb.optim import LineSearchDescent
 from scalemb.optim.descent import AUTO_LU_MAX_POINTS
 from scalemb.engine.factor import FactorizedSolver, MultigridPreconditioner, factorize
 from scalemb.optim.solvers import SetupInterrupted, interruptible, pcg
-from scalemb.repulsion.fft import FFTParams, make_grid, near_cells
+from scalemb.repulsion.fft import near_cells
+from scalemb.repulsion.grid import make_grid
+from scalemb.repulsion.spec import FFTParams
 from scalemb.repulsion.method import AutoRepulsion, Choice, near_pairs
 
 

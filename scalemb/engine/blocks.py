@@ -18,7 +18,8 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..models.base import Model
 from ..models.objective import KL, Objective
-from ..repulsion.fft import Grid, GridRows, NearCells, interpolate
+from ..repulsion.fft import GridRows, NearCells, interpolate
+from ..repulsion.grid import Grid
 from .laplacian import laplacian_rows
 
 

@@ -55,7 +55,7 @@ from .faults import SchedulerLostError, WorkersLostError  # noqa: F401 - re-expo
 from .faults import WorkerLeft as _WorkerLeft
 from ..models import model_ref
 from ..repulsion.convolution import convolution_shares, fft_dtype
-from ..repulsion.fft import FFTParams
+from ..repulsion.spec import FFTParams
 from . import halo as halo_fns
 from .base import Executor
 from .blocks import reduce_blocks

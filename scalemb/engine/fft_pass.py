@@ -22,7 +22,9 @@ import numpy as np
 
 from ..models import ModelRef
 from ..repulsion.convolution import convolve
-from ..repulsion.fft import FFTParams, block_extent, grid_for, interpolate_grid, near_cells, spread
+from ..repulsion.fft import interpolate_grid, near_cells, spread
+from ..repulsion.grid import block_extent, grid_for
+from ..repulsion.spec import FFTParams
 from .blocks import Evaluation, evaluate_block_fft, reduce_blocks
 
 logger = logging.getLogger("scalemb")

@@ -9,7 +9,7 @@ disconnects.  Per evaluation:
 
 1. each worker reports its partitions' coordinate extent (min, max: exact in any order); with a time axis,
    their time-bin counts and the points outside the chosen band (integers and a few points) -- the client builds
-   the grid from these summaries alone (``repulsion.fft.grid_from_summaries``), as ``grid_for`` does from all
+   the grid from these summaries alone (``repulsion.grid.grid_from_summaries``), as ``grid_for`` does from all
    points;
 2. the halo exchange and FFT pass run as for client-held coordinates (``DaskExecutor._halo_partials``), the
    workers' own rows now coming from their held coordinates; each worker evaluates its partitions and keeps the
@@ -48,7 +48,7 @@ import pickle
 
 import numpy as np
 
-from ..repulsion.fft import band_outliers, grid_from_summaries
+from ..repulsion.grid import band_outliers, grid_from_summaries
 from .blocks import Evaluation, sum_partials
 from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
 from .held import HeldRowsLost, digest_block, write_block, write_result_block

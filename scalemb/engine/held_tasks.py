@@ -4,7 +4,7 @@ and changes or reads its partitions' rows in place, returning what is small (ext
 the columns another worker's halo needs."""
 import numpy as np
 
-from ..repulsion.fft import band_counts, block_extent
+from ..repulsion.grid import band_counts, block_extent
 from .blocks import add_reaction, laplacian_block
 from .halo import assemble, curvature_view, finish_view
 from .held import read_block, shift_rows

@@ -9,7 +9,7 @@ from ..affinity.ordering import inverse_permutation, locality_order
 from ..affinity.store import layout_partitions
 from ..models.base import Model
 from .factor import factorize
-from ..repulsion.fft import FFTParams
+from ..repulsion.spec import FFTParams
 from .base import Executor
 from .laplacian import laplacian_matrix
 

@@ -10,7 +10,7 @@ A model owns
 * ``objective``: how the blocks' partial sums reduce to its value and gradient (``scalemb.models.objective``),
 * ``geometry``: the space the coordinates live in (``scalemb.geometry``: initialisation, Riemannian gradient,
   retraction, re-centring); ``EUCLIDEAN`` by default (None is read as Euclidean too),
-* ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.fft.FFTSpec``), or None: exact repulsion only,
+* ``fft``: its FFT-interpolated repulsion (a ``scalemb.repulsion.spec.FFTSpec``), or None: exact repulsion only,
 * ``default_optimizer``: what optimizer ``'auto'`` means for it, and ``default_optimizer_at_scale`` what it
   means from ``scalemb.optim.AUTO_SCALE_MIN_POINTS`` points on: ``{"optimizer": name, **options}`` (options
   the user gives win), None: ``default_optimizer`` at every size; ``default_optimizer_options``: options 'auto'
@@ -70,7 +70,7 @@ class Model:
     ranking_coords: Callable = field(default=None, repr=False)
     objective: Objective = field(default=KL(), repr=False)
     geometry: Geometry = field(default=EUCLIDEAN, repr=False)
-    fft: object = field(default=None, repr=False)  # scalemb.repulsion.fft.FFTSpec | None
+    fft: object = field(default=None, repr=False)  # scalemb.repulsion.spec.FFTSpec | None
     default_optimizer: str = "sd"
     default_optimizer_at_scale: dict | None = field(default=None, compare=False)
     default_optimizer_options: dict | None = field(default=None, compare=False)

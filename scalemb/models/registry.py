@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..repulsion.fft import use_model_registry
+from ..repulsion.spec import use_model_registry
 from .base import Model
 from .objective import Objective
 

@@ -4,7 +4,7 @@
 """
 from numba import njit
 
-from ..repulsion.fft import GAUSS_CUTOFF, FFTSpec, gauss_plan, gauss_self_weight
+from ..repulsion.spec import GAUSS_CUTOFF, FFTSpec, gauss_plan, gauss_self_weight
 from .base import Model
 from .kernels import euclidean_similarity, make_kernels
 from ..vecmath import fast_exp

@@ -9,7 +9,7 @@ import math
 
 from numba import njit
 
-from ..repulsion.fft import FFTSpec, cauchy_self_weight, cauchy_time_plan
+from ..repulsion.spec import FFTSpec, cauchy_self_weight, cauchy_time_plan
 from .base import MOMENTUM_EXAGGERATION, Model
 from .kernels import make_kernels
 from ..vecmath import fast_exp, fast_log
@@ -38,7 +38,7 @@ def similarity(d2s, d2t):
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     """The near field of the split FFT grid (``FFTSpec.near_pair``): ``exp(Δt²)`` times t-SNE's Cauchy terms,
     ``(e (q - q_far), -2 e (q² - q_far²), 2 e (q - q_far))`` within the cutoff, 0 beyond (``q_far = 1 / (1 + d² +
-    sigma² exp(-d² / sigma²))``, ``repulsion.fft.cauchy_time_plan``'s far part)."""
+    sigma² exp(-d² / sigma²))``, ``repulsion.spec.cauchy_time_plan``'s far part)."""
     inside = 1.0 if d2s < cutoff2 else 0.0
     q = 1.0 / (1.0 + d2s)
     qf = 1.0 / (1.0 + d2s + s2 * fast_exp(-d2s * inv_s2))

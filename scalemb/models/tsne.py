@@ -4,7 +4,7 @@
 """
 from numba import njit
 
-from ..repulsion.fft import FFTSpec, cauchy_plan, cauchy_self_weight
+from ..repulsion.spec import FFTSpec, cauchy_plan, cauchy_self_weight
 from .base import MOMENTUM_EXAGGERATION, OPENTSNE_SCHEDULE, Model
 from .kernels import euclidean_similarity, make_kernels
 from ..vecmath import fast_exp, fast_log
@@ -25,7 +25,7 @@ def pair(d2s, d2t):
 def near_pair(d2s, d2t, cutoff2, s2, inv_s2):
     """The near field of the split FFT grid (``FFTSpec.near_pair``): ``(q - q_far, -2 (q² - q_far²), 2 (q -
     q_far))`` within the cutoff, 0 beyond, with ``q_far = 1 / (1 + d² + sigma² exp(-d² / sigma²))`` the grid's far
-    part (``repulsion.fft.cauchy_plan``)."""
+    part (``repulsion.spec.cauchy_plan``)."""
     inside = 1.0 if d2s < cutoff2 else 0.0
     q = 1.0 / (1.0 + d2s)
     qf = 1.0 / (1.0 + d2s + s2 * fast_exp(-d2s * inv_s2))

@@ -25,7 +25,9 @@ from dataclasses import replace
 import numpy as np
 
 from ..repulsion.convolution import convolve
-from ..repulsion.fft import FFTParams, fft_repulsion, fft_spec, make_grid, near_cells, spread
+from ..repulsion.fft import fft_repulsion, near_cells, spread
+from ..repulsion.grid import make_grid
+from ..repulsion.spec import FFTParams, fft_spec
 from ..repulsion.interpolation import interpolate_rows
 from ..repulsion.near import near_kernel, near_self_weight
 

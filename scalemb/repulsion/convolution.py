@@ -2,7 +2,7 @@
 docstring states the method): the kernel's spectrum per FFT length (cached, ``kernel_spectrum``), the whole
 convolution in one process (``convolve``) or split into shares among Dask workers (``convolve_share``,
 ``join_convolution``), single precision on 2-D and 3-D grids (``fft_dtype``).  ``grid`` arguments are
-``scalemb.repulsion.fft.Grid`` values, read by attribute."""
+``scalemb.repulsion.grid.Grid`` values, read by attribute."""
 import math
 import threading
 from collections import OrderedDict

@@ -8,13 +8,13 @@ Toeplitz), Chebyshev ``(1 - cos(pi (a + 1/2)/m))/2`` in one box spanning the tim
 with relative position ``u = (y - lo)/h - b`` gets the Lagrange weights
 ``L_a(u) = prod_{c != a} (u - x_c)/(x_a - x_c)`` per dimension, and their tensor product over dimensions for
 the nodes of its box.  The time axis (SNEST) holds, instead of its m Chebyshev nodes, the r components of the
-time kernels' low-rank factorisation (``scalemb.repulsion.fft.time_factors``): a point's m Lagrange weights are
+time kernels' low-rank factorisation (``scalemb.repulsion.grid.time_factors``): a point's m Lagrange weights are
 mapped to r component weights by an m x r matrix (one for spreading, one per time kernel for interpolating).
 
 Grids are flat, C order over the node multi-index of the loop axes (the time axis first, then the space axes):
 the charge grid ``grid[node]``, the potentials ``potentials[column, node]`` (one column per space kernel), so that
 each time component is a contiguous space grid for the FFTs.  The loops visit the rows in the order they are
-given (``scalemb.repulsion.fft.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
+given (``scalemb.repulsion.grid.Grid.visit_order``: box by box, ``box_keys``, on grids too large for the cache).
 Charges are spread in fixed point (int64 multiples of a power of two, ``spread_rows``) so that partial grids sum
 exactly; every other accumulation is float64; no ``fastmath``.
 A point's node weights are kept factorised (the weights per axis and their tensor product over the leading

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fft import FFTParams, block_extent, check_supported, fft_spec, grid_for, near_cells
+from .fft import near_cells
+from .grid import block_extent, grid_for
+from .spec import FFTParams, check_supported, fft_spec
 
 REPULSION_METHODS = ("auto", "exact", "fft")
 # N from which fft is used, per total dimension ds + dt (None: never), from benchmarks/repulsion.py section (b):
@@ -96,7 +98,7 @@ class AutoRepulsion:
     """``repulsion='auto'`` above the size floor: ``choose(coords)`` before every evaluation.
 
     Predicted seconds: exact ``EXACT_PAIR_SECONDS[d] N²``; fft ``FFT_WEIGHT_SECONDS N p^ds r +
-    FFT_NODE_SECONDS n log2 n + NEAR_PAIR_SECONDS pairs`` for the grid's ``n`` nodes (``fft.grid_for``'s) and, on
+    FFT_NODE_SECONDS n log2 n + NEAR_PAIR_SECONDS pairs`` for the grid's ``n`` nodes (``grid.grid_for``'s) and, on
     a capped grid, its near-field pairs, plus ``N`` exact pairs per outlier of a time-banded grid.  The first
     choice takes the cheaper; afterwards the method changes only when the other is predicted ``HYSTERESIS`` times
     cheaper.  ``history``: the methods chosen, in order.
