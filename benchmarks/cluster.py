@@ -26,7 +26,7 @@ sent and gathered; pickled sizes of the small ones).  Every Dask run's final coo
 the local run's, bit for bit.
 
 ``--modes`` picks some of the executors (local always); ``--convolving-workers K`` has K workers share each
-evaluation's convolution, 0 as many as it has shares (default: the executor's, ``distributed.CONVOLVING_WORKERS``).
+evaluation's convolution, 0 as many as it has shares (default: the executor's, ``dask_halo.CONVOLVING_WORKERS``).
 
 Usage: ``python benchmarks/cluster.py --stores P2e5.zarr,P1e6.zarr --iterations 12 --rounds 3 --out FILE.md``
 """
@@ -147,10 +147,10 @@ def main(argv=None) -> None:
     modes = tuple(m.strip() for m in args.modes.split(","))
     if "local" not in modes or not set(modes) <= set(MODES):
         parser.error(f"--modes must include local and name only {', '.join(MODES)}")
-    from scalemb.engine import distributed
+    from scalemb.engine import dask_halo
 
     if args.convolving_workers is not None:
-        distributed.CONVOLVING_WORKERS = args.convolving_workers or None
+        dask_halo.CONVOLVING_WORKERS = args.convolving_workers or None
     name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
     report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "

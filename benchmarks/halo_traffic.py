@@ -54,7 +54,8 @@ def measure_store(store, layout, workers_list, evals, matvecs, halo_modes=(True,
 
     from scalemb.affinity import AffinityStore
     from scalemb.engine import LocalExecutor
-    from scalemb.engine.distributed import CONVOLVING_WORKERS, DaskExecutor, _summed_grid_transfers
+    from scalemb.engine.dask_halo import CONVOLVING_WORKERS, _summed_grid_transfers
+    from scalemb.engine.distributed import DaskExecutor
     from scalemb.models import get_model
     from scalemb.repulsion import FFTParams, make_grid
     from scalemb.repulsion.convolution import convolution_shares, fft_dtype

@@ -123,7 +123,7 @@ def _run(executor, model, start, iterations):
 def _critical_bytes(executor, grid_nodes: int, potentials: int) -> tuple:
     """Worker-to-worker bytes on an evaluation's critical path, the model of docs/scaling.md, as ``(now,
     before)``: the largest halo piece (pieces travel in parallel on different links; d = 2, 8 B) plus the grids
-    through the convolving worker's link -- with ``distributed.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches
+    through the convolving worker's link -- with ``dask_halo.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches
     the other W - 1 workers' int64 charge grids and sends each its float32 potentials (docs/scaling.md's FFT row),
     beyond 4 workers log2(W) rounds of a pairwise tree.  ``before``: the model up to stop 46, log2(W) rounds of
     one grid up and its potentials down at every W (``grid_nodes``: the run's grid, ``FFTParams`` resolved for N

@@ -127,7 +127,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from scalemb.embedding import EmbeddingResult
-    from scalemb.engine.distributed import RECOVERY_TIMEOUT
+    from scalemb.engine.dask_recovery import RECOVERY_TIMEOUT
     from scalemb.store.checkpoint import read_checkpoint
     from scalemb.io.coauthor_generator import write_coauthor_edge_list
 

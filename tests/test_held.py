@@ -138,11 +138,11 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     on two of them, each summing the three charge grids (``CONVOLVING_WORKERS = None``), on one of them (1, the
     default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the
     in-process run, bit for bit, every evaluation on the workers' halos."""
-    from scalemb.engine import distributed
+    from scalemb.engine import dask_halo
     from scalemb.repulsion.grid import SORT_ABOVE_BYTES, grid_for
 
     for name, value in schedule.items():
-        monkeypatch.setattr(distributed, name, value)
+        monkeypatch.setattr(dask_halo, name, value)
     n = AffinityStore(store).n_points
     start = np.random.default_rng(9).normal(size=(2, n)) * 8.0
     params = FFTParams(max_nodes=2 ** 19)  # uncapped while the layout grows

@@ -1,0 +1,220 @@
+"""The halo exchange of the Dask executor (``engine.distributed.DaskExecutor``, which inherits it): each worker's
+halo plan and relabelled partitions (``_halo_state``), its own rows sent by the client and its halo cut and sent by
+the workers that own those rows (``_exchange``, ``_assemble``), and one FFT evaluation scheduled over the workers
+(``_halo_partials``: spreading, the grids summed among the workers, the convolution on up to
+``CONVOLVING_WORKERS``, the rows' attraction and repulsion where they live).  The module docstring of
+``engine.distributed`` ("Halo exchange") says what travels where; ``engine.halo`` holds the functions the tasks run.
+
+``HaloExchange`` is a base class holding no state of its own: it reads the executor's ``client``, ``partitions``,
+``_blocks``, ``_holders``, ``stats``, model and FFT settings, calls its ``_submit``, ``_gather``, ``_settle`` and
+``_wait_for_partitions``, and keeps the plan in ``_halo``, ``_plan_shares`` and ``_full`` (dropped by a recovery).
+"""
+import dataclasses
+import pickle
+
+import numpy as np
+
+from ..repulsion.convolution import convolution_shares, fft_dtype
+from . import halo as halo_fns
+from .blocks import reduce_blocks
+from .fft_pass import fft_grid
+
+# Workers that each sum all W charge grids themselves (``DaskExecutor._sum_grids``); above it, a tree.
+DIRECT_SUM_WORKERS = 4
+# How many workers share one evaluation's convolution (None: as many as it has shares, at most W; 1: one worker
+# convolves).  1 by default: with the workers on one machine the convolving worker's FFT threads (``-1``: every
+# CPU) use the cores the others leave while they wait for its potentials, and each further share repeats the
+# forward transform beside the others' threads (measured slower on a loaded 2-core machine: docs/scaling.md).
+# None suits workers on separate machines, whose cores the others cannot use.
+CONVOLVING_WORKERS = 1
+
+
+def _summed_grid_transfers(workers: int, k: int) -> int:
+    """Charge grids that travel between workers to leave the sum on ``k`` of ``workers`` (``_sum_grids``)."""
+    if workers <= DIRECT_SUM_WORKERS:
+        return k * (workers - 1)
+    return workers - 1 + k - 1
+
+
+def array_bytes(value) -> int:
+    """Bytes of the arrays in ``value`` (an array, or a dataclass / object holding arrays); functions (a grid
+    spec's plan and near pair, compiled or not) and classes hold none."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if callable(value) or isinstance(value, type):
+        return 0
+    if dataclasses.is_dataclass(value):
+        return sum(array_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    attributes = getattr(value, "__dict__", None)
+    return sum(array_bytes(v) for v in attributes.values()) if isinstance(attributes, dict) else 0
+
+
+class HaloExchange:
+    """The halo exchange ``DaskExecutor`` inherits (module docstring)."""
+
+    def _halo_state(self):
+        """The ``HaloPlan`` of the current holders, each worker's relabelled partitions (``WorkerView``
+        futures) and the positions each worker cuts for each other one; built once, again after a recovery."""
+        if self._halo is not None:
+            return self._halo
+        holders = list(self._holders)
+        if any(h is None for h in holders):
+            holders = self._wait_for_partitions(self.recovery_timeout)
+            self._holders = holders
+        workers = sorted(set(holders))
+        parts = {w: [k for k, h in enumerate(holders) if h == w] for w in workers}
+        listed = [parts[w] for w in workers]
+        # each worker plans its own share from its halo (kept there); the client keeps sizes (``HaloLayout``)
+        shares = {w: self._submit(halo_fns.worker_plan, self.partitions, listed, i,
+                                  self._submit(halo_fns.own_halo, [self.partitions[k] for k in parts[w]],
+                                               *[self._blocks[k] for k in parts[w]], worker=w, strict=False),
+                                  worker=w)
+                  for i, w in enumerate(workers)}
+        sizes = dict(zip(workers, self._gather([self._submit(halo_fns.plan_sizes, shares[w], worker=w)
+                                                for w in workers])))
+        pieces = {(v, w): sizes[w][j] for w in workers for j, v in enumerate(workers) if j in sizes[w]}
+        plan = halo_fns.HaloLayout(workers, parts, pieces)
+        views = {w: self._submit(halo_fns.plan_view, shares[w], *[self._blocks[k] for k in parts[w]], worker=w)
+                 for w in workers}
+        # the positions v cuts for w, moved to v once (a task there), not fetched again by every cut
+        index = {w: i for i, w in enumerate(workers)}
+        needs = {(v, w): self._submit(halo_fns.plan_needs, shares[w], index[v], worker=v) for (v, w) in pieces}
+        self._settle(list(views.values()) + list(needs.values()))
+        self._plan_shares = shares
+        self._halo = (plan, views, needs)
+        return self._halo
+
+    def _full_plan(self) -> "halo_fns.HaloPlan":
+        """The plan with its arrays (``halo.full_plan``), gathered from the workers' shares for the paths whose
+        vectors are on the client (which hold O(N) there anyway); kept while the placement lasts."""
+        plan = self._halo_state()[0]
+        if self._full is None or self._full[0] is not plan:
+            shares = dict(zip(plan.workers, self._gather([self._plan_shares[w] for w in plan.workers])))
+            self._full = (plan, halo_fns.full_plan(self.partitions, plan.workers, plan.parts, shares))
+        return self._full[1]
+
+    def _scatter_each(self, values: dict) -> dict:
+        """``{w: future}``: each ``values[w]`` scattered to worker ``w`` only, all in one wait (``client.scatter``
+        one worker at a time waits W times)."""
+        import asyncio
+
+        async def scatter_all():
+            return await asyncio.gather(*[self.client._scatter(value, workers=[w], hash=False)
+                                          for w, value in values.items()])
+
+        futures = dict(zip(values, self.client.sync(scatter_all)))
+        self.stats["bytes_sent"] += sum(array_bytes(v) for v in values.values())
+        return futures
+
+    def _exchange(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> tuple:
+        """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client -- or ``own``, futures
+        of those rows already on the workers (``d = dims``) -- and the pieces of each worker's halo, cut by the
+        workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
+        plan, views, needs = self._halo_state()
+        if own is None:
+            own = self._scatter_each({w: np.ascontiguousarray(X[:, halo_fns.own_rows(self.partitions, plan.parts[w])])
+                                      for w in plan.workers})
+            dims = X.shape[0]
+        pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
+                  for key in needs}
+        self.stats["bytes_between_workers"] += sum(plan.pieces.values()) * dims * 8
+        return own, pieces
+
+    def _assemble(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> dict:
+        """Each worker's compact columns of ``X`` (or of the own rows ``own``, see ``_exchange``): futures, one
+        per worker (``halo.assemble``)."""
+        plan, views, _ = self._halo_state()
+        own, pieces = self._exchange(X, own, dims)
+        return {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
+                                worker=w) for w in plan.workers}
+
+    def _evaluate_blocks(self, coords, exaggeration, with_kl, use_fft, choice):
+        """With FFT repulsion on an uncapped grid: the halo exchange (``_evaluate_halo``); otherwise every
+        worker gets all of Y (the exact all-pairs repulsion and a capped grid's near field read every point)."""
+        if self.halo and use_fft:
+            grid = fft_grid(self.model, self.space_dims, coords, self.fft_params,
+                            None if choice is None else choice.grid, self._warn_capped)
+            if grid is not None and not grid.capped:
+                return self._evaluate_halo(coords, grid, exaggeration, with_kl)
+        return super()._evaluate_blocks(coords, exaggeration, with_kl, use_fft, choice)
+
+    def _evaluate_halo(self, coords, grid, exaggeration, with_kl):
+        plan = self._halo_state()[0]
+        own = self._scatter_each({w: np.ascontiguousarray(coords[:, halo_fns.own_rows(self.partitions, plan.parts[w])])
+                                  for w in plan.workers})
+        results, grid_z = self._halo_partials(grid, with_kl, own, coords.shape[0])
+        self.stats["bytes_received"] += sum(array_bytes(r) for r in results)
+        return reduce_blocks(results, coords.shape, self._entropy, exaggeration, z_outside_blocks=grid_z,
+                             with_kl=with_kl, objective=self.model.objective, outliers=grid.outliers)
+
+    def _halo_partials(self, grid, with_kl: bool, own: dict, dims: int, keep=None) -> tuple:
+        """``(per-partition results, grid Z)`` of one FFT evaluation at the workers' own rows ``own`` (futures per
+        worker, ``(dims, rows)``); ``keep(w)``: instead of ``halo.finish_view``, the arguments ``(fn, *args)`` of
+        the worker function that finishes the evaluation and keeps the rows there (``engine.held_dask``).
+
+        The schedule, per worker: the halo pieces it cuts for the others (``_exchange``: they travel meanwhile);
+        its own rows in box order (``visit_view``) and their charges (``spread_view``), which need no halo; its
+        compact columns (``assemble``) and the rows' attraction (``attraction_view``: it needs no potentials, so it
+        runs while the grids travel and are convolved); on each of the first K workers (K: as many as the
+        convolution has shares, ``repulsion.convolution.convolution_shares``, at most W) the summed charges
+        (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
+        the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
+        plan, views, _ = self._halo_state()
+        self.stats["calls"] += 1
+        self.stats["halo_evaluations"] += 1
+        workers = plan.workers
+        # the grid goes to each worker once (a task holding it), not with every task that uses it
+        on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
+        own, pieces = self._exchange(None, own, dims)  # the halo pieces cut first: they travel while spreading
+        visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w) for w in workers}
+        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w) for w in workers]
+        X = {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
+                             worker=w) for w in workers}
+        attraction = {w: self._submit(halo_fns.attraction_view, views[w], X[w], self._model_arg, self.space_dims,
+                                      with_kl, worker=w) for w in workers}
+        shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
+        k = max(1, min(len(workers), shares))
+        totals = self._sum_grids(grids, workers, k)
+        parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
+                              worker=workers[i]) for i in range(k)]
+        futures = []
+        for w in workers:
+            fn, *extra = (halo_fns.finish_view,) if keep is None else keep(w)
+            futures.append(self._submit(fn, views[w], own[w], on[w], visits[w], attraction[w], parts, *extra,
+                                        worker=w))
+        z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
+        *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
+        results = [None] * len(self.partitions)
+        for w, batch in zip(workers, batches):
+            for j, res in zip(plan.parts[w], batch):
+                results[j] = res
+        potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
+        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
+        self.stats["bytes_between_workers"] += _summed_grid_transfers(len(workers), k) * grid.n_nodes * 8
+        self.stats["bytes_sent"] += len(workers) * len(pickle.dumps(grid, protocol=5))  # the grid, once per worker
+        return results, grid_z
+
+    def _sum_grids(self, grids: list, workers: list, k: int) -> list:
+        """The summed charge grids on each of ``workers[:k]`` (futures): with few workers
+        (``DIRECT_SUM_WORKERS``) each of them sums all the grids (fetched at once, no dependent rounds); else a
+        pairwise tree among the workers into the first, then copies down a tree (``_broadcast``).  Integer sums:
+        the same grid either way."""
+        if len(workers) <= DIRECT_SUM_WORKERS:
+            return [self._submit(halo_fns.add_grids, grids[i], *(grids[:i] + grids[i + 1:]), worker=workers[i])
+                    for i in range(k)]
+        grids = list(grids)
+        for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
+            for i, j in round_:
+                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
+        return self._broadcast(grids[0], workers[:k])
+
+    def _broadcast(self, future, workers: list) -> list:
+        """``future``'s value on every worker, by a tree of copies (round r: workers ``0 .. 2^r - 1`` send to
+        ``2^r .. 2^{r+1} - 1``): the root sends log2(W) times, not W."""
+        copies = [future] + [None] * (len(workers) - 1)
+        step = 1
+        while step < len(workers):
+            for i in range(min(step, len(workers) - step)):
+                copies[i + step] = self._submit(halo_fns.relay, copies[i], worker=workers[i + step])
+            step *= 2
+        return copies
