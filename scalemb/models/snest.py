@@ -71,11 +71,9 @@ FFT = FFTSpec(cauchy_time_plan, {1: (4, 0.4), 2: (6, 1.0), 3: (4, 0.4)}, near_pa
 # (``LineSearchDescent.time_gains``): the time rows leave the saddle t = 0 at their own speeds; measured in
 # docs/design/optimisation.md.
 TIME_GAINS = 2.0
-# From 1024 to 2e4 points the momentum phase exaggerates x6 (the at-scale schedule keeps x4): on GrQc R^{2,1},
-# seeds 0-9, the spectral steps after it reach KL 0.75 in a median of ~512 iterations against ~727 after x4 (x5:
-# 575, x7: 661, x8: 925; one x4 seed stopped above 0.75), and the runs end lower (seeds 0-3: 0.728-0.741 against
-# 0.740-0.744); on a generated 1.55e4-author graph the same KL and NP@deg at equal time
-# (benchmarks/results/sd_scale.md, stop 50).
+# From 1024 to 2e4 points the momentum phase exaggerates x6 (the schedule at scale keeps x4): on GrQc R^{2,1} the
+# spectral steps after it reach KL 0.75 in fewer iterations and end lower than after x4 (measured over
+# ten starts, with x5, x7 and x8 beside it: docs/design/optimisation.md).
 MID_EXAGGERATION = 6.0
 SPECTRAL_THEN_POLISH = {"optimizer": "sd", "solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5,
                         "cg_tol": 0.1, "max_point_step": 2.0, "exaggeration": 4.0, "exaggeration_iterations": 100,
