@@ -42,7 +42,6 @@ The executor's halo exchange is ``engine.dask_halo.HaloExchange`` and its fault 
 curvature and the Laplacian products.
 """
 import hashlib
-import logging
 import operator
 import uuid
 
@@ -63,10 +62,6 @@ from .dask_keys import task_key
 from .held import LocalHeld
 from .held_dask import DaskHeld
 
-logger = logging.getLogger("scalemb")
-
-
-
 
 # --------------------------------------------------------------------------- functions run on the workers
 
@@ -80,7 +75,6 @@ def entropy_partition(block: RowBlock) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ client
-
 
 class DaskExecutor(DaskRecovery, HaloExchange, Executor):
     """Evaluates a model's objective and its gradient with P's row partitions resident on Dask workers.
