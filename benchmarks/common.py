@@ -1,5 +1,6 @@
 """Helpers shared by the benchmarks: machine description and Markdown tables."""
 import contextlib
+import json
 import os
 import platform
 import subprocess
@@ -50,6 +51,19 @@ def timings(fn, repeats: int, warm_up: bool = True) -> list:
         fn()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def option_overrides(text: str) -> dict:
+    """``'key=value,...'`` (a candidate's overrides after its ``:``) -> ``{key: value}``, each value read as JSON,
+    or as the text itself where it is a bare word (``fft_accuracy=fast``)."""
+    overrides = {}
+    for item in [x for x in text.split(",") if x]:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
 
 
 def markdown_table(header, rows) -> str:

@@ -12,8 +12,9 @@ does not measure a default.  ``--candidates 'auto;auto:exaggeration=4.0'``: opti
 turn on the same starts, rotated seed by seed so that a drifting machine load falls on every candidate alike.
 """
 import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from scalemb.embedding import initial_coords
 from scalemb.engine.local import LocalExecutor
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import option_overrides  # noqa: E402
 
 
 def seeds_of(text: str) -> list:
@@ -33,12 +37,14 @@ def seeds_of(text: str) -> list:
 
 
 def candidates_of(text: str) -> list:
-    """``'auto;auto:exaggeration=4.0,exaggeration_iterations=100'`` -> ``[(label, options)]``."""
+    """``'auto;auto:exaggeration=4.0,exaggeration_iterations=100'`` -> ``[(label, options)]`` (every candidate is
+    'auto' with overrides: ValueError for another name)."""
     out = []
     for item in text.split(";"):
-        _, _, rest = item.partition(":")
-        options = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
-        out.append((item, options))
+        name, _, rest = item.partition(":")
+        if name != "auto":
+            raise ValueError(f"candidate {item!r}: each candidate is 'auto[:key=value,...]'")
+        out.append((item, option_overrides(rest)))
     return out
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import machine_description, run_description
+from common import machine_description, option_overrides, run_description
 from scale import executor_for
 
 from scalemb.affinity.store import AffinityStore
@@ -66,18 +66,10 @@ def candidate(spec: str):
     optionally followed by ``:key=value,...`` overrides (JSON values), e.g.
     ``hybrid:spectral_iterations=10,tol=1e-4``; keys ``fft_points``, ``fft_box_width``, ``fft_accuracy`` set the
     run's FFT grid (``FFTParams``; the rest are the optimiser's)."""
-    import json
-
     name, _, extra = spec.partition(":")
     base = {"auto": {"optimizer": "auto"}, "dbd": OPENTSNE_SCHEDULE, "sd": SPECTRAL_AT_SCALE, "hybrid": HYBRID,
             "sd0": {"optimizer": "sd"}, "spt": SPECTRAL_THEN_POLISH, "snestdbd": SNEST_DBD}[name]
-    overrides = {}
-    for item in [x for x in extra.split(",") if x]:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:  # a bare word: the text itself (fft_accuracy=fast)
-            overrides[key] = value
+    overrides = option_overrides(extra)
     labels = {"auto": "scalemb auto", "dbd": "scalemb dbd, openTSNE schedule (old default)",
               "sd": "scalemb sd, SPECTRAL_AT_SCALE", "hybrid": "scalemb hybrid, HYBRID",
               "sd0": "scalemb sd, its defaults", "spt": "scalemb sd, t-SNE's SPECTRAL_THEN_POLISH",
