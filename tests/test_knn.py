@@ -9,8 +9,8 @@ from scipy.spatial.distance import cdist
 from sklearn.datasets import load_digits
 
 from scalemb.affinity import AffinityStore, write_affinity_store
-from scalemb.affinity.knn import (METRICS, affinity_from_distances, conditional_affinities, knn_affinity,
-                                  knn_graph, read_features)
+from scalemb.affinity.knn import (METRICS, affinity_from_distances, conditional_affinities, exact_knn,
+                                  knn_affinity, knn_graph, read_features)
 from scalemb.errors import InputError
 
 
@@ -80,6 +80,39 @@ def test_nndescent_recall_and_seed(digits, digits_dist, digits_knn):
     again = knn_graph(digits, k, algorithm="nndescent", random_state=42)
     np.testing.assert_array_equal(again[0], indices)
     np.testing.assert_array_equal(again[1], distances)
+
+
+def cdist_knn(X, k):
+    """The reference: every distance by cdist, k smallest by (distance, index)."""
+    D = cdist(X, X)
+    np.fill_diagonal(D, np.inf)
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=-1)[:, :k]
+    return order, np.take_along_axis(D, order, axis=1)
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2, 3])
+def test_euclidean_search_is_the_cdist_search_bit_for_bit(n_jobs):
+    """Candidates from matrix products, re-ranked by cdist: the same lists and the same bits, on clustered data
+    with many exact ties (integer features, duplicated rows) and on data far from the origin (cancellation)."""
+    rng = np.random.default_rng(3)
+    ties = rng.integers(0, 3, size=(700, 4)).astype(np.float64)  # 81 distinct rows: ties and duplicates everywhere
+    far = 1e6 + rng.normal(size=(600, 5))  # |x|^2 ~ 5e12: the product form has no digits left for the distances
+    clustered = rng.normal(size=(5, 8))[rng.integers(0, 5, 900)] * 4 + rng.normal(size=(900, 8))
+    for X in (ties, far, clustered):
+        for k in (1, 7, 40):
+            got = exact_knn(X, k, "euclidean", n_jobs=n_jobs)
+            want = cdist_knn(X, k)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_euclidean_search_with_every_point_a_candidate():
+    X = np.random.default_rng(0).normal(size=(12, 3))
+    for k in (1, 5, 11):
+        got = exact_knn(X, k, "euclidean")
+        want = cdist_knn(X, k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_duplicates_keep_each_other_and_exclude_self():

@@ -9,8 +9,9 @@ For each point ``i`` with neighbours ``N(i)`` (``k`` of them, self excluded) and
 
 The joint affinity is ``P = (P_cond + P_cond^T) / (2N)``: symmetric, zero diagonal, summing to 1.
 
-Neighbours come from ``pynndescent.NNDescent`` (approximate); inputs of at most ``EXACT_MAX_POINTS`` points
-use exact brute force (``scipy.spatial.distance.cdist``) instead, which is faster there and has no error.
+Neighbours come from ``pynndescent.NNDescent`` (approximate) or, where it costs less (``exact_search``: at most
+``EXACT_MAX_POINTS`` points, Euclidean up to a few times 1e4), an exact brute-force search (``exact_knn``:
+``scipy.spatial.distance.cdist``, for the Euclidean distance candidates from matrix products, ``brute``).
 """
 import math
 import warnings
@@ -26,8 +27,14 @@ from scipy.spatial.distance import cdist
 from ..errors import InputError
 from ..progress import phase
 from .affinity import Affinity, default_threads, row_partition
+from .brute import euclidean_knn
 
 EXACT_MAX_POINTS = 4096
+# Euclidean: the matrix-product search (``brute``) costs ~n^2 (d + 165) and NN-descent ~n (d + 583) CPU units;
+# exact while n^2 (d + EXACT_FEATURE_COST) <= EXACT_EUCLIDEAN_BUDGET: up to ~3.8e4 points of 50 features, ~1.8e4 of
+# 784 (measured crossovers ~5.5e4 and ~1.8e4: benchmarks/results/users.md, stop 51).
+EXACT_FEATURE_COST = 165
+EXACT_EUCLIDEAN_BUDGET = 3.0e11
 ENTROPY_TOL = 1e-5
 MAX_STEPS = 200
 METHODS = ("gaussian", "uniform")
@@ -200,14 +207,23 @@ def _number(cell: str):
 
 # ------------------------------------------------------------------------------------------- neighbours
 
+def exact_search(n_points: int, n_features: int, metric: str = "euclidean") -> bool:
+    """Whether ``knn_graph``'s ``algorithm='auto'`` searches exactly: up to ``EXACT_MAX_POINTS`` points for any
+    metric; Euclidean (the matrix-product search) while ``n^2 (d + EXACT_FEATURE_COST) <= EXACT_EUCLIDEAN_BUDGET``,
+    where it costs less CPU than NN-descent."""
+    if n_points <= EXACT_MAX_POINTS:
+        return True
+    return metric == "euclidean" and float(n_points) ** 2 * (n_features + EXACT_FEATURE_COST) <= EXACT_EUCLIDEAN_BUDGET
+
+
 def knn_graph(X, n_neighbors: int = 15, metric: str = "euclidean", random_state: int | None = 0,
               n_jobs: int | None = None, algorithm: str = "auto"):
     """The ``n_neighbors`` nearest neighbours of every row of ``X``, self excluded.
 
     Returns ``(indices, distances)``, both ``(N, n_neighbors)``, each row sorted by increasing distance.
     ``algorithm``: ``"nndescent"`` (``pynndescent.NNDescent``, approximate, in float32, seeded by
-    ``random_state``, ``n_jobs`` threads, None or -1 = all cores), ``"exact"`` (brute force with ``cdist``, ties
-    broken by the lower index) or ``"auto"`` (exact for at most ``EXACT_MAX_POINTS`` points, NN-descent above).
+    ``random_state``, ``n_jobs`` threads, None or -1 = all cores), ``"exact"`` (brute force, ``exact_knn``, ties
+    broken by the lower index) or ``"auto"`` (exact where it is the cheaper search, ``exact_search``).
     """
     X = _as_features(X)
     n = X.shape[0]
@@ -219,8 +235,8 @@ def knn_graph(X, n_neighbors: int = 15, metric: str = "euclidean", random_state:
     if algorithm not in ("auto", "exact", "nndescent"):
         raise ValueError(f"algorithm must be 'auto', 'exact' or 'nndescent', got {algorithm!r}")
     scipy_metric, pynnd_metric = METRICS[metric]
-    if algorithm == "exact" or (algorithm == "auto" and n <= EXACT_MAX_POINTS):
-        indices, distances = exact_knn(X, k, scipy_metric)
+    if algorithm == "exact" or (algorithm == "auto" and exact_search(n, X.shape[1], metric)):
+        indices, distances = exact_knn(X, k, scipy_metric, n_jobs)
     else:
         indices, distances = _nndescent_knn(X, k, pynnd_metric, random_state, n_jobs)
     if not np.all(np.isfinite(distances)):
@@ -238,10 +254,15 @@ def _as_features(X) -> np.ndarray:
     return X
 
 
-def exact_knn(X: np.ndarray, k: int, metric):
+def exact_knn(X: np.ndarray, k: int, metric, n_jobs: int | None = None):
     """Brute force in row blocks: all distances of a block, self set to +inf, k smallest by (distance, index).
     ``metric``: a ``cdist`` metric name, or a function ``(rows, X) -> distances`` (e.g. the Poincaré distance,
-    ``hyperbolic.poincare_distances``)."""
+    ``hyperbolic.poincare_distances``).  Euclidean: ``brute.euclidean_knn`` (candidates from matrix products on
+    ``n_jobs`` threads, the same result)."""
+    if isinstance(metric, str) and metric == "euclidean":
+        threads = default_threads() if n_jobs is None or n_jobs == -1 else max(1, int(n_jobs))
+        with ThreadPoolExecutor(threads) as pool:
+            return euclidean_knn(X, k, pool, threads)
     n = X.shape[0]
     indices = np.empty((n, k), dtype=np.int64)
     distances = np.empty((n, k), dtype=np.float64)
@@ -390,7 +411,8 @@ def knn_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = No
         n_neighbors = default_neighbours(n, perplexity) if method == "gaussian" else min(n - 1, 15)
     if method == "gaussian" and not 1.0 <= perplexity < n_neighbors:
         raise ValueError(f"perplexity ({perplexity}) must be at least 1 and below n_neighbors ({n_neighbors})")
-    search = "exact" if n <= EXACT_MAX_POINTS else "NN-descent"
+    exact = exact_search(n, X.shape[1], metric)
+    search = "exact" if exact else "NN-descent"
     with phase("kNN", f"{n} points x {X.shape[1]} features, {n_neighbors} neighbours, {search}"):
         indices, distances = knn_graph(X, n_neighbors, metric, random_state, n_jobs)
     k = indices.shape[1]
@@ -399,7 +421,7 @@ def knn_affinity(X, perplexity: float = PERPLEXITY, n_neighbors: int | None = No
         P_cond = conditional_affinities(D, perplexity, method, n_jobs)
     return joint_affinity(P_cond, {"source": None if source is None else str(source), "method": "knn",
                            "metric": metric, "n_neighbors": int(k),
-                           "knn": "exact" if n <= EXACT_MAX_POINTS else "nndescent",
+                           "knn": "exact" if exact else "nndescent",
                            "perplexity": float(perplexity) if method == "gaussian" else "uniform",
                            "seed": random_state})
 
