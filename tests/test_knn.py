@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 
 from scalemb.affinity import AffinityStore, write_affinity_store
 from scalemb.affinity.knn import (METRICS, affinity_from_distances, conditional_affinities, exact_knn,
-                                  knn_affinity, knn_graph, read_features)
+                                  exact_search, knn_affinity, knn_graph, read_features)
 from scalemb.errors import InputError
 
 
@@ -104,6 +104,14 @@ def test_euclidean_search_is_the_cdist_search_bit_for_bit(n_jobs):
             want = cdist_knn(X, k)
             np.testing.assert_array_equal(got[0], want[0])
             np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_auto_searches_exactly_where_that_is_cheaper():
+    assert exact_search(4096, 10_000, "cosine") and not exact_search(4097, 2, "cosine")
+    assert exact_search(30_000, 50) and not exact_search(60_000, 50)
+    assert exact_search(16_000, 784) and not exact_search(30_000, 784)
+    X = np.random.default_rng(1).normal(size=(5000, 3))
+    assert knn_affinity(X, perplexity=5).provenance["knn"] == "exact"
 
 
 def test_euclidean_search_with_every_point_a_candidate():
