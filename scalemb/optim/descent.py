@@ -77,6 +77,12 @@ EW_MIN, EW_MAX = 1e-3, 0.5
 AUTO_CG_MAXITER = {"jacobi": 10, "lu": 50, "amg": 50}
 
 
+def _check_whole_or_none(name: str, value, minimum: int) -> None:
+    """ValueError naming ``name`` unless ``value`` is None or a whole number >= ``minimum``."""
+    if value is not None and (int(value) != value or value < minimum):
+        raise ValueError(f"{name} must be an integer >= {minimum} or None, got {value!r}")
+
+
 @dataclass
 class LineSearchDescent:
     """Descent along the spectral direction (``direction='spectral'``) or the negative gradient."""
@@ -115,21 +121,14 @@ class LineSearchDescent:
     def __post_init__(self):
         for value, allowed, what in ((self.direction, DIRECTIONS, "direction"), (self.solver, SOLVERS, "solver"),
                                      (self.curvature, CURVATURES, "curvature"),
-                                     (self.preconditioner, PRECONDITIONERS, "preconditioner")):
+                                     (self.preconditioner, PRECONDITIONERS, "preconditioner"),
+                                     (self.exaggeration_steps, EXAGGERATION_STEPS, "exaggeration_steps")):
             if value not in allowed:
                 raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
-        if self.exaggeration_steps not in EXAGGERATION_STEPS:
-            raise ValueError(f"unknown exaggeration_steps {self.exaggeration_steps!r}; choose one of "
-                             f"{', '.join(EXAGGERATION_STEPS)}")
         if self.max_point_step is not None and not self.max_point_step > 0:
             raise ValueError(f"max_point_step must be > 0 or None, got {self.max_point_step!r}")
-        if self.spectral_iterations is not None and (int(self.spectral_iterations) != self.spectral_iterations
-                                                     or self.spectral_iterations < 0):
-            raise ValueError(f"spectral_iterations must be an integer >= 0 or None, got {self.spectral_iterations!r}")
-        if self.polish_spectral_every is not None and (int(self.polish_spectral_every) != self.polish_spectral_every
-                                                       or self.polish_spectral_every < 1):
-            raise ValueError(f"polish_spectral_every must be an integer >= 1 or None, got "
-                             f"{self.polish_spectral_every!r}")
+        for name, minimum in (("spectral_iterations", 0), ("polish_spectral_every", 1), ("max_iterations", 1)):
+            _check_whole_or_none(name, getattr(self, name), minimum)
         if self.time_gains is not None and not (isinstance(self.time_gains, (int, float)) and self.time_gains >= 1):
             raise ValueError(f"time_gains must be a number >= 1 or None, got {self.time_gains!r}")
         if not 0 <= self.polish_momentum < 1:
@@ -138,9 +137,6 @@ class LineSearchDescent:
             raise ValueError(f"cg_maxiter must be an integer >= 1 or 'auto', got {self.cg_maxiter!r}")
         if self.cg_tol != "auto" and not (isinstance(self.cg_tol, (int, float)) and self.cg_tol > 0):
             raise ValueError(f"cg_tol must be a number > 0 or 'auto', got {self.cg_tol!r}")
-        if self.max_iterations is not None and (int(self.max_iterations) != self.max_iterations
-                                                or self.max_iterations < 1):
-            raise ValueError(f"max_iterations must be an integer >= 1 or None, got {self.max_iterations!r}")
         if self.direction == "gradient":
             self.name = "gd"
 

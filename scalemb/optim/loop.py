@@ -120,13 +120,14 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
     start = time.perf_counter() - s.elapsed
     converged = stopped = False
     it = first
+    at = [first]  # the iteration under way, which ``_iterations`` advances
 
     def export(light: bool = False):
-        """The state at the start of ``it``; ``light`` (only where ``run.held_rows()`` is not None): without the
-        per-point arrays its holders write themselves."""
+        """The state at the start of the iteration under way; ``light`` (only where ``run.held_rows()`` is not
+        None): without the per-point arrays its holders write themselves."""
         if light:
-            return run.export(it, history, seconds, time.perf_counter() - start, light=True)
-        return run.export(it, history, seconds, time.perf_counter() - start)
+            return run.export(at[0], history, seconds, time.perf_counter() - start, light=True)
+        return run.export(at[0], history, seconds, time.perf_counter() - start)
 
     export.rows = run.held_rows
 
@@ -134,29 +135,9 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
     rewinds, begin = 0, first
     while True:
         try:
-            for it in range(begin, n_iter):
-                if checkpoint is not None and it > begin:
-                    checkpoint(it, export)
-                history[it], kl = run.observe(it, history)
-                seconds[it] = time.perf_counter() - start
-                if callback is not None:
-                    callback(it, kl)
-                if stop is not None and stop(it, kl, run.coords()):
-                    stopped = True
-                    break
-                if not np.isfinite(kl):
-                    raise FloatingPointError(f"KL became {kl} at iteration {it}")
-                if stalled(history, it, run.stall_start, run.window, run.tol):
-                    converged = True
-                    break
-                outcome = run.advance(it)
-                if outcome in (HALT, CONVERGED):
-                    converged = outcome == CONVERGED
-                    break
-                if outcome == MOVED and run.recentres:
-                    s.coords = run.geometry.recentre(s.coords, run.space_dims)
-            else:
-                it = n_iter
+            it, converged, stopped = _iterations(run, begin, n_iter, at, history, seconds, start, callback,
+                                                 checkpoint, stop, export)
+            at[0] = it
             kl = run.final_kl(it, converged, stopped)
             if kl is not None:
                 history[it] = kl
@@ -175,6 +156,32 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
             converged = stopped = False
     return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged,
                           getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final, staged)
+
+
+def _iterations(run: StepRun, begin: int, n_iter: int, at: list, history, seconds, start: float, callback,
+                checkpoint, stop, export) -> tuple[int, bool, bool]:
+    """Iterations ``begin`` to at most ``n_iter``: ``(it, converged, stopped)`` with ``it`` the iteration the loop
+    ended at (``n_iter`` when it ran out); ``at[0]`` is the iteration under way (``export``'s)."""
+    for it in range(begin, n_iter):
+        at[0] = it
+        if checkpoint is not None and it > begin:
+            checkpoint(it, export)
+        history[it], kl = run.observe(it, history)
+        seconds[it] = time.perf_counter() - start
+        if callback is not None:
+            callback(it, kl)
+        if stop is not None and stop(it, kl, run.coords()):
+            return it, False, True
+        if not np.isfinite(kl):
+            raise FloatingPointError(f"KL became {kl} at iteration {it}")
+        if stalled(history, it, run.stall_start, run.window, run.tol):
+            return it, True, False
+        outcome = run.advance(it)
+        if outcome in (HALT, CONVERGED):
+            return it, outcome == CONVERGED, False
+        if outcome == MOVED and run.recentres:
+            run.state.coords = run.geometry.recentre(run.state.coords, run.space_dims)
+    return n_iter, False, False
 
 
 def _write_final(run: StepRun, checkpoint, export):
