@@ -23,6 +23,8 @@ import numpy as np
 from numba import njit
 from scipy.spatial.distance import cdist
 
+from .affinity import row_partition
+
 CANDIDATE_MARGIN = 8
 SAMPLE_STRIDE = 8
 ROUNDING_BOUND = 8.0
@@ -87,8 +89,6 @@ def euclidean_knn(X: np.ndarray, k: int, pool=None, n_threads: int = 1):
     """``(indices, distances)`` of the ``k`` nearest rows of every row of ``X`` (self excluded), sorted by
     (distance, index): the same arrays as ``knn.exact_knn(X, k, 'euclidean')`` (module docstring).  ``pool``: a
     ``concurrent.futures`` executor of ``n_threads`` threads for the candidate selection (None: this thread)."""
-    from .affinity import row_partition
-
     n, d = X.shape
     sq = np.einsum("ij,ij->i", X, X)
     err = ROUNDING_BOUND * (d + 4) * np.finfo(np.float64).eps * (sq + sq.max())
