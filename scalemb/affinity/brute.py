@@ -15,9 +15,8 @@ neighbour lists and distances are therefore bit for bit those of the ``cdist`` s
 
 Selecting the candidates: each row's squared distances go to a buffer; the ``r``-th smallest of every
 ``SAMPLE_STRIDE``-th entry (``r ~ 2 m / stride``) is a threshold with about ``2 m`` entries below it; those are
-collected and sorted.  If fewer than ``m`` fall below it, the row sorts all its entries.  Measured on a
-16,000 x 50 mixture (``benchmarks/results/users.md``, stop 51): 0.6 CPU s for the products, ~0.6 for the
-selection, ~0.4 for the re-ranking, against ~6.4 CPU s for NN-descent and 7.5 for ``cdist``.
+collected and sorted.  If fewer than ``m`` fall below it, the row sorts all its entries.  The costs against
+NN-descent, and where the search is chosen: docs/design/inputs.md.
 """
 import numpy as np
 from numba import njit

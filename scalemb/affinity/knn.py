@@ -32,7 +32,7 @@ from .brute import euclidean_knn
 EXACT_MAX_POINTS = 4096
 # Euclidean: the matrix-product search (``brute``) costs ~n^2 (d + 165) and NN-descent ~n (d + 583) CPU units;
 # exact while n^2 (d + EXACT_FEATURE_COST) <= EXACT_EUCLIDEAN_BUDGET: up to ~3.8e4 points of 50 features, ~1.8e4 of
-# 784 (measured crossovers ~5.5e4 and ~1.8e4: benchmarks/results/users.md, stop 51).
+# 784 (the measured crossovers, ~5.5e4 and ~1.8e4: docs/design/inputs.md).
 EXACT_FEATURE_COST = 165
 EXACT_EUCLIDEAN_BUDGET = 3.0e11
 ENTROPY_TOL = 1e-5

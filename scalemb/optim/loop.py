@@ -118,8 +118,6 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
         run.geometry.validate(s.coords, "the optimiser's start coordinates")
     history, seconds, first = history_buffers(resumed, n_iter)
     start = time.perf_counter() - s.elapsed
-    converged = stopped = False
-    it = first
     at = [first]  # the iteration under way, which ``_iterations`` advances
 
     def export(light: bool = False):
@@ -153,7 +151,6 @@ def _run_loop(run: StepRun, n_iter: int, resumed, callback, checkpoint, stop) ->
             logger.warning("%s; replaying from iteration %d", lost, run.rescue_iteration())
             begin = run.rewind()
             s = run.state
-            converged = stopped = False
     return OptimizeResult(s.coords, float(history[it]), history[:it + 1].copy(), it, converged,
                           getattr(s, "backoffs", 0), seconds[:it + 1].copy(), s.evaluations, stopped, final, staged)
 
