@@ -18,6 +18,8 @@ Selecting the candidates: each row's squared distances go to a buffer; the ``r``
 collected and sorted.  If fewer than ``m`` fall below it, the row sorts all its entries.  The costs against
 NN-descent, and where the search is chosen: docs/design/inputs.md.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numba import njit
 from scipy.spatial.distance import cdist
@@ -84,10 +86,18 @@ def candidate_rows(G, sq_rows, sq, r0, a, b, cand, top):
         top[row] = vals[order[m - 1]]
 
 
-def euclidean_knn(X: np.ndarray, k: int, pool=None, n_threads: int = 1):
+def euclidean_knn(X: np.ndarray, k: int, n_threads: int = 1):
     """``(indices, distances)`` of the ``k`` nearest rows of every row of ``X`` (self excluded), sorted by
-    (distance, index): the same arrays as ``knn.exact_knn(X, k, 'euclidean')`` (module docstring).  ``pool``: a
-    ``concurrent.futures`` executor of ``n_threads`` threads for the candidate selection (None: this thread)."""
+    (distance, index): the same arrays as ``knn.exact_knn(X, k, 'euclidean')`` (module docstring); the candidates
+    are selected on ``n_threads`` threads."""
+    if n_threads > 1:
+        with ThreadPoolExecutor(n_threads) as pool:
+            return _euclidean_knn(X, k, pool, n_threads)
+    return _euclidean_knn(X, k, None, 1)
+
+
+def _euclidean_knn(X: np.ndarray, k: int, pool, n_threads: int):
+    """``euclidean_knn`` with ``pool`` (None: this thread) of ``n_threads`` threads."""
     n, d = X.shape
     sq = np.einsum("ij,ij->i", X, X)
     err = ROUNDING_BOUND * (d + 4) * np.finfo(np.float64).eps * (sq + sq.max())

@@ -207,6 +207,11 @@ def _number(cell: str):
 
 # ------------------------------------------------------------------------------------------- neighbours
 
+def _threads(n_jobs: int | None) -> int:
+    """Threads for ``n_jobs``: None or -1 all cores (``default_threads``), else at least 1."""
+    return default_threads() if n_jobs is None or n_jobs == -1 else max(1, int(n_jobs))
+
+
 def exact_search(n_points: int, n_features: int, metric: str = "euclidean") -> bool:
     """Whether ``knn_graph``'s ``algorithm='auto'`` searches exactly: up to ``EXACT_MAX_POINTS`` points for any
     metric; Euclidean (the matrix-product search) while ``n^2 (d + EXACT_FEATURE_COST) <= EXACT_EUCLIDEAN_BUDGET``,
@@ -260,9 +265,7 @@ def exact_knn(X: np.ndarray, k: int, metric, n_jobs: int | None = None):
     ``hyperbolic.poincare_distances``).  Euclidean: ``brute.euclidean_knn`` (candidates from matrix products on
     ``n_jobs`` threads, the same result)."""
     if isinstance(metric, str) and metric == "euclidean":
-        threads = default_threads() if n_jobs is None or n_jobs == -1 else max(1, int(n_jobs))
-        with ThreadPoolExecutor(threads) as pool:
-            return euclidean_knn(X, k, pool, threads)
+        return euclidean_knn(X, k, _threads(n_jobs))
     n = X.shape[0]
     indices = np.empty((n, k), dtype=np.int64)
     distances = np.empty((n, k), dtype=np.float64)
@@ -369,7 +372,7 @@ def conditional_affinities(D: sp.csr_matrix, perplexity: float = PERPLEXITY, met
                          f"with {counts[fewest]} neighbours (row {fewest})")
     indptr = D.indptr.astype(np.int64)
     data = np.empty(D.nnz, dtype=np.float64)
-    threads = default_threads() if n_jobs is None or n_jobs == -1 else max(1, int(n_jobs))
+    threads = _threads(n_jobs)
     blocks = row_partition(D.shape[0], threads)
     with ThreadPoolExecutor(len(blocks)) as pool:
         missed = sum(pool.map(lambda b: _gaussian_rows(indptr, D.data, math.log(perplexity), b[0], b[1], data),
