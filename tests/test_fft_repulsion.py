@@ -141,6 +141,7 @@ def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt,
     Y = _clustered_layout(n, ds, dt, 30.0, np.random.default_rng(3))
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), n_points=n)
     one = spread(grid, Y, 0, n, workers=1)
+    monkeypatch.setattr(grid_module, "SORT_ROWS_PER_THREAD", 4096)  # the sort on threads too
     for threads in (2, 3):
         for module in (fft, grid_module):  # spread_fixed's shares, Grid.visit's sort
             monkeypatch.setattr(module, "thread_count", lambda workers, t=threads: t)
@@ -149,6 +150,26 @@ def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt,
     np.testing.assert_array_equal(fixed_charges(grid, parts[3] + parts[0] + parts[2] + parts[1]), one)
     if not dt:  # unit charges: the weights of a point sum to 1
         assert one.sum() == pytest.approx(n, rel=1e-9)
+
+
+def test_transform_threads_follow_the_grid_size_and_change_no_bit():
+    """scipy's transforms get one thread per ``TRANSFORM_NODES_PER_THREAD`` grid nodes, at most ``workers`` (scipy's
+    -1: every usable CPU), at least one; the convolution is the same bit for bit on any count."""
+    from scalemb.repulsion import convolution
+
+    per = convolution.TRANSFORM_NODES_PER_THREAD
+    assert convolution.transform_threads(per - 1, 2) == 1
+    assert convolution.transform_threads(2 * per, 2) == 2
+    assert convolution.transform_threads(10 * per, 3) == 3
+    assert convolution.transform_threads(10 * per, 1) == 1
+    assert 1 <= convolution.transform_threads(10 * per, -1) <= 10
+    grid = make_grid("tsne", 2, [0.0, 0.0], [80.0, 60.0], n_points=16_000)
+    assert grid.n_nodes >= 2 * per
+    charges = np.random.default_rng(4).random(grid.n_nodes)
+    one = convolve(grid, charges, workers=1)
+    two = convolve(grid, charges, workers=2)
+    np.testing.assert_array_equal(two.potentials, one.potentials)
+    assert two.z == one.z
 
 
 def test_map_reduce_pieces_need_only_rows_grid_and_potentials():
@@ -630,8 +651,9 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     expected = [interpolate(grid, Y, potentials, r0, r1, cells, reaction.copy()) for r0, r1 in bounds]
     monkeypatch.setattr(grid_module, "SORT_ABOVE_BYTES", -1)
     monkeypatch.setattr(grid_module, "SORT_BUCKETS", buckets)
-    for module in (fft, grid_module):  # spread_fixed's shares, Grid.visit's sort
+    for module in (fft, grid_module):  # spread_fixed's and interpolate_grid's shares
         monkeypatch.setattr(module, "SPREAD_ROWS_PER_THREAD", 100)
+    monkeypatch.setattr(grid_module, "SORT_ROWS_PER_THREAD", 100)  # Grid.visit's sort
     order, keys, Yv = grid.visit(Y, 0, n)
     assert np.array_equal(np.sort(order), grid.in_band(Y, np.arange(n)))
     assert np.all(np.diff(keys) >= 0) and np.array_equal(Yv, Y[:, order])

@@ -177,6 +177,19 @@ def convolution_shares(grid) -> int:
     return grid.n_potentials if grid.time_in is None else grid.nodes[0]
 
 
+# Fewest grid nodes per thread worth a thread of scipy's transforms (a grid without a time axis): below it they
+# took more wall time on two threads than on one, for more CPU -- and a t-SNE run's grid grows from ~1e4 nodes,
+# so on a 1e4-1e5-point data set most evaluations are below it (docs/design/repulsion.md, "Threads for the grid
+# stages").
+TRANSFORM_NODES_PER_THREAD = 2 ** 16
+
+
+def transform_threads(n_nodes: int, workers: int) -> int:
+    """How many threads scipy's transforms of a grid of ``n_nodes`` space nodes get of ``workers`` (scipy's
+    convention, ``thread_count``): at most one per ``TRANSFORM_NODES_PER_THREAD`` nodes."""
+    return max(1, min(thread_count(workers), n_nodes // TRANSFORM_NODES_PER_THREAD))
+
+
 def convolve_share(grid, charges: np.ndarray, share: int, shares: int, workers: int = 1) -> ConvolutionShare:
     """Share ``share`` of ``shares`` of ``convolve`` (``ConvolutionShare``): the same transforms, on the same
     numbers, as ``convolve`` runs for those columns or time components, so ``join_convolution`` of all shares is
@@ -192,6 +205,8 @@ def convolve_share(grid, charges: np.ndarray, share: int, shares: int, workers: 
     padded = grid.padded()
     plan = grid.plan
     columns = list(range(share, grid.n_potentials, shares)) if grid.time_in is None else range(grid.n_potentials)
+    if grid.time_in is None:
+        workers = transform_threads(grid.n_nodes, workers)
     kernels = [kernel_spectrum(grid, plan.kernels[plan.potentials[c]], workers) for c in columns]
     if grid.time_in is None:
         values = np.empty((len(columns), grid.n_nodes), dtype=fft_dtype(ds))

@@ -23,8 +23,13 @@ CHARGE_HEADROOM_BITS = 8
 # (``Grid.visit``).
 SORT_ABOVE_BYTES = 2 ** 18
 SORT_BUCKETS = 2 ** 16
-# Fewest rows per thread worth a thread of ``spread_fixed`` (and of ``Grid.visit``'s sort).
+# Fewest rows per thread worth a thread of ``spread_fixed`` and ``interpolate_grid``.
 SPREAD_ROWS_PER_THREAD = 4096
+# Fewest rows per thread worth a thread of ``Grid.visit``'s sort: below it the threads' start-up and the per-thread
+# bucket counts (rows + ``SORT_BUCKETS`` each, summed after the counting pass) cost more than the second thread
+# gains (on the 2-core machines two threads took twice the time at 1.6e4 rows and 1.25x at 1.5e5, 0.77x at 7.7e5:
+# docs/design/repulsion.md, "Threads for the grid stages").
+SORT_ROWS_PER_THREAD = 2 ** 18
 
 
 def _equispaced(points: int) -> np.ndarray:
@@ -157,7 +162,7 @@ class Grid:
         axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
         divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
         n = rows.size
-        workers = max(1, min(thread_count(workers), n // SPREAD_ROWS_PER_THREAD))
+        workers = max(1, min(thread_count(workers), n // SORT_ROWS_PER_THREAD))
         cuts = np.linspace(0, n, workers + 1).astype(np.int64)
         keys = np.empty(n, dtype=np.int64)
         counts = np.zeros((workers, n_buckets), dtype=np.int64)
