@@ -26,7 +26,7 @@ from scalemb.models import get_model  # noqa: E402
 from scalemb.repulsion import convolution as convolution_module, fft as fft_module, grid as grid_module  # noqa: E402,E501
 from scalemb.repulsion.convolution import convolve  # noqa: E402
 from scalemb.repulsion.fft import interpolate_grid, spread  # noqa: E402
-from scalemb.repulsion.grid import grid_for  # noqa: E402
+from scalemb.repulsion.grid import grid_for, make_grid  # noqa: E402
 from scalemb.repulsion.method import resolve_repulsion_settings  # noqa: E402
 
 SHIPPED = {"visit": grid_module.SORT_ROWS_PER_THREAD, "spread": grid_module.SPREAD_ROWS_PER_THREAD,
@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--sizes", default="64000,153764,767923", help="sizes of the clustered layouts")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--skip-mixture", action="store_true")
+    ap.add_argument("--extents", default="10,20,30,40,50,60,70,85,100",
+                    help="square t-SNE grids of these extents (16,000 points' grid): the convolution alone")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     model = get_model("tsne")
@@ -102,6 +104,31 @@ def main():
           "thresholds give in brackets); load average at the end: "
           + " ".join(f"{x:.2f}" for x in __import__("os").getloadavg()))
     print(markdown_table(["layout", "grid nodes", *STAGES], rows))
+    print(f"\nThe convolution alone on square grids (1 / 2 threads, medians of {args.rounds} alternated rounds; CPU: "
+          "the process's, all threads; random charges):")
+    print(markdown_table(["extent", "grid nodes", "FFT lengths", "wall ms", "CPU ms", "threads given"],
+                         convolution_by_size(model, [float(e) for e in args.extents.split(",")], args.rounds)))
+
+
+def convolution_by_size(model, extents, rounds):
+    """Rows of the convolution's wall ms on 1 / 2 threads for square grids of the given extents."""
+    params = resolve_repulsion_settings("fft", model, 2, 0, 16_000)[1]
+    rows = []
+    for extent in extents:
+        grid = make_grid(model, 2, [0.0, 0.0], [extent, extent], params, 16_000)
+        charges = np.random.default_rng(0).random(grid.n_nodes)
+        times = {1: [], 2: []}
+        for r in range(rounds + 1):
+            for w in ((1, 2) if r % 2 else (2, 1)):
+                t, c = time.perf_counter(), time.process_time()
+                convolve(grid, charges, workers=w)
+                if r:
+                    times[w].append((time.perf_counter() - t, time.process_time() - c))
+        med = {w: 1e3 * np.median(np.array(times[w]), axis=0) for w in (1, 2)}
+        chosen = max(1, min(2, grid.n_nodes // SHIPPED["convolve"]))
+        rows.append([f"{extent:g}", f"{grid.n_nodes:,}", "x".join(map(str, grid.padded())),
+                     f"{med[1][0]:.2f} / {med[2][0]:.2f}", f"{med[1][1]:.2f} / {med[2][1]:.2f}", str(chosen)])
+    return rows
 
 
 if __name__ == "__main__":
