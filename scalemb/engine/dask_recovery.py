@@ -35,6 +35,23 @@ def _is_scheduler_loss(client, exc: BaseException | None = None) -> bool:
     return client.status != "running" or "scheduler-connection-lost" in str(exc)
 
 
+class _Stall:
+    """Since when a condition has held, polled by ``DaskRecovery._wait_for``."""
+
+    def __init__(self):
+        self.since = None
+
+    def held_for(self, holds: bool, now: float) -> float:
+        """Seconds the condition has held at ``now`` (0 at the first poll that finds it, and whenever it does
+        not hold)."""
+        if not holds:
+            self.since = None
+            return 0.0
+        if self.since is None:
+            self.since = now
+        return now - self.since
+
+
 class DaskRecovery:
     """The fault handling ``DaskExecutor`` inherits (module docstring)."""
 
@@ -113,8 +130,7 @@ class DaskRecovery:
             return self.client.sync(_wait, futures, timeout=timeout)
 
         end = None if timeout is None else time.monotonic() + timeout
-        no_workers_since = None
-        stuck_since = None
+        no_workers, stuck = _Stall(), _Stall()
         while True:
             step = _POLL if end is None else max(0.0, min(_POLL, end - time.monotonic()))
             try:
@@ -124,30 +140,29 @@ class DaskRecovery:
                 # UnboundLocalError: distributed's ``utils.sync`` (2026.8) when its coroutine ends in a
                 # CancelledError (a BaseException it does not catch) -- the timed wait cancelled in a race, seen in
                 # 3 of 100 jobs with two services' clients on one cluster under load: a step like a timeout
-                now = time.monotonic()
-                if end is not None and now >= end:
-                    raise WorkersLostError(f"the Dask workers did not finish within {timeout:.0f} s") from None
-                if _is_scheduler_loss(self.client):
-                    raise SchedulerLostError("lost the Dask scheduler while waiting for the workers; the last "
-                                             "checkpoint, if any, is intact") from None
-                if self._holder_left() or (pinned and not set(pinned) <= set(self._alive())):
-                    raise _WorkerLeft("a Dask worker holding partitions left during the call") from None
-                if self._alive():
-                    no_workers_since = None
-                elif no_workers_since is None:
-                    no_workers_since = now
-                elif now - no_workers_since > self.recovery_timeout:
-                    raise WorkersLostError(f"the Dask cluster has had no workers for {self.recovery_timeout:.0f} "
-                                           "s") from None
-                stuck = self._unrunnable(futures)
-                if not stuck:
-                    stuck_since = None
-                elif stuck_since is None:
-                    stuck_since = now
-                elif now - stuck_since > self.recovery_timeout:
-                    raise WorkersLostError(f"Dask task {stuck[0]} has waited {now - stuck_since:.0f} s for a worker "
-                                           "it may run on (its allowed workers are gone); the last checkpoint, if "
-                                           "any, is intact") from None
+                self._check_waiting(futures, end, timeout, pinned, no_workers, stuck)
+
+    def _check_waiting(self, futures, end, timeout, pinned, no_workers, stuck) -> None:
+        """One poll of ``_wait_for`` that found ``futures`` unfinished: raise if its deadline ``end`` has passed,
+        the scheduler or a partition holder (or a ``pinned`` worker) is gone, or the cluster has had no workers,
+        or a task no worker it may run on, for ``recovery_timeout`` seconds (``no_workers``, ``stuck``:
+        ``_Stall``s carried from poll to poll).  Called while the wait's timeout is handled: its errors are raised
+        ``from None``."""
+        now = time.monotonic()
+        if end is not None and now >= end:
+            raise WorkersLostError(f"the Dask workers did not finish within {timeout:.0f} s") from None
+        if _is_scheduler_loss(self.client):
+            raise SchedulerLostError("lost the Dask scheduler while waiting for the workers; the last checkpoint, "
+                                     "if any, is intact") from None
+        if self._holder_left() or (pinned and not set(pinned) <= set(self._alive())):
+            raise _WorkerLeft("a Dask worker holding partitions left during the call") from None
+        if no_workers.held_for(not self._alive(), now) > self.recovery_timeout:
+            raise WorkersLostError(f"the Dask cluster has had no workers for {self.recovery_timeout:.0f} s") from None
+        unrunnable = self._unrunnable(futures)
+        waited = stuck.held_for(bool(unrunnable), now)
+        if waited > self.recovery_timeout:
+            raise WorkersLostError(f"Dask task {unrunnable[0]} has waited {waited:.0f} s for a worker it may run on "
+                                   "(its allowed workers are gone); the last checkpoint, if any, is intact") from None
 
     def _unrunnable(self, futures) -> list:
         """Keys of ``futures`` the scheduler holds as ``no-worker`` (no worker they may run on is alive)."""

@@ -199,7 +199,7 @@ class DescentRun(StepRun):
         return self.ev.kl, self.ev.kl
 
     def advance(self, it: int) -> str:
-        r, s, ds, solver_state = self.rule, self.state, self.space_dims, self.solver_state
+        r, s, ds = self.rule, self.state, self.space_dims
         grad = self.ev.gradient
         rgrad = self.geometry.riemannian_gradient(s.coords, grad)
         if r.exaggeration_steps == "momentum" and it < r.exaggeration_iterations:
@@ -210,23 +210,7 @@ class DescentRun(StepRun):
             if not (r.polish_spectral_every and since > 0 and since % r.polish_spectral_every == 0):
                 return self._polish_step(it, rgrad)
             s.previous_space = None  # the momentum buffer is no warm start for the solve
-        direction = np.empty_like(s.coords)
-        if r.direction == "spectral":
-            direction[:ds] = guarded_solve(self, it, lambda: r._spectral(
-                self.executor, s.coords, grad[:ds], s.alpha, solver_state, s.previous_space, self.methods,
-                self.should_stop, tol=r._forcing(s, grad[:ds], self.methods[1])))
-            s.previous_space = direction[:ds].copy() if not polishing else np.zeros_like(direction[:ds])
-            if r.max_point_step is not None:
-                direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
-        else:
-            direction[:ds] = -rgrad[:ds]
-        if s.coords.shape[0] > ds:
-            if s.previous_time_step is not None:
-                s.time_rate *= 1.2 if np.sum(rgrad[ds:] * s.previous_time_step) < 0 else 0.5
-            direction[ds:] = -s.time_rate * rgrad[ds:]
-            if r.time_gains is not None and not polishing:
-                s.time_gains = time_gains(s.time_gains, rgrad[ds:], s.previous_time_step, r.time_gains)
-                direction[ds:] *= s.time_gains
+        direction = self._direction(it, grad, rgrad, polishing)
         alpha = s.alpha
         # a trial that is accepted is the next iteration's point: its objective is iteration it + 1's
         result = armijo(lambda x: self.evaluate(x, alpha, it + 1), s.coords, direction, self.ev, s.step, r.c, r.rho,
@@ -245,6 +229,31 @@ class DescentRun(StepRun):
         s.coords = result.coords
         self.ev = result.evaluation
         return MOVED
+
+    def _direction(self, it: int, grad: np.ndarray, rgrad: np.ndarray, polishing: bool) -> np.ndarray:
+        """The line search's direction at iteration ``it``: in space the spectral direction (each point's step
+        bounded by ``max_point_step``; kept as the next solve's warm start) or ``-rgrad``; in time ``-time_rate
+        rgrad`` (the rate grown 1.2x while the gradient still opposes the last time step, halved when it does not),
+        times the per-point ``time_gains`` outside the polish phase."""
+        r, s, ds, solver_state = self.rule, self.state, self.space_dims, self.solver_state
+        direction = np.empty_like(s.coords)
+        if r.direction == "spectral":
+            direction[:ds] = guarded_solve(self, it, lambda: r._spectral(
+                self.executor, s.coords, grad[:ds], s.alpha, solver_state, s.previous_space, self.methods,
+                self.should_stop, tol=r._forcing(s, grad[:ds], self.methods[1])))
+            s.previous_space = direction[:ds].copy() if not polishing else np.zeros_like(direction[:ds])
+            if r.max_point_step is not None:
+                direction[:ds] = bounded_direction(direction[:ds], grad[:ds], r.max_point_step)
+        else:
+            direction[:ds] = -rgrad[:ds]
+        if s.coords.shape[0] > ds:
+            if s.previous_time_step is not None:
+                s.time_rate *= 1.2 if np.sum(rgrad[ds:] * s.previous_time_step) < 0 else 0.5
+            direction[ds:] = -s.time_rate * rgrad[ds:]
+            if r.time_gains is not None and not polishing:
+                s.time_gains = time_gains(s.time_gains, rgrad[ds:], s.previous_time_step, r.time_gains)
+                direction[ds:] *= s.time_gains
+        return direction
 
     def _momentum_step(self, it: int, rgrad: np.ndarray) -> str:
         """One exaggeration-phase step of ``exaggeration_steps='momentum'``: space ``u <- m u - lr g`` (``lr =

@@ -201,24 +201,38 @@ def convolve_share(grid, charges: np.ndarray, share: int, shares: int, workers: 
     cheaper than sending its padded spectrum."""
     if not 0 <= share < shares:
         raise ValueError(f"share must be in [0, {shares}), got {share}")
+    if grid.time_in is None:
+        return _space_share(grid, charges, share, shares, transform_threads(grid.n_nodes, workers))
+    return _time_share(grid, charges, share, shares, workers)
+
+
+def _space_share(grid, charges: np.ndarray, share: int, shares: int, workers: int) -> ConvolutionShare:
+    """``convolve_share`` of a grid without a time axis: the potential columns ``share, share + shares, ...``,
+    each share transforming the charges forward itself, on ``workers`` threads per transform."""
     ds = grid.space_dims
     padded = grid.padded()
     plan = grid.plan
-    columns = list(range(share, grid.n_potentials, shares)) if grid.time_in is None else range(grid.n_potentials)
-    if grid.time_in is None:
-        workers = transform_threads(grid.n_nodes, workers)
+    columns = list(range(share, grid.n_potentials, shares))
     kernels = [kernel_spectrum(grid, plan.kernels[plan.potentials[c]], workers) for c in columns]
-    if grid.time_in is None:
-        values = np.empty((len(columns), grid.n_nodes), dtype=fft_dtype(ds))
-        z = 0.0
-        with_z = plan.z_kernel is not None and share == shares - 1
-        if columns or with_z:
-            spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
-            for i, kernel in enumerate(kernels):
-                values[i] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
-            if with_z:
-                z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
-        return ConvolutionShare(share, shares, values, z)
+    values = np.empty((len(columns), grid.n_nodes), dtype=fft_dtype(ds))
+    z = 0.0
+    with_z = plan.z_kernel is not None and share == shares - 1
+    if columns or with_z:
+        spectrum = _forward_padded(charges.reshape(grid.nodes).astype(fft_dtype(ds)), padded, workers)
+        for i, kernel in enumerate(kernels):
+            values[i] = _inverse_cropped(kernel * spectrum, padded, grid.nodes, workers).ravel()
+        if with_z:
+            z = _parseval_node_sum(kernel_spectrum(grid, plan.kernels[plan.z_kernel], workers), spectrum, padded)
+    return ConvolutionShare(share, shares, values, z)
+
+
+def _time_share(grid, charges: np.ndarray, share: int, shares: int, workers: int) -> ConvolutionShare:
+    """``convolve_share`` of a grid with a time axis: every column of the time components ``share, share +
+    shares, ...``, one component at a time on each of ``workers`` threads."""
+    ds = grid.space_dims
+    padded = grid.padded()
+    plan = grid.plan
+    kernels = [kernel_spectrum(grid, plan.kernels[plan.potentials[c]], workers) for c in range(grid.n_potentials)]
     by_component = charges.reshape(grid.nodes)
     components = range(share, grid.nodes[0], shares)
     out = np.empty((grid.n_potentials, len(components)) + grid.space_nodes, dtype=fft_dtype(ds))
