@@ -1,4 +1,5 @@
 """In-process executor: row blocks evaluated on a thread pool (the kernels release the GIL)."""
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,6 +13,7 @@ from .factor import factorize
 from ..repulsion.spec import FFTParams
 from .base import Executor
 from .laplacian import laplacian_matrix
+from .threadchoice import ThreadChoice
 
 
 POINT_ORDERS = ("given", "locality")
@@ -29,6 +31,10 @@ class LocalExecutor(Executor):
 
     ``repulsion``, ``fft_params``: see ``scalemb.engine.base.Executor``.
 
+    ``measure_threads`` (default True): with more than one thread, whether each evaluation uses the pool or this
+    thread alone is measured during the run (``scalemb.engine.threadchoice.ThreadChoice``: the pool is kept only
+    where it is >= 1.1x faster); False: always the pool.  Either way the same numbers (see above).
+
     ``point_order``: ``'given'`` (the default) evaluates P's rows in the input's order, as the Dask executor
     and a store input do; ``'locality'`` in P's reverse Cuthill-McKee order (``scalemb.affinity.ordering``),
     renumbering the points internally: coordinates, gradients and curvature are still exchanged in the input's
@@ -41,7 +47,8 @@ class LocalExecutor(Executor):
 
     def __init__(self, affinity: Affinity, model: Model, space_dims: int, time_dims: int,
                  n_threads: int | None = None, n_blocks: int | None = None, partitions=None,
-                 repulsion: str = "exact", fft_params: FFTParams | None = None, point_order: str = "given"):
+                 repulsion: str = "exact", fft_params: FFTParams | None = None, point_order: str = "given",
+                 measure_threads: bool = True):
         if point_order not in POINT_ORDERS:
             raise ValueError(f"unknown point_order {point_order!r}; choose one of {', '.join(POINT_ORDERS)}")
         if point_order == "locality" and partitions is not None:
@@ -49,7 +56,7 @@ class LocalExecutor(Executor):
         self._setup(model, space_dims, time_dims, affinity.n_points, repulsion, fft_params, model)
         self.affinity = affinity
         self.n_threads = n_threads or default_threads()
-        self._fft_workers = self.n_threads
+        self._alone = False  # this evaluation on the calling thread only (``thread_choice``)
         n = affinity.n_points
         self._order = self._rank = None
         internal = affinity
@@ -69,10 +76,32 @@ class LocalExecutor(Executor):
         self.blocks = [internal.row_block(r0, r1) for r0, r1 in bounds]
         self._entropy = sum(block.entropy_term() for block in self.blocks)
         self._pool = ThreadPoolExecutor(self.n_threads) if len(self.blocks) > 1 and self.n_threads > 1 else None
+        self.thread_choice = ThreadChoice() if measure_threads and self.n_threads > 1 else None
+
+    @property
+    def _fft_workers(self) -> int:
+        """Threads of the FFT pass's grid stages (spreading, transforms, interpolation)."""
+        return 1 if self._alone else self.n_threads
+
+    def evaluate(self, coords: np.ndarray, exaggeration: float = 1.0, with_kl: bool = True,
+                 iteration: int | None = None, choice=None):
+        """``Executor.evaluate``, on the pool or on this thread alone as ``thread_choice`` decides (and timed for
+        it)."""
+        if self.thread_choice is None:
+            return super().evaluate(coords, exaggeration, with_kl, iteration, choice)
+        pooled = self.thread_choice.pooled()
+        self._alone = not pooled
+        try:
+            start = time.perf_counter()
+            evaluation = super().evaluate(coords, exaggeration, with_kl, iteration, choice)
+            self.thread_choice.record(pooled, time.perf_counter() - start)
+        finally:
+            self._alone = False  # curvature and Laplacian products keep the pool
+        return evaluation
 
     def _map(self, fn):
         """``[fn(block) for block in self.blocks]`` on the thread pool, in block order."""
-        if self._pool is None:
+        if self._pool is None or self._alone:
             return [fn(b) for b in self.blocks]
         return list(self._pool.map(fn, self.blocks))
 
@@ -82,7 +111,7 @@ class LocalExecutor(Executor):
 
     def _map_kept(self, fn, kept, *args) -> list:
         pairs = list(zip(self.blocks, kept))
-        if self._pool is None:
+        if self._pool is None or self._alone:
             return [fn(b, k, *args) for b, k in pairs]
         return list(self._pool.map(lambda bk: fn(bk[0], bk[1], *args), pairs))
 
