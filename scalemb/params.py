@@ -225,7 +225,8 @@ PARAMS = (
           "--exaggeration-iterations", "exaggeration_iterations", int | None, {"ge": 0, "le": _HUGE}),
     Param("tol", None, "stop when the mean relative KL decrease per iteration falls below this (0: never; default: "
           "dbd 1e-7, sd/gd 1e-5)", None, "--tol", "tol", float | None, {"ge": 0.0}),
-    Param("n_jobs", None, "threads (None: every CPU usable; in Python also -1)", None, "--threads", None,
+    Param("n_jobs", None, "threads at most (None: every CPU usable; in Python also -1); in-process evaluations "
+          "use them where measured to pay", None, "--threads", None,
           int | None, {"ge": 1, "le": 4096}, words=(-1,)),
     Param("n_threads", None, "deprecated alias of n_jobs", run=False, alias_of="n_jobs"),
     Param("repulsion", "auto", "the all-pairs term: exact (N^2), fft (interpolated on a grid, O(N)) or auto (fft "

@@ -26,7 +26,7 @@ def test_a_pool_that_pays_is_kept_and_trials_become_rare():
     assert choice.use_pool and all(pooled for _, _, pooled in choice.history)
     assert [round(s, 3) for _, s, _ in choice.history][0] == 1.8
     alone = modes.count(False)
-    assert alone == 3 * len(choice.history)  # half of each trial, nothing else
+    assert alone == 2 * len(choice.history)  # a clear verdict after 4 evaluations, half of them alone
     assert len(choice.history) <= 5  # gaps 32, 128, 512, ...: a clear verdict waits 4x as long
     assert modes[:threadchoice.WARM_UP] == [True] * threadchoice.WARM_UP
 
@@ -35,7 +35,7 @@ def test_a_pool_that_does_not_pay_is_left():
     choice = ThreadChoice()
     modes = drive(choice, 500, lambda pooled, i: 0.021 if pooled else 0.020)
     assert not choice.use_pool
-    assert modes.count(True) == 3 * len(choice.history) + threadchoice.WARM_UP
+    assert modes.count(True) == 6 * len(choice.history) + threadchoice.WARM_UP  # 12 per trial: no clear verdict
     assert all(not pooled for _, _, pooled in choice.history)
 
 
@@ -48,7 +48,8 @@ def test_the_verdict_follows_a_change_of_cost():
 
 
 def test_an_aba_order_balances_a_steadily_growing_cost():
-    """Costs rising by 2 % per evaluation, the pool exactly as fast as one thread: no false verdict for it."""
+    """Costs rising by 2 % per evaluation, the pool exactly as fast as one thread: no false verdict for it (the
+    fastest evaluation each way, the first of each in the trial: one evaluation's growth apart)."""
     choice = ThreadChoice()
     drive(choice, 40, lambda pooled, i: 0.01 * 1.02 ** i)
     speedup = choice.history[0][1]
@@ -78,3 +79,12 @@ def test_measured_threads_change_no_bit(model, ds, dt):
                            measure_threads=False) as fixed:
             assert fixed.thread_choice is None
             np.testing.assert_array_equal(fixed.evaluate(Y).gradient, want.gradient)
+
+
+def test_one_slow_evaluation_does_not_turn_the_verdict():
+    """A shared host's interference only adds time: a pooled evaluation slowed 5x in the trial still leaves the
+    pool's fastest evaluation the measure."""
+    choice = ThreadChoice()
+    spikes = {threadchoice.WARM_UP, threadchoice.WARM_UP + 3}  # the trial's first two pooled evaluations
+    drive(choice, 20, lambda pooled, i: (0.05 if i in spikes else 0.010) if pooled else 0.018)
+    assert choice.history[0][2] is True and choice.use_pool
