@@ -135,16 +135,15 @@ def test_any_row_partition_gives_the_one_block_result(model, ds, dt):
 def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt, monkeypatch):
     """Fixed-point spreading: partial grids of any row split, summed in any order, and ``spread`` on any number
     of threads give the same charges bit for bit (what lets Dask workers each spread their own rows)."""
-    from scalemb.repulsion import fft, grid as grid_module
+    from scalemb.repulsion import grid as grid_module, threads as threads_module
 
     n = 20_000
     Y = _clustered_layout(n, ds, dt, 30.0, np.random.default_rng(3))
     grid = make_grid(model, ds, Y.min(axis=1), Y.max(axis=1), n_points=n)
     one = spread(grid, Y, 0, n, workers=1)
     monkeypatch.setattr(grid_module, "SORT_ROWS_PER_THREAD", 4096)  # the sort on threads too
-    for threads in (2, 3):
-        for module in (fft, grid_module):  # spread_fixed's shares, Grid.visit's sort
-            monkeypatch.setattr(module, "thread_count", lambda workers, t=threads: t)
+    for threads in (2, 3):  # spread_fixed's shares, Grid.visit's sort (threads_for)
+        monkeypatch.setattr(threads_module, "thread_count", lambda workers, t=threads: t)
         np.testing.assert_array_equal(spread(grid, Y, 0, n, workers=threads), one)
     parts = [spread_fixed(grid, Y, r0, r1) for r0, r1 in [(0, 7), (7, 9000), (9000, 9000), (9000, n)]]
     np.testing.assert_array_equal(fixed_charges(grid, parts[3] + parts[0] + parts[2] + parts[1]), one)
@@ -153,16 +152,17 @@ def test_charges_are_bit_identical_for_any_split_and_thread_count(model, ds, dt,
 
 
 def test_transform_threads_follow_the_grid_size_and_change_no_bit():
-    """scipy's transforms get one thread per ``TRANSFORM_NODES_PER_THREAD`` grid nodes, at most ``workers`` (scipy's
-    -1: every usable CPU), at least one; the convolution is the same bit for bit on any count."""
+    """scipy's transforms get one thread per ``TRANSFORM_NODES_PER_THREAD`` grid nodes (``threads_for``), at most
+    ``workers`` (scipy's -1: every usable CPU), at least one; the convolution is the same bit for bit on any count."""
     from scalemb.repulsion import convolution
+    from scalemb.repulsion.threads import threads_for
 
     per = convolution.TRANSFORM_NODES_PER_THREAD
-    assert convolution.transform_threads(per - 1, 2) == 1
-    assert convolution.transform_threads(2 * per, 2) == 2
-    assert convolution.transform_threads(10 * per, 3) == 3
-    assert convolution.transform_threads(10 * per, 1) == 1
-    assert 1 <= convolution.transform_threads(10 * per, -1) <= 10
+    assert threads_for(2, per - 1, per) == 1
+    assert threads_for(2, 2 * per, per) == 2
+    assert threads_for(3, 10 * per, per) == 3
+    assert threads_for(1, 10 * per, per) == 1
+    assert 1 <= threads_for(-1, 10 * per, per) <= 10
     grid = make_grid("tsne", 2, [0.0, 0.0], [80.0, 60.0], n_points=16_000)
     assert grid.n_nodes >= 2 * per
     charges = np.random.default_rng(4).random(grid.n_nodes)
@@ -634,7 +634,7 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     one grid, and interpolated in one pass over all rows (``interpolate_grid``, on threads) give every row block
     the same repulsion and Z, bit for bit, as the block's own pass in row order; also on a time-banded grid
     (SNEST) and on capped ones (near field)."""
-    from scalemb.repulsion import fft, grid as grid_module, grid_for
+    from scalemb.repulsion import fft, grid as grid_module, grid_for, threads as threads_module
     from scalemb.repulsion.fft import interpolate_grid, near_cells
 
     n = 6000
@@ -659,8 +659,7 @@ def test_box_order_threads_and_one_pass_interpolation_change_no_bit(model, ds, d
     assert np.all(np.diff(keys) >= 0) and np.array_equal(Yv, Y[:, order])
     assert (order != np.sort(order)).any() == (math.prod(grid.n_boxes) > 1)  # SNE's capped grid: one box
     for threads in (1, 2, 3):
-        for module in (fft, grid_module):
-            monkeypatch.setattr(module, "thread_count", lambda workers, t=threads: t)
+        monkeypatch.setattr(threads_module, "thread_count", lambda workers, t=threads: t)
         for got, want in zip(grid.visit(Y, 0, n, workers=threads), (order, keys, Yv)):
             np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(fft.spread_fixed(grid, Y, 0, n, workers=threads), as_given)

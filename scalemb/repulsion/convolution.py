@@ -13,7 +13,7 @@ import numpy as np
 import scipy.fft
 from numba import njit
 
-from .threads import thread_count
+from .threads import thread_count, threads_for
 
 def _offsets(n: int, padded: int, spacing: float) -> np.ndarray:
     """Node-difference coordinates in circular FFT order: ``m h`` at index m and ``(m - M) h`` at the end."""
@@ -184,12 +184,6 @@ def convolution_shares(grid) -> int:
 TRANSFORM_NODES_PER_THREAD = 2 ** 16
 
 
-def transform_threads(n_nodes: int, workers: int) -> int:
-    """How many threads scipy's transforms of a grid of ``n_nodes`` space nodes get of ``workers`` (scipy's
-    convention, ``thread_count``): at most one per ``TRANSFORM_NODES_PER_THREAD`` nodes."""
-    return max(1, min(thread_count(workers), n_nodes // TRANSFORM_NODES_PER_THREAD))
-
-
 def convolve_share(grid, charges: np.ndarray, share: int, shares: int, workers: int = 1) -> ConvolutionShare:
     """Share ``share`` of ``shares`` of ``convolve`` (``ConvolutionShare``): the same transforms, on the same
     numbers, as ``convolve`` runs for those columns or time components, so ``join_convolution`` of all shares is
@@ -202,7 +196,8 @@ def convolve_share(grid, charges: np.ndarray, share: int, shares: int, workers: 
     if not 0 <= share < shares:
         raise ValueError(f"share must be in [0, {shares}), got {share}")
     if grid.time_in is None:
-        return _space_share(grid, charges, share, shares, transform_threads(grid.n_nodes, workers))
+        threads = threads_for(workers, grid.n_nodes, TRANSFORM_NODES_PER_THREAD)  # one per so many nodes
+        return _space_share(grid, charges, share, shares, threads)
     return _time_share(grid, charges, share, shares, workers)
 
 

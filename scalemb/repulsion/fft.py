@@ -104,7 +104,7 @@ from .grid import SPREAD_ROWS_PER_THREAD, Grid, grid_for
 from .interpolation import interpolate_range, interpolate_visited, spread_visited, to_rows, z_sum
 from .near import near_kernel, time_outlier_rows
 from .spec import FFTParams
-from .threads import thread_count
+from .threads import threads_for
 
 def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | None = None,
                  workers: int = 1, visit: tuple | None = None) -> np.ndarray:
@@ -120,7 +120,7 @@ def spread_fixed(grid: Grid, Y: np.ndarray, r0: int, r1: int, out: np.ndarray | 
         return out
     order, keys, Yv = visit if visit is not None else grid.visit(Y, r0, r1)
     args = grid._loop_args(None if grid.time_in is None else grid.time_in[None])
-    workers = max(1, min(thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    workers = threads_for(workers, order.size, SPREAD_ROWS_PER_THREAD)
     if workers == 1 or keys is None:
         spread_visited(Yv, 0, order.size, *args, grid.charge_scale, out)
         return out
@@ -215,7 +215,7 @@ def interpolate_grid(grid: Grid, Y: np.ndarray, potentials: np.ndarray, workers:
         interpolate_range(Yv, j0, j1, *loop)
         to_rows(order, j0, j1, 0, Rv, zv, R, z_rows, visited)
 
-    workers = max(1, min(thread_count(workers), order.size // SPREAD_ROWS_PER_THREAD))
+    workers = threads_for(workers, order.size, SPREAD_ROWS_PER_THREAD)
     cuts = np.linspace(0, order.size, workers + 1).astype(np.int64)
     if workers == 1:
         share(0)

@@ -13,7 +13,7 @@ import scipy.fft
 from .interpolation import (MAX_OUTPUTS, box_keys, box_offsets, box_scatter, box_tables, bucket_divisor,
                             gather_columns)
 from .spec import CUTOFF_SIGMAS, MAX_TIME_POINTS, FFTParams, FFTSpec, Plan, fft_spec, model_name
-from .threads import on_threads, thread_count
+from .threads import on_threads, threads_for
 
 # a point's spread weight is below 2^CHARGE_HEADROOM_BITS in magnitude (tensor products of Lagrange weights,
 # ~1.2 per space axis, and the time map's row sums), checked in tests/test_fft_repulsion.py
@@ -162,7 +162,7 @@ class Grid:
         axes, lo, inv_width, n_boxes = self._loop_args(None)[:4]
         divisor, n_buckets = bucket_divisor(n_boxes, rows.size + SORT_BUCKETS)
         n = rows.size
-        workers = max(1, min(thread_count(workers), n // SORT_ROWS_PER_THREAD))
+        workers = threads_for(workers, n, SORT_ROWS_PER_THREAD)
         cuts = np.linspace(0, n, workers + 1).astype(np.int64)
         keys = np.empty(n, dtype=np.int64)
         counts = np.zeros((workers, n_buckets), dtype=np.int64)

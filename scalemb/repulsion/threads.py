@@ -17,3 +17,9 @@ def on_threads(fn, workers: int) -> None:
 def thread_count(workers: int) -> int:
     """``workers`` as a thread count (scipy's ``-1``: every CPU this process may use)."""
     return len(os.sched_getaffinity(0)) if workers < 0 else max(1, int(workers))
+
+
+def threads_for(workers: int, items: int, per_thread: int) -> int:
+    """Threads for ``items`` units of work split among them, each worth a thread only with ``per_thread`` of them:
+    at most ``thread_count(workers)``, at least one."""
+    return max(1, min(thread_count(workers), items // per_thread))
