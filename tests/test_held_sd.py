@@ -85,6 +85,14 @@ def test_held_mode_is_the_matrix_free_schedule_only(store):
         assert not held_mode(make_optimizer("gd", "tsne"), ex, n)
 
 
+def _in_process(store, model="tsne", time_dims=0):
+    """The uninterrupted run in-process: what every held run on the workers ends as, bit for bit
+    (``test_held_sd_on_two_workers_is_the_in_process_run...``), so the fault tests compare with it."""
+    n = AffinityStore(store).n_points
+    with _local(store, model, 2, time_dims) as local:
+        return make_optimizer("sd", model, **SCHEDULE).optimize(local, _start(n, 2 + time_dims, 3), ITERATIONS)
+
+
 def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, start=None, **kwargs):
     with DaskExecutor(store, get_model(model), 2, time_dims, client, repulsion="fft", fft_params=FFT) as dask:
         start = _start(dask.n_points, 2 + time_dims, 3) if start is None else start
@@ -101,8 +109,7 @@ def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, start=None
 def test_held_sd_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_the_client(
         store, dask_cluster, model, time_dims):
     n = AffinityStore(store).n_points
-    with _local(store, model, 2, time_dims) as local:
-        expected = make_optimizer("sd", model, **SCHEDULE).optimize(local, _start(n, 2 + time_dims, 3), ITERATIONS)
+    expected = _in_process(store, model, time_dims)
     got, traffic, workers = _dask_run(store, dask_cluster.client, model, time_dims)
     assert workers == 2
     _same(expected, got)
@@ -119,9 +126,7 @@ def test_held_sd_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_
 @pytest.mark.slow
 @pytest.mark.parametrize("n_workers", [1, 3])
 def test_held_sd_on_one_and_three_workers_is_the_in_process_run(store, request, n_workers):
-    n = AffinityStore(store).n_points
-    with _local(store, "tsne", 2, 0) as local:
-        expected = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, _start(n, 2, 3), ITERATIONS)
+    expected = _in_process(store)
     if n_workers == 3:  # the session's two workers and one more
         request.getfixturevalue("grow_dask")(1)
         client = request.getfixturevalue("dask_cluster").client
@@ -136,9 +141,7 @@ def test_held_sd_on_one_and_three_workers_is_the_in_process_run(store, request, 
 def test_a_checkpoint_taken_on_the_cluster_resumes_in_process_bit_for_bit(store, dask_cluster):
     """The state exported on the workers mid-run (inside the spectral phase, and inside the polish phase) and
     continued in-process ends where the uninterrupted in-process run ends."""
-    n = AffinityStore(store).n_points
-    with _local(store, "tsne", 2, 0) as local:
-        expected = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, _start(n, 2, 3), ITERATIONS)
+    expected = _in_process(store)
     taken = {}
 
     def checkpoint(it, export):
@@ -148,7 +151,7 @@ def test_a_checkpoint_taken_on_the_cluster_resumes_in_process_bit_for_bit(store,
     _dask_run(store, dask_cluster.client, "tsne", 0, checkpoint=checkpoint)
     assert sorted(taken) == [14, 23]
     for it, state in taken.items():
-        assert state.iteration == it and state.coords.shape == (2, n)
+        assert state.iteration == it and state.coords.shape == expected.coords.shape
         with _local(store, "tsne", 2, 0) as local:
             resumed = make_optimizer("sd", "tsne", **SCHEDULE).optimize(local, None, ITERATIONS, state=state)
         _same(expected, resumed)
@@ -173,7 +176,6 @@ def test_a_run_resumed_from_an_in_process_checkpoint_is_held_again(store):
     assert _HeldDescentRun.recentres is False
 
 
-@pytest.mark.slow
 def _kill_at_product(victim, nth, monkeypatch) -> list:
     """Have the ``nth`` held Laplacian product SIGKILL ``victim`` (a worker process) first; the calls, counted."""
     import signal
@@ -194,16 +196,15 @@ def _kill_at_product(victim, nth, monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_cg_rewinds_and_ends_as_the_uninterrupted_run(store, dask_cluster, grow_dask,
                                                                           monkeypatch, caplog):
     """A worker holding rows SIGKILLed inside a CG solve (the 14th Laplacian product: iteration 10's solve): the
     run rewinds to its last exported state (a checkpoint's export at the start of iteration 10) on the workers
     alive and replays; it ends as the uninterrupted run, bit for bit (three workers: the session's two and the
     victim)."""
-
-
+    expected = _in_process(store)
     [victim] = grow_dask(1)
-    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
     calls = _kill_at_product(victim, 14, monkeypatch)
     exports = []
 
@@ -223,11 +224,9 @@ def test_a_worker_killed_before_any_checkpoint_rederives_the_start_from_its_reci
     """The start given as a recipe (what the runner passes: ``derives_start``), so that the client keeps no copy
     of it: a worker SIGKILLed inside iteration 10's CG solve with no checkpoint taken rewinds to the start,
     re-derived by the recipe (called a second time), and ends as the uninterrupted run, bit for bit."""
-
-
+    expected = _in_process(store)
     [victim] = grow_dask(1)
     n = AffinityStore(store).n_points
-    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
     calls, derived = _kill_at_product(victim, 14, monkeypatch), []
 
     def recipe():
@@ -248,7 +247,7 @@ def test_a_holder_seen_leaving_during_a_wait_rewinds_even_if_it_is_back(store, d
     from scalemb.engine.distributed import DaskExecutor as Executor
     from scalemb.engine.faults import WorkerLeft
 
-    expected, _, _ = _dask_run(store, dask_cluster.client, "tsne", 0)
+    expected = _in_process(store)
     calls = []
     original = Executor._halo_partials
 
