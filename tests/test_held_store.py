@@ -15,6 +15,7 @@ import zarr
 
 import scalemb
 from scalemb.affinity import AffinityStore
+from scalemb.engine import LocalExecutor
 from scalemb.engine.distributed import DaskExecutor
 from scalemb.engine.held_dask import DaskHeld
 from scalemb.errors import ScalembError
@@ -117,6 +118,15 @@ def _runs_on_cluster(store, client, *, n_iter=40, checkpoint=None, callback=None
                                                                 checkpoint=checkpoint, callback=callback), dask
 
 
+def _runs_in_process(store, n_iter):
+    """``_runs_on_cluster``'s run in-process: the held run on the workers ends as it does, bit for bit
+    (tests/test_held.py), so the fault tests compare with it."""
+    st = AffinityStore(store)
+    with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions, repulsion="fft") as ex:
+        start = np.random.default_rng(5).normal(size=(2, ex.n_points)) * 1e-4
+        return make_optimizer("dbd", "tsne", tol=0.0).optimize(ex, lambda: start.copy(), n_iter)
+
+
 @pytest.mark.slow
 def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, dask_cluster, grow_dask):
     """Before any checkpoint, a worker lost rewinds the run to its start, re-derived from the recipe it was
@@ -124,7 +134,7 @@ def test_a_worker_lost_before_any_checkpoint_rewinds_to_the_start(store, dask_cl
     this test's own, the one killed)."""
     [victim] = grow_dask(1)
     processes = dask_cluster
-    expected, _ = _runs_on_cluster(store, processes.client, n_iter=25)
+    expected = _runs_in_process(store, n_iter=25)
 
     def kill_at(it, kl):
         if it == 12 and victim.poll() is None:

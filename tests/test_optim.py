@@ -162,7 +162,7 @@ def test_auto_optimizer_depends_on_the_input_size():
     assert (mid.exaggeration, mid.exaggeration_iterations, mid.exaggeration_steps) == (12.0, 125, "momentum")
     assert resolve_optimizer(auto, AUTO_SCHEDULE_MIN_POINTS - 1) == LineSearchDescent()
     snest_mid = make_optimizer("auto", "snest", n_points=5241)
-    assert (snest_mid.exaggeration, snest_mid.exaggeration_iterations, snest_mid.exaggeration_momentum) == (6.0, 100,
+    assert (snest_mid.exaggeration, snest_mid.exaggeration_iterations, snest_mid.exaggeration_momentum) == (6.0, 150,
                                                                                                             0.8)
     assert make_optimizer("auto", "tsne", n_points=5241, exaggeration_iterations=0).exaggeration_iterations == 0
     assert make_optimizer("auto", "sne", n_points=10 ** 6) == DeltaBarDelta()
