@@ -111,9 +111,14 @@ def test_workers_that_cannot_see_the_store_leave_the_checkpoints_to_the_client(s
     assert_same_result(scalemb.resume(out, in_process=True), reference)
 
 
+def _start(n_points: int) -> np.ndarray:
+    """The start of the runs below (the cluster's and the in-process reference's: the same one)."""
+    return np.random.default_rng(5).normal(size=(2, n_points)) * 1e-4
+
+
 def _runs_on_cluster(store, client, *, n_iter=40, checkpoint=None, callback=None):
     with DaskExecutor(store, get_model("tsne"), 2, 0, client, repulsion="fft") as dask:
-        start = np.random.default_rng(5).normal(size=(2, dask.n_points)) * 1e-4
+        start = _start(dask.n_points)
         return make_optimizer("dbd", "tsne", tol=0.0).optimize(dask, lambda: start.copy(), n_iter,
                                                                 checkpoint=checkpoint, callback=callback), dask
 
@@ -123,8 +128,7 @@ def _runs_in_process(store, n_iter):
     (tests/test_held.py), so the fault tests compare with it."""
     st = AffinityStore(store)
     with LocalExecutor(st.to_affinity(), get_model("tsne"), 2, 0, partitions=st.partitions, repulsion="fft") as ex:
-        start = np.random.default_rng(5).normal(size=(2, ex.n_points)) * 1e-4
-        return make_optimizer("dbd", "tsne", tol=0.0).optimize(ex, lambda: start.copy(), n_iter)
+        return make_optimizer("dbd", "tsne", tol=0.0).optimize(ex, _start(ex.n_points), n_iter)
 
 
 @pytest.mark.slow
