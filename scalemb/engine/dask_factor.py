@@ -7,7 +7,6 @@ import threading
 
 import numpy as np
 
-from .dask_keys import task_key
 from .factor import factorize
 from .faults import SchedulerLostError
 from .faults import WorkerLeft as _WorkerLeft
@@ -177,8 +176,7 @@ class RemoteFactorization:
 
         def build():
             parts = [f for pair in zip(ex._blocks, ex._weights) for f in pair]
-            future = ex.client.submit(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind,
-                                      *parts, key=task_key(factorize_partitions))
+            future = ex._task(factorize_partitions, ex.n_points, self._mu, self._ordering, self._kind, *parts)
             ex._settle([future])
             holders = ex.client.who_has([future]).get(future.key)
             if not holders:
@@ -192,8 +190,7 @@ class RemoteFactorization:
     def _on_holder(self, fn, *args):
         """``fn(factor, *args)`` on the factor's worker and nowhere else, gathered."""
         ex = self._executor
-        future = ex.client.submit(fn, self._future, *args, workers=[self._holder], allow_other_workers=False,
-                                  key=task_key(fn))
+        future = ex._task(fn, self._future, *args, workers=[self._holder], allow_other_workers=False)
         return ex._gather([future], pinned=[self._holder])[0]
 
     def solve(self, G: np.ndarray) -> np.ndarray:

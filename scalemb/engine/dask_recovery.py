@@ -207,10 +207,9 @@ class DaskRecovery:
             if f.status == "finished":
                 continue
             f.release()
-            self._blocks[k] = self.client.submit(load_partition, self._path, r0, r1,
-                                                 key=f"scalemb-P-{self._token}-{k}-r{self._reloads}",
-                                                 workers=[workers[k * len(workers) // n_parts]],
-                                                 allow_other_workers=True)
+            self._blocks[k] = self._task(load_partition, self._path, r0, r1,
+                                         key=f"scalemb-P-{self._token}-{k}-r{self._reloads}",
+                                         workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
 
     def _recover(self) -> None:
         """After a worker loss: wait until every partition is held again, recompute the curvature weights.

@@ -45,6 +45,7 @@ import hashlib
 import operator
 import uuid
 
+import dask
 import numpy as np
 
 from ..affinity.affinity import RowBlock
@@ -124,11 +125,15 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         token = f"{(self.store.content_hash or '')[:16]}-{hashlib.sha1(path.encode()).hexdigest()[:12]}-" \
                 f"{uuid.uuid4().hex[:8]}"
         self._path, self._token, self._reloads = path, token, 0
+        # every task of this run in one Dask span ("scalemb <token>" on the dashboard): left to Dask, each idle
+        # moment opens a new default span, and a worker keeps every span's task statistics (``_forget_span_metrics``)
+        # -- ~70 keys an iteration, measured, which grew a worker's memory over a long run
+        self._span = {"name": (f"scalemb {token}",), "ids": (str(uuid.uuid4()),)}
         # contiguous runs of partitions per worker: neighbouring rows share columns, so a worker's halo is
         # smaller than with the partitions dealt round robin (placement never changes a result)
         n_parts = len(self.partitions)
-        self._blocks = [client.submit(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
-                                      workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
+        self._blocks = [self._task(load_partition, path, r0, r1, key=f"scalemb-P-{token}-{k}",
+                                   workers=[workers[k * len(workers) // n_parts]], allow_other_workers=True)
                         for k, (r0, r1) in enumerate(self.partitions)]
         # the workers chosen count as the holders until the partitions are loaded: one of them leaving while they
         # load is a worker loss like any other (recovered: ``_run``), not a wait for tasks left ``no-worker``
@@ -185,8 +190,8 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         """``fn(block_k, *args)`` for every partition k, left on the partition's worker: their futures (a failure
         surfaces here, not in a later use)."""
         shipped = self._ship(args)
-        futures = [self.client.submit(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
-                                      allow_other_workers=True, key=task_key(fn))
+        futures = [self._task(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
+                              allow_other_workers=True)
                    for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
         self._settle(futures)
         return futures
@@ -223,8 +228,8 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         per_worker = {}
         for k, holder in enumerate(self._holders):
             per_worker.setdefault(holder, []).append(k)
-        futures = [self.client.submit(run_partitions, fn, [[args[k] for args in per_partition_args] for k in ks],
-                                      workers=[h] if h else None, allow_other_workers=True, key=task_key(fn))
+        futures = [self._task(run_partitions, fn, [[args[k] for args in per_partition_args] for k in ks],
+                              workers=[h] if h else None, allow_other_workers=True, key=task_key(fn))
                    for h, ks in per_worker.items()]
         results = [None] * len(self._holders)
         for ks, batch in zip(per_worker.values(), self._gather(futures)):
@@ -265,8 +270,13 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         inputs: measured, every worker's own rows crossed over in Laplacian products).  They all read data
         scattered to their worker, so a lost worker fails them (and ``_run`` recovers) instead of leaving them
         waiting for it."""
-        return self.client.submit(fn, *args, workers=None if worker is None else [worker],
-                                  allow_other_workers=not strict, key=task_key(fn))
+        return self._task(fn, *args, workers=None if worker is None else [worker], allow_other_workers=not strict)
+
+    def _task(self, fn, *args, key=None, **options):
+        """``client.submit(fn, *args, **options)`` in this run's span, keyed ``key`` or by the operation
+        (``task_key``): every task of the executor is submitted here."""
+        with dask.annotate(span=self._span):
+            return self.client.submit(fn, *args, key=key or task_key(fn), **options)
 
     def _compute_curvature(self) -> None:
         if not self.halo:
