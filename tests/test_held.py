@@ -150,15 +150,27 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     expected = _local_run(store, "tsne", 2, 0, start, 12, fft_params=params)
     grow_dask(1)
     with DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client, repulsion="fft", fft_params=params) as dask:
-        submitted, submit = [], dask._submit
-        dask._submit = lambda fn, *args, **kwargs: submitted.append(fn.__name__) or submit(fn, *args, **kwargs)
+        submitted, waits, submit = [], [], dask._submit
+
+        def count(fn, *args, **kwargs):
+            submitted.append(fn.__name__)
+            if fn.__name__ == "prepare_view":  # the attraction, and the task it waits for
+                waits.append(str(getattr(args[-1], "key", None)))
+            return submit(fn, *args, **kwargs)
+
+        dask._submit = count
         got = make_optimizer("dbd", "tsne").optimize(dask, start, 12)
         assert len(dask._halo[0].workers) == 3
         evaluations = dask.stats["halo_evaluations"]
     _same(expected, got)
-    assert evaluations >= 12 and submitted.count("visit_view") == 3 * evaluations
+    assert evaluations >= 12 and submitted.count("spread_view") == 3 * evaluations
     shares = schedule["CONVOLVING_WORKERS"] or 2
     assert submitted.count("convolve_part") == shares * evaluations
+    # every worker's attraction; a convolving worker's after its share of the convolution (the potentials all
+    # workers wait for come first)
+    assert len(waits) == 3 * evaluations
+    assert sum(key.startswith("repulsion-convolution-") for key in waits) == shares * evaluations
+    assert waits.count("None") == (3 - shares) * evaluations
     sums = 2 if "DIRECT_SUM_WORKERS" in schedule else shares  # a tree: two pairwise sums; else one per share
     assert submitted.count("add_grids") == sums * evaluations
 

@@ -27,6 +27,9 @@ DIRECT_SUM_WORKERS = 4
 # forward transform beside the others' threads (measured slower on a loaded 2-core machine: docs/scaling.md).
 # None suits workers on separate machines, whose cores the others cannot use.
 CONVOLVING_WORKERS = 1
+# A grid whose pickle is at most this size goes in every task that reads it (no task holding it on each worker:
+# a task fewer per worker and evaluation); a larger one (SNEST's time band: ~19 KB) once per worker.
+GRID_IN_TASKS_BYTES = 4096
 
 
 def _summed_grid_transfers(workers: int, k: int) -> int:
@@ -106,7 +109,8 @@ class HaloExchange:
         self.stats["bytes_sent"] += sum(array_bytes(v) for v in values.values())
         return futures
 
-    def _exchange(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None) -> tuple:
+    def _exchange(self, X: np.ndarray | None, own: dict | None = None, dims: int | None = None,
+                  priority: int = 0) -> tuple:
         """Each worker's own rows of ``X`` (``(d, N)``, internal order), sent by the client -- or ``own``, futures
         of those rows already on the workers (``d = dims``) -- and the pieces of each worker's halo, cut by the
         workers that own them: futures ``own[w]``, ``pieces[v, w]``."""
@@ -115,7 +119,7 @@ class HaloExchange:
             own = self._scatter_each({w: np.ascontiguousarray(X[:, halo_fns.own_rows(self.partitions, plan.parts[w])])
                                       for w in plan.workers})
             dims = X.shape[0]
-        pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0])
+        pieces = {key: self._submit(halo_fns.take_columns, own[key[0]], needs[key], worker=key[0], priority=priority)
                   for key in needs}
         self.stats["bytes_between_workers"] += sum(plan.pieces.values()) * dims * 8
         return own, pieces
@@ -153,35 +157,44 @@ class HaloExchange:
         the worker function that finishes the evaluation and keeps the rows there (``engine.held_dask``).
 
         The schedule, per worker: the halo pieces it cuts for the others (``_exchange``: they travel meanwhile);
-        its own rows in box order (``visit_view``) and their charges (``spread_view``), which need no halo; its
-        compact columns (``assemble``) and the rows' attraction (``attraction_view``: it needs no potentials, so it
-        runs while the grids travel and are convolved); on each of the first K workers (K: as many as the
-        convolution has shares, ``repulsion.convolution.convolution_shares``, at most W) the summed charges
-        (``add_grids``) and its share of the convolution (``convolve_part``); then the rows' repulsion from all
-        the shares (``finish_view``).  Tasks are submitted in that order, the order a worker runs those ready."""
+        its own rows' charges in box order (``spread_view``), which need no halo; on each of the first K workers
+        (K: as many as the convolution has shares, ``repulsion.convolution.convolution_shares``, at most W;
+        ``CONVOLVING_WORKERS``) the summed charges (``add_grids``) and its share of the convolution
+        (``convolve_part``); the rows' attraction on the compact columns and their box order (``prepare_view``:
+        no potentials needed, so on the other workers it runs while the grids travel and are convolved, on a
+        convolving worker after its share); then the rows' repulsion from all the shares (``finish_prepared``)."""
         plan, views, _ = self._halo_state()
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
-        # the grid goes to each worker once (a task holding it), not with every task that uses it
-        on = {w: self._submit(halo_fns.relay, grid, worker=w) for w in workers}
-        own, pieces = self._exchange(None, own, dims)  # the halo pieces cut first: they travel while spreading
-        visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w) for w in workers}
-        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w) for w in workers]
-        X = {w: self._submit(halo_fns.assemble, views[w], own[w], *[pieces[v, w] for v in plan.sources(w)],
-                             worker=w) for w in workers}
-        attraction = {w: self._submit(halo_fns.attraction_view, views[w], X[w], self._model_arg, self.space_dims,
-                                      with_kl, worker=w) for w in workers}
+        # The grid goes in the tasks that read it if small (t-SNE's: ~1 KB), else to each worker once, in a task
+        # holding it (``GRID_IN_TASKS_BYTES``); the box order is made in the spreading task and again, off the
+        # critical path, in ``prepare_view`` with the attraction: per evaluation 4 tasks a worker and one dependent
+        # hop before the charges (it was 7 tasks and three hops: each task costs the scheduler CPU and each
+        # dependent step a Dask hop, ``halo.prepare_view``).  Priorities give each worker the order (equal, it ran
+        # its ready tasks in the order of their names): the pieces the others wait for, the charges, the sum and
+        # convolution, the attraction, the interpolation.
+        blob = len(pickle.dumps(grid, protocol=5))
+        on = {w: grid for w in workers} if blob <= GRID_IN_TASKS_BYTES else \
+            {w: self._submit(halo_fns.relay, grid, worker=w, priority=5) for w in workers}
+        own, pieces = self._exchange(None, own, dims, priority=4)
+        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], None, worker=w, priority=3)
+                 for w in workers]
         shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
         k = max(1, min(len(workers), shares))
         totals = self._sum_grids(grids, workers, k)
         parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
-                              worker=workers[i]) for i in range(k)]
+                              worker=workers[i], priority=2) for i in range(k)]
+        # a convolving worker prepares after its share: started first, while the other grids travel, its attraction
+        # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
+        # idle ~25 ms an evaluation)
+        prepared = {w: self._submit(halo_fns.prepare_view, views[w], own[w], [pieces[v, w] for v in plan.sources(w)],
+                                    on[w], self._model_arg, self.space_dims, with_kl, parts[i] if i < k else None,
+                                    worker=w, priority=1) for i, w in enumerate(workers)}
         futures = []
         for w in workers:
-            fn, *extra = (halo_fns.finish_view,) if keep is None else keep(w)
-            futures.append(self._submit(fn, views[w], own[w], on[w], visits[w], attraction[w], parts, *extra,
-                                        worker=w))
+            fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)
+            futures.append(self._submit(fn, views[w], own[w], on[w], prepared[w], parts, *extra, worker=w))
         z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
         results = [None] * len(self.partitions)
@@ -191,7 +204,8 @@ class HaloExchange:
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
         self.stats["bytes_between_workers"] += _summed_grid_transfers(len(workers), k) * grid.n_nodes * 8
-        self.stats["bytes_sent"] += len(workers) * len(pickle.dumps(grid, protocol=5))  # the grid, once per worker
+        # the grid in the 3W + K tasks that read it, or once per worker (``relay``)
+        self.stats["bytes_sent"] += (3 * len(workers) + k if blob <= GRID_IN_TASKS_BYTES else len(workers)) * blob
         return results, grid_z
 
     def _sum_grids(self, grids: list, workers: list, k: int) -> list:
@@ -200,12 +214,12 @@ class HaloExchange:
         pairwise tree among the workers into the first, then copies down a tree (``_broadcast``).  Integer sums:
         the same grid either way."""
         if len(workers) <= DIRECT_SUM_WORKERS:
-            return [self._submit(halo_fns.add_grids, grids[i], *(grids[:i] + grids[i + 1:]), worker=workers[i])
-                    for i in range(k)]
+            return [self._submit(halo_fns.add_grids, grids[i], *(grids[:i] + grids[i + 1:]), worker=workers[i],
+                                 priority=2) for i in range(k)]
         grids = list(grids)
         for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
             for i, j in round_:
-                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i])
+                grids[i] = self._submit(halo_fns.add_grids, grids[i], grids[j], worker=workers[i], priority=2)
         return self._broadcast(grids[0], workers[:k])
 
     def _broadcast(self, future, workers: list) -> list:
@@ -215,6 +229,6 @@ class HaloExchange:
         step = 1
         while step < len(workers):
             for i in range(min(step, len(workers) - step)):
-                copies[i + step] = self._submit(halo_fns.relay, copies[i], worker=workers[i + step])
+                copies[i + step] = self._submit(halo_fns.relay, copies[i], worker=workers[i + step], priority=2)
             step *= 2
         return copies

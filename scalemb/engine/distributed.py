@@ -264,13 +264,16 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
 
     # --- halo exchange (scalemb.engine.halo)
 
-    def _submit(self, fn, *args, worker=None, strict=True):
+    def _submit(self, fn, *args, worker=None, strict=True, key=None, priority=0):
         """``fn(*args)`` as a task on ``worker``.  ``strict``: only there -- the halo exchange's tasks must run
         where their data is (a loosely restricted task may be stolen by another worker, which then fetches the
         inputs: measured, every worker's own rows crossed over in Laplacian products).  They all read data
         scattered to their worker, so a lost worker fails them (and ``_run`` recovers) instead of leaving them
-        waiting for it."""
-        return self._task(fn, *args, workers=None if worker is None else [worker], allow_other_workers=not strict)
+        waiting for it.  ``key``: the task's key (default: named by ``fn``, ``task_key``).  ``priority``: Dask's
+        (higher first, among the tasks ready on a worker; tasks submitted within 100 ms of each other otherwise tie
+        and a worker runs them in the order of their keys)."""
+        return self._task(fn, *args, workers=None if worker is None else [worker], allow_other_workers=not strict,
+                          key=key, priority=priority)
 
     def _task(self, fn, *args, key=None, **options):
         """``client.submit(fn, *args, **options)`` in this run's span, keyed ``key`` or by the operation

@@ -10,9 +10,10 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
    travels worker to worker, never through the client;
 3. with FFT repulsion, each worker visits its own rows in box order (``visit_view``) and spreads their charges
    (``spread_view``: fixed point, so partial grids sum exactly in any order); it computes their attraction
-   (``attraction_view``) while the grids are summed (``add_grids``) on each of the K workers that convolve (one
-   by default; each of K computes every K-th potential column or time component, ``convolve_part``); each worker
-   interpolates its own rows from the convolution's shares (``finish_view``);
+   (``attraction_view``, with the box order again for the interpolation: ``prepare_view``) while the grids are
+   summed (``add_grids``) on each of the K workers that convolve (one by default; each of K computes every K-th
+   potential column or time component, ``convolve_part``); each worker interpolates its own rows from the
+   convolution's shares (``finish_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
 A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
@@ -136,6 +137,26 @@ def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, wit
     model = block_model(model)
     Yt = point_major(X)
     return [attraction_block(model, b, X, space_dims, with_kl, Yt) for b in view.blocks]
+
+
+def prepare_view(view: WorkerView, own: np.ndarray, pieces: list, grid, model, space_dims: int, with_kl: bool,
+                 after=None) -> tuple:
+    """What a worker's rows need before their potentials, in one task: ``(attraction_view`` on its compact
+    columns (``assemble``: its own rows and the halo ``pieces``), ``visit_view``'s box order``)``.  ``after``: a
+    task it waits for and does not read (a convolving worker's share of the convolution: the potentials all the
+    workers wait for come before its own attraction).
+
+    Why one task: each task of an evaluation costs the scheduler CPU (measured, 2 workers at 1.5e5 points: ~6 ms
+    a task on the process that runs the client and a ``LocalCluster``'s scheduler, beside the workers on 2
+    cores) and each dependent step a Dask hop (~6-8 ms, ``benchmarks/dask_latency.py``)."""
+    return attraction_view(view, assemble(view, own, *pieces), model, space_dims, with_kl), \
+        visit_view(view, own, grid)
+
+
+def finish_prepared(view: WorkerView, own: np.ndarray, grid, prepared: tuple, shares: list) -> list:
+    """``finish_view`` from ``prepare_view``'s ``(attraction, visit)``."""
+    attraction, visit = prepared
+    return finish_view(view, own, grid, visit, attraction, shares)
 
 
 def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attraction: list, shares: list) -> list:

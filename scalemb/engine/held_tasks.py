@@ -6,7 +6,7 @@ import numpy as np
 
 from ..repulsion.grid import band_counts, block_extent
 from .blocks import add_reaction, laplacian_block
-from .halo import assemble, curvature_view, finish_view
+from .halo import assemble, curvature_view, finish_prepared
 from .held import read_block, shift_rows
 from .laplacian import row_sums
 
@@ -145,10 +145,10 @@ def held_ensure(rows: dict, shapes: dict) -> None:
             rows[name] = np.zeros((int(d), width))
 
 
-def held_finish_view(view, own, grid, visit, attraction, shares, box, ks) -> list:
-    """``halo.finish_view``, keeping each partition's rows of attraction and repulsion here; returns the
+def held_finish_view(view, own, grid, prepared, shares, box, ks) -> list:
+    """``halo.finish_prepared``, keeping each partition's rows of attraction and repulsion here; returns the
     partitions' results without them (Z, ``sum p log w``, outlier reactions)."""
-    results = finish_view(view, own, grid, visit, attraction, shares)
+    results = finish_prepared(view, own, grid, prepared, shares)
     for k, res in zip(ks, results):
         rows = _rows(box, k)
         rows["_attraction"], rows["_repulsion"] = res.attraction, res.repulsion
