@@ -280,10 +280,10 @@ def test_three_workers_run_identical_to_local(store, dask_cluster, grow_dask):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["take_columns", "add_grids", "prepare_view"])
+@pytest.mark.parametrize("stage", ["take_columns", "convolve_grids", "prepare_view"])
 def test_worker_killed_inside_the_exchange_recovers_identical(store, dask_cluster, grow_dask, monkeypatch, stage):
     """SIGKILL a worker in the middle of an evaluation's halo exchange (``take_columns``: workers cutting each
-    other's halo pieces), its grid reduction (``add_grids``) or the attraction on the assembled halo
+    other's halo pieces), its grids' sum and convolution (``convolve_grids``) or the attraction on the assembled halo
     (``prepare_view``): the evaluation is repeated on the two workers left and the run ends where the in-process run
     ends, bit for bit."""
     import signal

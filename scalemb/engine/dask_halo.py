@@ -19,7 +19,7 @@ from . import halo as halo_fns
 from .blocks import reduce_blocks
 from .fft_pass import fft_grid
 
-# Workers that each sum all W charge grids themselves (``DaskExecutor._sum_grids``); above it, a tree.
+# Workers that each sum all W charge grids themselves (``halo.convolve_grids``); above it, a tree (``_sum_grids``).
 DIRECT_SUM_WORKERS = 4
 # How many workers share one evaluation's convolution (None: as many as it has shares, at most W; 1: one worker
 # convolves).  1 by default: with the workers on one machine the convolving worker's FFT threads (``-1``: every
@@ -159,10 +159,11 @@ class HaloExchange:
         The schedule, per worker: the halo pieces it cuts for the others (``_exchange``: they travel meanwhile);
         its own rows' charges in box order (``spread_view``), which need no halo; on each of the first K workers
         (K: as many as the convolution has shares, ``repulsion.convolution.convolution_shares``, at most W;
-        ``CONVOLVING_WORKERS``) the summed charges (``add_grids``) and its share of the convolution
-        (``convolve_part``); the rows' attraction on the compact columns and their box order (``prepare_view``:
-        no potentials needed, so on the other workers it runs while the grids travel and are convolved, on a
-        convolving worker after its share); then the rows' repulsion from all the shares (``finish_prepared``)."""
+        ``CONVOLVING_WORKERS``) the summed charges and its share of the convolution (``convolve_grids``; above
+        ``DIRECT_SUM_WORKERS``, ``add_grids`` in a tree and ``convolve_part``); the rows' attraction on the
+        compact columns and their box order (``prepare_view``: no potentials needed, so on the other workers it
+        runs while the grids travel and are convolved, on a convolving worker after its share); then the rows'
+        repulsion from all the shares (``finish_prepared``)."""
         plan, views, _ = self._halo_state()
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
@@ -182,9 +183,13 @@ class HaloExchange:
                  for w in workers]
         shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
         k = max(1, min(len(workers), shares))
-        totals = self._sum_grids(grids, workers, k)
-        parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
-                              worker=workers[i], priority=2) for i in range(k)]
+        if len(workers) <= DIRECT_SUM_WORKERS:  # each convolving worker sums all the grids itself, in its task
+            parts = [self._submit(halo_fns.convolve_grids, on[workers[i]], i, k, self._fft_workers, grids[i],
+                                  *(grids[:i] + grids[i + 1:]), worker=workers[i], priority=2) for i in range(k)]
+        else:
+            totals = self._sum_grids(grids, workers, k)
+            parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
+                                  worker=workers[i], priority=2) for i in range(k)]
         # a convolving worker prepares after its share: started first, while the other grids travel, its attraction
         # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
         # idle ~25 ms an evaluation)
@@ -209,13 +214,10 @@ class HaloExchange:
         return results, grid_z
 
     def _sum_grids(self, grids: list, workers: list, k: int) -> list:
-        """The summed charge grids on each of ``workers[:k]`` (futures): with few workers
-        (``DIRECT_SUM_WORKERS``) each of them sums all the grids (fetched at once, no dependent rounds); else a
-        pairwise tree among the workers into the first, then copies down a tree (``_broadcast``).  Integer sums:
-        the same grid either way."""
-        if len(workers) <= DIRECT_SUM_WORKERS:
-            return [self._submit(halo_fns.add_grids, grids[i], *(grids[:i] + grids[i + 1:]), worker=workers[i],
-                                 priority=2) for i in range(k)]
+        """The summed charge grids on each of ``workers[:k]`` (futures), for more than ``DIRECT_SUM_WORKERS``
+        workers (with fewer, each convolving worker sums all the grids in its convolution's task,
+        ``halo.convolve_grids``: fetched at once, no dependent rounds): a pairwise tree among the workers into the
+        first, then copies down a tree (``_broadcast``).  Integer sums: the same grid either way."""
         grids = list(grids)
         for round_ in halo_fns.tree_pairs(workers):  # pairwise sums among the workers, never via the client
             for i, j in round_:

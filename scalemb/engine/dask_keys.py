@@ -7,7 +7,8 @@ import uuid
 _OPERATIONS = {
     "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft",
     "spread_view": "repulsion-spread", "add_grids": "repulsion-sum-grids",
-    "convolve_part": "repulsion-convolution", "visit_view": "repulsion-box-order", "attraction_view": "attraction",
+    "convolve_part": "repulsion-convolution", "convolve_grids": "repulsion-convolution",
+    "visit_view": "repulsion-box-order", "attraction_view": "attraction",
     "finish_view": "gradient-rows", "finish_prepared": "gradient-rows", "held_finish_view": "held-gradient-rows",
     "prepare_view": "attraction",
     "convolution_z": "repulsion-normaliser", "curvature_partition": "curvature", "curvature_view": "curvature",

@@ -120,6 +120,12 @@ def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int
     return convolve_share(grid, fixed_charges(grid, total), share, shares, workers)
 
 
+def convolve_grids(grid, share: int, shares: int, workers: int, *grids: np.ndarray) -> ConvolutionShare:
+    """``convolve_part`` of the sum of the workers' charge ``grids`` (``add_grids``), in one task: a Dask hop
+    fewer on every evaluation's critical path."""
+    return convolve_part(grid, add_grids(*grids), share, shares, workers)
+
+
 def relay(value):
     """A copy of ``value`` on this worker (one step of the tree broadcast of the potentials)."""
     return value
