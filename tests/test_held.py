@@ -131,7 +131,8 @@ def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, request,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", [{"CONVOLVING_WORKERS": None}, {"CONVOLVING_WORKERS": 1},
-                                      {"CONVOLVING_WORKERS": None, "DIRECT_SUM_WORKERS": 2}])
+                                      {"CONVOLVING_WORKERS": None, "DIRECT_SUM_WORKERS": 2},
+                                      {"CONVOLVING_WORKERS": 1, "VISIT_IN_TASKS_ROWS": 0}])
 def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store, dask_cluster, grow_dask,
                                                                           monkeypatch, schedule):
     """t-SNE on three workers from a start wide enough for a grid visited box by box: the convolution's two shares
@@ -164,6 +165,8 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
         evaluations = dask.stats["halo_evaluations"]
     _same(expected, got)
     assert evaluations >= 12 and submitted.count("spread_view") == 3 * evaluations
+    # the box order in a task of its own for many rows a worker, else made in the tasks that read it
+    assert submitted.count("visit_view") == (3 if "VISIT_IN_TASKS_ROWS" in schedule else 0) * evaluations
     shares = schedule["CONVOLVING_WORKERS"] or 2
     tree = "DIRECT_SUM_WORKERS" in schedule  # a tree of pairwise sums, then the convolution; else both in one task
     assert submitted.count("convolve_part" if tree else "convolve_grids") == shares * evaluations

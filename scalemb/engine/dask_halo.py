@@ -30,6 +30,10 @@ CONVOLVING_WORKERS = 1
 # A grid whose pickle is at most this size goes in every task that reads it (no task holding it on each worker:
 # a task fewer per worker and evaluation); a larger one (SNEST's time band: ~19 KB) once per worker.
 GRID_IN_TASKS_BYTES = 4096
+# Up to this many own rows a worker, the box order of an evaluation is made in the tasks that read it (twice: a
+# task and a dependent hop fewer, ~6-8 ms of Dask latency); above, once, in a task of its own (measured on one
+# thread: 8.6 ms for 75,000 rows, 28 ms for 384,000).
+VISIT_IN_TASKS_ROWS = 50_000
 
 
 def _summed_grid_transfers(workers: int, k: int) -> int:
@@ -169,17 +173,24 @@ class HaloExchange:
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
         # The grid goes in the tasks that read it if small (t-SNE's: ~1 KB), else to each worker once, in a task
-        # holding it (``GRID_IN_TASKS_BYTES``); the box order is made in the spreading task and again, off the
-        # critical path, in ``prepare_view`` with the attraction: per evaluation 4 tasks a worker and one dependent
-        # hop before the charges (it was 7 tasks and three hops: each task costs the scheduler CPU and each
-        # dependent step a Dask hop, ``halo.prepare_view``).  Priorities give each worker the order (equal, it ran
-        # its ready tasks in the order of their names): the pieces the others wait for, the charges, the sum and
-        # convolution, the attraction, the interpolation.
+        # holding it (``GRID_IN_TASKS_BYTES``); the box order, for few rows a worker (``VISIT_IN_TASKS_ROWS``), is
+        # made in the spreading task and again, off the critical path, in ``prepare_view`` with the attraction:
+        # per evaluation 4 tasks a worker and one dependent hop before the charges (it was 7 tasks and three hops:
+        # each task costs the scheduler CPU and each dependent step a Dask hop, ``halo.prepare_view``); for more,
+        # once in a task of its own (made twice it cost more than the hop: 28 ms a worker at 7.7e5 points).
+        # Priorities give each worker the order (equal, it ran its ready tasks in the order of their names): the
+        # pieces the others wait for, the charges, the sum and convolution, the attraction, the interpolation.
         blob = len(pickle.dumps(grid, protocol=5))
         on = {w: grid for w in workers} if blob <= GRID_IN_TASKS_BYTES else \
             {w: self._submit(halo_fns.relay, grid, worker=w, priority=5) for w in workers}
         own, pieces = self._exchange(None, own, dims, priority=4)
-        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], None, worker=w, priority=3)
+        rows = max(sum(self.partitions[j][1] - self.partitions[j][0] for j in plan.parts[w]) for w in workers)
+        if rows <= VISIT_IN_TASKS_ROWS:
+            visits = {w: None for w in workers}
+        else:
+            visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w, priority=3)
+                      for w in workers}
+        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w, priority=3)
                  for w in workers]
         shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
         k = max(1, min(len(workers), shares))
@@ -194,8 +205,8 @@ class HaloExchange:
         # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
         # idle ~25 ms an evaluation)
         prepared = {w: self._submit(halo_fns.prepare_view, views[w], own[w], [pieces[v, w] for v in plan.sources(w)],
-                                    on[w], self._model_arg, self.space_dims, with_kl, parts[i] if i < k else None,
-                                    worker=w, priority=1) for i, w in enumerate(workers)}
+                                    on[w], self._model_arg, self.space_dims, with_kl, visits[w],
+                                    parts[i] if i < k else None, worker=w, priority=1) for i, w in enumerate(workers)}
         futures = []
         for w in workers:
             fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)

@@ -146,17 +146,17 @@ def attraction_view(view: WorkerView, X: np.ndarray, model, space_dims: int, wit
 
 
 def prepare_view(view: WorkerView, own: np.ndarray, pieces: list, grid, model, space_dims: int, with_kl: bool,
-                 after=None) -> tuple:
+                 visit: tuple | None = None, after=None) -> tuple:
     """What a worker's rows need before their potentials, in one task: ``(attraction_view`` on its compact
-    columns (``assemble``: its own rows and the halo ``pieces``), ``visit_view``'s box order``)``.  ``after``: a
-    task it waits for and does not read (a convolving worker's share of the convolution: the potentials all the
-    workers wait for come before its own attraction).
+    columns (``assemble``: its own rows and the halo ``pieces``), the box order ``visit`` (``visit_view``; made
+    here if None)``)``.  ``after``: a task it waits for and does not read (a convolving worker's share of the
+    convolution: the potentials all the workers wait for come before its own attraction).
 
     Why one task: each task of an evaluation costs the scheduler CPU (measured, 2 workers at 1.5e5 points: ~6 ms
     a task on the process that runs the client and a ``LocalCluster``'s scheduler, beside the workers on 2
     cores) and each dependent step a Dask hop (~6-8 ms, ``benchmarks/dask_latency.py``)."""
     return attraction_view(view, assemble(view, own, *pieces), model, space_dims, with_kl), \
-        visit_view(view, own, grid)
+        visit_view(view, own, grid) if visit is None else visit
 
 
 def finish_prepared(view: WorkerView, own: np.ndarray, grid, prepared: tuple, shares: list) -> list:
