@@ -172,14 +172,12 @@ class HaloExchange:
         self.stats["calls"] += 1
         self.stats["halo_evaluations"] += 1
         workers = plan.workers
-        # The grid goes in the tasks that read it if small (t-SNE's: ~1 KB), else to each worker once, in a task
-        # holding it (``GRID_IN_TASKS_BYTES``); the box order, for few rows a worker (``VISIT_IN_TASKS_ROWS``), is
-        # made in the spreading task and again, off the critical path, in ``prepare_view`` with the attraction:
-        # per evaluation 4 tasks a worker and one dependent hop before the charges (it was 7 tasks and three hops:
-        # each task costs the scheduler CPU and each dependent step a Dask hop, ``halo.prepare_view``); for more,
-        # once in a task of its own (made twice it cost more than the hop: 28 ms a worker at 7.7e5 points).
-        # Priorities give each worker the order (equal, it ran its ready tasks in the order of their names): the
-        # pieces the others wait for, the charges, the sum and convolution, the attraction, the interpolation.
+        # Per evaluation and worker: the rows, the cut, the charges, ``prepare_view``, the interpolation (it was 7
+        # tasks and three hops before the charges: each task costs the scheduler CPU and each dependent step a Dask
+        # hop).  The grid rides in the tasks if small (``GRID_IN_TASKS_BYTES``); the box order is made where it is
+        # read for few rows a worker (``VISIT_IN_TASKS_ROWS``).  Priorities give each worker the order (equal, it
+        # ran its ready tasks in the order of their names): the pieces the others wait for, the charges, the sum
+        # and convolution, the attraction, the interpolation.
         blob = len(pickle.dumps(grid, protocol=5))
         on = {w: grid for w in workers} if blob <= GRID_IN_TASKS_BYTES else \
             {w: self._submit(halo_fns.relay, grid, worker=w, priority=5) for w in workers}

@@ -11,9 +11,9 @@ the Laplacian products of its rows need exactly the coordinates of ``U_w = own_w
 3. with FFT repulsion, each worker visits its own rows in box order (``visit_view``) and spreads their charges
    (``spread_view``: fixed point, so partial grids sum exactly in any order); it computes their attraction
    (``attraction_view``, with the box order again for the interpolation: ``prepare_view``) while the grids are
-   summed (``add_grids``) on each of the K workers that convolve (one by default; each of K computes every K-th
-   potential column or time component, ``convolve_part``); each worker interpolates its own rows from the
-   convolution's shares (``finish_view``);
+   summed on each of the K workers that convolve and convolved there (one by default; each of K computes every
+   K-th potential column or time component: ``convolve_grids``, or beyond a few workers a tree of ``add_grids``
+   and ``convolve_part``); each worker interpolates its own rows from the convolution's shares (``finish_view``);
 4. the client gathers the rows of the gradient (and the blocks' small sums) and reduces them in partition order.
 
 A Laplacian product (the spectral direction's CG steps) is one task round instead: the client sends each worker
@@ -152,8 +152,8 @@ def prepare_view(view: WorkerView, own: np.ndarray, pieces: list, grid, model, s
     here if None)``)``.  ``after``: a task it waits for and does not read (a convolving worker's share of the
     convolution: the potentials all the workers wait for come before its own attraction).
 
-    Why one task: each task of an evaluation costs the scheduler CPU (measured, 2 workers at 1.5e5 points: ~6 ms
-    a task on the process that runs the client and a ``LocalCluster``'s scheduler, beside the workers on 2
+    Why one task: each task costs the scheduler CPU (2 workers at 1.5e5 points: the process running the client
+    and a ``LocalCluster``'s scheduler spent ~130 ms of CPU per iteration of 21 tasks, beside the workers on 2
     cores) and each dependent step a Dask hop (~6-8 ms, ``benchmarks/dask_latency.py``)."""
     return attraction_view(view, assemble(view, own, *pieces), model, space_dims, with_kl), \
         visit_view(view, own, grid) if visit is None else visit
