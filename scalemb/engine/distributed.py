@@ -353,9 +353,10 @@ def _forget_span_metrics(dask_worker=None) -> int:
     worker through ``client.run``, in its event loop, where they are written); returns how many.
 
     Why: a worker adds every finished task's timings to ``digests_total`` and ``digests_max`` under
-    ``('execute', span id, task prefix, activity, unit)`` and never drops them; the scheduler opens a new
-    "default" span each time the cluster's unannotated tasks have all finished, so a run of many short waits (an
-    optimiser's iterations) opens one span per wait and a worker's statistics grow with every job.  Nothing reads
+    ``('execute', span id, task prefix, activity, unit)`` and never drops them.  A run's tasks are one span
+    (``DaskExecutor._task``), so within a run they stay a few keys per operation; this drops the ended run's, which
+    would otherwise add up job after job on a long-lived worker (the service's), as would any tasks left to Dask's
+    "default" spans (a new one each time the cluster goes idle).  Nothing reads
     these on the worker (the heartbeats send ``digests_total_since_heartbeat``, a copy reset at each beat), so
     dropping a finished span's keys loses no metric."""
     live = {getattr(ts, "span_id", None) for ts in dask_worker.state.tasks.values()}
