@@ -137,8 +137,9 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
                                                                           monkeypatch, schedule):
     """t-SNE on three workers from a start wide enough for a grid visited box by box: the convolution's two shares
     on two of them, each summing the three charge grids (``CONVOLVING_WORKERS = None``), on one of them (1, the
-    default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``): the
-    in-process run, bit for bit, every evaluation on the workers' halos."""
+    default), or the grids summed by a tree and the sum copied to the two (``DIRECT_SUM_WORKERS = 2``), the
+    other workers' charges packed where they are summed directly: the in-process run, bit for bit, every
+    evaluation on the workers' halos."""
     from scalemb.engine import dask_halo
     from scalemb.repulsion.grid import SORT_ABOVE_BYTES, grid_for
 
@@ -164,11 +165,15 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
         assert len(dask._halo[0].workers) == 3
         evaluations = dask.stats["halo_evaluations"]
     _same(expected, got)
-    assert evaluations >= 12 and submitted.count("spread_view") == 3 * evaluations
     # the box order in a task of its own for many rows a worker, else made in the tasks that read it
     assert submitted.count("visit_view") == (3 if "VISIT_IN_TASKS_ROWS" in schedule else 0) * evaluations
     shares = schedule["CONVOLVING_WORKERS"] or 2
     tree = "DIRECT_SUM_WORKERS" in schedule  # a tree of pairwise sums, then the convolution; else both in one task
+    # each worker's charges: a convolving worker's whole, the others' packed (the boxes of their rows) unless
+    # summed by the tree
+    packed = 0 if tree else 3 - shares
+    assert evaluations >= 12 and submitted.count("spread_packed") == packed * evaluations
+    assert submitted.count("spread_view") == (3 - packed) * evaluations
     assert submitted.count("convolve_part" if tree else "convolve_grids") == shares * evaluations
     assert submitted.count("add_grids") == (2 if tree else 0) * evaluations
     # every worker's attraction; a convolving worker's after its share of the convolution (the potentials all

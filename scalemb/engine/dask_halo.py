@@ -178,38 +178,43 @@ class HaloExchange:
         # read for few rows a worker (``VISIT_IN_TASKS_ROWS``).  Priorities give each worker the order (equal, it
         # ran its ready tasks in the order of their names): the pieces the others wait for, the charges, the sum
         # and convolution, the attraction, the interpolation.
-        blob = len(pickle.dumps(grid, protocol=5))
-        on = {w: grid for w in workers} if blob <= GRID_IN_TASKS_BYTES else \
-            {w: self._submit(halo_fns.relay, grid, worker=w, priority=5) for w in workers}
-        own, pieces = self._exchange(None, own, dims, priority=4)
-        rows = max(sum(self.partitions[j][1] - self.partitions[j][0] for j in plan.parts[w]) for w in workers)
-        if rows <= VISIT_IN_TASKS_ROWS:
-            visits = {w: None for w in workers}
-        else:
-            visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w, priority=3)
-                      for w in workers}
-        grids = [self._submit(halo_fns.spread_view, views[w], own[w], on[w], visits[w], worker=w, priority=3)
-                 for w in workers]
-        shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
-        k = max(1, min(len(workers), shares))
-        if len(workers) <= DIRECT_SUM_WORKERS:  # each convolving worker sums all the grids itself, in its task
-            parts = [self._submit(halo_fns.convolve_grids, on[workers[i]], i, k, self._fft_workers, grids[i],
-                                  *(grids[:i] + grids[i + 1:]), worker=workers[i], priority=2) for i in range(k)]
-        else:
-            totals = self._sum_grids(grids, workers, k)
-            parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
-                                  worker=workers[i], priority=2) for i in range(k)]
-        # a convolving worker prepares after its share: started first, while the other grids travel, its attraction
-        # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
-        # idle ~25 ms an evaluation)
-        prepared = {w: self._submit(halo_fns.prepare_view, views[w], own[w], [pieces[v, w] for v in plan.sources(w)],
-                                    on[w], self._model_arg, self.space_dims, with_kl, visits[w],
-                                    parts[i] if i < k else None, worker=w, priority=1) for i, w in enumerate(workers)}
-        futures = []
-        for w in workers:
-            fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)
-            futures.append(self._submit(fn, views[w], own[w], on[w], prepared[w], parts, *extra, worker=w))
-        z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
+        with self._one_graph():  # one message to the scheduler (``engine.dask_graph``), sent by the wait
+            blob = len(pickle.dumps(grid, protocol=5))
+            on = {w: grid for w in workers} if blob <= GRID_IN_TASKS_BYTES else \
+                {w: self._submit(halo_fns.relay, grid, worker=w, priority=5) for w in workers}
+            own, pieces = self._exchange(None, own, dims, priority=4)
+            rows = max(sum(self.partitions[j][1] - self.partitions[j][0] for j in plan.parts[w]) for w in workers)
+            if rows <= VISIT_IN_TASKS_ROWS:
+                visits = {w: None for w in workers}
+            else:
+                visits = {w: self._submit(halo_fns.visit_view, views[w], own[w], on[w], worker=w, priority=3)
+                          for w in workers}
+            shares = convolution_shares(grid) if CONVOLVING_WORKERS is None else CONVOLVING_WORKERS
+            k = max(1, min(len(workers), shares))
+            # the convolving workers' charges whole, the others' packed (the boxes their rows occupy:
+            # ``halo.spread_packed``), unless they are summed in a tree (``add_grids``)
+            packs = len(workers) <= DIRECT_SUM_WORKERS
+            grids = [self._submit(halo_fns.spread_packed if packs and i >= k else halo_fns.spread_view, views[w],
+                                  own[w], on[w], visits[w], worker=w, priority=3) for i, w in enumerate(workers)]
+            if len(workers) <= DIRECT_SUM_WORKERS:  # each convolving worker sums all the grids itself, in its task
+                parts = [self._submit(halo_fns.convolve_grids, on[workers[i]], i, k, self._fft_workers, grids[i],
+                                      *(grids[:i] + grids[i + 1:]), worker=workers[i], priority=2) for i in range(k)]
+            else:
+                totals = self._sum_grids(grids, workers, k)
+                parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
+                                      worker=workers[i], priority=2) for i in range(k)]
+            # a convolving worker prepares after its share: started first, while the other grids travel, its attraction
+            # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
+            # idle ~25 ms an evaluation)
+            prepared = {w: self._submit(halo_fns.prepare_view, views[w], own[w],
+                                        [pieces[v, w] for v in plan.sources(w)], on[w], self._model_arg,
+                                        self.space_dims, with_kl, visits[w], parts[i] if i < k else None, worker=w,
+                                        priority=1) for i, w in enumerate(workers)}
+            futures = []
+            for w in workers:
+                fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)
+                futures.append(self._submit(fn, views[w], own[w], on[w], prepared[w], parts, *extra, worker=w))
+            z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
         results = [None] * len(self.partitions)
         for w, batch in zip(workers, batches):
@@ -217,6 +222,8 @@ class HaloExchange:
                 results[j] = res
         potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
         self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
+        # whole grids' bytes: an upper bound where they travel packed (the occupied boxes' share, known on the
+        # workers only)
         self.stats["bytes_between_workers"] += _summed_grid_transfers(len(workers), k) * grid.n_nodes * 8
         # the grid in the 3W + K tasks that read it, or once per worker (``relay``)
         self.stats["bytes_sent"] += (3 * len(workers) + k if blob <= GRID_IN_TASKS_BYTES else len(workers)) * blob

@@ -129,6 +129,7 @@ class DaskRecovery:
         def wait(futures, timeout):
             return self.client.sync(_wait, futures, timeout=timeout)
 
+        self._send_graph()  # tasks of an open graph (``_one_graph``) first: they may be what is waited for
         end = None if timeout is None else time.monotonic() + timeout
         no_workers, stuck = _Stall(), _Stall()
         while True:

@@ -41,6 +41,7 @@ The executor's halo exchange is ``engine.dask_halo.HaloExchange`` and its fault 
 ``engine.dask_recovery.DaskRecovery``, both inherited; this module holds its set-up, the per-call helpers, the
 curvature and the Laplacian products.
 """
+import contextlib
 import hashlib
 import operator
 import uuid
@@ -57,6 +58,7 @@ from ..repulsion.spec import FFTParams
 from . import halo as halo_fns
 from .base import Executor
 from .dask_factor import RemoteFactorization
+from .dask_graph import TaskGraph
 from .dask_halo import HaloExchange, array_bytes
 from .dask_recovery import RECOVERY_TIMEOUT, DaskRecovery, load_partition
 from .dask_keys import task_key
@@ -106,6 +108,7 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         self.partitions = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self.bounds = self.partitions
         self._scattered = {}
+        self._graph = None  # a graph being collected (``_one_graph``)
         self.halo = bool(halo)
         self._halo = None  # (HaloLayout, {worker: view future}, {(v, w): needs future}) for the current holders
         self._plan_shares, self._full = {}, None  # the workers' plan shares (futures); the plan with its arrays
@@ -190,9 +193,10 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         """``fn(block_k, *args)`` for every partition k, left on the partition's worker: their futures (a failure
         surfaces here, not in a later use)."""
         shipped = self._ship(args)
-        futures = [self._task(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
-                              allow_other_workers=True)
-                   for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
+        with self._one_graph():
+            futures = [self._task(fn, b, *[values[k] for values in shipped], workers=[h] if h else None,
+                                  allow_other_workers=True)
+                       for k, (b, h) in enumerate(zip(self._blocks, self._holders))]
         self._settle(futures)
         return futures
 
@@ -228,9 +232,10 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         per_worker = {}
         for k, holder in enumerate(self._holders):
             per_worker.setdefault(holder, []).append(k)
-        futures = [self._task(run_partitions, fn, [[args[k] for args in per_partition_args] for k in ks],
-                              workers=[h] if h else None, allow_other_workers=True, key=task_key(fn))
-                   for h, ks in per_worker.items()]
+        with self._one_graph():
+            futures = [self._task(run_partitions, fn, [[args[k] for args in per_partition_args] for k in ks],
+                                  workers=[h] if h else None, allow_other_workers=True, key=task_key(fn))
+                       for h, ks in per_worker.items()]
         results = [None] * len(self._holders)
         for ks, batch in zip(per_worker.values(), self._gather(futures)):
             for k, result in zip(ks, batch):
@@ -277,9 +282,35 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
 
     def _task(self, fn, *args, key=None, **options):
         """``client.submit(fn, *args, **options)`` in this run's span, keyed ``key`` or by the operation
-        (``task_key``): every task of the executor is submitted here."""
+        (``task_key``): every task of the executor is submitted here.  Inside ``_one_graph`` the task is added
+        to its graph instead (sent at the next wait or at the end of the block)."""
+        key = key or task_key(fn)
+        if self._graph is not None:
+            return self._graph.add(key, fn, args, options)
         with dask.annotate(span=self._span):
-            return self.client.submit(fn, *args, key=key or task_key(fn), **options)
+            return self.client.submit(fn, *args, key=key, **options)
+
+    @contextlib.contextmanager
+    def _one_graph(self):
+        """The tasks submitted inside the block reach the scheduler as one graph (``engine.dask_graph``: one
+        message and one graph update instead of one each, the stream's 10-ms batching not waited for), sent when
+        the block ends or before anything waits for a task (``_wait_for``); nested blocks join the outer one.  An
+        error inside drops the tasks not yet sent."""
+        if self._graph is not None:
+            yield
+            return
+        self._graph = TaskGraph(self.client)
+        try:
+            yield
+            self._send_graph()
+        finally:
+            self._graph = None
+
+    def _send_graph(self) -> None:
+        """Send the open graph's tasks (``_one_graph``), in this run's span."""
+        if self._graph is not None:
+            with dask.annotate(span=self._span):
+                self._graph.send()
 
     def _compute_curvature(self) -> None:
         if not self.halo:

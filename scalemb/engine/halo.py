@@ -34,6 +34,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..repulsion.convolution import ConvolutionShare, convolve_share, join_convolution
 from ..repulsion.fft import fixed_charges, interpolate_grid, spread_fixed
+from ..repulsion.packed import PackedCharges, pack_charges, sum_charges
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 from .base import block_model
 
@@ -106,6 +107,14 @@ def spread_view(view: WorkerView, own: np.ndarray, grid, visit: tuple | None = N
     return spread_fixed(grid, own, 0, own.shape[1], visit=visit_view(view, own, grid) if visit is None else visit)
 
 
+def spread_packed(view: WorkerView, own: np.ndarray, grid, visit: tuple | None = None) -> PackedCharges:
+    """``spread_view``'s charges at the boxes the rows occupy (``repulsion.packed``): what a worker that does
+    not convolve sends to those that do, a fraction of the grid's bytes (23 % for each of two workers' rows at
+    1.5e5 points), summed exactly (``convolve_grids``)."""
+    visit = visit_view(view, own, grid) if visit is None else visit
+    return pack_charges(grid, spread_fixed(grid, own, 0, own.shape[1], visit=visit), visit[2])
+
+
 def add_grids(*grids: np.ndarray) -> np.ndarray:
     """The sum of fixed-point charge grids (exact: integer addition, any order gives the same)."""
     total = grids[0] + grids[1] if len(grids) > 1 else grids[0].copy()
@@ -120,10 +129,10 @@ def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int
     return convolve_share(grid, fixed_charges(grid, total), share, shares, workers)
 
 
-def convolve_grids(grid, share: int, shares: int, workers: int, *grids: np.ndarray) -> ConvolutionShare:
-    """``convolve_part`` of the sum of the workers' charge ``grids`` (``add_grids``), in one task: a Dask hop
-    fewer on every evaluation's critical path."""
-    return convolve_part(grid, add_grids(*grids), share, shares, workers)
+def convolve_grids(grid, share: int, shares: int, workers: int, *grids) -> ConvolutionShare:
+    """``convolve_part`` of the sum of the workers' charge ``grids`` (whole or packed: ``spread_packed``;
+    ``repulsion.packed.sum_charges``), in one task: a Dask hop fewer on every evaluation's critical path."""
+    return convolve_part(grid, sum_charges(grid, *grids), share, shares, workers)
 
 
 def relay(value):

@@ -99,8 +99,9 @@ class DaskHeld:
             if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
                 raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
                                       "rows stayed with the old ones")
-            futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, writer,
-                                       (directory, fields, starts), worker=w) for w in plan.workers]
+            with self.ex._one_graph():
+                futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, writer,
+                                           (directory, fields, starts), worker=w) for w in plan.workers]
             self.ex.stats["bytes_sent"] += len(futures) * _size((directory, fields, starts))
             try:
                 batches = self._gather(futures)
@@ -249,8 +250,9 @@ class DaskHeld:
         if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
             raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
                                   "rows stayed with the old ones")
-        futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args_of(w), worker=w)
-                   for w in plan.workers]
+        with self.ex._one_graph():
+            futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args_of(w), worker=w)
+                       for w in plan.workers]
         self.ex.stats["bytes_sent"] += sum(_size((shift, args_of(w))) for w in plan.workers)
         batches = self._gather(futures)
         self.ex.stats["bytes_received"] += _size(batches)
@@ -290,15 +292,16 @@ class DaskHeld:
         self._check_holders(plan)
         extent, shift = self._extent, self._take_shift()
         targets = {v: [w for w in plan.workers if (v, w) in needs] for v in plan.workers}
-        cuts = {v: ex._submit(held_cut, self._boxes[v], plan.parts[v], shift, name, before,
-                              [needs[v, w] for w in targets[v]], worker=v) for v in plan.workers}
+        with ex._one_graph():
+            cuts = {v: ex._submit(held_cut, self._boxes[v], plan.parts[v], shift, name, before,
+                                  [needs[v, w] for w in targets[v]], worker=v) for v in plan.workers}
+            pieces = {}
+            for v in plan.workers:
+                for i, w in enumerate(targets[v]):
+                    pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
+            futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
+                                  [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
         ex.stats["bytes_sent"] += len(cuts) * _size((shift, name, before))
-        pieces = {}
-        for v in plan.workers:
-            for i, w in enumerate(targets[v]):
-                pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
-        futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
-                              [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
         ex.stats["bytes_sent"] += len(futures) * _size((name, args))
         ex.stats["bytes_between_workers"] += sum(plan.pieces.values()) * \
             self._dims.get(name, ex.space_dims) * 8
@@ -334,8 +337,9 @@ class DaskHeld:
 
     def _put_rows(self, name: str, rows: list) -> None:
         plan = self.ex._halo_state()[0]
-        futures = [self.ex._submit(held_put_rows, self._boxes[w], plan.parts[w], name, [rows[k] for k in plan.parts[w]],
-                                   worker=w) for w in plan.workers]
+        with self.ex._one_graph():
+            futures = [self.ex._submit(held_put_rows, self._boxes[w], plan.parts[w], name,
+                                       [rows[k] for k in plan.parts[w]], worker=w) for w in plan.workers]
         self.ex.stats["bytes_sent"] += sum(r.nbytes for r in rows)
         self._gather(futures)
 
@@ -377,10 +381,11 @@ class DaskHeld:
                 return self._on_client(exaggeration, with_kl, iteration, choice)
         plan = ex._halo_state()[0]
         shift = self._take_shift()
-        own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
-        ex.stats["bytes_sent"] += len(own) * _size(shift)
-        results, grid_z = ex._halo_partials(grid, with_kl, own, ex.space_dims + ex.time_dims,
-                                            keep=lambda w: (held_finish_view, self._boxes[w], plan.parts[w]))
+        with ex._one_graph():  # the rows' tasks and the evaluation's in one graph (``_halo_partials`` sends it)
+            own = {w: ex._submit(held_own, self._boxes[w], plan.parts[w], shift, worker=w) for w in plan.workers}
+            ex.stats["bytes_sent"] += len(own) * _size(shift)
+            results, grid_z = ex._halo_partials(grid, with_kl, own, ex.space_dims + ex.time_dims,
+                                                keep=lambda w: (held_finish_view, self._boxes[w], plan.parts[w]))
         ex.stats["bytes_received"] += _size(results)
         z, plogw, reaction = sum_partials(results, grid_z)
         value, total = ex.model.objective.values(plogw, z, ex._entropy, exaggeration, with_kl, n)
@@ -394,9 +399,10 @@ class DaskHeld:
     def _gradient(self, z, exaggeration, outliers, reaction) -> list:
         ex = self.ex
         plan = ex._halo_state()[0]
-        futures = [ex._submit(held_gradient, self._boxes[w], plan.parts[w], [ex.partitions[k] for k in plan.parts[w]],
-                              z, exaggeration, ex.model.objective, self.n_points, outliers, reaction, worker=w)
-                   for w in plan.workers]
+        with ex._one_graph():
+            futures = [ex._submit(held_gradient, self._boxes[w], plan.parts[w],
+                                  [ex.partitions[k] for k in plan.parts[w]], z, exaggeration, ex.model.objective,
+                                  self.n_points, outliers, reaction, worker=w) for w in plan.workers]
         ex.stats["bytes_sent"] += len(futures) * _size((z, exaggeration, outliers, reaction))
         flags = [f for batch in self._gather(futures) for f in batch]
         ex.stats["bytes_received"] += _size(flags)

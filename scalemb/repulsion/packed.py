@@ -1,0 +1,115 @@
+"""A charge grid sent as the boxes its points occupy (``PackedCharges``): what a Dask worker ships to the worker
+that convolves, instead of the whole grid.
+
+A point's charge goes to the nodes of its own box only (``interpolation.spread_visited``), so the charges of a set
+of points are zero outside the boxes they occupy.  The grid of an evaluation has many more nodes than points
+(t-SNE R^2, 153,764 points: 2.3 M nodes, 92 k boxes of 5 x 5 nodes), and one worker's points occupy a fraction
+of its boxes (23 % of them for half of those points, measured): the packed charges are that fraction of the
+grid's bytes plus a bit per box.  The sum is unchanged bit for bit: the charges are integers (fixed point), and
+adding the packed values at their nodes is the same integer addition as adding the whole grid, whose other nodes
+hold zeros.
+
+The boxes are found with the spreading's own box rule (``interpolation._box`` of ``(y - lo) / h`` on each loop
+axis: ``mark_boxes``), from the coordinates the charges were spread from, so they are exactly the boxes written.
+"""
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from .interpolation import _box
+
+
+class PackedCharges(NamedTuple):
+    """A worker's fixed-point charges at the boxes its points occupy: ``boxes`` (ascending flat indices, C order
+    over the grid's loop axes) and ``values`` (int64, each box's nodes in turn, in ``box_offsets`` order)."""
+
+    boxes: np.ndarray
+    values: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.boxes.nbytes + self.values.nbytes)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def mark_boxes(Yv, axes, lo, inv_width, n_boxes, mark):
+    """``mark[b] = True`` for the box ``b`` of every point ``Yv[:, j]`` (flat, C order over the loop axes)."""
+    for j in range(Yv.shape[1]):
+        flat = 0
+        for k in range(axes.shape[0]):
+            flat = flat * n_boxes[k] + _box((Yv[axes[k], j] - lo[k]) * inv_width[k], n_boxes[k])
+        mark[flat] = True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _box_base(b, n_boxes, counts, strides):
+    """The flat grid index of box ``b``'s first node (``_point_weights``' ``base``)."""
+    base = 0
+    for k in range(n_boxes.shape[0] - 1, -1, -1):
+        base += (b % n_boxes[k]) * counts[k] * strides[k]
+        b //= n_boxes[k]
+    return base
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pack(grid, boxes, n_boxes, counts, strides, outer_offsets, out):
+    inner = counts[counts.shape[0] - 1]
+    at = 0
+    for i in range(boxes.shape[0]):
+        base = _box_base(boxes[i], n_boxes, counts, strides)
+        for o in range(outer_offsets.shape[0]):
+            first = base + outer_offsets[o]
+            for c in range(inner):
+                out[at] = grid[first + c]
+                at += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _add_packed(total, boxes, values, n_boxes, counts, strides, outer_offsets):
+    inner = counts[counts.shape[0] - 1]
+    at = 0
+    for i in range(boxes.shape[0]):
+        base = _box_base(boxes[i], n_boxes, counts, strides)
+        for o in range(outer_offsets.shape[0]):
+            first = base + outer_offsets[o]
+            for c in range(inner):
+                total[first + c] += values[at]
+                at += 1
+
+
+def _layout(grid) -> tuple:
+    axes, lo, inv_width, n_boxes, _, counts, strides, _, _, outer_offsets = grid._loop_args(None)[:10]
+    return axes, lo, inv_width, n_boxes, counts, strides, outer_offsets
+
+
+def pack_charges(grid, charges: np.ndarray, Yv: np.ndarray) -> PackedCharges:
+    """The charges ``charges`` (``(n_nodes,)`` int64, spread from the points ``Yv``) at the boxes those points
+    occupy."""
+    axes, lo, inv_width, n_boxes, counts, strides, outer_offsets = _layout(grid)
+    mark = np.zeros(int(np.prod(n_boxes)), dtype=np.bool_)
+    mark_boxes(np.ascontiguousarray(Yv, dtype=np.float64), axes, lo, inv_width, n_boxes, mark)
+    boxes = np.flatnonzero(mark).astype(np.int64)
+    values = np.empty(boxes.size * int(np.prod(counts)), dtype=np.int64)
+    _pack(charges, boxes, n_boxes, counts, strides, outer_offsets, values)
+    return PackedCharges(boxes, values)
+
+
+def add_packed(grid, total: np.ndarray, packed: PackedCharges) -> None:
+    """``total += `` the whole grid of ``packed`` (zero outside its boxes), in place: exact (integers)."""
+    _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
+    _add_packed(total, packed.boxes, packed.values, n_boxes, counts, strides, outer_offsets)
+
+
+def sum_charges(grid, *grids) -> np.ndarray:
+    """The sum of charge grids, each whole (``(n_nodes,)`` int64) or packed (``PackedCharges``), as a new whole
+    grid: the same integers whatever mix and order."""
+    dense = [g for g in grids if not isinstance(g, PackedCharges)]
+    total = dense[0] + dense[1] if len(dense) > 1 else (dense[0].copy() if dense else
+                                                         np.zeros(grid.n_nodes, dtype=np.int64))
+    for g in dense[2:]:
+        total += g
+    for g in grids:
+        if isinstance(g, PackedCharges):
+            add_packed(grid, total, g)
+    return total
