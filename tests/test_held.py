@@ -156,8 +156,9 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
 
         def count(fn, *args, **kwargs):
             submitted.append(fn.__name__)
-            if fn.__name__ == "prepare_view":  # the attraction, and the task it waits for
-                waits.append(str(getattr(args[-1], "key", None)))
+            if fn.__name__ == "prepare_view":  # the attraction, and the tasks it waits for
+                after = args[-1] if isinstance(args[-1], list) else [args[-1]]
+                waits.append(",".join(str(getattr(task, "key", None)) for task in after))
             return submit(fn, *args, **kwargs)
 
         dask._submit = count
@@ -176,10 +177,13 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     assert submitted.count("spread_view") == (3 - packed) * evaluations
     assert submitted.count("convolve_part" if tree else "convolve_grids") == shares * evaluations
     assert submitted.count("add_grids") == (2 if tree else 0) * evaluations
-    # every worker's attraction; a convolving worker's after its share of the convolution (the potentials all
-    # workers wait for come first)
+    # every worker's attraction; a convolving worker's after the other workers' charges (it runs beside the
+    # convolution, which waits for the same), or after its share of the convolution (the tree)
     assert len(waits) == 3 * evaluations
-    assert sum(key.startswith("repulsion-convolution-") for key in waits) == shares * evaluations
+    if tree:
+        assert sum(keys.startswith("repulsion-convolution-") for keys in waits) == shares * evaluations
+    else:
+        assert sum(keys.count("repulsion-spread-") == 2 for keys in waits) == shares * evaluations
     assert waits.count("None") == (3 - shares) * evaluations
 
 

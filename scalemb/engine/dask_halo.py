@@ -196,19 +196,21 @@ class HaloExchange:
             packs = len(workers) <= DIRECT_SUM_WORKERS
             grids = [self._submit(halo_fns.spread_packed if packs and i >= k else halo_fns.spread_view, views[w],
                                   own[w], on[w], visits[w], worker=w, priority=3) for i, w in enumerate(workers)]
-            if len(workers) <= DIRECT_SUM_WORKERS:  # each convolving worker sums all the grids itself, in its task
+            if packs:  # each convolving worker sums all the grids itself, in its task
                 parts = [self._submit(halo_fns.convolve_grids, on[workers[i]], i, k, self._fft_workers, grids[i],
                                       *(grids[:i] + grids[i + 1:]), worker=workers[i], priority=2) for i in range(k)]
             else:
                 totals = self._sum_grids(grids, workers, k)
                 parts = [self._submit(halo_fns.convolve_part, on[workers[i]], totals[i], i, k, self._fft_workers,
                                       worker=workers[i], priority=2) for i in range(k)]
-            # a convolving worker prepares after its share: started first, while the other grids travel, its attraction
-            # held up the potentials every worker waits for (measured, 2 workers at 1.5e5 points: the other worker
-            # idle ~25 ms an evaluation)
+            # a convolving worker's attraction runs beside its convolution (which leaves it the worker's slot:
+            # ``halo.convolve_grids``), so it waits for the same charges; started before them it held up the
+            # potentials every worker waits for (2 workers at 1.5e5 points: the other worker idle ~25 ms an
+            # evaluation), started after the convolution it was ~30 ms of every evaluation's critical path
+            after = [grids[:i] + grids[i + 1:] if packs else parts[i] for i in range(k)]
             prepared = {w: self._submit(halo_fns.prepare_view, views[w], own[w],
                                         [pieces[v, w] for v in plan.sources(w)], on[w], self._model_arg,
-                                        self.space_dims, with_kl, visits[w], parts[i] if i < k else None, worker=w,
+                                        self.space_dims, with_kl, visits[w], after[i] if i < k else None, worker=w,
                                         priority=1) for i, w in enumerate(workers)}
             futures = []
             for w in workers:

@@ -131,8 +131,25 @@ def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int
 
 def convolve_grids(grid, share: int, shares: int, workers: int, *grids) -> ConvolutionShare:
     """``convolve_part`` of the sum of the workers' charge ``grids`` (whole or packed: ``spread_packed``;
-    ``repulsion.packed.sum_charges``), in one task: a Dask hop fewer on every evaluation's critical path."""
+    ``repulsion.packed.sum_charges``), in one task: a Dask hop fewer on every evaluation's critical path.
+
+    On a Dask worker it first leaves the worker's thread pool (``distributed.secede``): its transforms run on
+    their own threads, and the slot it frees runs the worker's attraction (``prepare_view``) beside them instead
+    of after them, where every other worker waited for it (2 workers at 1.5e5 points: ~30 ms an evaluation on
+    the critical path, measured by ``benchmarks/dask_timeline.py``)."""
+    _free_worker_slot()
     return convolve_part(grid, sum_charges(grid, *grids), share, shares, workers)
+
+
+def _free_worker_slot() -> None:
+    """``distributed.secede()`` on a Dask worker (its next ready task may start beside this one); nothing
+    elsewhere."""
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):  # not in a Dask worker's task
+        pass
 
 
 def relay(value):
@@ -158,8 +175,9 @@ def prepare_view(view: WorkerView, own: np.ndarray, pieces: list, grid, model, s
                  visit: tuple | None = None, after=None) -> tuple:
     """What a worker's rows need before their potentials, in one task: ``(attraction_view`` on its compact
     columns (``assemble``: its own rows and the halo ``pieces``), the box order ``visit`` (``visit_view``; made
-    here if None)``)``.  ``after``: a task it waits for and does not read (a convolving worker's share of the
-    convolution: the potentials all the workers wait for come before its own attraction).
+    here if None)``)``.  ``after``: tasks it waits for and does not read (on a convolving worker the other
+    workers' charges, which its convolution waits for: both become ready together, the convolution starts first
+    and leaves the worker's slot to this task, ``convolve_grids``).
 
     Why one task: each task costs the scheduler CPU (2 workers at 1.5e5 points: the process running the client
     and a ``LocalCluster``'s scheduler spent ~130 ms of CPU per iteration of 21 tasks, beside the workers on 2
