@@ -175,6 +175,8 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     packed = 0 if tree else 3 - shares
     assert evaluations >= 12 and submitted.count("spread_packed") == packed * evaluations
     assert submitted.count("spread_view") == (3 - packed) * evaluations
+    # and each packed worker gets every share packed alike (its rows' boxes), cut on the convolving worker
+    assert submitted.count("restrict_share") == packed * shares * evaluations
     assert submitted.count("convolve_part" if tree else "convolve_grids") == shares * evaluations
     assert submitted.count("add_grids") == (2 if tree else 0) * evaluations
     # every worker's attraction; a convolving worker's after the other workers' charges (it runs beside the

@@ -65,3 +65,44 @@ def test_points_on_the_grids_edges_are_in_its_edge_boxes():
     alone = np.zeros_like(charges)
     add_packed(grid, alone, packed)
     assert np.array_equal(alone, charges) and Y[0, edge] == Y[0].max()
+
+
+@pytest.mark.parametrize("ds", [1, 2, 3])
+def test_a_packed_share_gives_a_workers_rows_the_same_repulsion(ds):
+    """The convolution's potentials restricted to one worker's boxes and set back into zeros: its rows'
+    interpolated repulsion and Z are the whole potentials' bit for bit (the rows read their boxes' nodes only)."""
+    from scalemb.repulsion.convolution import convolution_shares, convolve_share, join_convolution
+    from scalemb.repulsion.fft import fixed_charges, interpolate_grid
+    from scalemb.repulsion.packed import pack_share, unpack_share
+
+    n = 5000
+    Y = _layout("tsne", ds, 0, n, 7 + ds)
+    grid = grid_for(get_model("tsne"), ds, Y, FFTParams())
+    charges = fixed_charges(grid, spread_fixed(grid, Y, 0, n))
+    shares = convolution_shares(grid)
+    whole = [convolve_share(grid, charges, s, shares) for s in range(shares)]
+    rows = (1200, 3100)  # one worker's rows
+    visit = grid.visit(Y[:, rows[0]:rows[1]], 0, rows[1] - rows[0])
+    own = np.ascontiguousarray(Y[:, rows[0]:rows[1]])
+    boxes = pack_charges(grid, spread_fixed(grid, own, 0, own.shape[1], visit=visit), visit[2]).boxes
+    packed = [pack_share(grid, s, boxes) for s in whole]
+    assert sum(p.values.nbytes for p in packed) < sum(s.values.nbytes for s in whole)
+    back = [unpack_share(grid, p) for p in packed]
+    assert [(b.share, b.shares, b.z) for b in back] == [(s.share, s.shares, s.z) for s in whole]
+    expected = interpolate_grid(grid, own, join_convolution(grid, whole).potentials, 1, visit)
+    got = interpolate_grid(grid, own, join_convolution(grid, back).potentials, 1, visit)
+    for a, b in zip(expected, got):
+        assert np.array_equal(a, b)
+
+
+def test_a_share_with_a_time_axis_is_not_packed():
+    from scalemb.repulsion.convolution import convolve_share
+    from scalemb.repulsion.fft import fixed_charges
+    from scalemb.repulsion.packed import pack_share
+
+    Y = _layout("snest", 2, 1, 2000, 4)
+    grid = grid_for(get_model("snest"), 2, Y, FFTParams())
+    assert grid.time_in is not None
+    share = convolve_share(grid, fixed_charges(grid, spread_fixed(grid, Y, 0, 2000)), 0, 1)
+    with pytest.raises(ValueError, match="time axis"):
+        pack_share(grid, share, np.arange(3, dtype=np.int64))

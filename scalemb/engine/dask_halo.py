@@ -212,20 +212,26 @@ class HaloExchange:
                                         [pieces[v, w] for v in plan.sources(w)], on[w], self._model_arg,
                                         self.space_dims, with_kl, visits[w], after[i] if i < k else None, worker=w,
                                         priority=1) for i, w in enumerate(workers)}
+            # a worker whose charges went packed gets the shares packed alike (its rows' boxes: ``restrict_share``,
+            # on the convolving worker, first thing after its convolution); a time axis' shares go whole
+            restricted = packs and grid.time_in is None
             futures = []
-            for w in workers:
+            for i, w in enumerate(workers):
                 fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)
-                futures.append(self._submit(fn, views[w], own[w], on[w], prepared[w], parts, *extra, worker=w))
+                shares_of = parts if i < k or not restricted else \
+                    [self._submit(halo_fns.restrict_share, parts[j], grids[i], on[workers[j]], worker=workers[j],
+                                  priority=2) for j in range(k)]
+                futures.append(self._submit(fn, views[w], own[w], on[w], prepared[w], shares_of, *extra, worker=w))
             z_future = self._submit(halo_fns.convolution_z, parts[-1], worker=workers[k - 1])
         *batches, grid_z = self._gather(futures + [z_future])  # one wait: the client's round trips are latency
         results = [None] * len(self.partitions)
         for w, batch in zip(workers, batches):
             for j, res in zip(plan.parts[w], batch):
                 results[j] = res
-        potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
-        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
         # whole grids' bytes: an upper bound where they travel packed (the occupied boxes' share, known on the
         # workers only)
+        potential_bytes = grid.n_potentials * np.dtype(fft_dtype(self.space_dims)).itemsize
+        self.stats["bytes_between_workers"] += (len(workers) - 1) * grid.n_nodes * potential_bytes
         self.stats["bytes_between_workers"] += _summed_grid_transfers(len(workers), k) * grid.n_nodes * 8
         # the grid in the 3W + K tasks that read it, or once per worker (``relay``)
         self.stats["bytes_sent"] += (3 * len(workers) + k if blob <= GRID_IN_TASKS_BYTES else len(workers)) * blob

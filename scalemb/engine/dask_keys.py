@@ -6,7 +6,8 @@ import uuid
 # ("gradient", "repulsion-spread", "laplacian"), not as the generic wrapper every call goes through.
 _OPERATIONS = {
     "evaluate_partition": "gradient", "evaluate_block_on_grid": "gradient-fft",
-    "spread_view": "repulsion-spread", "spread_packed": "repulsion-spread", "add_grids": "repulsion-sum-grids",
+    "spread_view": "repulsion-spread", "spread_packed": "repulsion-spread", "restrict_share": "repulsion-pack",
+    "add_grids": "repulsion-sum-grids",
     "convolve_part": "repulsion-convolution", "convolve_grids": "repulsion-convolution",
     "visit_view": "repulsion-box-order", "attraction_view": "attraction",
     "finish_view": "gradient-rows", "finish_prepared": "gradient-rows", "held_finish_view": "held-gradient-rows",

@@ -34,7 +34,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..repulsion.convolution import ConvolutionShare, convolve_share, join_convolution
 from ..repulsion.fft import fixed_charges, interpolate_grid, spread_fixed
-from ..repulsion.packed import PackedCharges, pack_charges, sum_charges
+from ..repulsion.packed import PackedCharges, PackedShare, pack_charges, pack_share, sum_charges, unpack_share
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 from .base import block_model
 
@@ -141,6 +141,12 @@ def convolve_grids(grid, share: int, shares: int, workers: int, *grids) -> Convo
     return convolve_part(grid, sum_charges(grid, *grids), share, shares, workers)
 
 
+def restrict_share(share: ConvolutionShare, charges: PackedCharges, grid) -> PackedShare:
+    """The convolution's ``share`` at the boxes of a worker's packed ``charges`` (``spread_packed``): all that
+    worker's rows read of it (``repulsion.packed``), a fraction of the bytes sent back to it."""
+    return pack_share(grid, share, charges.boxes)
+
+
 def _free_worker_slot() -> None:
     """``distributed.secede()`` on a Dask worker (its next ready task may start beside this one); nothing
     elsewhere."""
@@ -201,6 +207,7 @@ def finish_view(view: WorkerView, own: np.ndarray, grid, visit: tuple, attractio
     order)."""
     if grid.capped:  # its near field reads every point: the broadcast path (DaskExecutor) handles it
         raise ValueError("a capped FFT grid cannot be evaluated on a worker's halo")
+    shares = [unpack_share(grid, s) if isinstance(s, PackedShare) else s for s in shares]
     potentials = join_convolution(grid, shares).potentials
     rows = interpolate_grid(grid, own, potentials, 1, visit) if own.shape[1] else None
     results = []

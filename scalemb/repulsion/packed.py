@@ -1,5 +1,5 @@
 """A charge grid sent as the boxes its points occupy (``PackedCharges``): what a Dask worker ships to the worker
-that convolves, instead of the whole grid.
+that convolves, instead of the whole grid; and the potentials sent back the same way (``PackedShare``).
 
 A point's charge goes to the nodes of its own box only (``interpolation.spread_visited``), so the charges of a set
 of points are zero outside the boxes they occupy.  The grid of an evaluation has many more nodes than points
@@ -9,6 +9,11 @@ grid's bytes plus a bit per box.  The sum is unchanged bit for bit: the charges 
 adding the packed values at their nodes is the same integer addition as adding the whole grid, whose other nodes
 hold zeros.
 
+The potentials a worker's rows are interpolated from are read at the nodes of those rows' boxes only (the same
+box rule, ``interpolation._point_weights``): a share of the convolution restricted to the boxes the worker's
+charges came from (``pack_share``) and set back into a grid of zeros (``unpack_share``) gives its rows the same
+values bit for bit.  Without a time axis only (a time-axis share is laid out by time component).
+
 The boxes are found with the spreading's own box rule (``interpolation._box`` of ``(y - lo) / h`` on each loop
 axis: ``mark_boxes``), from the coordinates the charges were spread from, so they are exactly the boxes written.
 """
@@ -17,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .convolution import ConvolutionShare
 from .interpolation import _box
 
 
@@ -62,6 +68,19 @@ def _pack(grid, boxes, n_boxes, counts, strides, outer_offsets, out):
             first = base + outer_offsets[o]
             for c in range(inner):
                 out[at] = grid[first + c]
+                at += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _unpack(grid, boxes, values, n_boxes, counts, strides, outer_offsets):
+    inner = counts[counts.shape[0] - 1]
+    at = 0
+    for i in range(boxes.shape[0]):
+        base = _box_base(boxes[i], n_boxes, counts, strides)
+        for o in range(outer_offsets.shape[0]):
+            first = base + outer_offsets[o]
+            for c in range(inner):
+                grid[first + c] = values[at]
                 at += 1
 
 
@@ -113,3 +132,35 @@ def sum_charges(grid, *grids) -> np.ndarray:
         if isinstance(g, PackedCharges):
             add_packed(grid, total, g)
     return total
+
+
+class PackedShare(NamedTuple):
+    """A ``ConvolutionShare`` (no time axis) at the nodes of ``boxes`` only: ``values`` ``(columns, nodes of the
+    boxes)``, box by box as in ``PackedCharges``; ``z`` as the share's."""
+
+    share: int
+    shares: int
+    boxes: np.ndarray
+    values: np.ndarray
+    z: float
+
+
+def pack_share(grid, share: ConvolutionShare, boxes: np.ndarray) -> PackedShare:
+    """``share``'s potentials at the nodes of ``boxes`` (a worker's ``PackedCharges.boxes``)."""
+    if grid.time_in is not None:
+        raise ValueError("a share of a grid with a time axis is laid out by time component: it is sent whole")
+    _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
+    values = np.empty((share.values.shape[0], boxes.size * int(np.prod(counts))), dtype=share.values.dtype)
+    for c in range(values.shape[0]):
+        _pack(share.values[c], boxes, n_boxes, counts, strides, outer_offsets, values[c])
+    return PackedShare(share.share, share.shares, boxes, values, share.z)
+
+
+def unpack_share(grid, packed: PackedShare) -> ConvolutionShare:
+    """The ``ConvolutionShare`` of ``packed``: its values at its boxes' nodes, zeros elsewhere (never read by the
+    rows whose boxes they are)."""
+    _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
+    values = np.zeros((packed.values.shape[0], grid.n_nodes), dtype=packed.values.dtype)
+    for c in range(values.shape[0]):
+        _unpack(values[c], packed.boxes, packed.values[c], n_boxes, counts, strides, outer_offsets)
+    return ConvolutionShare(packed.share, packed.shares, values, packed.z)
