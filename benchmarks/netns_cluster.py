@@ -11,7 +11,7 @@ For each rate it runs ``--iterations`` of delta-bar-delta (t-SNE R^2, FFT, learn
 grid stay the start's, as ``benchmarks/cluster.py``) with the optimiser's state held on the workers and with it
 held on the client, and reports per iteration: wall time, the bytes the model of ``docs/scaling.md`` predicts
 (client payload from the executor's counters; worker to worker: the grids through the convolving worker's link,
-``_critical_bytes``; the model before stop 47, which also counted the largest halo piece, beside it), the
+packed as the boxes each worker's rows occupy, ``_critical_bytes``; the model with whole grids beside it), the
 communication time those bytes take at the link rate (the model), and the measured excess over the same run on
 unshaped links (the measurement).
 
@@ -120,20 +120,37 @@ def _run(executor, model, start, iterations):
     return run(executor, model, start, iterations)
 
 
-def _critical_bytes(executor, grid_nodes: int, potentials: int) -> tuple:
+def _critical_bytes(executor, grid, start) -> tuple:
     """Worker-to-worker bytes on an evaluation's critical path, the model of docs/scaling.md, as ``(now,
-    before)``: the largest halo piece (pieces travel in parallel on different links; d = 2, 8 B) plus the grids
-    through the convolving worker's link -- with ``dask_halo.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches
-    the other W - 1 workers' int64 charge grids and sends each its float32 potentials (docs/scaling.md's FFT row),
-    beyond 4 workers log2(W) rounds of a pairwise tree.  ``before``: the model up to stop 46, log2(W) rounds of
-    one grid up and its potentials down at every W (``grid_nodes``: the run's grid, ``FFTParams`` resolved for N
-    points; up to stop 46 this script took the 'default' accuracy's, 1/0.6 the nodes of the run's 'fast')."""
+    whole)``: the largest halo piece (pieces travel in parallel on different links; d = 2, 8 B) plus the grids
+    through the convolving worker's link -- with ``dask_halo.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches the
+    other W - 1 workers' int64 charges, since stop 55 packed (each worker's charges at the boxes its own rows
+    occupy, ``repulsion.packed``: an 8-byte box index and the box's nodes each), and sends each its float32
+    potentials, packed alike with ``dask_halo.PACK_POTENTIALS`` (``--pack-potentials``), else whole; beyond 4
+    workers whole grids in log2(W) rounds of a pairwise tree.  ``whole``: the same with whole grids at
+    every W <= 4 (the model of stops 47-54).  ``grid``: the run's grid at the start layout ``start`` (the layout
+    barely moves at learning rate 1), from which each worker's boxes are counted."""
+    from scalemb.engine import dask_halo
+    from scalemb.repulsion.packed import pack_charges
+
     plan = executor._halo[0]
     piece = max(plan.pieces.values(), default=0) * 2 * 8
     w = max(2, len(plan.workers))
     rounds = int(np.ceil(np.log2(w)))
-    grid = grid_nodes * (8 + 4 * potentials)
-    return piece + (w - 1 if w <= 4 else rounds) * grid, piece + rounds * grid
+    per_node = 8 + 4 * grid.n_potentials  # int64 charges in, float32 potentials out
+    whole = grid.n_nodes * per_node
+    if w > 4:
+        return piece + rounds * whole, piece + rounds * whole
+    per_box = int(np.prod(grid.counts))
+    packed = 0
+    for v in plan.workers[1:]:  # the workers that do not convolve
+        own = np.concatenate([np.arange(*executor.partitions[k]) for k in plan.parts[v]])
+        boxes = pack_charges(grid, np.zeros(grid.n_nodes, dtype=np.int64),
+                             np.ascontiguousarray(start[:, own])).boxes.size
+        packed += boxes * (per_box * 8 + 8)  # the charges
+        packed += boxes * (per_box * 4 * grid.n_potentials + 8) if dask_halo.PACK_POTENTIALS else \
+            grid.n_nodes * 4 * grid.n_potentials
+    return piece + packed, piece + (w - 1) * whole
 
 
 def main(argv=None) -> None:
@@ -144,8 +161,14 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scratch", default="/tmp/scalemb-netns")
+    parser.add_argument("--pack-potentials", action="store_true",
+                        help="send the potentials packed too (dask_halo.PACK_POTENTIALS)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.pack_potentials:
+        from scalemb.engine import dask_halo
+
+        dask_halo.PACK_POTENTIALS = True
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces and tc)")
     from cluster import _start
@@ -181,14 +204,14 @@ def main(argv=None) -> None:
                             if held == "client":
                                 ex.hold = lambda arrays, ex=ex: LocalHeld(ex, arrays)
                             seconds, nbytes, _ = _run(ex, model, start, args.iterations)
-                            between = _critical_bytes(ex, grid.n_nodes, grid.n_potentials)
+                            between = _critical_bytes(ex, grid, start)
                         times.append(seconds)
                         traffic.append(nbytes)
                     results[rate, held] = (statistics.median(times), statistics.median(traffic), between)
                     report(f"  {rate or 'unshaped'}, state on the {held}: {results[rate, held][0]:.3f} s per "
                            f"iteration, client {results[rate, held][1] / 1e6:.3f} MB, workers "
-                           f"{between[0] / 1e6:.2f} MB on the critical path ({between[1] / 1e6:.2f} MB in the "
-                           "model before stop 47)")
+                           f"{between[0] / 1e6:.2f} MB on the critical path ({between[1] / 1e6:.2f} MB with "
+                           "whole grids)")
             for rate in args.rates.split(","):
                 bits = float(rate.replace("gbit", "e9").replace("mbit", "e6"))
                 for held in ("workers", "client"):
@@ -206,7 +229,7 @@ def main(argv=None) -> None:
         namespaces.close()
     report()
     report(markdown_table(["link rate", "state held on", "s / iteration", "unshaped", "measured comm.",
-                           "model comm.", "measured / model", "model before stop 47", "client KB / it.",
+                           "model comm.", "measured / model", "model with whole grids", "client KB / it.",
                            "worker-worker critical MB / it."], rows))
     report.save(args.out)
 

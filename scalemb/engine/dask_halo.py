@@ -34,6 +34,12 @@ GRID_IN_TASKS_BYTES = 4096
 # task and a dependent hop fewer, ~6-8 ms of Dask latency); above, once, in a task of its own (measured on one
 # thread: 8.6 ms for 75,000 rows, 28 ms for 384,000).
 VISIT_IN_TASKS_ROWS = 50_000
+# Whether the potentials go back to a worker packed as the boxes its rows occupy (``halo.restrict_share``), as its
+# charges came.  Off by default: it costs a dependent task on the convolving worker after its convolution (a Dask
+# hop, ~6 ms, and the packing) and the unpacking on the other, more than the bytes it saves take on loopback or
+# a fast link (measured, 2 workers at 1.5e5 points on loopback: 9 % more time per iteration); on links slower than
+# a few Gb/s the bytes dominate (18 MB of potentials -> ~4 MB at 1.5e5 points: ~0.1 s an evaluation at 1 Gb/s).
+PACK_POTENTIALS = False
 
 
 def _summed_grid_transfers(workers: int, k: int) -> int:
@@ -212,9 +218,9 @@ class HaloExchange:
                                         [pieces[v, w] for v in plan.sources(w)], on[w], self._model_arg,
                                         self.space_dims, with_kl, visits[w], after[i] if i < k else None, worker=w,
                                         priority=1) for i, w in enumerate(workers)}
-            # a worker whose charges went packed gets the shares packed alike (its rows' boxes: ``restrict_share``,
-            # on the convolving worker, first thing after its convolution); a time axis' shares go whole
-            restricted = packs and grid.time_in is None
+            # with ``PACK_POTENTIALS``, a worker whose charges went packed gets the shares packed alike (its rows'
+            # boxes: ``restrict_share``, on the convolving worker after its convolution); a time axis' go whole
+            restricted = PACK_POTENTIALS and packs and grid.time_in is None
             futures = []
             for i, w in enumerate(workers):
                 fn, *extra = (halo_fns.finish_prepared,) if keep is None else keep(w)
