@@ -126,10 +126,10 @@ def _critical_bytes(executor, grid, start) -> tuple:
     through the convolving worker's link -- with ``dask_halo.CONVOLVING_WORKERS`` = 1 and W <= 4 it fetches the
     other W - 1 workers' int64 charges, since stop 55 packed (each worker's charges at the boxes its own rows
     occupy, ``repulsion.packed``: an 8-byte box index and the box's nodes each), and sends each its float32
-    potentials, packed alike with ``dask_halo.PACK_POTENTIALS`` (``--pack-potentials``), else whole; beyond 4
-    workers whole grids in log2(W) rounds of a pairwise tree.  ``whole``: the same with whole grids at
-    every W <= 4 (the model of stops 47-54).  ``grid``: the run's grid at the start layout ``start`` (the layout
-    barely moves at learning rate 1), from which each worker's boxes are counted."""
+    potentials, packed alike with ``dask_halo.PACK_POTENTIALS`` (the default), else whole
+    (``--whole-potentials``); beyond 4 workers whole grids in log2(W) rounds of a pairwise tree.  ``whole``: the
+    same with whole grids at every W <= 4 (the model of stops 47-54).  ``grid``: the run's grid at the start
+    layout ``start`` (the layout barely moves at learning rate 1), from which each worker's boxes are counted."""
     from scalemb.engine import dask_halo
     from scalemb.repulsion.packed import pack_charges
 
@@ -161,14 +161,14 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scratch", default="/tmp/scalemb-netns")
-    parser.add_argument("--pack-potentials", action="store_true",
-                        help="send the potentials packed too (dask_halo.PACK_POTENTIALS)")
+    parser.add_argument("--whole-potentials", action="store_true",
+                        help="send the potentials whole (dask_halo.PACK_POTENTIALS = False)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if args.pack_potentials:
+    if args.whole_potentials:
         from scalemb.engine import dask_halo
 
-        dask_halo.PACK_POTENTIALS = True
+        dask_halo.PACK_POTENTIALS = False
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces and tc)")
     from cluster import _start

@@ -133,8 +133,7 @@ def test_held_run_on_one_and_three_workers_is_the_in_process_run(store, request,
 @pytest.mark.parametrize("schedule", [{"CONVOLVING_WORKERS": None}, {"CONVOLVING_WORKERS": 1},
                                       {"CONVOLVING_WORKERS": None, "DIRECT_SUM_WORKERS": 2},
                                       {"CONVOLVING_WORKERS": 1, "VISIT_IN_TASKS_ROWS": 0},
-                                      {"CONVOLVING_WORKERS": 1, "PACK_POTENTIALS": True},
-                                      {"CONVOLVING_WORKERS": None, "PACK_POTENTIALS": True}])
+                                      {"CONVOLVING_WORKERS": 1, "PACK_POTENTIALS": False}])
 def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store, dask_cluster, grow_dask,
                                                                           monkeypatch, schedule):
     """t-SNE on three workers from a start wide enough for a grid visited box by box: the convolution's two shares
@@ -179,7 +178,7 @@ def test_every_convolution_schedule_on_three_workers_is_the_in_process_run(store
     assert submitted.count("spread_view") == (3 - packed) * evaluations
     # with ``PACK_POTENTIALS`` each packed worker gets every share packed alike (its rows' boxes), cut on the
     # convolving worker
-    restricted = packed * shares if schedule.get("PACK_POTENTIALS") else 0
+    restricted = packed * shares if schedule.get("PACK_POTENTIALS", True) else 0
     assert submitted.count("restrict_share") == restricted * evaluations
     assert submitted.count("convolve_part" if tree else "convolve_grids") == shares * evaluations
     assert submitted.count("add_grids") == (2 if tree else 0) * evaluations

@@ -35,11 +35,11 @@ GRID_IN_TASKS_BYTES = 4096
 # thread: 8.6 ms for 75,000 rows, 28 ms for 384,000).
 VISIT_IN_TASKS_ROWS = 50_000
 # Whether the potentials go back to a worker packed as the boxes its rows occupy (``halo.restrict_share``), as its
-# charges came.  Off by default: it costs a dependent task on the convolving worker after its convolution (a Dask
-# hop, ~6 ms, and the packing) and the unpacking on the other, more than the bytes it saves take on loopback or
-# a fast link (measured, 2 workers at 1.5e5 points on loopback: 9 % more time per iteration); on links slower than
-# a few Gb/s the bytes dominate (18 MB of potentials -> ~4 MB at 1.5e5 points: ~0.1 s an evaluation at 1 Gb/s).
-PACK_POTENTIALS = False
+# charges came.  It costs a dependent task on the convolving worker after its convolution (a Dask hop, ~6 ms, and
+# the packing) and the unpacking on the other, about what the bytes it saves take on loopback (2 workers at 1.5e5
+# points: 0.422 against 0.426 s per iteration, pooled rounds, runs scattered 1.2-1.45x); on a slower link the
+# bytes dominate (18 MB of potentials -> ~5 MB: at 1 Gb/s 0.392 against 0.530 s per iteration).  False: whole.
+PACK_POTENTIALS = True
 
 
 def _summed_grid_transfers(workers: int, k: int) -> int:
