@@ -58,8 +58,13 @@ def _box_base(b, n_boxes, counts, strides):
     return base
 
 
+PACK, SET, ADD = 0, 1, 2
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _pack(grid, boxes, n_boxes, counts, strides, outer_offsets, out):
+def _walk(grid, boxes, values, n_boxes, counts, strides, outer_offsets, mode):
+    """Over the nodes of ``boxes`` in turn (``values[at]`` the ``at``-th of them): ``PACK`` copies the grid's
+    values into ``values``, ``SET`` writes ``values`` into the grid, ``ADD`` adds them to it."""
     inner = counts[counts.shape[0] - 1]
     at = 0
     for i in range(boxes.shape[0]):
@@ -67,33 +72,12 @@ def _pack(grid, boxes, n_boxes, counts, strides, outer_offsets, out):
         for o in range(outer_offsets.shape[0]):
             first = base + outer_offsets[o]
             for c in range(inner):
-                out[at] = grid[first + c]
-                at += 1
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _unpack(grid, boxes, values, n_boxes, counts, strides, outer_offsets):
-    inner = counts[counts.shape[0] - 1]
-    at = 0
-    for i in range(boxes.shape[0]):
-        base = _box_base(boxes[i], n_boxes, counts, strides)
-        for o in range(outer_offsets.shape[0]):
-            first = base + outer_offsets[o]
-            for c in range(inner):
-                grid[first + c] = values[at]
-                at += 1
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _add_packed(total, boxes, values, n_boxes, counts, strides, outer_offsets):
-    inner = counts[counts.shape[0] - 1]
-    at = 0
-    for i in range(boxes.shape[0]):
-        base = _box_base(boxes[i], n_boxes, counts, strides)
-        for o in range(outer_offsets.shape[0]):
-            first = base + outer_offsets[o]
-            for c in range(inner):
-                total[first + c] += values[at]
+                if mode == PACK:
+                    values[at] = grid[first + c]
+                elif mode == SET:
+                    grid[first + c] = values[at]
+                else:
+                    grid[first + c] += values[at]
                 at += 1
 
 
@@ -110,14 +94,14 @@ def pack_charges(grid, charges: np.ndarray, Yv: np.ndarray) -> PackedCharges:
     mark_boxes(np.ascontiguousarray(Yv, dtype=np.float64), axes, lo, inv_width, n_boxes, mark)
     boxes = np.flatnonzero(mark).astype(np.int64)
     values = np.empty(boxes.size * int(np.prod(counts)), dtype=np.int64)
-    _pack(charges, boxes, n_boxes, counts, strides, outer_offsets, values)
+    _walk(charges, boxes, values, n_boxes, counts, strides, outer_offsets, PACK)
     return PackedCharges(boxes, values)
 
 
 def add_packed(grid, total: np.ndarray, packed: PackedCharges) -> None:
     """``total += `` the whole grid of ``packed`` (zero outside its boxes), in place: exact (integers)."""
     _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
-    _add_packed(total, packed.boxes, packed.values, n_boxes, counts, strides, outer_offsets)
+    _walk(total, packed.boxes, packed.values, n_boxes, counts, strides, outer_offsets, ADD)
 
 
 def sum_charges(grid, *grids) -> np.ndarray:
@@ -152,7 +136,7 @@ def pack_share(grid, share: ConvolutionShare, boxes: np.ndarray) -> PackedShare:
     _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
     values = np.empty((share.values.shape[0], boxes.size * int(np.prod(counts))), dtype=share.values.dtype)
     for c in range(values.shape[0]):
-        _pack(share.values[c], boxes, n_boxes, counts, strides, outer_offsets, values[c])
+        _walk(share.values[c], boxes, values[c], n_boxes, counts, strides, outer_offsets, PACK)
     return PackedShare(share.share, share.shares, boxes, values, share.z)
 
 
@@ -162,5 +146,5 @@ def unpack_share(grid, packed: PackedShare) -> ConvolutionShare:
     _, _, _, n_boxes, counts, strides, outer_offsets = _layout(grid)
     values = np.zeros((packed.values.shape[0], grid.n_nodes), dtype=packed.values.dtype)
     for c in range(values.shape[0]):
-        _unpack(values[c], packed.boxes, packed.values[c], n_boxes, counts, strides, outer_offsets)
+        _walk(values[c], packed.boxes, packed.values[c], n_boxes, counts, strides, outer_offsets, SET)
     return ConvolutionShare(packed.share, packed.shares, values, packed.z)
