@@ -14,6 +14,8 @@ from scalemb.optim import make_optimizer
 from .test_distributed import coauthor_store
 from .test_held import _local_run, _same, _start
 
+pytestmark = pytest.mark.slow  # the session's Dask cluster: the fast subset starts no server
+
 # The tasks below are standard functions: the scheduler deserialises a graph, and it cannot import ``tests``.
 
 
@@ -43,7 +45,6 @@ def _graphs_sent(client, monkeypatch) -> list:
     return sent
 
 
-@pytest.mark.slow
 def test_a_held_run_sends_two_graphs_an_iteration_and_is_the_in_process_run(store, dask_cluster, monkeypatch):
     """Delta-bar-delta held on two workers: per iteration the step and the evaluation, one graph each (a task
     each before: ~15 graphs an iteration), and the same run bit for bit."""
