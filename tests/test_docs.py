@@ -77,7 +77,7 @@ def test_readme_is_short_and_its_links_exist():
         assert (ROOT / target).exists(), target
     assert _blocks(text, "bash")[:2] == [
         'python -m pip install -e . && scalemb embed --out grqc.zarr --overwrite\n',
-        'python -m pip install -e ".[test]" && python -m pytest -q -n 4 --dist loadfile\n']
+        'python -m pip install -e ".[test]" && python -m pytest -q -n 2 --dist loadfile\n']
 
 
 def test_site_home_page_is_the_readme():
