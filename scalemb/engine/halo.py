@@ -116,11 +116,9 @@ def spread_packed(view: WorkerView, own: np.ndarray, grid, visit: tuple | None =
 
 
 def add_grids(*grids: np.ndarray) -> np.ndarray:
-    """The sum of fixed-point charge grids (exact: integer addition, any order gives the same)."""
-    total = grids[0] + grids[1] if len(grids) > 1 else grids[0].copy()
-    for g in grids[2:]:
-        total += g
-    return total
+    """The sum of whole fixed-point charge grids (``repulsion.packed.sum_charges``: exact, integer addition, any
+    order gives the same): one step of the tree that sums them beyond ``DIRECT_SUM_WORKERS`` workers."""
+    return sum_charges(None, *grids)
 
 
 def convolve_part(grid, total: np.ndarray, share: int, shares: int, workers: int = -1) -> ConvolutionShare:

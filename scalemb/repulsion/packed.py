@@ -106,7 +106,7 @@ def add_packed(grid, total: np.ndarray, packed: PackedCharges) -> None:
 
 def sum_charges(grid, *grids) -> np.ndarray:
     """The sum of charge grids, each whole (``(n_nodes,)`` int64) or packed (``PackedCharges``), as a new whole
-    grid: the same integers whatever mix and order."""
+    grid: the same integers whatever mix and order.  ``grid`` is read only for packed ones (None: all whole)."""
     dense = [g for g in grids if not isinstance(g, PackedCharges)]
     total = dense[0] + dense[1] if len(dense) > 1 else (dense[0].copy() if dense else
                                                          np.zeros(grid.n_nodes, dtype=np.int64))
