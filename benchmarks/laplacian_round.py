@@ -12,7 +12,11 @@ time one product of each variant:
 * ``dask three rounds``: the product before (reproduced here, ``three_rounds``): the client scatters each
   worker's own rows, each worker cuts the pieces of the others' halos, each assembles and multiplies;
 * ``dask empty round``: one task per worker doing nothing with the partitions' views, gathered: the latency floor
-  of any one-round product on this cluster.
+  of any one-round product on this cluster;
+* ``local held`` / ``dask held``: the product as the spectral direction's CG takes it since its vectors are held
+  where the rows are (``engine.held``: ``LocalHeld`` / ``DaskHeld.laplacian``): ``Ap <- L(C) p + mu p`` and the
+  blocks' ``p . Ap`` (``optim.held_rows.cg_product``), with ``p`` held on the workers and its halo cut and sent
+  worker to worker -- the client sends a few names and receives ``d`` numbers per partition.
 
 Every product is checked equal to the local one bit for bit.  Medians per variant and their ratio to ``local``.
 
@@ -71,7 +75,9 @@ def measure(store, workers, rounds):
     from scalemb.affinity import AffinityStore
     from scalemb.engine import LocalExecutor
     from scalemb.engine.distributed import DaskExecutor
+    from scalemb.engine.held import LocalHeld
     from scalemb.models import get_model
+    from scalemb.optim.held_rows import cg_product
 
     meta = AffinityStore(store)
     n = meta.n_points
@@ -86,16 +92,31 @@ def measure(store, workers, rounds):
         local.set_curvature(Y)
         dask.set_curvature(Y)
         reference = local.laplacian_matvec(V)
+        mu = 1e-3
+        # the held products: their own curvature, set by the holders at the same coordinates (the same weights)
+        held = {"local held": LocalHeld(local, {"coords": Y, "p": V}), "dask held": dask.hold({"coords": Y, "p": V})}
+        for h in held.values():
+            h.ensure({"Ap": 2})
+            h.set_curvature(1.0, False)
         variants = {"local": lambda: local.laplacian_matvec(V), "dask one round": lambda: dask.laplacian_matvec(V),
-                    "dask three rounds": lambda: three_rounds(dask, V), "dask empty round": lambda: empty_round(dask)}
+                    "dask three rounds": lambda: three_rounds(dask, V), "dask empty round": lambda: empty_round(dask),
+                    **{name: (lambda h=h: h.laplacian("p", "Ap", after=(cg_product, (mu,)))) for name, h in
+                       held.items()}}
         for name in ("dask one round", "dask three rounds"):  # warm-up and the bit-for-bit check
             assert np.array_equal(variants[name](), reference), name
+        dots = [variants[name]() for name in held]
+        assert all(np.array_equal(a, b) for a, b in zip(*dots)), "held p . Ap"
+        products = [h.gather("Ap")["Ap"] for h in held.values()]
+        assert np.array_equal(products[0], products[1]) and np.array_equal(products[0], reference + mu * V), "held Ap"
         empty_round(dask)
         plan = dask._halo[0]
         halo_rows = sum(plan.halo_rows().values())
         sent = dask.stats["bytes_sent"]
         dask.laplacian_matvec(V)
         one_round_sent = dask.stats["bytes_sent"] - sent
+        sent = dask.stats["bytes_sent"]
+        variants["dask held"]()
+        held_sent = dask.stats["bytes_sent"] - sent
         times = {name: [] for name in variants}
         names = list(variants)
         for r in range(rounds):
@@ -103,10 +124,13 @@ def measure(store, workers, rounds):
                 t0 = time.perf_counter()
                 variants[name]()
                 times[name].append(time.perf_counter() - t0)
+        for h in held.values():
+            h.close()
     local_s = statistics.median(times["local"])
     client_mb = {"local": "-", "dask one round": f"{one_round_sent / 1e6:.2f}",
-                 "dask three rounds": f"{n * 2 * 8 / 1e6:.2f}", "dask empty round": "0"}
-    return [[Path(store).name, n, len(meta.partitions) - 1, workers if name != "local" else "-", name,
+                 "dask three rounds": f"{n * 2 * 8 / 1e6:.2f}", "dask empty round": "0", "local held": "-",
+                 "dask held": f"{held_sent / 1e6:.4f}"}
+    return [[Path(store).name, n, len(meta.partitions) - 1, "-" if name.startswith("local") else workers, name,
              f"{statistics.median(times[name]):.4f}", f"{statistics.median(times[name]) / local_s:.2f}",
              f"{min(times[name]):.4f}", client_mb[name], f"{halo_rows / n:.3f}"] for name in names]
 

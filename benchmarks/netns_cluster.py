@@ -35,6 +35,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 from common import Report, markdown_table  # noqa: E402
 
 PREFIX = "smb-w"
+# tbf's bucket on every shaped interface ("burst 1mb": tc's sizes are binary).  A link idle for longer than the
+# bucket takes to refill (8 ms at 1 Gb/s, 84 ms at 100 Mb/s; an iteration is ~0.35 s) passes this many bytes of the
+# next transfer at the veth's own speed: the model charges each transfer through a link its bytes beyond it.
+BURST = 1 << 20
 
 
 def _sh(*cmd, check=True):
@@ -68,7 +72,7 @@ class Namespaces:
             for prefix, dev in (((), f"smbh{i}"), (("ip", "netns", "exec", ns), f"smbp{i}")):
                 _sh(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
                 if rate:
-                    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
+                    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(BURST),
                         "latency", "100ms")
 
     def close(self) -> None:
@@ -129,7 +133,11 @@ def _critical_bytes(executor, grid, start) -> tuple:
     potentials, packed alike with ``dask_halo.PACK_POTENTIALS`` (the default), else whole
     (``--whole-potentials``); beyond 4 workers whole grids in log2(W) rounds of a pairwise tree.  ``whole``: the
     same with whole grids at every W <= 4 (the model of stops 47-54).  ``grid``: the run's grid at the start
-    layout ``start`` (the layout barely moves at learning rate 1), from which each worker's boxes are counted."""
+    layout ``start`` (the layout barely moves at learning rate 1), from which each worker's boxes are counted.
+
+    The charges in and the potentials out cross the convolving worker's link one after the other (its two
+    directions), each ``BURST`` bytes the sooner (the shaper's bucket, full after the idle time before it): each
+    direction's bytes count beyond ``BURST``."""
     from scalemb.engine import dask_halo
     from scalemb.repulsion.packed import pack_charges
 
@@ -137,20 +145,24 @@ def _critical_bytes(executor, grid, start) -> tuple:
     piece = max(plan.pieces.values(), default=0) * 2 * 8
     w = max(2, len(plan.workers))
     rounds = int(np.ceil(np.log2(w)))
-    per_node = 8 + 4 * grid.n_potentials  # int64 charges in, float32 potentials out
-    whole = grid.n_nodes * per_node
+
+    def shaped(*directions):  # each direction's bytes beyond the bucket
+        return sum(max(0, b - BURST) for b in directions)
+
+    whole_in, whole_out = (w - 1) * grid.n_nodes * 8, (w - 1) * grid.n_nodes * 4 * grid.n_potentials
     if w > 4:
-        return piece + rounds * whole, piece + rounds * whole
+        tree = rounds * shaped(grid.n_nodes * 8, grid.n_nodes * 4 * grid.n_potentials)
+        return piece + tree, piece + tree
     per_box = int(np.prod(grid.counts))
-    packed = 0
+    charges = potentials = 0
     for v in plan.workers[1:]:  # the workers that do not convolve
         own = np.concatenate([np.arange(*executor.partitions[k]) for k in plan.parts[v]])
         boxes = pack_charges(grid, np.zeros(grid.n_nodes, dtype=np.int64),
                              np.ascontiguousarray(start[:, own])).boxes.size
-        packed += boxes * (per_box * 8 + 8)  # the charges
-        packed += boxes * (per_box * 4 * grid.n_potentials + 8) if dask_halo.PACK_POTENTIALS else \
+        charges += boxes * (per_box * 8 + 8)
+        potentials += boxes * (per_box * 4 * grid.n_potentials + 8) if dask_halo.PACK_POTENTIALS else \
             grid.n_nodes * 4 * grid.n_potentials
-    return piece + packed, piece + (w - 1) * whole
+    return piece + shaped(charges, potentials), piece + shaped(whole_in, whole_out)
 
 
 def main(argv=None) -> None:
@@ -163,6 +175,8 @@ def main(argv=None) -> None:
     parser.add_argument("--scratch", default="/tmp/scalemb-netns")
     parser.add_argument("--whole-potentials", action="store_true",
                         help="send the potentials whole (dask_halo.PACK_POTENTIALS = False)")
+    parser.add_argument("--held", default="workers,client",
+                        help="where the optimiser's state is held, comma-separated of workers, client")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.whole_potentials:
@@ -194,27 +208,31 @@ def main(argv=None) -> None:
     try:
         cluster = Cluster(namespaces, scratch)
         try:
-            results = {}
-            for rate in [None] + args.rates.split(","):
-                namespaces.shape(rate)
-                for held in ("workers", "client"):
-                    times, traffic = [], []
-                    for _ in range(args.rounds):
+            # rounds rotate the rates (unshaped among them), so that each rate's median and the unshaped one
+            # are taken over the same stretch of a drifting host's time
+            rates = [None] + args.rates.split(",")
+            runs = {(rate, held): ([], [], None) for rate in rates for held in args.held.split(",")}
+            for r in range(args.rounds):
+                for rate in rates[r % len(rates):] + rates[:r % len(rates)]:
+                    namespaces.shape(rate)
+                    for held in args.held.split(","):
                         with DaskExecutor(args.store, model, 2, 0, cluster.client, repulsion="fft") as ex:
                             if held == "client":
                                 ex.hold = lambda arrays, ex=ex: LocalHeld(ex, arrays)
                             seconds, nbytes, _ = _run(ex, model, start, args.iterations)
                             between = _critical_bytes(ex, grid, start)
+                        times, traffic, _ = runs[rate, held]
                         times.append(seconds)
                         traffic.append(nbytes)
-                    results[rate, held] = (statistics.median(times), statistics.median(traffic), between)
-                    report(f"  {rate or 'unshaped'}, state on the {held}: {results[rate, held][0]:.3f} s per "
-                           f"iteration, client {results[rate, held][1] / 1e6:.3f} MB, workers "
-                           f"{between[0] / 1e6:.2f} MB on the critical path ({between[1] / 1e6:.2f} MB with "
-                           "whole grids)")
+                        runs[rate, held] = (times, traffic, between)
+                        report(f"  round {r + 1}, {rate or 'unshaped'}, state on the {held}: {seconds:.3f} s per "
+                               f"iteration, client {nbytes / 1e6:.3f} MB, workers {between[0] / 1e6:.2f} MB on the "
+                               f"critical path ({between[1] / 1e6:.2f} MB with whole grids)")
+            results = {key: (statistics.median(times), statistics.median(traffic), between)
+                       for key, (times, traffic, between) in runs.items()}
             for rate in args.rates.split(","):
                 bits = float(rate.replace("gbit", "e9").replace("mbit", "e6"))
-                for held in ("workers", "client"):
+                for held in args.held.split(","):
                     t, client_bytes, between = results[rate, held]
                     base = results[None, held][0]
                     # the client's bytes cross its W links in parallel (~1/W each); the workers' critical path

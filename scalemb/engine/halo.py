@@ -34,6 +34,7 @@ import numpy as np
 from ..affinity.affinity import RowBlock
 from ..repulsion.convolution import ConvolutionShare, convolve_share, join_convolution
 from ..repulsion.fft import fixed_charges, interpolate_grid, spread_fixed
+from ..repulsion.interpolation import gather_columns, put_columns
 from ..repulsion.packed import PackedCharges, PackedShare, pack_charges, pack_share, sum_charges, unpack_share
 from .blocks import attraction_block, curvature_block, laplacian_block, point_major, repulsion_block_fft
 from .base import block_model
@@ -76,16 +77,23 @@ def make_view(columns: np.ndarray, own: np.ndarray, sources: list, *blocks: RowB
 
 
 def take_columns(X: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Columns ``positions`` of a worker's own rows ``X`` (``(d, rows)``): the piece another worker needs."""
-    return np.ascontiguousarray(X[:, positions])
+    """Columns ``positions`` of a worker's own rows ``X`` (``(d, rows)``): the piece another worker needs (a
+    compiled loop: numpy's ``X[:, positions]`` took 3-4x as long for 3e5 columns of 2 rows)."""
+    return gather_columns(np.ascontiguousarray(X, dtype=np.float64), positions)
 
 
-def assemble(view: WorkerView, own: np.ndarray, *pieces: np.ndarray) -> np.ndarray:
-    """The worker's compact coordinates ``(d, |U_w|)``: its own rows and the pieces of its halo."""
-    X = np.empty((own.shape[0], view.columns.shape[0]))
-    X[:, view.own] = own
+def assemble(view: WorkerView, own: np.ndarray | list, *pieces: np.ndarray) -> np.ndarray:
+    """The worker's compact coordinates ``(d, |U_w|)``: its own rows and the pieces of its halo.  ``own``: all its
+    own rows, or one array per partition (``view.blocks``' order), each then copied to its contiguous run."""
+    if isinstance(own, list):
+        X = np.empty((own[0].shape[0], view.columns.shape[0]))
+        for block, rows in zip(view.blocks, own):
+            X[:, block.r0:block.r1] = rows
+    else:
+        X = np.empty((own.shape[0], view.columns.shape[0]))
+        put_columns(X, view.own, np.ascontiguousarray(own, dtype=np.float64))
     for positions, piece in zip(view.sources, pieces):
-        X[:, positions] = piece
+        put_columns(X, positions, np.ascontiguousarray(piece, dtype=np.float64))
     return X
 
 

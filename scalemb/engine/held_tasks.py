@@ -6,7 +6,7 @@ import numpy as np
 
 from ..repulsion.grid import band_counts, block_extent
 from .blocks import add_reaction, laplacian_block
-from .halo import assemble, curvature_view, finish_prepared
+from .halo import assemble, curvature_view, finish_prepared, take_columns
 from .held import read_block, shift_rows
 from .laplacian import row_sums
 
@@ -93,7 +93,7 @@ def held_cut(box: dict, ks: list, shift, name: str, before, needs: list) -> list
     if not needs:
         return []
     own = np.concatenate(parts, axis=1)
-    return [np.ascontiguousarray(own[:, positions]) for positions in needs]
+    return [take_columns(own, positions) for positions in needs]
 
 
 def held_pick(pieces: list, i: int) -> list:
@@ -104,8 +104,7 @@ def held_pick(pieces: list, i: int) -> list:
 def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray:
     """The worker's compact columns of the held array ``name``: its own rows (its partitions in order: ``held_cut``
     ran here first) and its halo, the first piece of each of ``received`` (``halo.assemble``)."""
-    own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
-    return assemble(view, own, *[r[0] for r in received])
+    return assemble(view, [_rows(box, k)[name] for k in ks], *[r[0] for r in received])
 
 
 def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, model, space_dims: int,

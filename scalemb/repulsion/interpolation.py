@@ -173,6 +173,14 @@ def gather_columns(Y, order):
     return Yv
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def put_columns(Y, positions, values):
+    """``Y[:, positions] = values`` in place."""
+    for j in range(positions.shape[0]):
+        for k in range(Y.shape[0]):
+            Y[k, positions[j]] = values[k, j]
+
+
 # Most interpolated outputs the loop below handles (SNEST R^{3,1}: Z, the time force and 3 space forces).  It
 # holds them in scalars, with loop-invariant guards for the unused ones: indexing a small array by a run-time
 # output count instead measured 2-4x slower (the array may alias the grid, so every access reloads it).
