@@ -142,6 +142,8 @@ def main(argv=None) -> None:
     parser.add_argument("--convolving-workers", type=int, default=None,
                         help="workers sharing an evaluation's convolution (0: as many as it has shares; default: "
                              "the executor's)")
+    parser.add_argument("--fft-threads", type=int, default=None,
+                        help="FFT threads of a Dask worker's convolution (default: the executor's, -1: every CPU)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(","))
@@ -151,6 +153,10 @@ def main(argv=None) -> None:
 
     if args.convolving_workers is not None:
         dask_halo.CONVOLVING_WORKERS = args.convolving_workers or None
+    if args.fft_threads is not None:
+        from scalemb.engine.distributed import DaskExecutor
+
+        DaskExecutor._fft_workers = args.fft_threads
     name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
     report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "
