@@ -101,6 +101,8 @@ def test_worker_functions_rebuild_the_blocks_results(store):
         pieces = [halo.take_columns(Y[:, plan.own[v]], plan.needs[v, w]) for v in plan.sources(w)]
         X[w] = halo.assemble(view, Y[:, plan.own[w]], *pieces)
         assert np.array_equal(X[w], Y[:, plan.columns[w]])
+        # each partition's rows are a contiguous run of the compact columns, in the own rows' order
+        assert np.array_equal(view.own, np.concatenate([np.arange(b.r0, b.r1) for b in view.blocks]))
         # a held worker's form: its partitions' rows apart, each copied to its contiguous run
         by_partition = [Y[:, bounds[k][0]:bounds[k][1]] for k in parts[w]]
         assert np.array_equal(halo.assemble(view, by_partition, *pieces), X[w])
