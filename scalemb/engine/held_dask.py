@@ -96,9 +96,7 @@ class DaskHeld:
         for parity in (0, 1):
             starts = frozenset(r0 for k, (r0, _) in enumerate(self.bounds) if k % 2 == parity)
             plan = self.ex._halo_state()[0]
-            if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
-                raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
-                                      "rows stayed with the old ones")
+            self._check_holders(plan)
             with self.ex._one_graph():
                 futures = [self.ex._submit(held_apply, self._boxes[w], plan.parts[w], None, writer,
                                            (directory, fields, starts), worker=w) for w in plan.workers]
@@ -247,9 +245,7 @@ class DaskHeld:
     def _per_worker_args(self, fn, args_of, shift=None) -> list:
         """``fn(box, ks, shift, *args_of(w))`` on every worker holding rows: the per-worker results."""
         plan = self.ex._halo_state()[0]
-        if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
-            raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
-                                  "rows stayed with the old ones")
+        self._check_holders(plan)
         with self.ex._one_graph():
             futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args_of(w), worker=w)
                        for w in plan.workers]
@@ -315,6 +311,7 @@ class DaskHeld:
             self.map(_noop)
 
     def _check_holders(self, plan) -> None:
+        """``HeldWorkersLost`` if the partitions are no longer held by the workers holding the optimiser's rows."""
         if {w: list(plan.parts[w]) for w in plan.workers} != self._holders:
             raise HeldWorkersLost("the partitions moved to other Dask workers (a worker left); the optimiser's "
                                   "rows stayed with the old ones")
