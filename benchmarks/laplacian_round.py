@@ -16,17 +16,9 @@ time one product of each variant:
 * ``local held`` / ``dask held``: the product as the spectral direction's CG takes it since its vectors are held
   where the rows are (``engine.held``: ``LocalHeld`` / ``DaskHeld.laplacian``): ``Ap <- L(C) p + mu p`` and the
   blocks' ``p . Ap`` (``optim.held_rows.cg_product``), with ``p`` held on the workers and its halo cut and sent
-  worker to worker -- the client sends a few names and receives ``d`` numbers per partition;
-* ``local CG iteration`` / ``dask CG iteration, cut before`` / ``dask CG iteration, cut beside the step``: one
-  whole iteration of the held CG (``optim.descent_held._solve``): the product with ``p <- z + beta p`` formed first
-  (``cg_direction``), then the step ``x += a p, r -= a Ap, z = M r`` (``cg_step``); on Dask either with the halo of
-  ``p`` cut after ``cg_direction`` in a task step of its own (``held_cut``, the path before stop 57) or with the
-  halo's ``z`` and ``p`` cut beside the step before and ``p`` formed on the receiving worker
-  (``map(..., cut=('z', 'p'))``, ``held_laplacian_formed``): one dependent task step per product instead of two.
-  (``a = 0`` keeps the vectors bounded over the rounds; the arithmetic is the same.)
+  worker to worker -- the client sends a few names and receives ``d`` numbers per partition.
 
-Every product is checked equal to the local one bit for bit.  Medians per variant and their ratio to ``local``
-(the CG iterations': to ``local CG iteration``).
+Every product is checked equal to the local one bit for bit.  Medians per variant and their ratio to ``local``.
 
 Usage: ``python benchmarks/laplacian_round.py --stores P2e5.zarr,P1e6.zarr --rounds 15 --out results.md``
 """
@@ -85,7 +77,7 @@ def measure(store, workers, rounds):
     from scalemb.engine.distributed import DaskExecutor
     from scalemb.engine.held import LocalHeld
     from scalemb.models import get_model
-    from scalemb.optim.held_rows import cg_direction, cg_product, cg_step
+    from scalemb.optim.held_rows import cg_product
 
     meta = AffinityStore(store)
     n = meta.n_points
@@ -106,36 +98,16 @@ def measure(store, workers, rounds):
         for h in held.values():
             h.ensure({"Ap": 2})
             h.set_curvature(1.0, False)
-        cg_arrays = {"coords": Y, "p": V, "z": V[::-1].copy(), "x": V * 0.5, "r": V * 2.0,
-                     "invd": np.full((1, n), 0.5)}
-        cg = {"local CG iteration": (LocalHeld(local, cg_arrays), ()),
-              "dask CG iteration, cut before": (dask.hold(cg_arrays), ()),
-              "dask CG iteration, cut beside the step": (dask.hold(cg_arrays), ("z", "p"))}
-        step, beta = np.zeros(2), np.array([0.5, 0.25])
-
-        def cg_iteration(h, cut):
-            h.laplacian("p", "Ap", before=(cg_direction, (beta,)), after=(cg_product, (mu,)))
-            return h.map(cg_step, step, cut=cut)
-
-        for h, cut in cg.values():
-            h.ensure({"Ap": 2})
-            h.set_curvature(1.0, False)
-            h.map(cg_step, step, cut=cut)
         variants = {"local": lambda: local.laplacian_matvec(V), "dask one round": lambda: dask.laplacian_matvec(V),
                     "dask three rounds": lambda: three_rounds(dask, V), "dask empty round": lambda: empty_round(dask),
                     **{name: (lambda h=h: h.laplacian("p", "Ap", after=(cg_product, (mu,)))) for name, h in
-                       held.items()},
-                    **{name: (lambda h=h, cut=cut: cg_iteration(h, cut)) for name, (h, cut) in cg.items()}}
+                       held.items()}}
         for name in ("dask one round", "dask three rounds"):  # warm-up and the bit-for-bit check
             assert np.array_equal(variants[name](), reference), name
         dots = [variants[name]() for name in held]
         assert all(np.array_equal(a, b) for a, b in zip(*dots)), "held p . Ap"
         products = [h.gather("Ap")["Ap"] for h in held.values()]
         assert np.array_equal(products[0], products[1]) and np.array_equal(products[0], reference + mu * V), "held Ap"
-        iterations = [variants[name]() for name in cg]  # the CG iterations' partials, and their products
-        assert all(np.array_equal(a, b) for other in iterations[1:] for a, b in zip(iterations[0], other)), "CG"
-        cg_products = [h.gather("p", "Ap") for h, _ in cg.values()]
-        assert all(np.array_equal(cg_products[0][k], other[k]) for other in cg_products[1:] for k in ("p", "Ap"))
         empty_round(dask)
         plan = dask._halo[0]
         halo_rows = sum(plan.halo_rows().values())
@@ -152,16 +124,14 @@ def measure(store, workers, rounds):
                 t0 = time.perf_counter()
                 variants[name]()
                 times[name].append(time.perf_counter() - t0)
-        for h in [*held.values(), *(h for h, _ in cg.values())]:
+        for h in held.values():
             h.close()
     local_s = statistics.median(times["local"])
-    local_cg = statistics.median(times["local CG iteration"])
     client_mb = {"local": "-", "dask one round": f"{one_round_sent / 1e6:.2f}",
                  "dask three rounds": f"{n * 2 * 8 / 1e6:.2f}", "dask empty round": "0", "local held": "-",
-                 "dask held": f"{held_sent / 1e6:.4f}", "local CG iteration": "-",
-                 "dask CG iteration, cut before": "-", "dask CG iteration, cut beside the step": "-"}
+                 "dask held": f"{held_sent / 1e6:.4f}"}
     return [[Path(store).name, n, len(meta.partitions) - 1, "-" if name.startswith("local") else workers, name,
-             f"{statistics.median(times[name]):.4f}", f"{statistics.median(times[name]) / (local_cg if 'CG' in name else local_s):.2f}",
+             f"{statistics.median(times[name]):.4f}", f"{statistics.median(times[name]) / local_s:.2f}",
              f"{min(times[name]):.4f}", client_mb[name], f"{halo_rows / n:.3f}"] for name in names]
 
 

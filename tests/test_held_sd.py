@@ -8,13 +8,10 @@ import pytest
 from scalemb.affinity import AffinityStore
 from scalemb.engine import LocalExecutor
 from scalemb.engine.distributed import DaskExecutor
-from scalemb.engine.held import LocalHeld
-from scalemb.engine.held_dask import DaskHeld
 from scalemb.models import get_model
 from scalemb.optim import make_optimizer
 from scalemb.optim.descent_steps import DescentRun
 from scalemb.optim.descent_held import _HeldDescentRun, held_mode
-from scalemb.optim.held_rows import cg_direction, cg_product, cg_step
 from scalemb.optim.loop import run_loop
 from scalemb.repulsion import FFTParams
 
@@ -107,63 +104,15 @@ def _dask_run(store, client, model, time_dims, iterations=ITERATIONS, start=None
     return result, traffic, workers
 
 
-def _count_formed_rounds(monkeypatch) -> list:
-    """A list that grows by one per ``DaskHeld._formed_round`` (the Laplacian product on pieces cut beside the
-    step before)."""
-    calls, formed_round = [], DaskHeld._formed_round
-
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        return formed_round(self, *args, **kwargs)
-
-    monkeypatch.setattr(DaskHeld, "_formed_round", counted)
-    return calls
-
-
-@pytest.mark.slow
-def test_a_product_on_pieces_cut_beside_the_step_before_is_the_in_process_product(store, dask_cluster, monkeypatch):
-    """``map(cg_step, cut=('z', 'p'))`` then ``laplacian('p', before=cg_direction)``: the halo's ``p`` formed from
-    the pieces on the receiving worker is the product in-process, bit for bit; a change of ``p`` between the cut
-    and the product (``put``) discards the pieces, and the product reads the new ``p``."""
-    n = AffinityStore(store).n_points
-    rng = np.random.default_rng(5)
-    arrays = {name: rng.normal(size=(2, n)) for name in ("x", "r", "z", "p", "Ap")}
-    arrays["coords"] = rng.normal(size=(2, n)) * 10
-    arrays["invd"] = rng.uniform(0.5, 2.0, size=(1, n))
-    replaced = rng.normal(size=(2, n))
-    step, beta, mu = np.array([0.25, -0.5]), np.array([0.75, 1.5]), 1e-3
-    formed = _count_formed_rounds(monkeypatch)
-    results = []
-    with _local(store, "tsne", 2, 0) as local, DaskExecutor(store, get_model("tsne"), 2, 0, dask_cluster.client,
-                                                            repulsion="fft", fft_params=FFT) as dask:
-        for held in (LocalHeld(local, arrays), dask.hold(arrays)):
-            held.set_curvature(1.0, False)
-            steps = held.map(cg_step, step, cut=("z", "p"))
-            dots = held.laplacian("p", "Ap", before=(cg_direction, (beta,)), after=(cg_product, (mu,)))
-            first = held.gather("p", "Ap")
-            held.map(cg_step, step, cut=("z", "p"))
-            held.put("p", replaced)
-            held.laplacian("p", "Ap")
-            results.append((steps, dots, first, held.gather("Ap")["Ap"]))
-        reference = local.laplacian_matvec(replaced)
-    assert len(formed) == 1  # the first product took the pieces, the second did not
-    (steps, dots, first, last), (steps_d, dots_d, first_d, last_d) = results
-    assert all(np.array_equal(a, b) for pair in ((steps, steps_d), (dots, dots_d)) for a, b in zip(*pair))
-    assert all(np.array_equal(first[k], first_d[k]) for k in first)
-    assert np.array_equal(last, last_d) and np.array_equal(last, reference)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model,time_dims", [("tsne", 0), ("snest", 1)])
 def test_held_sd_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_the_client(
-        store, dask_cluster, model, time_dims, monkeypatch):
+        store, dask_cluster, model, time_dims):
     n = AffinityStore(store).n_points
     expected = _in_process(store, model, time_dims)
-    formed = _count_formed_rounds(monkeypatch)
     got, traffic, workers = _dask_run(store, dask_cluster.client, model, time_dims)
     assert workers == 2
     _same(expected, got)
-    assert formed  # CG's products after its first took their halo from the step before (one task step)
     # every evaluation on the workers' halos (no capped grid sent the coordinates through the client)
     assert traffic["halo_evaluations"] == got.evaluations
     rows = n * (2 + time_dims) * 8

@@ -153,9 +153,7 @@ class LocalHeld:
                 shift_rows({"coords": self.arrays["coords"][:, r0:r1]}, self._shift)
             self._shift = None
 
-    def map(self, fn, *args, cut: tuple = ()) -> list:
-        """``fn(rows, *args)`` on every block, the results in block order (``cut``: for a remote state's halo; no
-        halo here)."""
+    def map(self, fn, *args) -> list:
         self._flush()
         return [fn({name: a[:, r0:r1] for name, a in self.arrays.items()}, *args) for r0, r1 in self.bounds]
 

@@ -53,9 +53,9 @@ from .blocks import Evaluation, sum_partials
 from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
 from .held import HeldRowsLost, digest_block, write_block, write_result_block
 from .held_tasks import (
-    HeldStateLost, held_put, held_load, held_apply, held_apply_formed, held_band_counts, held_own, held_cut, held_pick,
-    held_curvature, held_laplacian, held_cut_formed, held_laplacian_formed, held_ensure, held_finish_view,
-    held_gradient, held_put_rows, rows_extent, rows_copy)
+    HeldStateLost, held_put, held_load, held_apply, held_apply_formed, held_band_counts, held_own, held_cut,
+    held_pick, held_curvature, held_laplacian, held_ensure, held_finish_view, held_gradient, held_put_rows,
+    rows_extent, rows_copy)
 
 
 class HeldWorkersLost(WorkersLostError, HeldRowsLost):
@@ -137,7 +137,6 @@ class DaskHeld:
         self._shift = None
         self._extent = None
         self._pending = None  # a deferred gradient's (z, exaggeration, outliers, reaction): formed by the next map
-        self._precut = None  # ``map(..., cut=names)``'s halo pieces: (names, cuts, pieces), for the next laplacian
         self.gradient_finite = None
 
     def _put_all(self, arrays: dict) -> None:
@@ -207,6 +206,11 @@ class DaskHeld:
                 return False
             time.sleep(0.25)
 
+    def _per_worker(self, fn, *args, shift=None) -> list:
+        """``fn(box, ks, shift, *args)`` on every worker holding rows; results in partition order (each worker's
+        list of per-partition results, concatenated)."""
+        return self._by_partition(self._per_worker_args(fn, lambda w: args, shift=shift))
+
     def _by_partition(self, batches: list) -> list:
         """Per-worker lists of per-partition values, as one list in partition order."""
         plan = self.ex._halo_state()[0]
@@ -222,17 +226,14 @@ class DaskHeld:
 
     # --- the HeldState interface
 
-    def map(self, fn, *args, cut: tuple = ()) -> list:
-        """``cut``: held arrays whose halo columns are cut right after ``fn``, beside it, while the client
-        reduces (``held_cut_formed``), for the next call if it is ``laplacian`` of one of them (``_formed_round``)."""
+    def map(self, fn, *args) -> list:
         self._extent = None  # ``fn`` may move the points
         if self._pending is None:
-            return self._by_partition(self._per_worker_args(held_apply, lambda w: (fn, args),
-                                                            shift=self._take_shift(), cut=cut))
+            return self._per_worker(held_apply, fn, args, shift=self._take_shift())
         pending, self._pending = self._pending, None
         plan = self.ex._halo_state()[0]
         batches = self._per_worker_args(held_apply_formed, lambda w: (self._pending_args(pending, plan.parts[w]),
-                                                                      fn, args), shift=self._take_shift(), cut=cut)
+                                                                      fn, args), shift=self._take_shift())
         self.gradient_finite = all(f for flags, _ in batches for f in flags)
         return self._by_partition([batch for _, batch in batches])
 
@@ -241,40 +242,17 @@ class DaskHeld:
         return ([self.ex.partitions[k] for k in ks], z, exaggeration, self.ex.model.objective, self.n_points,
                 outliers, reaction)
 
-    def _per_worker_args(self, fn, args_of, shift=None, cut: tuple = ()) -> list:
-        """``fn(box, ks, shift, *args_of(w))`` on every worker holding rows: the per-worker results; ``cut``: as
-        ``map``'s."""
-        self._precut = None
-        plan, _, needs = self.ex._halo_state()
+    def _per_worker_args(self, fn, args_of, shift=None) -> list:
+        """``fn(box, ks, shift, *args_of(w))`` on every worker holding rows: the per-worker results."""
+        plan = self.ex._halo_state()[0]
         self._check_holders(plan)
         with self.ex._one_graph():
             futures = [self.ex._submit(fn, self._boxes[w], plan.parts[w], shift, *args_of(w), worker=w)
                        for w in plan.workers]
-            if cut:
-                after = dict(zip(plan.workers, futures))
-                cuts, pieces = self._cut_tasks(plan, needs, lambda v, dests: self.ex._submit(
-                    held_cut_formed, self._boxes[v], plan.parts[v], tuple(cut), dests, after[v], worker=v))
-                # each piece fetched by its destination now, while the client reduces: off the product's path
-                received = {(v, w): self.ex._submit(held_pick, piece, 0, worker=w) for (v, w), piece in pieces.items()}
-                precut = (tuple(cut), cuts, received)
-        self.ex.stats["bytes_sent"] += sum(_size((shift, args_of(w), cut)) for w in plan.workers)
+        self.ex.stats["bytes_sent"] += sum(_size((shift, args_of(w))) for w in plan.workers)
         batches = self._gather(futures)
         self.ex.stats["bytes_received"] += _size(batches)
-        if cut:
-            self.ex.stats["bytes_between_workers"] += sum(plan.pieces.values()) * 8 * sum(self._dims[n] for n in cut)
-            self._precut = precut
         return batches
-
-    def _cut_tasks(self, plan, needs, cut_on) -> tuple:
-        """Per worker v its cut, ``cut_on(v, [positions for each destination])``, and per ``(v, w)`` the future w
-        fetches: the cut itself if w is v's one destination, else w's piece alone (``held_pick``)."""
-        targets = {v: [w for w in plan.workers if (v, w) in needs] for v in plan.workers}
-        cuts = {v: cut_on(v, [needs[v, w] for w in targets[v]]) for v in plan.workers}
-        pieces = {}
-        for v in plan.workers:
-            for i, w in enumerate(targets[v]):
-                pieces[v, w] = cuts[v] if len(targets[v]) == 1 else self.ex._submit(held_pick, cuts[v], i, worker=v)
-        return cuts, pieces
 
     def ensure(self, shapes: dict) -> None:
         missing = {name: int(d) for name, d in shapes.items() if name not in self._dims}
@@ -295,28 +273,8 @@ class DaskHeld:
 
     def laplacian(self, source: str, target: str, before=None, after=None) -> list:
         """``target <- L(C) source`` in one client round trip (``_halo_round``), ``before`` applied to the rows
-        first, ``after`` to the product's rows; in one dependent task step (``_formed_round``) if the last call
-        was ``map(..., cut=...)`` of ``source`` and what ``before`` reads (``before`` elementwise in the
-        columns)."""
-        precut, self._precut = self._precut, None
-        if precut is not None and source in precut[0] and self._pending is None and self._shift is None:
-            return self._guard(lambda: self._formed_round(precut, source, before, target, after))
+        first, ``after`` to the product's rows."""
         return self._guard(lambda: self._halo_round(source, before, held_laplacian, target, after))
-
-    def _formed_round(self, precut: tuple, name: str, before, target: str, after) -> list:
-        """``held_laplacian_formed`` on every worker, on the halo pieces ``map`` cut (``precut``)."""
-        ex = self.ex
-        plan, views, _ = ex._halo_state()
-        self._check_holders(plan)
-        _, cuts, pieces = precut
-        with ex._one_graph():
-            futures = [ex._submit(held_laplacian_formed, self._boxes[w], plan.parts[w], views[w], name, before,
-                                  cuts[w], [pieces[v, w] for v in plan.sources(w)], target, after, worker=w)
-                       for w in plan.workers]
-        ex.stats["bytes_sent"] += len(futures) * _size((name, before, target, after))
-        batches = self._gather(futures)
-        ex.stats["bytes_received"] += _size(batches)
-        return self._by_partition(batches)
 
     def _halo_round(self, name: str, before, fn, *args) -> list:
         """``fn(box, ks, view, name, cut, received, *args)`` on every worker, on its compact columns of the held
@@ -326,13 +284,17 @@ class DaskHeld:
         results, in partition order; the coordinates' extent hint survives (they did not move)."""
         ex = self.ex
         self._form_pending()
-        self._precut = None
         plan, views, needs = ex._halo_state()
         self._check_holders(plan)
         extent, shift = self._extent, self._take_shift()
+        targets = {v: [w for w in plan.workers if (v, w) in needs] for v in plan.workers}
         with ex._one_graph():
-            cuts, pieces = self._cut_tasks(plan, needs, lambda v, dests: ex._submit(
-                held_cut, self._boxes[v], plan.parts[v], shift, name, before, dests, worker=v))
+            cuts = {v: ex._submit(held_cut, self._boxes[v], plan.parts[v], shift, name, before,
+                                  [needs[v, w] for w in targets[v]], worker=v) for v in plan.workers}
+            pieces = {}
+            for v in plan.workers:
+                for i, w in enumerate(targets[v]):
+                    pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
             futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
                                   [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
         ex.stats["bytes_sent"] += len(cuts) * _size((shift, name, before))
@@ -371,7 +333,6 @@ class DaskHeld:
         self._put_rows(name, [array[:, r0:r1] for r0, r1 in self.ex.partitions])
 
     def _put_rows(self, name: str, rows: list) -> None:
-        self._precut = None
         plan = self.ex._halo_state()[0]
         with self.ex._one_graph():
             futures = [self.ex._submit(held_put_rows, self._boxes[w], plan.parts[w], name,
@@ -381,7 +342,7 @@ class DaskHeld:
 
     def evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None = None,
                  defer: bool = False) -> Evaluation:
-        self._pending, self.gradient_finite, self._precut = None, None, None
+        self._pending, self.gradient_finite = None, None
         return self._guard(lambda: self._evaluate(exaggeration, with_kl, iteration, defer))
 
     def _evaluate(self, exaggeration: float, with_kl: bool, iteration: int | None, defer: bool) -> Evaluation:

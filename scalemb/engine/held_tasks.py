@@ -126,44 +126,7 @@ def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, ta
     """Each partition's rows of ``L(C) V`` for the held array ``V = name`` (``blocks.laplacian_block`` on its
     compact columns: own rows and halo) held as ``target``; then ``after = (fn, args)`` on its rows: the results
     (None without it)."""
-    return _multiply(box, ks, view, _compact(box, ks, view, name, received), target, after)
-
-
-def held_cut_formed(box: dict, ks: list, names: tuple, needs: list, after) -> list:
-    """The columns of the worker's own rows of each held array of ``names`` that each other worker's halo needs
-    (``needs``: one position array per destination, the plan's order): per destination ``{name: columns}``.
-    ``after``: the task that formed these rows on this worker (``DaskHeld.map(..., cut=names)`` submits the cut
-    beside it), waited for, its result unused."""
-    pieces = [{} for _ in needs]
-    for name in names:
-        own = np.concatenate([_rows(box, k)[name] for k in ks], axis=1)
-        for piece, positions in zip(pieces, needs):
-            piece[name] = take_columns(own, positions)
-    return pieces
-
-
-def held_laplacian_formed(box: dict, ks: list, view, name: str, before, cut, received: list, target: str,
-                          after) -> list:
-    """``held_laplacian`` on halo pieces cut before ``before = (fn, args)`` ran (``held_cut_formed``): ``fn``
-    runs on the worker's own rows and on a copy of each received piece.  ``fn`` is elementwise in the columns
-    (e.g. CG's ``p <- z + beta p``), so a piece formed here holds the bits its owner would have cut after
-    forming its rows: the product is ``held_laplacian``'s after ``held_cut(before)``, one dependent task step
-    instead of two.  ``cut``: this worker's own ``held_cut_formed``, waited for so that ``fn`` changes no row
-    before it was cut."""
-    halo = []
-    for piece in received:
-        formed = {key: columns.copy() for key, columns in piece[0].items()}
-        if before is not None:
-            before[0](formed, *before[1])
-        halo.append(formed[name])
-    for k in ks:
-        if before is not None:
-            before[0](_rows(box, k), *before[1])
-    X = assemble(view, [_rows(box, k)[name] for k in ks], *halo)
-    return _multiply(box, ks, view, X, target, after)
-
-
-def _multiply(box: dict, ks: list, view, X: np.ndarray, target: str, after) -> list:
+    X = _compact(box, ks, view, name, received)
     out = []
     for k, b in zip(ks, view.blocks):
         rows = _rows(box, k)

@@ -270,7 +270,7 @@ class _HeldDescentRun(StepRun):
             before = None if beta is None else (held_rows.cg_direction, (beta,))
             pap = _sum(self.held.laplacian("p", "Ap", before=before, after=(held_rows.cg_product, (mu,))))
             step = np.where(pap > 0, rz / np.where(pap > 0, pap, 1.0), 0.0)
-            parts = self.held.map(held_rows.cg_step, step, cut=("z", "p"))  # the next product forms p's halo
+            parts = self.held.map(held_rows.cg_step, step)
             rz_new = _sum([p[0] for p in parts])
             beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
             rz = rz_new
