@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 FLOORS = {  # room -> floor (1 = ground)
     "_version.py": 1, "errors.py": 1, "geometry": 1, "repulsion": 1, "numba_cache.py": 1, "vecmath.py": 1,
+    "lazy.py": 1,
     "models": 2,
     "progress.py": 3,
     "io": 4,  # the input readers, and atomic / object-storage publication that every writer uses
@@ -29,7 +30,7 @@ FLOORS = {  # room -> floor (1 = ground)
     "lvq": 10,
     "placement": 11,
     "embedding.py": 12, "run": 12,
-    "eigenmaps": 13, "estimator.py": 13, "resume.py": 13, "metrics": 13, "tl.py": 13,
+    "eigenmaps": 13, "estimator.py": 13, "metrics": 13, "tl.py": 13,
     "plot": 14,
     "report": 15,
     "service": 16,

@@ -1,12 +1,17 @@
-"""scalemb: SNE-family embeddings (SNE, t-SNE, space-time SNE) of large graphs."""
+"""scalemb: SNE-family embeddings (SNE, t-SNE, space-time SNE) of large graphs.
+
+The public names are imported on first use (``scalemb.lazy``): ``import scalemb`` alone loads neither
+scikit-learn (the estimators' base) nor the embedding machinery."""
 from ._version import __version__
-from .affinity import Affinity
-from .eigenmaps import Eigenmap, KernelEigenmap
-from .embedding import EmbeddingResult, embed, load_affinity
-from .estimator import SNE, SNEST, TSNE, CoSNE, ElasticEmbedding, Embedder
-from .store.checkpoint import RunInterrupted
-from .resume import resume
-from . import tl  # noqa: E402  (scverse-style tools: scalemb.tl.tsne(adata))
+from .lazy import lazy_attributes
+
+_WHERE = {"Affinity": ".affinity", "Eigenmap": ".eigenmaps", "KernelEigenmap": ".eigenmaps",
+          "EmbeddingResult": ".embedding", "embed": ".embedding", "load_affinity": ".embedding",
+          "SNE": ".estimator", "SNEST": ".estimator", "TSNE": ".estimator", "CoSNE": ".estimator",
+          "ElasticEmbedding": ".estimator", "Embedder": ".estimator", "RunInterrupted": ".store.checkpoint",
+          "resume": ".run.resume",
+          "tl": ".tl"}  # scverse-style tools: scalemb.tl.tsne(adata)
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
 
 __all__ = ["__version__", "Affinity", "CoSNE", "Eigenmap", "ElasticEmbedding", "Embedder", "EmbeddingResult",
            "KernelEigenmap", "RunInterrupted", "SNE", "SNEST", "TSNE", "embed", "load_affinity", "resume", "tl"]

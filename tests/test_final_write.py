@@ -18,7 +18,7 @@ from scalemb.cli.main import main
 from scalemb.store.checkpoint import read_final_state
 from scalemb.store.results import read_result
 from scalemb.engine.held import store_chunk
-from scalemb.resume import continue_finished
+from scalemb.run.resume import continue_finished
 
 from .test_checkpoint import assert_same_result
 from .test_distributed import coauthor_store

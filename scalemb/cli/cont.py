@@ -18,7 +18,7 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     from ..methods import method_of
-    from ..resume import continue_finished
+    from ..run.resume import continue_finished
 
     result = continue_finished(args.run, args.iterations, quiet=args.quiet, scheduler=args.scheduler,
                                 in_process=args.in_process)

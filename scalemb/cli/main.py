@@ -26,7 +26,7 @@ from ..io.atomic import check_output_path
 from ..io.coauthor_generator import write_coauthor_edge_list
 from ..io.storage import check_prefix, is_url
 from ..plot import save_plot
-from ..resume import resume
+from ..run.resume import resume
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3

@@ -20,7 +20,6 @@ from ..params import Param
 from .kernel import CORRECTIONS, KernelEigenmap
 from ..affinity.knn import read_features
 from ..placement import PlacementRun, grown_affinity, new_feature_rows, new_point_ids, placed_result, reference_of
-from .estimator import Eigenmap
 
 GRAPH_PARAMS = (
     Param("eigensolver", "lanczos", "eigenmap: Lanczos (default) or LOBPCG on the row-block Laplacian products",
@@ -47,6 +46,7 @@ def _check_output(name: str, values: dict, out, overwrite: bool) -> None:
 def fit_graph_eigenmap(source, values: dict, *, out=None, overwrite: bool = False, checkpoint_every=None,
                        front: str = "python", quiet: bool = True):
     """The graph eigenmap of ``source``'s P (``Eigenmap``), written to ``out`` if given."""
+    from .estimator import Eigenmap  # scikit-learn's estimator base: loaded by this method alone
 
     values = GRAPH_EIGENMAP.values(values)
     _check_output(GRAPH_EIGENMAP.name, values, out, overwrite)

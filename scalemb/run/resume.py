@@ -1,14 +1,14 @@
 """``scalemb.resume(path)``: continue a checkpointed run (``scalemb.store.checkpoint``) to its end;
 ``continue_finished(path, iterations)``: go on with a finished one from its final optimiser state.  Both read
 the run's stored ``RunSpec`` back (``stored_spec``) and hand it to the one runner."""
-from .errors import ScalembError
-from .store.checkpoint import read_config, read_final_state, with_iterations, write_final_state
-from .store.checkpointer import Checkpointer
-from .store.results import EmbeddingResult
-from .optim import optimizer_from_config
-from .run.inputs import input_hash, plan_of, resolve
-from .run.runner import Runner
-from .run.spec import RunSpec, fft_settings
+from ..errors import ScalembError
+from ..store.checkpoint import read_config, read_final_state, with_iterations, write_final_state
+from ..store.checkpointer import Checkpointer
+from ..store.results import EmbeddingResult
+from ..optim import optimizer_from_config
+from .inputs import input_hash, plan_of, resolve
+from .runner import Runner
+from .spec import RunSpec, fft_settings
 
 # a configuration written before the RunSpec held the runner's constructor arguments under these names
 _LEGACY_NAMES = {"seed": "random_state", "n_threads": "n_jobs"}
