@@ -57,3 +57,15 @@ def test_names_are_the_defining_modules_objects_and_resume_is_the_function():
     namespace = {}
     exec("from scalemb import *", namespace)  # noqa: S102 - the star import users write in notebooks
     assert set(scalemb.__all__) <= set(namespace)
+
+
+def test_subpackages_and_submodules_are_reached_as_attributes_after_a_bare_import():
+    """``import scalemb`` then ``scalemb.affinity.knn_affinity`` or ``scalemb.engine.local.LocalExecutor``, as when
+    the package imported everything; a name that is neither a public name nor a submodule stays an error."""
+    code = ("import scalemb\n"
+            "assert callable(scalemb.affinity.knn_affinity)\n"
+            "assert scalemb.engine.local.LocalExecutor.__name__ == 'LocalExecutor'\n"
+            "assert scalemb.eigenmaps.kernel.KernelEigenmap is scalemb.KernelEigenmap\n"
+            "assert scalemb.models.get_model('tsne') is not None\n"
+            "try:\n    scalemb.affinity.not_a_module\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)")
+    subprocess.run([sys.executable, "-c", code], check=True)
