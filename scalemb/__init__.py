@@ -13,5 +13,4 @@ _WHERE = {"Affinity": ".affinity", "Eigenmap": ".eigenmaps", "KernelEigenmap": "
           "tl": ".tl"}  # scverse-style tools: scalemb.tl.tsne(adata)
 __getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
 
-__all__ = ["__version__", "Affinity", "CoSNE", "Eigenmap", "ElasticEmbedding", "Embedder", "EmbeddingResult",
-           "KernelEigenmap", "RunInterrupted", "SNE", "SNEST", "TSNE", "embed", "load_affinity", "resume", "tl"]
+__all__ = ["__version__", *_WHERE]  # every name of the table, and nothing else

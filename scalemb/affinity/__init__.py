@@ -10,5 +10,4 @@ _WHERE = {"Affinity": ".affinity", "coauthorship_affinity": ".graph", "normalize
           "write_affinity_store": ".store"}
 __getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
 
-__all__ = ["Affinity", "AffinityStore", "affinity_from_distances", "coauthorship_affinity", "ingest_edge_list",
-           "is_affinity_store", "knn_affinity", "normalized_affinity", "read_features", "write_affinity_store"]
+__all__ = [*_WHERE]  # every name of the table, and nothing else

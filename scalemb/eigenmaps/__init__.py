@@ -11,5 +11,4 @@ _WHERE = {"Eigenmap": ".estimator", "EIGENSOLVERS": "..engine.eigenmap", "Eigenm
           "inverse_distance_graph": ".kernel", "kernel_features": ".kernel"}
 __getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
 
-__all__ = ["CORRECTIONS", "EIGENSOLVERS", "Eigenmap", "EigenmapSolution", "KernelEigenmap", "component_labels",
-           "inverse_distance_graph", "kernel_features", "laplacian_eigenmap", "nystrom_extend"]
+__all__ = [*_WHERE]  # every name of the table, and nothing else

@@ -8,4 +8,4 @@ _WHERE = {"Executor": ".base", "BlockResult": ".blocks", "Evaluation": ".blocks"
           "reduce_blocks": ".blocks", "LocalExecutor": ".local"}
 __getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
 
-__all__ = ["BlockResult", "Evaluation", "Executor", "evaluate_block", "reduce_blocks", "LocalExecutor"]
+__all__ = [*_WHERE]  # every name of the table, and nothing else
