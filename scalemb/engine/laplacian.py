@@ -9,14 +9,30 @@ from numba import njit
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def laplacian_rows(indptr, indices, weights, r0, V, out):
-    """``out[:, row] = (L(C) V)[:, r0 + row]`` for V of shape ``(d, N)``, out ``(d, r1 - r0)``."""
+    """``out[:, row] += (L(C) V)[:, r0 + row]`` for V of shape ``(d, N)``, out ``(d, r1 - r0)``.
+
+    Each output entry is summed over the row's entries in storage order, in a register: coordinates go two at a
+    time through the row (one pass for d = 2), so ``out`` is stored once per row and coordinate, not once per
+    entry (storing per entry the compiler must assume ``out`` may alias ``V`` and reloads: 1.9-2.7x the time at
+    7.7e5 points).  The additions and their order are the same either way, so the sums are the same bits."""
+    d = V.shape[0]
     for row in range(indptr.shape[0] - 1):
         i = r0 + row
-        for idx in range(indptr[row], indptr[row + 1]):
-            j = indices[idx]
-            c = weights[idx]
-            for k in range(V.shape[0]):
-                out[k, row] += c * (V[k, i] - V[k, j])
+        start, stop = indptr[row], indptr[row + 1]
+        for k in range(0, d - 1, 2):
+            a, b = out[k, row], out[k + 1, row]
+            va, vb = V[k, i], V[k + 1, i]
+            for idx in range(start, stop):
+                j = indices[idx]
+                c = weights[idx]
+                a += c * (va - V[k, j])
+                b += c * (vb - V[k + 1, j])
+            out[k, row], out[k + 1, row] = a, b
+        if d % 2:
+            a, va = out[d - 1, row], V[d - 1, i]
+            for idx in range(start, stop):
+                a += weights[idx] * (va - V[d - 1, indices[idx]])
+            out[d - 1, row] = a
 
 
 def row_sums(indptr, weights):
