@@ -106,6 +106,12 @@ def test_worker_functions_rebuild_the_blocks_results(store):
         # a held worker's form: its partitions' rows apart, each copied to its contiguous run
         by_partition = [Y[:, bounds[k][0]:bounds[k][1]] for k in parts[w]]
         assert np.array_equal(halo.assemble(view, by_partition, *pieces), X[w])
+        # the held cut: each other worker's piece gathered from w's partitions' rows apart, not joined first
+        for u in plan.workers:
+            if (w, u) in plan.needs:
+                assert np.all(np.diff(plan.needs[w, u]) > 0)
+                assert np.array_equal(halo.take_columns_parts(by_partition, plan.needs[w, u]),
+                                      halo.take_columns(Y[:, plan.own[w]], plan.needs[w, u]))
         total = total + halo.spread_view(view, Y[:, plan.own[w]], grid)
     convolution = convolve(grid, fixed_charges(grid, total))
     for w in plan.workers:

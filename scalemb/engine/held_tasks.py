@@ -6,7 +6,7 @@ import numpy as np
 
 from ..repulsion.grid import band_counts, block_extent
 from .blocks import add_reaction, laplacian_block
-from .halo import assemble, curvature_view, finish_prepared, take_columns
+from .halo import assemble, curvature_view, finish_prepared, take_columns_parts
 from .held import read_block, shift_rows
 from .laplacian import row_sums
 
@@ -90,10 +90,7 @@ def held_cut(box: dict, ks: list, shift, name: str, before, needs: list) -> list
         if before is not None:
             before[0](rows, *before[1])
         parts.append(rows[name])
-    if not needs:
-        return []
-    own = np.concatenate(parts, axis=1)
-    return [take_columns(own, positions) for positions in needs]
+    return [take_columns_parts(parts, positions) for positions in needs]
 
 
 def held_pick(pieces: list, i: int) -> list:

@@ -174,6 +174,14 @@ def gather_columns(Y, order):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def gather_columns_into(Y, order, first, offset, out):
+    """``out[:, first + j] = Y[:, order[j] - offset]``: columns of one part of a longer row range, in place."""
+    for j in range(order.shape[0]):
+        for k in range(Y.shape[0]):
+            out[k, first + j] = Y[k, order[j] - offset]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def put_columns(Y, positions, values):
     """``Y[:, positions] = values`` in place."""
     for j in range(positions.shape[0]):
