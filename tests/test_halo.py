@@ -130,6 +130,9 @@ def test_worker_functions_rebuild_the_blocks_results(store):
     for w in plan.workers:
         view = halo.make_view(plan.columns[w], plan.own_positions[w], [], *[blocks[k] for k in parts[w]])
         weights = [curvature_block(model, blocks[k], Y, 2, 1.0, False) for k in parts[w]]
+        # the worker's weights from its compact columns (one point-major copy for all its partitions): the same
+        compact = halo.curvature_view(view, np.ascontiguousarray(Y[:, plan.columns[w]]), model, 2, 1.0, False)
+        assert all(np.array_equal(a, b) for a, b in zip(compact, weights))
         got = halo.laplacian_compact(view, np.ascontiguousarray(V[:, plan.columns[w]]), *weights)
         for k, rows, c in zip(parts[w], got, weights):
             assert np.array_equal(rows, laplacian_block(blocks[k], c, V))

@@ -37,8 +37,9 @@ def evaluate_partition(block, coords, model, space_dims: int, with_kl: bool, Yt=
     return evaluate_block(block_model(model), block, coords, space_dims, with_kl, Yt)
 
 
-def curvature_partition(block, coords, model, space_dims: int, exaggeration: float, fixed: bool) -> np.ndarray:
-    return curvature_block(block_model(model), block, coords, space_dims, exaggeration, fixed)
+def curvature_partition(block, coords, model, space_dims: int, exaggeration: float, fixed: bool,
+                        Yt=None) -> np.ndarray:
+    return curvature_block(block_model(model), block, coords, space_dims, exaggeration, fixed, Yt)
 
 
 def diagonal_partition(block, weights: np.ndarray) -> np.ndarray:
@@ -169,8 +170,10 @@ class Executor:
         if self.model is None and not fixed:
             raise RuntimeError("this executor has no model: only the fixed curvature 4 P is available")
         self._weights = None
+        # one point-major copy shared by the blocks, as an evaluation's (per block: a copy of all N points each)
+        extra = (point_major(coords),) if self._shared_memory and not fixed else ()
         self._weights = self._keep(curvature_partition, coords, self._model_arg, self.space_dims, exaggeration,
-                                   fixed)
+                                   fixed, *extra)
 
     def _check_curvature(self) -> None:
         if self._weights is None:

@@ -192,16 +192,18 @@ def reduce_blocks(results, coords_shape, entropy_term: float, exaggeration: floa
 
 
 def curvature_block(model: Model, block: RowBlock, coords: np.ndarray, space_dims: int,
-                    exaggeration: float = 1.0, fixed: bool = False) -> np.ndarray:
+                    exaggeration: float = 1.0, fixed: bool = False, Yt: np.ndarray | None = None) -> np.ndarray:
     """Weights ``c_ij`` of the block's rows of the attractive partial Hessian ``L(C)`` (space coordinates).
 
     ``fixed``: ``C = 4 alpha P`` (constant, the spectral direction of Vladymyrov & Carreira-Perpinan 2012);
     otherwise ``C = -2 alpha a_ij P`` at ``coords`` (``4 alpha P o K`` for t-SNE), see ``models.kernels``.
+    ``Yt``: ``point_major(coords)`` if the caller has it (one copy shared by all blocks, as ``evaluate_block``).
     """
     if fixed:
         return 4.0 * exaggeration * block.data
     weights = np.empty_like(block.data)
-    model.curvature(block.indptr, block.indices, block.data, block.r0, point_major(coords), space_dims, weights)
+    Yt = point_major(coords) if Yt is None else Yt
+    model.curvature(block.indptr, block.indices, block.data, block.r0, Yt, space_dims, weights)
     return exaggeration * weights
 
 

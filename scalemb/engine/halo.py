@@ -248,7 +248,8 @@ def curvature_view(view: WorkerView, X: np.ndarray, model, space_dims: int, exag
     global labels)."""
 
     model = block_model(model)
-    return [curvature_block(model, b, X, space_dims, exaggeration, fixed) for b in view.blocks]
+    Yt = None if fixed else point_major(X)  # once for all the worker's partitions
+    return [curvature_block(model, b, X, space_dims, exaggeration, fixed, Yt) for b in view.blocks]
 
 
 def laplacian_compact(view: WorkerView, V: np.ndarray, *weights: np.ndarray) -> list:
