@@ -13,8 +13,8 @@ def laplacian_rows(indptr, indices, weights, r0, V, out):
 
     Each output entry is summed over the row's entries in storage order, in a register: coordinates go two at a
     time through the row (one pass for d = 2), so ``out`` is stored once per row and coordinate, not once per
-    entry (storing per entry the compiler must assume ``out`` may alias ``V`` and reloads: 1.9-2.7x the time at
-    7.7e5 points).  The additions and their order are the same either way, so the sums are the same bits."""
+    entry (stored per entry, the compiler must assume ``out`` may alias ``V`` and reloads it every time).  The
+    additions and their order are the same either way, so the sums are the same bits."""
     d = V.shape[0]
     for row in range(indptr.shape[0] - 1):
         i = r0 + row

@@ -164,21 +164,19 @@ def box_scatter(Y, rows, j0, j1, keys, starts, order, sorted_keys, Yv):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gather_columns(Y, order):
-    """``Y[:, order]``, C-contiguous."""
-    Yv = np.empty((Y.shape[0], order.shape[0]))
-    for j in range(order.shape[0]):
-        for k in range(Y.shape[0]):
-            Yv[k, j] = Y[k, order[j]]
-    return Yv
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def gather_columns_into(Y, order, first, offset, out):
     """``out[:, first + j] = Y[:, order[j] - offset]``: columns of one part of a longer row range, in place."""
     for j in range(order.shape[0]):
         for k in range(Y.shape[0]):
             out[k, first + j] = Y[k, order[j] - offset]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gather_columns(Y, order):
+    """``Y[:, order]``, C-contiguous."""
+    Yv = np.empty((Y.shape[0], order.shape[0]))
+    gather_columns_into(Y, order, 0, 0, Yv)
+    return Yv
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
