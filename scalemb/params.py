@@ -215,8 +215,9 @@ PARAMS = (
           "--learning-rate", "learning_rate", float | None, {"gt": 0.0}, words=("auto",)),
     Param("time_ratio", None, "dbd: time learning rate / space learning rate (default 0.002)", None,
           "--time-ratio", "time_ratio", float | None, {"gt": 0.0}),
-    Param("max_step_norm", None, "dbd: clip each point's space step to this norm (openTSNE's default 5; default "
-          "off)", None, "--max-step-norm", "max_step_norm", float | None, {"gt": 0.0}),
+    Param("max_step_norm", None, "clip each point's space step to this norm (dbd: openTSNE's default 5; sd/gd: "
+          "a per-point trust region that keeps the layout compact; default off, except in the schedules at scale)",
+          None, "--max-step-norm", "max_step_norm", float | None, {"gt": 0.0}),
     Param("kl_every", None, "dbd: compute the KL only every K-th iteration (the other history entries are NaN; "
           "default 1)", None, "--kl-every", "kl_every", int | None, {"ge": 1, "le": _HUGE}),
     Param("exaggeration", None, "early exaggeration factor (default: dbd 4, sd/gd 1 = off)", None,

@@ -104,8 +104,12 @@ def test_a_holder_seen_leaving_during_a_wait_rewinds_even_if_it_is_back(store, d
     _same(expected, got)
 
 
+# each point's step bounded and the grid uncapped (``test_held_sd.FFT``), so that every evaluation runs on the
+# workers' halos: unbounded, the layout spread to ~800 units and every evaluation took the capped grid's
+# client-held way
 SD_SETTINGS = dict(model="tsne", max_iter=30, random_state=3, optimizer="sd", solver="cg", preconditioner="jacobi",
-                   early_exaggeration=4.0, exaggeration_iterations=8, tol=0.0, repulsion="fft")
+                   early_exaggeration=4.0, exaggeration_iterations=8, tol=0.0, repulsion="fft", max_step_norm=2.0,
+                   fft_max_nodes=1_000_000)
 
 
 @pytest.mark.slow

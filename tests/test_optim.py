@@ -5,7 +5,7 @@ import scalemb
 from scalemb.embedding import initial_coords
 from scalemb.engine import LocalExecutor
 from scalemb.models import get_model
-from scalemb.optim import DeltaBarDelta
+from scalemb.optim import DeltaBarDelta, make_optimizer
 
 
 def _run(affinity, name, ds, dt, n_iter=300, seed=0, **kw):
@@ -172,6 +172,31 @@ def test_auto_optimizer_depends_on_the_input_size():
         make_optimizer("auto", "tsne", max_step_norm=-1.0)
     with pytest.raises(ValueError, match="max_point_step"):
         make_optimizer("sd", "tsne", max_point_step=0.0)
+
+
+def test_max_step_norm_is_one_setting_for_every_optimiser(school_affinity):
+    """``max_step_norm`` clips dbd's steps and bounds sd's and gd's (their ``max_point_step``); a value given
+    replaces a schedule's; a bad one is refused under its own name, whichever optimiser 'auto' picks."""
+    assert make_optimizer("dbd", "tsne", max_step_norm=1.5).max_step_norm == 1.5
+    assert make_optimizer("sd", "tsne", max_step_norm=1.5).max_point_step == 1.5
+    assert make_optimizer("gd", "tsne", max_step_norm=1.5).max_point_step == 1.5
+    assert make_optimizer("auto", "tsne", n_points=10 ** 6).max_point_step == 3.0  # the schedule at scale's
+    assert make_optimizer("auto", "tsne", n_points=10 ** 6, max_step_norm=1.5).max_point_step == 1.5
+    assert make_optimizer("auto", "snest", max_step_norm=0.5).resolve(10 ** 6).max_point_step == 0.5
+    for name in ("sd", "gd", "auto"):
+        with pytest.raises(ValueError, match="max_step_norm must be > 0"):
+            make_optimizer(name, "tsne", max_step_norm=0.0)
+    # through the estimator: each point's spectral step bounded, so the layout stays within the bound's reach
+    start = np.random.default_rng(0).normal(size=(school_affinity.n_points, 2)) * 1e-2
+    extents = {}
+    for bound in (None, 0.05):
+        est = scalemb.Embedder(model="tsne", optimizer="sd", max_iter=3, random_state=0, init=start,
+                               max_step_norm=bound)
+        Y = est.fit_transform(school_affinity)
+        moved = Y - start
+        extents[bound] = np.linalg.norm(moved - moved.mean(axis=0), axis=1).max()  # the result is centred
+        assert est.result_.optimizer.get("max_point_step") == bound
+    assert extents[0.05] <= 2 * 3 * 0.05 < 10 * 3 * 0.05 < extents[None]
 
 
 def test_auto_optimizer_is_resolved_by_fit_and_recorded(tmp_path):

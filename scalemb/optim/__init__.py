@@ -80,6 +80,7 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_p
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_NAMES)}")
     cls = DeltaBarDelta if name == "dbd" else LineSearchDescent
+    options = _step_bound(cls, options)
     accepted = {f.name for f in fields(cls) if f.init}
     kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
     unused = sorted(k for k, v in options.items() if v is not None and k not in accepted and
@@ -94,6 +95,18 @@ def make_optimizer(name: str, model=None, n_points: int | None = None, *, from_p
     if name == "gd":
         kwargs["direction"] = "gradient"
     return cls(**kwargs)
+
+
+def _step_bound(cls, options: dict) -> dict:
+    """``options`` with the run's ``max_step_norm`` (one setting: each point's space step clipped to this norm,
+    as openTSNE's ``max_step_norm`` clips its gradient steps) spelt as the line-search optimisers' own
+    ``max_point_step`` (their per-point trust region, ``optim.descent``); a value given wins over a schedule's."""
+    bound = options.get("max_step_norm")
+    if cls is DeltaBarDelta or bound is None:
+        return options
+    if not bound > 0:
+        raise ValueError(f"max_step_norm must be > 0 or None, got {bound!r}")
+    return {**{k: v for k, v in options.items() if k != "max_step_norm"}, "max_point_step": bound}
 
 
 def fitted_schedule(schedule: dict, iterations: int | None) -> dict:
@@ -135,7 +148,7 @@ def _check_options(options: dict) -> None:
     """Build both candidates once so a bad option fails now, not when the input's size is known."""
     for name, cls in (("dbd", DeltaBarDelta), ("sd", LineSearchDescent)):
         accepted = {f.name for f in fields(cls) if f.init}
-        make_optimizer(name, **{k: v for k, v in options.items() if k in accepted})
+        make_optimizer(name, **{k: v for k, v in _step_bound(cls, options).items() if k in accepted})
 
 
 @dataclass
