@@ -14,8 +14,9 @@ time one product of each variant:
 * ``dask empty round``: one task per worker doing nothing with the partitions' views, gathered: the latency floor
   of any one-round product on this cluster;
 * ``local held`` / ``dask held``: the product as the spectral direction's CG takes it since its vectors are held
-  where the rows are (``engine.held``: ``LocalHeld`` / ``DaskHeld.laplacian``): ``Ap <- L(C) p + mu p`` and the
-  blocks' ``p . Ap`` (``optim.held_rows.cg_product``), with ``p`` held on the workers and its halo cut and sent
+  where the rows are (``engine.held``: ``LocalHeld`` / ``DaskHeld.laplacian``): ``w <- L(C) u + mu u`` and the
+  blocks' ``r . u``, ``w . u``, ``|r|^2`` (``optim.held_rows.cg1_product``), with ``u`` held on the workers and its
+  halo cut and sent
   worker to worker -- the client sends a few names and receives ``d`` numbers per partition.
 
 Every product is checked equal to the local one bit for bit.  Medians per variant and their ratio to ``local``.
@@ -77,7 +78,7 @@ def measure(store, workers, rounds):
     from scalemb.engine.distributed import DaskExecutor
     from scalemb.engine.held import LocalHeld
     from scalemb.models import get_model
-    from scalemb.optim.held_rows import cg_product
+    from scalemb.optim.held_rows import cg1_product
 
     meta = AffinityStore(store)
     n = meta.n_points
@@ -94,20 +95,22 @@ def measure(store, workers, rounds):
         reference = local.laplacian_matvec(V)
         mu = 1e-3
         # the held products: their own curvature, set by the holders at the same coordinates (the same weights)
-        held = {"local held": LocalHeld(local, {"coords": Y, "p": V}), "dask held": dask.hold({"coords": Y, "p": V})}
+        R = np.random.default_rng(2).normal(size=(2, n))
+        held = {"local held": LocalHeld(local, {"coords": Y, "u": V, "r": R, "gradient": R}),
+                "dask held": dask.hold({"coords": Y, "u": V, "r": R, "gradient": R})}
         for h in held.values():
-            h.ensure({"Ap": 2})
+            h.ensure({"w": 2})
             h.set_curvature(1.0, False)
         variants = {"local": lambda: local.laplacian_matvec(V), "dask one round": lambda: dask.laplacian_matvec(V),
                     "dask three rounds": lambda: three_rounds(dask, V), "dask empty round": lambda: empty_round(dask),
-                    **{name: (lambda h=h: h.laplacian("p", "Ap", after=(cg_product, (mu,)))) for name, h in
+                    **{name: (lambda h=h: h.laplacian("u", "w", after=(cg1_product, (2, mu, False)))) for name, h in
                        held.items()}}
         for name in ("dask one round", "dask three rounds"):  # warm-up and the bit-for-bit check
             assert np.array_equal(variants[name](), reference), name
         dots = [variants[name]() for name in held]
-        assert all(np.array_equal(a, b) for a, b in zip(*dots)), "held p . Ap"
-        products = [h.gather("Ap")["Ap"] for h in held.values()]
-        assert np.array_equal(products[0], products[1]) and np.array_equal(products[0], reference + mu * V), "held Ap"
+        assert all(np.array_equal(a, b) for x, y in zip(*dots) for a, b in zip(x, y)), "held r . u, w . u, |r|^2"
+        products = [h.gather("w")["w"] for h in held.values()]
+        assert np.array_equal(products[0], products[1]) and np.array_equal(products[0], reference + mu * V), "held w"
         empty_round(dask)
         plan = dask._halo[0]
         halo_rows = sum(plan.halo_rows().values())

@@ -65,6 +65,39 @@ def test_solvers_agree_and_meet_tolerance(school_affinity):
     assert warm.iterations == 0
 
 
+@pytest.mark.parametrize("warm", [False, True])
+def test_one_reduction_cg_takes_pcgs_iterates(school_affinity, warm):
+    """Chronopoulos-Gear CG (``pcg_one_reduction``): PCG's iterates in exact arithmetic, so after every number of
+    iterations its x agrees with PCG's to rounding; the same stop rule (tolerance or ``maxiter``); a system whose
+    right-hand side is zero stays at its start (its coefficients are guarded to 0), the others converge."""
+    from scalemb.optim.solvers import pcg_one_reduction
+
+    ex = _executor(school_affinity, n_blocks=2)
+    coords = np.random.default_rng(3).normal(size=(2, 42))
+    ex.set_curvature(coords)
+    diag = ex.curvature_diagonal()
+    mu = 1e-3 * diag.mean()
+    rhs = -ex.evaluate(coords).gradient
+    x0 = np.random.default_rng(4).normal(size=rhs.shape) * 1e-2 if warm else None
+    M = jacobi_preconditioner(diag, mu)
+    for k in (1, 2, 5, 12):
+        a = pcg(ex.laplacian_matvec, rhs, M, mu, x0=x0, tol=0.0, maxiter=k)
+        b = pcg_one_reduction(ex.laplacian_matvec, rhs, M, mu, x0=x0, tol=0.0, maxiter=k)
+        assert a.iterations == b.iterations == k
+        np.testing.assert_allclose(b.x, a.x, rtol=1e-8, atol=1e-10 * np.abs(a.x).max())
+    tight = pcg_one_reduction(ex.laplacian_matvec, rhs, M, mu, x0=x0, tol=1e-9, maxiter=500)
+    reference = pcg(ex.laplacian_matvec, rhs, M, mu, x0=x0, tol=1e-9, maxiter=500)
+    assert tight.relative_residual <= 1e-9 and abs(tight.iterations - reference.iterations) <= 1
+    again = pcg_one_reduction(ex.laplacian_matvec, rhs, M, mu, x0=tight.x, tol=1e-8, maxiter=500)
+    assert again.iterations == 0 and np.array_equal(again.x, tight.x)
+    half = rhs.copy()
+    half[1] = 0.0
+    part = pcg_one_reduction(ex.laplacian_matvec, half, M, mu, tol=1e-9, maxiter=500)
+    assert np.all(np.isfinite(part.x)) and np.all(part.x[1] == 0.0)
+    x_lu = FactorizedSolver(ex.curvature_matrix(), mu).solve(rhs)
+    np.testing.assert_allclose(part.x[0], x_lu[0], rtol=1e-6, atol=1e-8 * np.abs(x_lu[0]).max())
+
+
 def test_line_search_refuses_ascent_and_never_increases(school_affinity):
     ex = _executor(school_affinity)
     coords = initial_coords(42, 2, 0, np.random.default_rng(0)) * 1e3
@@ -119,8 +152,8 @@ def test_optimizer_names_and_auto():
         make_optimizer("gd", learning_rate=3.0, solver="cg")
     with pytest.raises(ValueError, match="solver: not a setting of the dbd optimiser"):
         make_optimizer("dbd", solver="cg", learning_rate=3.0)
-    with pytest.warns(UserWarning, match="max_step_norm: not a setting of the sd optimiser that 'auto' chose"):
-        assert make_optimizer("auto", "tsne", 100, max_step_norm=5.0).name == "sd"
+    with pytest.warns(UserWarning, match="kl_every: not a setting of the sd optimiser that 'auto' chose"):
+        assert make_optimizer("auto", "tsne", 100, kl_every=5).name == "sd"
     with pytest.raises(ValueError, match="unknown optimizer"):
         make_optimizer("adam")
 

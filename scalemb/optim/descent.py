@@ -55,7 +55,7 @@ from .base import OptimizeResult
 from .loop import run_loop
 from .descent_held import _HeldDescentRun, held_mode, initial_state
 from .descent_steps import DescentRun, DescentState, factorize
-from .solvers import interruptible, jacobi_preconditioner, pcg
+from .solvers import interruptible, jacobi_preconditioner, pcg, pcg_one_reduction
 
 logger = logging.getLogger("scalemb")
 
@@ -345,9 +345,13 @@ class LineSearchDescent:
             precondition = jacobi_preconditioner(state["diagonal"], state["mu"])
         else:
             precondition = state["factor"].solve
-        cg = pcg(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
-                 tol=self.cg_tol if tol is None else tol, maxiter=self._cg_maxiter(preconditioner),
-                 should_stop=should_stop)
+        # Jacobi-CG on the current iterate's curvature is the solve a cluster runs on held rows (``descent_held``):
+        # its one-reduction form here too, so that a run is the same number on the client's arrays and on the
+        # workers'; on the fixed curvature (never held) PCG's own form, whose recorded runs keep their bits
+        solve = pcg_one_reduction if preconditioner == "jacobi" and not fixed else pcg
+        cg = solve(executor.laplacian_matvec, -space_grad, precondition, state["mu"], x0=previous,
+                   tol=self.cg_tol if tol is None else tol, maxiter=self._cg_maxiter(preconditioner),
+                   should_stop=should_stop)
         if cg.iterations > (AMG_REFRESH_AFTER if preconditioner == "amg" else self.refresh_after):
             state.pop("factor", None)
         return cg.x

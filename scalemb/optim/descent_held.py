@@ -34,7 +34,7 @@ from . import held_rows
 from .descent_steps import DescentState, guarded_solve, momentum_diverged, search_failed
 from .linesearch import LineSearchResult
 from .loop import HALT, KEPT, MOVED, StepRun
-from .solvers import SetupInterrupted
+from .solvers import SetupInterrupted, cg_coefficients
 
 logger = logging.getLogger("scalemb")
 
@@ -244,38 +244,42 @@ class _HeldDescentRun(StepRun):
 
     def _solve(self, alpha: float, tol: float) -> None:
         """``_spectral`` for ``('cg', 'jacobi')`` and the current iterate's curvature: the weights at the held
-        coordinates, ``mu`` from the diagonal's mean, then ``pcg`` on held vectors (its arithmetic, by rows), the
-        solution held as ``x``."""
+        coordinates, ``mu`` from the diagonal's mean, then ``pcg_one_reduction`` on held vectors (its arithmetic,
+        by rows): each iteration's step, ``u = M r`` and product in one ``laplacian`` round, whose partials are
+        all its reductions; the last step a ``map`` (no product); the solution held as ``x``."""
         r, solver_state, ds = self.rule, self.solver_state, self.space_dims
         solver_state.pop("stale", False)
         mu = r.mu * float(_sum(self.held.set_curvature(alpha, False)) / self.n_points)
         solver_state["mu"] = mu
-        self.held.ensure({"x": ds, "r": ds, "z": ds, "p": ds, "Ap": ds, "invd": 1})
-        warm = self.has["prev"]
-        if warm:  # r = rhs - (L x + mu x)
-            parts = self.held.laplacian("x", "Ap", before=(held_rows.cg_warm, (ds, mu)),
-                                        after=(held_rows.cg_start, (ds, mu, True)))
+        self.held.ensure({"x": ds, "r": ds, "u": ds, "w": ds, "p": ds, "s": ds, "Ap": ds, "invd": 1})
+        if self.has["prev"]:  # warm: r = rhs - (L x + mu x) needs a product of its own
+            self.held.laplacian("x", "Ap", before=(held_rows.cg_warm, (ds, mu)),
+                                after=(held_rows.cg1_start, (ds, mu, True)))
+            parts = self.held.laplacian("u", "w", after=(held_rows.cg1_product, (ds, mu, True)))
         else:
-            parts = self.held.map(held_rows.cg_cold, ds, mu)
-        rz = _sum([p[0] for p in parts])
-        rr = _sum([p[1] for p in parts])
-        rhs_norm = np.maximum(np.sqrt(_sum([p[2] for p in parts])), np.finfo(float).tiny)
+            parts = self.held.laplacian("u", "w", before=(held_rows.cg1_start, (ds, mu, False)),
+                                        after=(held_rows.cg1_product, (ds, mu, True)))
+        gamma, delta = _sum([p[0] for p in parts]), _sum([p[1] for p in parts])
+        rhs_norm = np.maximum(np.sqrt(_sum([p[3] for p in parts])), np.finfo(float).tiny)
+        residual = np.sqrt(_sum([p[2] for p in parts])) / rhs_norm
         maxiter = r._cg_maxiter("jacobi")
-        it = 0
-        residual = np.sqrt(rr) / rhs_norm
-        beta = None
+        it, step, gamma_old = 0, None, None
         while it < maxiter and residual.max() > tol:
             if self.should_stop is not None and self.should_stop():
                 raise SetupInterrupted("stop requested during the CG solve")
-            before = None if beta is None else (held_rows.cg_direction, (beta,))
-            pap = _sum(self.held.laplacian("p", "Ap", before=before, after=(held_rows.cg_product, (mu,))))
-            step = np.where(pap > 0, rz / np.where(pap > 0, pap, 1.0), 0.0)
-            parts = self.held.map(held_rows.cg_step, step)
-            rz_new = _sum([p[0] for p in parts])
-            beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
-            rz = rz_new
+            first = it == 0
+            step, beta = cg_coefficients(gamma, delta, True) if first else \
+                cg_coefficients(gamma, delta, False, gamma_old, step)
             it += 1
-            residual = np.sqrt(_sum([p[1] for p in parts])) / rhs_norm
+            if it < maxiter:  # the step and the next product in one round (a product wasted if r is now small)
+                parts = self.held.laplacian("u", "w", before=(held_rows.cg1_step, (step, beta, first)),
+                                            after=(held_rows.cg1_product, (ds, mu, False)))
+                gamma_old = gamma
+                gamma, delta = _sum([p[0] for p in parts]), _sum([p[1] for p in parts])
+                residual = np.sqrt(_sum([p[2] for p in parts])) / rhs_norm
+            else:
+                parts = self.held.map(held_rows.cg1_step, step, beta, first)
+                residual = np.sqrt(_sum([p[0] for p in parts])) / rhs_norm
 
     def _armijo(self, it: int, step: float, time_rate: float) -> LineSearchResult:
         """``linesearch.armijo`` on the held direction (``dir``; its time rows ``-time_rate g_t`` formed here)

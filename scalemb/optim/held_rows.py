@@ -34,40 +34,39 @@ def cg_warm(rows: dict, ds: int, mu: float) -> None:
     rows["invd"][...] = 1.0 / (rows["diag"] + mu)
 
 
-def cg_cold(rows: dict, ds: int, mu: float) -> tuple:
-    rows["x"][...] = 0.0
-    rows["invd"][...] = 1.0 / (rows["diag"] + mu)
-    return cg_start(rows, ds, mu, False)
-
-
-def cg_start(rows: dict, ds: int, mu: float, warm: bool) -> tuple:
-    """``pcg``'s start: ``r = rhs - (L x + mu x)`` (warm; ``Ap`` holds ``L x``) or ``rhs``, ``z = M r``, ``p = z``
-    with ``rhs = -g_s``; partials of ``r . z``, ``|r|^2`` and ``|rhs|^2``."""
+def cg1_start(rows: dict, ds: int, mu: float, warm: bool) -> None:
+    """``pcg_one_reduction``'s start: ``r = rhs - (L x + mu x)`` (warm; ``Ap`` holds ``L x``) or ``rhs``
+    (``x = 0``), ``u = M r``: the source of the first product."""
+    if not warm:
+        rows["x"][...] = 0.0
+        rows["invd"][...] = 1.0 / (rows["diag"] + mu)
     rhs = -rows["gradient"][:ds]
-    r = rhs - (rows["Ap"] + mu * rows["x"]) if warm else rhs.copy()
-    rows["r"][...] = r
-    z = r * rows["invd"][0]
-    rows["z"][...] = z
-    rows["p"][...] = z
-    return dot_rows(r, z), squares(r), squares(rhs)
+    rows["r"][...] = rhs - (rows["Ap"] + mu * rows["x"]) if warm else rhs.copy()
+    rows["u"][...] = rows["r"] * rows["invd"][0]
 
 
-def cg_direction(rows: dict, beta: np.ndarray) -> None:
-    rows["p"][...] = rows["z"] + beta[:, None] * rows["p"]
+def cg1_product(rows: dict, ds: int, mu: float, start: bool) -> tuple:
+    """``w = L u + mu u`` (``w`` holds ``L u``); the block's ``r . u``, ``w . u``, ``|r|^2`` (and at the start
+    ``|rhs|^2``): all of an iteration's reductions, after its one product."""
+    rows["w"][...] = rows["w"] + mu * rows["u"]
+    r = rows["r"]
+    sums = dot_rows(r, rows["u"]), dot_rows(rows["w"], rows["u"]), squares(r)
+    return (*sums, squares(-rows["gradient"][:ds])) if start else sums
 
 
-def cg_product(rows: dict, mu: float) -> np.ndarray:
-    """``Ap = L p + mu p`` (``Ap`` holds ``L p``); the block's ``p . Ap``."""
-    rows["Ap"][...] = rows["Ap"] + mu * rows["p"]
-    return dot_rows(rows["p"], rows["Ap"])
-
-
-def cg_step(rows: dict, step: np.ndarray) -> tuple:
-    rows["x"] += step[:, None] * rows["p"]
-    rows["r"] -= step[:, None] * rows["Ap"]
-    z = rows["r"] * rows["invd"][0]
-    rows["z"][...] = z
-    return dot_rows(rows["r"], z), squares(rows["r"])
+def cg1_step(rows: dict, alpha: np.ndarray, beta: np.ndarray, first: bool) -> tuple:
+    """``pcg_one_reduction``'s step: ``p = u + beta p``, ``s = w + beta s`` (``u``, ``w`` on the first), ``x +=
+    alpha p``, ``r -= alpha s``, ``u = M r`` (the next product's source); the block's ``|r|^2``."""
+    if first:
+        rows["p"][...] = rows["u"]
+        rows["s"][...] = rows["w"]
+    else:
+        rows["p"][...] = rows["u"] + beta[:, None] * rows["p"]
+        rows["s"][...] = rows["w"] + beta[:, None] * rows["s"]
+    rows["x"] += alpha[:, None] * rows["p"]
+    rows["r"] -= alpha[:, None] * rows["s"]
+    rows["u"][...] = rows["r"] * rows["invd"][0]
+    return (squares(rows["r"]),)
 
 
 def direction(rows: dict, ds: int, geometry, polishing: bool, radius, with_time: bool) -> tuple:

@@ -60,6 +60,61 @@ def jacobi_preconditioner(diagonal: np.ndarray, mu: float):
     return lambda r: r * inv_diag
 
 
+def cg_coefficients(gamma, delta, first: bool, gamma_old=None, alpha_old=None) -> tuple:
+    """Chronopoulos & Gear's CG step and direction coefficients (``pcg_one_reduction``), per system (row):
+    ``beta = gamma / gamma_old``, ``alpha = gamma / (delta - beta gamma / alpha_old)`` (the denominator is
+    ``p . A p``), 0 where a denominator is not positive (a converged or degenerate system stops moving)."""
+    if first:
+        beta = np.zeros_like(gamma)
+        denom = delta
+    else:
+        beta = np.where(gamma_old > 0, gamma / np.where(gamma_old > 0, gamma_old, 1.0), 0.0)
+        denom = delta - np.where(alpha_old != 0, beta * gamma / np.where(alpha_old != 0, alpha_old, 1.0), 0.0)
+    alpha = np.where(denom > 0, gamma / np.where(denom > 0, denom, 1.0), 0.0)
+    return alpha, beta
+
+
+def pcg_one_reduction(matvec, rhs: np.ndarray, precondition, mu: float, x0=None, tol: float = 1e-3,
+                      maxiter: int = 100, should_stop=None) -> CGResult:
+    """``pcg`` with one reduction per iteration (Chronopoulos & Gear 1989): the products ``w = (L + mu) u`` of
+    the preconditioned residual ``u = M r``, and ``s = w + beta s`` in place of ``A p``, so that ``r . u``,
+    ``w . u`` and ``|r|^2`` come from the same vectors after the same product.
+
+    Why: where the rows live on Dask workers each reduction is a client round trip; standard PCG needs two per
+    iteration (``p . Ap`` after the product, ``r . z`` after the step), this one (``_HeldDescentRun._solve``:
+    the step, ``u = M r`` and the product in one task round).  In exact arithmetic the iterates are PCG's; in
+    floating point they differ in the last bits.  The last iteration steps without a product; the stop test is
+    ``pcg``'s (every row's residual below ``tol`` times its right-hand side's norm, at most ``maxiter``)."""
+    x = np.zeros_like(rhs) if x0 is None else np.array(x0, dtype=np.float64)
+    r = rhs - (matvec(x) + mu * x) if x0 is not None else rhs.copy()
+    rhs_norm = np.maximum(np.linalg.norm(rhs, axis=1), np.finfo(float).tiny)
+    u = precondition(r)
+    w = matvec(u) + mu * u
+    gamma, delta = np.einsum("kn,kn->k", r, u), np.einsum("kn,kn->k", w, u)
+    residual = np.linalg.norm(r, axis=1) / rhs_norm
+    it, alpha, gamma_old, p, s = 0, None, None, None, None
+    while it < maxiter and residual.max() > tol:
+        if should_stop is not None and should_stop():
+            raise SetupInterrupted("stop requested during the CG solve")
+        if it == 0:
+            alpha, beta = cg_coefficients(gamma, delta, True)
+            p, s = u.copy(), w.copy()
+        else:
+            alpha, beta = cg_coefficients(gamma, delta, False, gamma_old, alpha)
+            p = u + beta[:, None] * p
+            s = w + beta[:, None] * s
+        x += alpha[:, None] * p
+        r -= alpha[:, None] * s
+        u = precondition(r)
+        it += 1
+        residual = np.linalg.norm(r, axis=1) / rhs_norm
+        if it < maxiter and residual.max() > tol:
+            w = matvec(u) + mu * u
+            gamma_old = gamma
+            gamma, delta = np.einsum("kn,kn->k", r, u), np.einsum("kn,kn->k", w, u)
+    return CGResult(x, it, float(residual.max()))
+
+
 def pcg(matvec, rhs: np.ndarray, precondition, mu: float, x0=None, tol: float = 1e-3,
         maxiter: int = 100, should_stop=None) -> CGResult:
     """Preconditioned CG for ``(L + mu I) X = rhs`` (rows of ``rhs`` are independent systems).
