@@ -59,7 +59,8 @@ SD_OPTIONS = {"solver": "cg", "preconditioner": "jacobi", "cg_maxiter": 5, "cg_t
 
 
 def _run(executor, model, start, iterations, optimizer_name="dbd"):
-    """``(seconds per iteration, client bytes per iteration, final coords)`` of one run."""
+    """``(seconds per iteration, client bytes per iteration, client waits per iteration, final coords)`` of one
+    run (waits: the executor's count of dependent client round trips; NaN for an executor without it)."""
     from scalemb.optim import make_optimizer
 
     if optimizer_name == "sd":
@@ -73,12 +74,13 @@ def _run(executor, model, start, iterations, optimizer_name="dbd"):
 
     def callback(it, kl):
         if it in (1, iterations - 1):
-            marks[it] = (time.perf_counter(), 0 if stats is None else stats["bytes_sent"] + stats["bytes_received"])
+            marks[it] = (time.perf_counter(), 0 if stats is None else stats["bytes_sent"] + stats["bytes_received"],
+                         float("nan") if stats is None else stats.get("waits", float("nan")))
 
     result = optimizer.optimize(executor, start, iterations, callback=callback)
-    (t1, b1), (t2, b2) = marks[1], marks[iterations - 1]
+    (t1, b1, w1), (t2, b2, w2) = marks[1], marks[iterations - 1]
     span = iterations - 2
-    return (t2 - t1) / span, (b2 - b1) / span, result.coords
+    return (t2 - t1) / span, (b2 - b1) / span, (w2 - w1) / span, result.coords
 
 
 def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd", modes=MODES):
@@ -98,6 +100,7 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd",
     affinity = st.to_affinity()
     times = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
+    waits = {m: [] for m in modes}
     reference = None
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
@@ -112,7 +115,7 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd",
                     if mode == "dask client":
                         executor.hold = lambda arrays, ex=executor: LocalHeld(ex, arrays)
                 with executor:
-                    seconds, nbytes, coords = _run(executor, model, start, iterations, optimizer_name)
+                    seconds, nbytes, nwaits, coords = _run(executor, model, start, iterations, optimizer_name)
                 if reference is None:
                     reference = coords
                 identical = np.array_equal(reference, coords)
@@ -120,14 +123,15 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd",
                     raise SystemExit(f"{mode} run differs from the first run ({store}, {model_name})")
                 times[mode].append(seconds)
                 traffic[mode].append(nbytes)
+                waits[mode].append(nwaits)
                 report(f"  round {r + 1} {mode}: {seconds:.3f} s per iteration, {nbytes / 1e3:.1f} KB client bytes "
-                       "per iteration, final coordinates identical")
+                       f"and {nwaits:.1f} client waits per iteration, final coordinates identical")
     local = statistics.median(times["local"])
     rows = []
     for mode in modes:
         med = statistics.median(times[mode])
         rows.append([f"{n:,}", model_name, optimizer_name, mode, f"{med:.3f}", f"{med / local:.2f}",
-                     f"{statistics.median(traffic[mode]) / 1e3:,.1f}"])
+                     f"{statistics.median(traffic[mode]) / 1e3:,.1f}", f"{statistics.median(waits[mode]):.1f}"])
     return rows
 
 
@@ -160,7 +164,8 @@ def main(argv=None) -> None:
     name = {"dbd": "Delta-bar-delta", "sd": "The spectral direction"}[args.optimizer]
     report = Report.start(f"{name} on two Dask workers: state held on the workers vs the client",
                           "Per iteration, median of rotated rounds; ratio = time / in-process time of the same "
-                          "round set; client KB = bytes the client sent and gathered per iteration.")
+                          "round set; client KB = bytes the client sent and gathered per iteration; waits = "
+                          "the client's dependent round trips per iteration.")
     rows = []
     for store in args.stores.split(","):
         for model in args.models.split(","):
@@ -168,7 +173,7 @@ def main(argv=None) -> None:
             rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer, modes)
     report()
     report(markdown_table(["points", "model", "optimizer", "executor", "s / iteration", "vs local",
-                           "client KB / iteration"], rows))
+                           "client KB / iteration", "client waits / iteration"], rows))
     report.save(args.out)
 
 

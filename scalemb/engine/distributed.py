@@ -113,7 +113,7 @@ class DaskExecutor(DaskRecovery, HaloExchange, Executor):
         self._halo = None  # (HaloLayout, {worker: view future}, {(v, w): needs future}) for the current holders
         self._plan_shares, self._full = {}, None  # the workers' plan shares (futures); the plan with its arrays
         self.stats = {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "bytes_between_workers": 0,
-                      "halo_evaluations": 0, "recoveries": 0}
+                      "halo_evaluations": 0, "recoveries": 0, "waits": 0}
         self._holders = []
         workers = sorted(self._run(lambda: client.scheduler_info()["workers"]))
         if not workers:  # e.g. restarting after a loss: wait for one, as a recovery would

@@ -12,10 +12,12 @@ rows are (``HeldState.map``), and what crosses the client per iteration is scala
 * the momentum (exaggeration) and polish steps: one ``map`` (the step, returning the new coordinates' column sums
   and extent) and the held evaluation; SNEST's polish time gain needs one more (its ``sum g_t . v``);
 * the spectral step: the curvature at the held coordinates (``set_curvature``: its weights stay with the blocks,
-  the diagonal's block sums come back for ``mu``); PCG with each Laplacian product one ``laplacian`` (the halo of
-  ``p`` exchanged worker to worker, ``p``'s update ``z + beta p`` and ``p . Ap`` in the same tasks) and each step
-  ``x += a p, r -= a Ap, z = M r`` one ``map`` returning ``r . z`` and ``|r|^2`` by coordinate; the bounded
-  direction and the line search's slope one ``map`` each; every trial point one ``map`` and one evaluation.
+  the diagonal's block sums come back for ``mu``); Jacobi-CG in Chronopoulos & Gear's one-reduction form
+  (``solvers.pcg_one_reduction``), each iteration one ``laplacian``: the step ``p = u + beta p, s = w + beta s,
+  x += a p, r -= a s, u = M r`` before the halo of ``u`` is exchanged worker to worker, the product ``w = L u +
+  mu u`` and the partials of ``r . u``, ``w . u``, ``|r|^2`` by coordinate after it, in the same tasks (standard
+  PCG needs a second round per iteration for ``r . z`` after its step); the bounded direction and the line
+  search's slope one ``map`` each; every trial point one ``map`` and one evaluation.
 
 Every reduction is the block partials summed in block order (the blocks are data-determined: the affinity store's
 partitions), so the run is the same number whichever executor holds the rows and however many workers there are;
