@@ -130,7 +130,7 @@ class DaskRecovery:
             return self.client.sync(_wait, futures, timeout=timeout)
 
         self._send_graph()  # tasks of an open graph (``_one_graph``) first: they may be what is waited for
-        self.stats["waits"] = self.stats.get("waits", 0) + 1  # the client's dependent round trips
+        self.stats["waits"] += 1  # the client's dependent round trips
         end = None if timeout is None else time.monotonic() + timeout
         no_workers, stuck = _Stall(), _Stall()
         while True:

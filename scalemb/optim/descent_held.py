@@ -253,9 +253,9 @@ class _HeldDescentRun(StepRun):
         solver_state.pop("stale", False)
         mu = r.mu * float(_sum(self.held.set_curvature(alpha, False)) / self.n_points)
         solver_state["mu"] = mu
-        self.held.ensure({"x": ds, "r": ds, "u": ds, "w": ds, "p": ds, "s": ds, "Ap": ds, "invd": 1})
-        if self.has["prev"]:  # warm: r = rhs - (L x + mu x) needs a product of its own
-            self.held.laplacian("x", "Ap", before=(held_rows.cg_warm, (ds, mu)),
+        self.held.ensure({"x": ds, "r": ds, "u": ds, "w": ds, "p": ds, "s": ds, "invd": 1})
+        if self.has["prev"]:  # warm: r = rhs - (L x + mu x) needs a product of its own (L x held in w)
+            self.held.laplacian("x", "w", before=(held_rows.cg_warm, (ds, mu)),
                                 after=(held_rows.cg1_start, (ds, mu, True)))
             parts = self.held.laplacian("u", "w", after=(held_rows.cg1_product, (ds, mu, True)))
         else:
@@ -269,9 +269,8 @@ class _HeldDescentRun(StepRun):
         while it < maxiter and residual.max() > tol:
             if self.should_stop is not None and self.should_stop():
                 raise SetupInterrupted("stop requested during the CG solve")
-            first = it == 0
-            step, beta = cg_coefficients(gamma, delta, True) if first else \
-                cg_coefficients(gamma, delta, False, gamma_old, step)
+            first = gamma_old is None
+            step, beta = cg_coefficients(gamma, delta, gamma_old, step)
             it += 1
             if it < maxiter:  # the step and the next product in one round (a product wasted if r is now small)
                 parts = self.held.laplacian("u", "w", before=(held_rows.cg1_step, (step, beta, first)),

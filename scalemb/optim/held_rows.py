@@ -35,13 +35,13 @@ def cg_warm(rows: dict, ds: int, mu: float) -> None:
 
 
 def cg1_start(rows: dict, ds: int, mu: float, warm: bool) -> None:
-    """``pcg_one_reduction``'s start: ``r = rhs - (L x + mu x)`` (warm; ``Ap`` holds ``L x``) or ``rhs``
+    """``pcg_one_reduction``'s start: ``r = rhs - (L x + mu x)`` (warm; ``w`` holds ``L x``) or ``rhs``
     (``x = 0``), ``u = M r``: the source of the first product."""
     if not warm:
         rows["x"][...] = 0.0
         rows["invd"][...] = 1.0 / (rows["diag"] + mu)
     rhs = -rows["gradient"][:ds]
-    rows["r"][...] = rhs - (rows["Ap"] + mu * rows["x"]) if warm else rhs.copy()
+    rows["r"][...] = rhs - (rows["w"] + mu * rows["x"]) if warm else rhs.copy()
     rows["u"][...] = rows["r"] * rows["invd"][0]
 
 

@@ -60,11 +60,12 @@ def jacobi_preconditioner(diagonal: np.ndarray, mu: float):
     return lambda r: r * inv_diag
 
 
-def cg_coefficients(gamma, delta, first: bool, gamma_old=None, alpha_old=None) -> tuple:
+def cg_coefficients(gamma, delta, gamma_old=None, alpha_old=None) -> tuple:
     """Chronopoulos & Gear's CG step and direction coefficients (``pcg_one_reduction``), per system (row):
     ``beta = gamma / gamma_old``, ``alpha = gamma / (delta - beta gamma / alpha_old)`` (the denominator is
-    ``p . A p``), 0 where a denominator is not positive (a converged or degenerate system stops moving)."""
-    if first:
+    ``p . A p``; on the first iteration, without ``gamma_old``, ``beta = 0`` and ``alpha = gamma / delta``), 0
+    where a denominator is not positive (a converged or degenerate system stops moving)."""
+    if gamma_old is None:
         beta = np.zeros_like(gamma)
         denom = delta
     else:
@@ -96,11 +97,10 @@ def pcg_one_reduction(matvec, rhs: np.ndarray, precondition, mu: float, x0=None,
     while it < maxiter and residual.max() > tol:
         if should_stop is not None and should_stop():
             raise SetupInterrupted("stop requested during the CG solve")
+        alpha, beta = cg_coefficients(gamma, delta, gamma_old, alpha)
         if it == 0:
-            alpha, beta = cg_coefficients(gamma, delta, True)
             p, s = u.copy(), w.copy()
         else:
-            alpha, beta = cg_coefficients(gamma, delta, False, gamma_old, alpha)
             p = u + beta[:, None] * p
             s = w + beta[:, None] * s
         x += alpha[:, None] * p
