@@ -125,14 +125,19 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd",
                 traffic[mode].append(nbytes)
                 waits[mode].append(nwaits)
                 report(f"  round {r + 1} {mode}: {seconds:.3f} s per iteration, {nbytes / 1e3:.1f} KB client bytes "
-                       f"and {nwaits:.1f} client waits per iteration, final coordinates identical")
+                       f"and {_count(nwaits)} client waits per iteration, final coordinates identical")
     local = statistics.median(times["local"])
     rows = []
     for mode in modes:
         med = statistics.median(times[mode])
         rows.append([f"{n:,}", model_name, optimizer_name, mode, f"{med:.3f}", f"{med / local:.2f}",
-                     f"{statistics.median(traffic[mode]) / 1e3:,.1f}", f"{statistics.median(waits[mode]):.1f}"])
+                     f"{statistics.median(traffic[mode]) / 1e3:,.1f}", _count(statistics.median(waits[mode]))])
     return rows
+
+
+def _count(value: float) -> str:
+    """A per-iteration count for the tables: ``-`` where the executor does not count it (in-process: no waits)."""
+    return "-" if np.isnan(value) else f"{value:.1f}"
 
 
 def main(argv=None) -> None:
