@@ -139,6 +139,79 @@ def test_factorisation_with_reused_ordering(school_affinity):
     assert np.linalg.norm(x @ B.T - rhs) <= 1e-9 * np.linalg.norm(rhs)
 
 
+def _scipys_way(C, mu, ordering, relabel=None):
+    """``(L(C) + mu I)[ordering][:, ordering]`` in CSC as ``FactorizedSolver`` gets it from the executor's matrix,
+    sorted as ``splu`` sorts it."""
+    from scalemb.engine.laplacian import laplacian_matrix
+
+    L = laplacian_matrix(C)
+    if relabel is not None:
+        L = L[relabel][:, relabel].tocsr()
+    B = (L + mu * sp.identity(C.shape[0])).tocsc()
+    B = B[ordering][:, ordering].tocsc()
+    B.sort_indices()
+    return B
+
+
+@pytest.mark.parametrize("relabel", [False, True])
+def test_the_assembly_is_scipys_matrix_bit_for_bit(relabel):
+    """``Assembly`` gathers ``(L(C) + mu I)`` in the factor's ordering from C's weights: the same structure and
+    values as SciPy's way (sorted, as ``splu`` sorts its input), for new weights on the same pattern, however
+    often; patterns or weights SciPy would change are refused."""
+    from scalemb.engine.factor import Assembly
+
+    rng = np.random.default_rng(3)
+    n = 60
+    A = sp.random(n, n, density=0.1, random_state=4, format="csr")
+    A = (A + A.T + sp.diags(np.ones(n - 1), 1) + sp.diags(np.ones(n - 1), -1)).tocsr()  # no empty row
+    A.setdiag(0)
+    A.eliminate_zeros()
+    indptr, indices = A.indptr, A.indices[np.concatenate([rng.permutation(np.arange(a, b))  # unsorted rows
+                                                           for a, b in zip(A.indptr[:-1], A.indptr[1:])])]
+    ordering, rank = rng.permutation(n), (rng.permutation(n) if relabel else None)
+    assembly = Assembly.build(indptr, indices, ordering, rank)
+    for mu in (0.3, 1e-6, 2.5):
+        weights = rng.normal(size=indices.size)  # of either sign, as SNEST's and EE's curvatures are
+        C = sp.csr_matrix((weights, indices, indptr), shape=(n, n))
+        expected, got = _scipys_way(C, mu, ordering, rank), assembly.matrix(weights, mu)
+        assert np.array_equal(got.indptr, expected.indptr) and np.array_equal(got.indices, expected.indices)
+        assert got.data.tobytes() == expected.data.tobytes()
+        rhs = rng.normal(size=(2, n))
+        L = C if rank is None else C[rank][:, rank]
+        x = FactorizedSolver.ordered(got, ordering).solve(rhs)
+        B = (sp.diags(np.asarray(L.sum(axis=1)).ravel()) - L + mu * sp.identity(n)).toarray()
+        assert np.linalg.norm(x @ B.T - rhs) <= 1e-8 * np.linalg.norm(rhs) * np.linalg.cond(B)
+    assert assembly.fits(indptr, indices, ordering, rank)
+    assert not assembly.fits(indptr, indices, ordering[::-1].copy(), rank)
+    zero = rng.normal(size=indices.size)
+    zero[5] = 0.0
+    assert assembly.matrix(zero, 0.3) is None  # SciPy drops that entry: its way, not the gather
+    with_diagonal = A.copy()
+    with_diagonal.setdiag(1.0)
+    assert Assembly.build(with_diagonal.indptr, with_diagonal.indices, ordering) is None
+    empty = sp.csr_matrix((np.ones(2), [1, 0], [0, 1, 2, 2]), shape=(3, 3))
+    assert Assembly.build(empty.indptr, empty.indices, np.arange(3)) is None
+
+
+def test_a_run_factorising_every_iteration_is_the_run_through_scipys_way(school_affinity, monkeypatch):
+    """The executor's LU with a known ordering comes from its ``Assembly``: a run with the assembly switched off
+    (every factorisation through SciPy's way) ends at the same bits."""
+    import scalemb.engine.local as local
+
+    def fit():
+        return scalemb.Embedder(model="snest", random_state=0, max_iter=60, solver="lu").fit(school_affinity)
+
+    gathered = []
+    matrix = local.Assembly.matrix
+    monkeypatch.setattr(local.Assembly, "matrix", lambda self, *args: gathered.append(1) or matrix(self, *args))
+    with_assembly = fit()
+    assert len(gathered) > 10  # the LU took the assembly's way
+    monkeypatch.setattr(local.Assembly, "build", classmethod(lambda cls, *args: None))
+    without = fit()
+    assert with_assembly.embedding_.tobytes() == without.embedding_.tobytes()
+    assert with_assembly.kl_divergence_ == without.kl_divergence_
+
+
 def test_optimizer_names_and_auto():
     from scalemb.optim import DeltaBarDelta, make_optimizer
 

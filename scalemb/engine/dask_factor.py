@@ -3,11 +3,10 @@ from every partition's curvature weights (``factorize_partitions``, a picklable 
 pinned there (``RemoteFactorization``, the client's handle, which ``DaskExecutor.factorize_curvature`` returns),
 so the client never holds P; see ``scalemb.engine.distributed``'s module docstring."""
 import logging
-import threading
 
 import numpy as np
 
-from .factor import factorize
+from .factor import factor_thread, factorize, on_factor_thread, run_on_factor_thread
 from .faults import SchedulerLostError
 from .faults import WorkerLeft as _WorkerLeft
 from .laplacian import laplacian_matrix
@@ -15,39 +14,6 @@ from .laplacian import laplacian_matrix
 logger = logging.getLogger("scalemb")
 
 # --------------------------------------------------------------------------- on the worker holding the factor
-
-_FACTOR_THREAD = None  # this process's one thread for SuperLU (``_factor_thread``)
-_FACTOR_LOCK = threading.Lock()
-
-
-def _factor_thread():
-    """The single thread in which this process builds, uses and frees every ``WorkerFactor``'s solver.
-
-    Why: SciPy's SuperLU (``splu``, and pyamg's coarsest level) records each block it allocates in a registry
-    of the *thread* that allocates it, and its free releases a block only if the *freeing* thread's registry holds
-    it (``scipy/sparse/linalg/_dsolve/_superlu_utils.c``; scipy issue 15921).  A Dask worker runs tasks in its
-    executor's threads but drops a released key's value in its event-loop thread, so no factor's L and U was
-    ever freed and a worker's memory grew with every job.  One thread for all of it, whatever thread Dask runs
-    a task or releases a key in: every block is freed."""
-    global _FACTOR_THREAD
-    with _FACTOR_LOCK:
-        if _FACTOR_THREAD is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _FACTOR_THREAD = ThreadPoolExecutor(1, thread_name_prefix="scalemb-factor")
-        return _FACTOR_THREAD
-
-
-def _on_factor_thread(fn, *args):
-    """``fn(*args)`` on ``_factor_thread`` (directly when already there)."""
-    if threading.current_thread().name.startswith("scalemb-factor"):
-        return fn(*args)
-    return _factor_thread().submit(fn, *args).result()
-
-
-def _release(box: list) -> None:
-    """Drop the last reference, held in ``box``, in this thread (``_factor_thread``)."""
-    box.clear()
 
 
 class WorkerFactor:
@@ -64,8 +30,10 @@ class WorkerFactor:
     inputs to the same deterministic factorisation), never a hang.  ``__sizeof__`` counts the arrays, so the
     scheduler's cost of moving it is not a few bytes (which would invite work stealing).
 
-    The solver is built, used and freed on ``_factor_thread`` only (SuperLU frees a block only in the thread
-    that allocated it: see there); the same calls in the same order, so the same numbers."""
+    The solver is built, used and freed on the process's one factor thread only (``factor.factor_thread``: SuperLU
+    frees a block only in the thread that allocated it, and a Dask worker runs tasks in its executor's threads but
+    drops a released key's value in its event-loop thread); the same calls in the same order, so the same
+    numbers."""
 
     def __init__(self, kind: str, laplacian, mu: float, ordering):
         self.kind, self.laplacian, self.mu, self.given_ordering = kind, laplacian, float(mu), ordering
@@ -79,7 +47,7 @@ class WorkerFactor:
     @property
     def solver(self):
         if self._solver is None:
-            _on_factor_thread(self._build)
+            run_on_factor_thread(self._build)
         return self._solver
 
     @property
@@ -88,21 +56,14 @@ class WorkerFactor:
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         solver = self.solver
-        return _on_factor_thread(solver.solve, G)
+        return run_on_factor_thread(solver.solve, G)
 
     def free(self) -> None:
-        """Free the solver now, on ``_factor_thread`` (also when the factor is garbage: ``__del__``)."""
+        """Free the solver now, on the factor thread that built it (also when the factor is garbage: ``__del__``)."""
         box = [self.__dict__.pop("_solver", None)]
         self._solver = None
-        if box[0] is None:
-            return
-        if threading.current_thread().name.startswith("scalemb-factor"):
-            box.clear()
-            return
-        try:
-            _factor_thread().submit(_release, box)
-        except RuntimeError:  # the interpreter is exiting (the executor refuses work): nothing to keep
-            pass
+        if box[0] is not None and not on_factor_thread():
+            factor_thread().release(box)
 
     def __del__(self):
         self.free()

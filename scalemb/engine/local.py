@@ -9,7 +9,7 @@ from ..affinity.affinity import Affinity, default_threads, row_partition  # noqa
 from ..affinity.ordering import inverse_permutation, locality_order
 from ..affinity.store import layout_partitions
 from ..models.base import Model
-from .factor import factorize
+from .factor import Assembly, FactorizedSolver, factorize
 from ..repulsion.spec import FFTParams
 from .base import Executor
 from .laplacian import laplacian_matrix
@@ -59,6 +59,7 @@ class LocalExecutor(Executor):
         self._alone = False  # this evaluation on the calling thread only (``thread_choice``)
         n = affinity.n_points
         self._order = self._rank = None
+        self._assembly = None  # ``factorize_curvature``'s ``Assembly`` of P's pattern (False: SciPy's way)
         internal = affinity
         if point_order == "locality":
             self._order = locality_order(affinity.P)
@@ -147,9 +148,24 @@ class LocalExecutor(Executor):
         L = laplacian_matrix(C)
         return L if self._rank is None else L[self._rank][:, self._rank].tocsr()
 
+    def _assembled(self, ordering, mu: float):
+        """``(L(C) + mu I)`` in ``ordering`` from the blocks' weights (``Assembly``), or None where SciPy's way
+        must build it."""
+        self._check_curvature()
+        P = self._internal.P
+        if self._assembly is None or not self._assembly.fits(P.indptr, P.indices, ordering, self._rank):
+            self._assembly = Assembly.build(P.indptr, P.indices, ordering, self._rank)
+        return None if self._assembly is None else self._assembly.matrix(np.concatenate(self._weights), mu)
+
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu"):
         """Sparse factorisation (``kind='lu'``; ``ordering``: a fill-reducing order to reuse) or multigrid
-        preconditioner (``'amg'``) of ``L(C) + mu I`` (``scalemb.engine.factor.factorize``)."""
+        preconditioner (``'amg'``) of ``L(C) + mu I`` (``scalemb.engine.factor.factorize``).  An LU with a
+        known ordering is assembled from the weights by an ``Assembly`` kept for P's pattern (the same matrix
+        as SciPy's way, without its per-iteration Python)."""
+        if kind == "lu" and ordering is not None:
+            B = self._assembled(ordering, mu)
+            if B is not None:
+                return FactorizedSolver.ordered(B, ordering)
         return factorize(kind, self.curvature_matrix(), mu, ordering)
 
     def close(self) -> None:
