@@ -1,7 +1,7 @@
 """The two ways the tests run ``scalemb``: in this process, or as a real ``python -m scalemb`` subprocess.
 
-``run_cli`` calls the console entry point ``scalemb.cli.main.main(argv)`` here, with what a process would see
-made the same: stdout and stderr captured to strings, the root logger without pytest's handlers (so
+``run_cli`` calls ``scalemb.cli.main.main(argv)`` (what the console entry point ``entry`` runs) here, with what a
+process would see made the same: stdout and stderr captured to strings, the root logger without pytest's handlers (so
 ``logging.basicConfig`` in ``main`` writes the log lines to the captured stderr, and ``--quiet`` really
 silences them), warnings printed to that stderr, an argparse ``SystemExit`` turned into its status and an
 uncaught exception into a traceback on stderr with status 1 (what the interpreter does).  The SIGTERM

@@ -243,6 +243,45 @@ def test_signal_writes_checkpoint_and_cli_resume_is_identical(tmp_path, sig, opt
     assert_same_result(scalemb.EmbeddingResult.load(out), reference)
 
 
+SLOW_SETUP = """
+import os, signal, sys, time
+import scalemb.engine.local as local
+
+real = local.LocalExecutor.factorize_curvature
+calls = []
+
+
+def slow(self, mu, ordering=None, kind="lu"):
+    solver = real(self, mu, ordering, kind)  # SuperLU blocks allocated on this set-up's thread
+    calls.append(1)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)  # a long set-up, still running when the run has stopped
+    return solver
+
+
+local.LocalExecutor.factorize_curvature = slow
+from scalemb.cli.main import entry
+sys.argv = ["scalemb", *sys.argv[1:]]
+entry()
+"""
+
+
+def test_a_cli_run_stopped_during_a_solver_set_up_exits_to_be_resumed(tmp_path):
+    """SIGINT during a spectral-direction set-up (a sparse LU on its thread): the checkpoint is written at once and
+    the process exits 75 (resume later) at once -- not after the set-up, and not 120, the status Python gives when
+    its finalisation meets the SuperLU blocks of a thread still running."""
+    out = tmp_path / "run.zarr"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", SLOW_SETUP, "embed", "school", "--optimizer", "sd", "--solver",
+                           "lu", "--iterations", "50", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 75, proc.stderr
+    assert time.monotonic() - start < 45
+    assert "scalemb: interrupted at iteration" in proc.stderr and "Exception ignored" not in proc.stderr
+    assert read_checkpoint(out).iteration >= 1
+
+
 CRASHING_WRITER = """
 import os, signal, sys
 import scalemb

@@ -1,6 +1,7 @@
 """Command line: ``scalemb embed [INPUT] --model snest --space 2 --time 1 --out run.zarr``."""
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -439,6 +440,22 @@ def main(argv=None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The ``scalemb`` command: ``main()``'s status as the process's exit status.  After a stop that abandoned a
+    solver set-up still running on its thread (a long sparse LU: ``engine.factor.setups_running``), the streams
+    are flushed and the process leaves at once (``os._exit``): the checkpoint is written and closed, and
+    finishing the set-up would only delay the exit, while the interpreter's finalisation with that thread's
+    SuperLU blocks alive fails and turns the status (75: resume later) into 120."""
+    code = main()
+    factor = sys.modules.get("scalemb.engine.factor")  # only a run that factorised has factor threads
+    if factor is not None and factor.setups_running():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def _report_interruption(args) -> None:
     """The line after Ctrl-C / SIGTERM: where an embed or resume run's checkpoint is, else that nothing was
     written (nothing published, for an object-storage output)."""
@@ -455,4 +472,4 @@ def _report_interruption(args) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -53,6 +53,7 @@ class FactorThread:
     def __init__(self, name: str, keeper: bool = False):
         self._queue = queue.SimpleQueue()
         self._keeper = keeper
+        self.busy = False  # running a submitted function
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         with _LOCK:
             _ALL.append(self)
@@ -73,6 +74,7 @@ class FactorThread:
                 fn, args, future = item
                 del item
                 if future.set_running_or_notify_cancel():
+                    self.busy = True
                     try:
                         result = fn(*args)
                     except BaseException as exc:  # noqa: BLE001 - the caller's to see
@@ -80,6 +82,7 @@ class FactorThread:
                         result = None
                     else:
                         future.set_result(result)
+                    self.busy = False
                     keeps = isinstance(result, _FreedWhereBuilt) and getattr(result, "_builder", None) is self
                     del result
                     if self._keeper and not keeps:
@@ -122,6 +125,15 @@ def _stop_all() -> None:
         thread._queue.put(None)
     for thread in threads:
         thread.thread.join(0.1)
+
+
+def setups_running() -> bool:
+    """Whether a set-up is still running on a factor thread (one a stop abandoned, once the run has ended).  Such
+    a thread holds the SuperLU blocks it is allocating, so the interpreter's finalisation would fail, and Python
+    would exit with status 120 whatever the program's exit status: the CLI then leaves by ``os._exit``
+    (``cli.main.entry``)."""
+    with _LOCK:
+        return any(thread.busy for thread in _ALL)
 
 
 def factor_thread() -> FactorThread:
