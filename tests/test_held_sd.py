@@ -85,9 +85,20 @@ def test_held_mode_is_the_matrix_free_schedule_only(store):
         assert not held_mode(make_optimizer("gd", "tsne"), ex, n)
 
 
+_IN_PROCESS = {}
+
+
 def _in_process(store, model="tsne", time_dims=0):
     """The uninterrupted run in-process: what every held run on the workers ends as, bit for bit
-    (``test_held_sd_on_two_workers_is_the_in_process_run...``), so the fault tests compare with it."""
+    (``test_held_sd_on_two_workers_is_the_in_process_run...``), so the fault tests compare with it.  Run once
+    per store and settings in a test process (the tests only read it)."""
+    key = (str(store), model, time_dims)
+    if key not in _IN_PROCESS:
+        _IN_PROCESS[key] = _run_in_process(store, model, time_dims)
+    return _IN_PROCESS[key]
+
+
+def _run_in_process(store, model, time_dims):
     n = AffinityStore(store).n_points
     with _local(store, model, 2, time_dims) as local:
         return make_optimizer("sd", model, **SCHEDULE).optimize(local, _start(n, 2 + time_dims, 3), ITERATIONS)

@@ -112,9 +112,17 @@ SD_SETTINGS = dict(model="tsne", max_iter=30, random_state=3, optimizer="sd", so
                    fft_max_nodes=1_000_000)
 
 
+@pytest.fixture(scope="module")
+def reference(store):
+    """The in-process run with ``SD_SETTINGS`` (the tests only read it)."""
+    import scalemb
+
+    return scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
+
+
 @pytest.mark.slow
-def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_process(store, dask_cluster,
-                                                                                       tmp_path):
+def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_process(store, reference,
+                                                                                       dask_cluster, tmp_path):
     """With the rows held on the workers, a checkpoint's per-point arrays (coordinates, gradient and the buffers
     set then) are written by the workers into the output store; resumed in-process it ends as the uninterrupted
     in-process run; an uninterrupted cluster run's final embedding is written by the workers too, the same."""
@@ -125,7 +133,6 @@ def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_p
 
     from .test_checkpoint import assert_same_result, pointer, stop_at
 
-    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
     out = tmp_path / "run.zarr"
     with pytest.raises(scalemb.RunInterrupted, match="iteration 20 "):
         with Checkpointer(out, every=10, on_checkpoint=stop_at(0, 20)) as checkpointer:
@@ -141,8 +148,9 @@ def test_cluster_checkpoints_and_the_final_write_are_the_workers_and_resume_in_p
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(store, dask_cluster, grow_dask,
-                                                                                 monkeypatch, caplog, tmp_path):
+def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(store, reference, dask_cluster,
+                                                                                 grow_dask, monkeypatch, caplog,
+                                                                                 tmp_path):
     """The checkpoint at iteration 10 written by the workers; a worker SIGKILLed in the CG solve after it: the
     workers alive read the checkpoint's rows back (checked against the digests they wrote) and the run replays
     from there, ending as the uninterrupted in-process run."""
@@ -154,7 +162,6 @@ def test_a_worker_killed_mid_cg_after_a_worker_written_checkpoint_rewinds_to_it(
 
     from .test_checkpoint import assert_same_result
 
-    reference = scalemb.Embedder(**SD_SETTINGS).fit(str(store)).result_
     [victim] = grow_dask(1)
     calls = []
     original = DaskHeld.laplacian
