@@ -30,9 +30,11 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
 FACTOR_THREAD_NAME = "scalemb-factor"
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _HERE = threading.local()  # ``thread``: on a factor thread, its ``FactorThread``
-_FACTOR_THREADS = {"first": None, "idle": [], "made": 0, "exiting": False}  # ``factor_thread``, idle set-up threads
+# ``factor_thread``'s; the set-ups' threads not in use; threads made; the interpreter exiting (``_stop_all``)
+_FACTOR_THREADS = {"first": None, "idle": [], "made": 0, "exiting": False}
+_ALL = []  # every running ``FactorThread`` of this process
 
 
 class FactorThread:
@@ -110,9 +112,6 @@ class FactorThread:
         self._queue.put(box)
 
 
-_ALL = []  # every running ``FactorThread`` of this process
-
-
 @atexit.register
 def _stop_all() -> None:
     """Before the interpreter finalises: end the idle factor threads (``FactorThread``).  A set-up still running
@@ -136,31 +135,27 @@ def setups_running() -> bool:
         return any(thread.busy for thread in _ALL)
 
 
+def _new_thread(keeper: bool) -> FactorThread:
+    with _LOCK:
+        _FACTOR_THREADS["made"] += 1
+        return FactorThread(f"{FACTOR_THREAD_NAME}-{_FACTOR_THREADS['made']}", keeper)
+
+
 def factor_thread() -> FactorThread:
     """This process's long-lived factor thread: where a Dask worker builds, uses and frees its factors
     (``dask_factor.WorkerFactor``)."""
     with _LOCK:
         if _FACTOR_THREADS["first"] is None:
-            _FACTOR_THREADS["made"] += 1
-            name = f"{FACTOR_THREAD_NAME}-{_FACTOR_THREADS['made']}"
-        else:
-            return _FACTOR_THREADS["first"]
-    thread = FactorThread(name)
-    with _LOCK:
-        if _FACTOR_THREADS["first"] is None:
-            _FACTOR_THREADS["first"] = thread
-    return _FACTOR_THREADS["first"]
+            _FACTOR_THREADS["first"] = _new_thread(keeper=False)
+        return _FACTOR_THREADS["first"]
 
 
 def submit_setup(build) -> Future:
     """``build()`` on an idle set-up thread (``FactorThread(keeper=True)``: one that holds no solver), a new one
     if none is idle; its future.  The thread frees the solver it builds when that is dropped, wherever."""
     with _LOCK:
-        thread = _FACTOR_THREADS["idle"].pop() if _FACTOR_THREADS["idle"] else None
-        if thread is None:
-            _FACTOR_THREADS["made"] += 1
-            name = f"{FACTOR_THREAD_NAME}-{_FACTOR_THREADS['made']}"
-    return (thread or FactorThread(name, keeper=True)).submit(build)
+        thread = _FACTOR_THREADS["idle"].pop() if _FACTOR_THREADS["idle"] else _new_thread(keeper=True)
+    return thread.submit(build)
 
 
 def on_factor_thread() -> bool:
@@ -189,7 +184,7 @@ class _FreedWhereBuilt:
         try:
             builder = getattr(self, "_builder", None)
             if builder is not None and getattr(_HERE, "thread", None) is not builder and \
-                    not _FACTOR_THREADS.get("exiting"):
+                    not _FACTOR_THREADS["exiting"]:
                 builder.release([self.__dict__.pop(name, None) for name in self._superlu])
         except Exception:  # noqa: BLE001 - interpreter shutdown: module globals may be gone
             pass
@@ -214,8 +209,7 @@ class FactorizedSolver(_FreedWhereBuilt):
             self._order = None
             self.ordering = np.argsort(self._lu.perm_c)
         else:
-            self._lu = sla.splu(B[ordering][:, ordering].tocsc(), permc_spec="NATURAL", **self._OPTIONS)
-            self._order = self.ordering = ordering
+            self._factorize_ordered(B[ordering][:, ordering].tocsc(), ordering)
 
     @classmethod
     def ordered(cls, B: sp.csc_matrix, ordering: np.ndarray) -> "FactorizedSolver":
@@ -224,9 +218,12 @@ class FactorizedSolver(_FreedWhereBuilt):
         ordering)."""
         self = cls.__new__(cls)
         self._built_here()
-        self._lu = sla.splu(B, permc_spec="NATURAL", **cls._OPTIONS)
-        self._order = self.ordering = ordering
+        self._factorize_ordered(B, ordering)
         return self
+
+    def _factorize_ordered(self, B: sp.csc_matrix, ordering: np.ndarray) -> None:
+        self._lu = sla.splu(B, permc_spec="NATURAL", **self._OPTIONS)
+        self._order = self.ordering = ordering
 
     def solve(self, G: np.ndarray) -> np.ndarray:
         rhs = np.ascontiguousarray(G.T)
