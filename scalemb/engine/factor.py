@@ -285,7 +285,7 @@ class Assembly:
 
     def matrix(self, weights: np.ndarray, mu: float):
         """``(L(C) + mu I)[ordering][:, ordering]`` in CSC for C's ``weights`` (its CSR data), or None if a
-        weight is 0 (SciPy would drop that entry of L)."""
+        weight or a diagonal entry is 0 (SciPy would drop that entry)."""
         if not np.all(weights):
             return None
         diagonal = np.add.reduceat(weights, self._row_starts)[self._diag_source] + mu  # C.sum(axis=1) + mu

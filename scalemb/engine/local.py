@@ -59,7 +59,7 @@ class LocalExecutor(Executor):
         self._alone = False  # this evaluation on the calling thread only (``thread_choice``)
         n = affinity.n_points
         self._order = self._rank = None
-        self._assembly = None  # ``factorize_curvature``'s ``Assembly`` of P's pattern (False: SciPy's way)
+        self._assembly = None  # ``factorize_curvature``'s ``Assembly`` of P's pattern (False: refused, SciPy's way)
         internal = affinity
         if point_order == "locality":
             self._order = locality_order(affinity.P)
@@ -153,9 +153,13 @@ class LocalExecutor(Executor):
         must build it."""
         self._check_curvature()
         P = self._internal.P
+        if self._assembly is False:  # P's pattern was refused: it does not change, so neither does the answer
+            return None
         if self._assembly is None or not self._assembly.fits(P.indptr, P.indices, ordering, self._rank):
-            self._assembly = Assembly.build(P.indptr, P.indices, ordering, self._rank)
-        return None if self._assembly is None else self._assembly.matrix(np.concatenate(self._weights), mu)
+            self._assembly = Assembly.build(P.indptr, P.indices, ordering, self._rank) or False
+            if self._assembly is False:
+                return None
+        return self._assembly.matrix(np.concatenate(self._weights), mu)
 
     def factorize_curvature(self, mu: float, ordering=None, kind: str = "lu"):
         """Sparse factorisation (``kind='lu'``; ``ordering``: a fill-reducing order to reuse) or multigrid

@@ -8,7 +8,7 @@ The factorisations of ``L(C) + mu I`` (sparse LU, multigrid) are the executor's 
   ``FactorizedSolver`` of a recent L, which CG then only corrects for the change since.  All d right-hand
   sides are iterated together, each with its own step sizes, so one Laplacian product per CG iteration serves
   every coordinate.
-* ``interruptible``: runs a long set-up (a factorisation, a multigrid hierarchy) on the process's factor thread
+* ``interruptible``: runs a long set-up (a factorisation, a multigrid hierarchy) on a factor thread
   while the calling thread polls a stop flag, so SIGINT/SIGTERM handlers run and a checkpoint can be taken without
   waiting for it (SciPy's ``splu`` is one C call that the main thread could not leave otherwise).
 """
