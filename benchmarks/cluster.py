@@ -25,6 +25,12 @@ it) are outside; the client's bytes per iteration from the executor's counters o
 sent and gathered; pickled sizes of the small ones).  Every Dask run's final coordinates are checked equal to
 the local run's, bit for bit.
 
+``--start-after K`` starts every run instead from the layout after the first K iterations of the model's default
+run at the store's size (``optimizer='auto'``, its random start of seed 0, in-process), computed once and kept as
+``<workdir>/start-<store>-<model>-<K>.npy``: e.g. SNEST's spectral steps measured where its schedule at scale takes
+them, after its 100 momentum steps, not from the synthetic cloud (whose time rows the first spectral direction
+throws past ``exp(dt^2)``'s range, so that the line search backs off ~8 times per step).
+
 ``--modes`` picks some of the executors (local always); ``--convolving-workers K`` has K workers share each
 evaluation's convolution, 0 as many as it has shares (default: the executor's, ``dask_halo.CONVOLVING_WORKERS``).
 
@@ -51,6 +57,31 @@ def _start(n: int, dims: int, seed: int = 0) -> np.ndarray:
         Y[:2] *= 5.0 / 30.0
         Y[2:] = np.random.default_rng(seed + 1).normal(size=(dims - 2, n)) * 0.5
     return np.ascontiguousarray(Y)
+
+
+def _schedule_start(store, st, model, time_dims: int, after: int, workdir: Path, report) -> np.ndarray:
+    """The layout after the first ``after`` iterations of the model's default run on ``st`` (module docstring),
+    read from ``workdir`` if an earlier run computed it."""
+    from scalemb.engine import LocalExecutor
+    from scalemb.init import random_coords
+    from scalemb.optim import make_optimizer
+
+    path = workdir / f"start-{Path(store).name}-{model.name}-{after}.npy"
+    if path.exists():
+        return np.load(path)
+    n = st.n_points
+    executor = LocalExecutor(st.to_affinity(), model, 2, time_dims, n_threads=2, partitions=st.partitions,
+                             repulsion="fft")
+    optimizer = make_optimizer("auto", model, n)
+    t0 = time.perf_counter()
+    with executor:
+        result = optimizer.optimize(executor, random_coords(n, 2, time_dims, np.random.default_rng(0)), after)
+    coords = np.ascontiguousarray(result.coords)
+    report(f"  start: {after} iterations of the default run in {time.perf_counter() - t0:.0f} s, "
+           f"KL {result.kl:.4f}; kept as {path}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    np.save(path, coords)
+    return coords
 
 
 # the spectral steps of the schedule at scale (module docstring)
@@ -83,7 +114,8 @@ def _run(executor, model, start, iterations, optimizer_name="dbd"):
     return (t2 - t1) / span, (b2 - b1) / span, (w2 - w1) / span, result.coords
 
 
-def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd", modes=MODES):
+def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd", modes=MODES, start_after=0,
+            workdir=Path(".")):
     from distributed import Client, LocalCluster
 
     from scalemb.affinity import AffinityStore
@@ -96,7 +128,8 @@ def measure(store, model_name, iterations, rounds, report, optimizer_name="dbd",
     n = st.n_points
     model = get_model(model_name)
     time_dims = model.default_time_dims()
-    start = _start(n, 2 + time_dims)
+    start = _schedule_start(store, st, model, time_dims, start_after, workdir, report) if start_after else \
+        _start(n, 2 + time_dims)
     affinity = st.to_affinity()
     times = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
@@ -153,6 +186,10 @@ def main(argv=None) -> None:
                              "the executor's)")
     parser.add_argument("--fft-threads", type=int, default=None,
                         help="FFT threads of a Dask worker's convolution (default: the executor's, -1: every CPU)")
+    parser.add_argument("--start-after", type=int, default=0,
+                        help="start from the layout after this many iterations of the model's default run (module "
+                             "docstring; 0: the synthetic start)")
+    parser.add_argument("--workdir", default=".", help="where --start-after keeps its layouts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(","))
@@ -175,7 +212,8 @@ def main(argv=None) -> None:
     for store in args.stores.split(","):
         for model in args.models.split(","):
             report(f"{store}, {model}:")
-            rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer, modes)
+            rows += measure(store, model, args.iterations, args.rounds, report, args.optimizer, modes,
+                            args.start_after, Path(args.workdir))
     report()
     report(markdown_table(["points", "model", "optimizer", "executor", "s / iteration", "vs local",
                            "client KB / iteration", "client waits / iteration"], rows))

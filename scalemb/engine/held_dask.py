@@ -54,7 +54,7 @@ from .faults import SchedulerLostError, WorkerLeft, WorkersLostError
 from .held import HeldRowsLost, digest_block, write_block, write_result_block
 from .held_tasks import (
     HeldStateLost, held_put, held_load, held_apply, held_apply_formed, held_band_counts, held_own, held_cut,
-    held_pick, held_curvature, held_laplacian, held_ensure, held_finish_view, held_gradient, held_put_rows,
+    held_pick, held_curvature, held_laplacian, held_ensure, held_finish_view, held_gradient, held_put_rows, unpacked,
     rows_extent, rows_copy)
 
 
@@ -216,7 +216,7 @@ class DaskHeld:
         plan = self.ex._halo_state()[0]
         results = [None] * len(self.ex.partitions)
         for w, batch in zip(plan.workers, batches):
-            for k, value in zip(plan.parts[w], batch):
+            for k, value in zip(plan.parts[w], unpacked(batch)):
                 results[k] = value
         return results
 
