@@ -132,9 +132,10 @@ def test_held_sd_on_two_workers_is_the_in_process_run_and_moves_no_rows_through_
     per_iteration = 40_000
     assert traffic["bytes_sent"] < rows + ITERATIONS * per_iteration, traffic
     assert traffic["bytes_received"] < 5 * rows + ITERATIONS * per_iteration, traffic
-    # the client's dependent round trips: one per CG iteration (its step, product and reductions in one round);
-    # with PCG's two per iteration this schedule took 251 (t-SNE) and 259 (SNEST), now 199 and 207
-    assert traffic["waits"] <= 7 * ITERATIONS, traffic
+    # the client's dependent round trips: one per CG iteration (its step, product and reductions in one round),
+    # the solve's last step in the direction's task; with PCG's two per iteration this schedule took 251 (t-SNE)
+    # and 259 (SNEST), with one 199 and 207, with the last step moved 185 and 193
+    assert traffic["waits"] <= 6.5 * ITERATIONS, traffic
 
 
 @pytest.mark.slow

@@ -217,11 +217,13 @@ class _HeldDescentRun(StepRun):
 
         def solve():
             norm = float(np.sqrt(_sum(self.held.map(held_rows.space_square, ds)))) if r.cg_tol == "auto" else None
-            self._solve(s.alpha, r._forcing_from_norm(s, norm, self.methods[1]))
+            return self._solve(s.alpha, r._forcing_from_norm(s, norm, self.methods[1]))
 
-        guarded_solve(self, it, solve)
-        # the solve's x: the next warm start (zeros inside the polish phase), bounded into the direction
-        parts = self.held.map(held_rows.direction, ds, self.geometry, polishing, r.max_point_step, self.has["ptime"])
+        final = guarded_solve(self, it, solve)
+        # the solve's last step, then its x: the next warm start (zeros inside the polish phase), bounded into the
+        # direction
+        parts = self.held.map(held_rows.step_then_direction, final, ds, self.geometry, polishing, r.max_point_step,
+                              self.has["ptime"])
         self.has["prev"] = True
         if r.max_point_step is not None and not _sum([p[0] for p in parts]) < 0:
             self.held.map(held_rows.gradient_direction, ds, r.max_point_step)
@@ -244,11 +246,13 @@ class _HeldDescentRun(StepRun):
         self._recentre(result.coords)
         return MOVED
 
-    def _solve(self, alpha: float, tol: float) -> None:
+    def _solve(self, alpha: float, tol: float):
         """``_spectral`` for ``('cg', 'jacobi')`` and the current iterate's curvature: the weights at the held
         coordinates, ``mu`` from the diagonal's mean, then ``pcg_one_reduction`` on held vectors (its arithmetic,
         by rows): each iteration's step, ``u = M r`` and product in one ``laplacian`` round, whose partials are
-        all its reductions; the last step a ``map`` (no product); the solution held as ``x``."""
+        all its reductions; the solution held as ``x``.  The last step, which needs no product (the iteration
+        limit reached), is returned as ``cg1_step``'s arguments, for the caller's next map to take first
+        (``held_rows.step_then_direction``); None when the solve ended on a product (``x`` is then the solution)."""
         r, solver_state, ds = self.rule, self.solver_state, self.space_dims
         solver_state.pop("stale", False)
         mu = r.mu * float(_sum(self.held.set_curvature(alpha, False)) / self.n_points)
@@ -279,8 +283,8 @@ class _HeldDescentRun(StepRun):
                 gamma, delta = _sum([p[0] for p in parts]), _sum([p[1] for p in parts])
                 residual = np.sqrt(_sum([p[2] for p in parts])) / rhs_norm
             else:
-                parts = self.held.map(held_rows.cg1_step, step, beta, first)
-                residual = np.sqrt(_sum([p[0] for p in parts])) / rhs_norm
+                return step, beta, first
+        return None
 
     def _armijo(self, it: int, step: float, time_rate: float) -> LineSearchResult:
         """``linesearch.armijo`` on the held direction (``dir``; its time rows ``-time_rate g_t`` formed here)

@@ -87,6 +87,14 @@ def direction(rows: dict, ds: int, geometry, polishing: bool, radius, with_time:
     return slope, time_dot
 
 
+def step_then_direction(rows: dict, final, ds: int, geometry, polishing: bool, radius, with_time: bool) -> tuple:
+    """The solve's last step ``cg1_step(rows, *final)`` (``final`` None: the solve ended on a product) and then
+    ``direction``, in one task: a client round trip fewer per spectral step."""
+    if final is not None:
+        cg1_step(rows, *final)
+    return direction(rows, ds, geometry, polishing, radius, with_time)
+
+
 def gradient_direction(rows: dict, ds: int, radius: float) -> None:
     """``bounded_direction``'s fallback: the negative space gradient, bounded."""
     bounded = -rows["gradient"][:ds]
