@@ -15,7 +15,8 @@ through
   each block before its next use;
 * ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only);
 * ``ensure({name: rows})``: hold zeros for work vectors not held yet;
-* ``set_curvature(exaggeration, fixed) -> [sum of diag per block]``: the spectral direction's curvature weights
+* ``set_curvature(exaggeration, fixed, after=None) -> [sum of diag per block]`` (with ``after``: ``(sum, after's
+  result)`` per block): the spectral direction's curvature weights
   at the held coordinates, kept where the blocks are, and ``L(C)``'s diagonal held as ``diag``;
 * ``laplacian(source, target, before, after) -> [after's result per block]``: ``target <- L(C) source``, each
   block's product from its own rows and its halo of ``source`` (on Dask exchanged worker to worker);
@@ -183,14 +184,16 @@ class LocalHeld:
             if name not in self.arrays:
                 self.arrays[name] = np.zeros((int(rows), self.n_points))
 
-    def set_curvature(self, exaggeration: float, fixed: bool) -> list:
+    def set_curvature(self, exaggeration: float, fixed: bool, after=None) -> list:
         """The executor's curvature weights C at the held coordinates (``Executor.set_curvature``) and the diagonal
-        of ``L(C)`` held as ``diag`` (``(1, N)``); each block's sum of it, in block order."""
+        of ``L(C)`` held as ``diag`` (``(1, N)``); each block's sum of it, in block order, or ``(sum, after's
+        result)`` with ``after = (fn, args)`` run on every block last."""
         self._flush()
         self.executor.set_curvature(self.arrays["coords"], exaggeration, fixed=fixed)
         diagonal = np.ascontiguousarray(self.executor.curvature_diagonal(), dtype=np.float64)
         self.arrays["diag"] = diagonal[None, :]
-        return [float(diagonal[r0:r1].sum()) for r0, r1 in self.bounds]
+        sums = [float(diagonal[r0:r1].sum()) for r0, r1 in self.bounds]
+        return sums if after is None else list(zip(sums, self.map(after[0], *after[1])))
 
     def laplacian(self, source: str, target: str, before=None, after=None) -> list:
         """``target <- L(C) source`` (the curvature of the last ``set_curvature``), with ``before = (fn, args)``

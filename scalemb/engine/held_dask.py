@@ -263,13 +263,24 @@ class DaskHeld:
         self.map(held_ensure, missing)
         self._extent = extent  # no point moved
 
-    def set_curvature(self, exaggeration: float, fixed: bool) -> list:
+    def set_curvature(self, exaggeration: float, fixed: bool, after=None) -> list:
         """The curvature weights at the held coordinates, computed and kept on each worker beside its partitions'
-        rows (their coordinates' halo exchanged worker to worker: ``_halo_round``); ``diag`` held; the diagonal's
-        sum per partition."""
+        rows (their coordinates' halo exchanged worker to worker: ``_halo_batches``); ``diag`` held; the
+        diagonal's sum per partition, or ``(sum, after's result)`` with ``after = (fn, args)`` run on the rows
+        last.  A deferred gradient's rows are formed in the same tasks (one client round trip fewer)."""
+        return self._guard(lambda: self._set_curvature(exaggeration, fixed, after))
+
+    def _set_curvature(self, exaggeration: float, fixed: bool, after) -> list:
         ex = self.ex
-        return self._guard(lambda: self._halo_round("coords", None, held_curvature, ex._model_arg, ex.space_dims,
-                                                    exaggeration, fixed))
+        pending, self._pending = self._pending, None
+        plan = ex._halo_state()[0]
+        batches = self._halo_batches(
+            "coords", None, held_curvature,
+            lambda w: (ex._model_arg, ex.space_dims, exaggeration, fixed,
+                       None if pending is None else self._pending_args(pending, plan.parts[w]), after))
+        if pending is not None:
+            self.gradient_finite = all(f for flags, _ in batches for f in flags)
+        return self._by_partition([out for _, out in batches])
 
     def laplacian(self, source: str, target: str, before=None, after=None) -> list:
         """``target <- L(C) source`` in one client round trip (``_halo_round``), ``before`` applied to the rows
@@ -277,13 +288,18 @@ class DaskHeld:
         return self._guard(lambda: self._halo_round(source, before, held_laplacian, target, after))
 
     def _halo_round(self, name: str, before, fn, *args) -> list:
-        """``fn(box, ks, view, name, cut, received, *args)`` on every worker, on its compact columns of the held
-        array ``name``, in two dependent task steps and one client wait: each worker v applies the pending shift
-        and ``before`` to its rows and cuts the columns each other worker's halo needs (``held_cut``); each worker
-        w assembles its own rows and the pieces it receives (worker to worker) and runs ``fn``.  The per-partition
-        results, in partition order; the coordinates' extent hint survives (they did not move)."""
-        ex = self.ex
+        """``_halo_batches`` with the same ``args`` for every worker, a deferred gradient formed first: the
+        per-partition results, in partition order."""
         self._form_pending()
+        return self._by_partition(self._halo_batches(name, before, fn, lambda w: args))
+
+    def _halo_batches(self, name: str, before, fn, args_of) -> list:
+        """``fn(box, ks, view, name, cut, received, *args_of(w))`` on every worker w, on its compact columns of the
+        held array ``name``, in two dependent task steps and one client wait: each worker v applies the pending
+        shift and ``before`` to its rows and cuts the columns each other worker's halo needs (``held_cut``); each
+        worker w assembles its own rows and the pieces it receives (worker to worker) and runs ``fn``.  The
+        workers' results; the coordinates' extent hint survives (they did not move)."""
+        ex = self.ex
         plan, views, needs = ex._halo_state()
         self._check_holders(plan)
         extent, shift = self._extent, self._take_shift()
@@ -296,15 +312,16 @@ class DaskHeld:
                 for i, w in enumerate(targets[v]):
                     pieces[v, w] = cuts[v] if len(targets[v]) == 1 else ex._submit(held_pick, cuts[v], i, worker=v)
             futures = [ex._submit(fn, self._boxes[w], plan.parts[w], views[w], name, cuts[w],
-                                  [pieces[v, w] for v in plan.sources(w)], *args, worker=w) for w in plan.workers]
+                                  [pieces[v, w] for v in plan.sources(w)], *args_of(w), worker=w)
+                       for w in plan.workers]
         ex.stats["bytes_sent"] += len(cuts) * _size((shift, name, before))
-        ex.stats["bytes_sent"] += len(futures) * _size((name, args))
+        ex.stats["bytes_sent"] += sum(_size((name, args_of(w))) for w in plan.workers)
         ex.stats["bytes_between_workers"] += sum(plan.pieces.values()) * \
             self._dims.get(name, ex.space_dims) * 8
         batches = self._gather(futures)
         ex.stats["bytes_received"] += _size(batches)
         self._extent = extent
-        return self._by_partition(batches)
+        return batches
 
     def _form_pending(self) -> None:
         if self._pending is not None:

@@ -144,18 +144,23 @@ def _compact(box: dict, ks: list, view, name: str, received: list) -> np.ndarray
 
 
 def held_curvature(box: dict, ks: list, view, name: str, cut, received: list, model, space_dims: int,
-                   exaggeration: float, fixed: bool) -> list:
+                   exaggeration: float, fixed: bool, pending=None, after=None) -> tuple:
     """``halo.curvature_view`` of the worker's partitions on its compact coordinates (``cut``: this worker's own
     ``held_cut``, run first): each partition's weights kept with its rows (``_weights``), the diagonal of ``L(C)``
-    held as ``diag`` (``(1, rows)``); the diagonal's sum per partition."""
+    held as ``diag`` (``(1, rows)``).  ``pending``: a deferred gradient's ``held_gradient`` arguments, its rows
+    formed first (the curvature reads only the coordinates); ``after = (fn, args)``: run on each partition's rows
+    last.  ``(flags, results)``: ``held_gradient``'s flags (None without ``pending``) and per partition the
+    diagonal's sum, or ``(sum, after's result)``."""
+    flags = None if pending is None else held_gradient(box, ks, *pending)
     X = _compact(box, ks, view, name, received)
-    sums = []
+    out = []
     for k, b, weights in zip(ks, view.blocks, curvature_view(view, X, model, space_dims, exaggeration, fixed)):
         rows = _rows(box, k)
         diagonal = row_sums(b.indptr, weights)
         rows["_weights"], rows["diag"] = weights, diagonal[None, :]
-        sums.append(float(diagonal.sum()))
-    return sums
+        total = float(diagonal.sum())
+        out.append(total if after is None else (total, after[0](rows, *after[1])))
+    return flags, out
 
 
 def held_laplacian(box: dict, ks: list, view, name: str, cut, received: list, target: str, after):
