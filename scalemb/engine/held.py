@@ -15,9 +15,9 @@ through
   each block before its next use;
 * ``gather(*names) -> {name: (d, N)}`` in the input's point order (checkpoints and the result only);
 * ``ensure({name: rows})``: hold zeros for work vectors not held yet;
-* ``set_curvature(exaggeration, fixed, after=None) -> [sum of diag per block]`` (with ``after``: ``(sum, after's
-  result)`` per block): the spectral direction's curvature weights
-  at the held coordinates, kept where the blocks are, and ``L(C)``'s diagonal held as ``diag``;
+* ``set_curvature(exaggeration, fixed, after=None) -> [sum of diag per block]``: the spectral direction's curvature
+  weights at the held coordinates, kept where the blocks are, and ``L(C)``'s diagonal held as ``diag``; with
+  ``after = (fn, args)`` run on each block last, ``(sum, fn's result)`` per block;
 * ``laplacian(source, target, before, after) -> [after's result per block]``: ``target <- L(C) source``, each
   block's product from its own rows and its halo of ``source`` (on Dask exchanged worker to worker);
 * ``extent_hint(lo, hi)``: the coordinates' extent as the optimiser knows it after its last step (per coordinate,
