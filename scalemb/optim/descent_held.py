@@ -215,11 +215,7 @@ class _HeldDescentRun(StepRun):
     def _spectral_step(self, it: int, polishing: bool) -> str:
         r, s, ds = self.rule, self.state, self.space_dims
 
-        def solve():
-            return self._solve(s.alpha, lambda norm: r._forcing_from_norm(s, norm, self.methods[1]),
-                               r.cg_tol == "auto")
-
-        final = guarded_solve(self, it, solve)
+        final = guarded_solve(self, it, lambda: self._solve(s.alpha))
         # the solve's last step, then its x: the next warm start (zeros inside the polish phase), bounded into the
         # direction
         parts = self.held.map(held_rows.step_then_direction, final, ds, self.geometry, polishing, r.max_point_step,
@@ -246,23 +242,23 @@ class _HeldDescentRun(StepRun):
         self._recentre(result.coords)
         return MOVED
 
-    def _solve(self, alpha: float, forcing, with_norm: bool):
+    def _solve(self, alpha: float):
         """``_spectral`` for ``('cg', 'jacobi')`` and the current iterate's curvature: the weights at the held
         coordinates, ``mu`` from the diagonal's mean, then ``pcg_one_reduction`` on held vectors (its arithmetic,
         by rows): each iteration's step, ``u = M r`` and product in one ``laplacian`` round, whose partials are
-        all its reductions; the solution held as ``x``.  The tolerance is ``forcing(norm)``, with ``norm`` the
-        space gradient's (``with_norm``; its partials come back with the curvature's, from the same tasks) or
-        None.  The last step, which needs no product (the iteration limit reached), is returned as ``cg1_step``'s
+        all its reductions; the solution held as ``x``.  The tolerance is the rule's forcing term, from the space
+        gradient's norm with ``cg_tol='auto'`` (its partials come back with the curvature's, from the same tasks).
+        The last step, which needs no product (the iteration limit reached), is returned as ``cg1_step``'s
         arguments, for the caller's next map to take first (``held_rows.step_then_direction``); None when the
         solve ended on a product (``x`` is then the solution)."""
         r, solver_state, ds = self.rule, self.solver_state, self.space_dims
         solver_state.pop("stale", False)
-        if with_norm:
+        if r.cg_tol == "auto":
             parts = self.held.set_curvature(alpha, False, after=(held_rows.space_square, (ds,)))
             sums, norm = [p[0] for p in parts], float(np.sqrt(_sum([p[1] for p in parts])))
         else:
             sums, norm = self.held.set_curvature(alpha, False), None
-        tol = forcing(norm)
+        tol = r._forcing_from_norm(self.state, norm, self.methods[1])
         mu = r.mu * float(_sum(sums) / self.n_points)
         solver_state["mu"] = mu
         self.held.ensure({"x": ds, "r": ds, "u": ds, "w": ds, "p": ds, "s": ds, "invd": 1})
