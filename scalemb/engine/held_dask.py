@@ -230,12 +230,20 @@ class DaskHeld:
         self._extent = None  # ``fn`` may move the points
         if self._pending is None:
             return self._per_worker(held_apply, fn, args, shift=self._take_shift())
+        return self._forming_pending(lambda pending_of: self._per_worker_args(
+            held_apply_formed, lambda w: (pending_of(w), fn, args), shift=self._take_shift()))
+
+    def _forming_pending(self, submit) -> list:
+        """``submit(pending_of)``: the workers' ``(flags, results)`` from tasks that first form the deferred
+        gradient's rows (``pending_of(w)``: ``held_gradient``'s arguments for worker w's partitions, None without
+        one).  The gradient is no longer pending; its flags are kept as ``gradient_finite``; the results, in
+        partition order."""
         pending, self._pending = self._pending, None
         plan = self.ex._halo_state()[0]
-        batches = self._per_worker_args(held_apply_formed, lambda w: (self._pending_args(pending, plan.parts[w]),
-                                                                      fn, args), shift=self._take_shift())
-        self.gradient_finite = all(f for flags, _ in batches for f in flags)
-        return self._by_partition([batch for _, batch in batches])
+        batches = submit(lambda w: None if pending is None else self._pending_args(pending, plan.parts[w]))
+        if pending is not None:
+            self.gradient_finite = all(f for flags, _ in batches for f in flags)
+        return self._by_partition([results for _, results in batches])
 
     def _pending_args(self, pending: tuple, ks: list) -> tuple:
         z, exaggeration, outliers, reaction = pending
@@ -272,15 +280,9 @@ class DaskHeld:
 
     def _set_curvature(self, exaggeration: float, fixed: bool, after) -> list:
         ex = self.ex
-        pending, self._pending = self._pending, None
-        plan = ex._halo_state()[0]
-        batches = self._halo_batches(
+        return self._forming_pending(lambda pending_of: self._halo_batches(
             "coords", None, held_curvature,
-            lambda w: (ex._model_arg, ex.space_dims, exaggeration, fixed,
-                       None if pending is None else self._pending_args(pending, plan.parts[w]), after))
-        if pending is not None:
-            self.gradient_finite = all(f for flags, _ in batches for f in flags)
-        return self._by_partition([out for _, out in batches])
+            lambda w: (ex._model_arg, ex.space_dims, exaggeration, fixed, pending_of(w), after)))
 
     def laplacian(self, source: str, target: str, before=None, after=None) -> list:
         """``target <- L(C) source`` in one client round trip (``_halo_round``), ``before`` applied to the rows
